@@ -1,0 +1,218 @@
+"""Typed configuration: dataclasses validated at start-up.
+
+Each component declares its own dataclass beside its code; the run config composes them. Values come from
+YAML files plus ``--set section.key=value`` overrides. Every error names the field, the value and the rule.
+
+Field constraints live in ``dataclasses.field(metadata=...)``: ``help`` (documentation), ``ge``/``gt``/
+``le``/``lt`` (numeric bounds). Finite choices are ``Literal`` or ``Enum`` types. A dataclass may define
+``validate(self)`` for rules that relate several fields; it raises :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value: names the field, the value and the rule it breaks."""
+
+    def __init__(self, field: str, value: Any, rule: str) -> None:
+        self.field = field
+        self.value = value
+        self.rule = rule
+        super().__init__(f"invalid config: {field} = {value!r}: {rule}")
+
+
+def describe(field: dataclasses.Field[Any]) -> str:
+    return str(field.metadata.get("help", ""))
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, path)
+            except ConfigError as exc:
+                errors.append(exc.rule)
+        raise ConfigError(path, value, " or ".join(errors))
+    if origin is typing.Literal:
+        if value not in get_args(tp):
+            raise ConfigError(path, value, f"must be {_type_name(tp)}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(path, value, "must be a list")
+        (item_tp, *_) = get_args(tp) or (Any,)
+        items = [_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, value, "must be a mapping")
+        key_tp, val_tp = get_args(tp) or (Any, Any)
+        return {_convert(key_tp, k, path): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, typing.cast(type, tp)):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(path, value, "must be a mapping (a config section)")
+        return from_dict(typing.cast(type, tp), value, path)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, tp):
+            return value
+        try:
+            return tp(value)
+        except ValueError:
+            raise ConfigError(path, value, f"must be {_type_name(tp)}") from None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, value, "must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, value, "must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(path, value, "must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, value, "must be a string")
+        return value
+    if tp is Path:
+        if not isinstance(value, str | Path):
+            raise ConfigError(path, value, "must be a path")
+        return Path(value)
+    raise TypeError(f"unsupported config type {tp!r} at {path}")
+
+
+def _check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> None:
+    if value is None:
+        return
+    meta = field.metadata
+    for key, op, word in (("ge", float.__ge__, ">="), ("gt", float.__gt__, ">"),
+                          ("le", float.__le__, "<="), ("lt", float.__lt__, "<")):
+        if key in meta and not op(float(value), float(meta[key])):
+            raise ConfigError(path, value, f"must be {word} {meta[key]}")
+
+
+def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
+    """Build and validate ``cls`` from a mapping; unknown keys are errors (no silent typos)."""
+    if not isinstance(data, dict):
+        raise ConfigError(path or "<root>", data, "must be a mapping")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in data:
+        if key not in fields:
+            where = f"{path}.{key}" if path else key
+            raise ConfigError(where, data[key], f"unknown field; known fields: {', '.join(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        where = f"{path}.{name}" if path else name
+        if name in data:
+            value = _convert(hints[name], data[name], where)
+            _check_bounds(field, value, where)
+            kwargs[name] = value
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(where, None, "required field is missing")
+    obj = cls(**kwargs)
+    validate_tree(obj, path)
+    return obj
+
+
+def validate_tree(obj: Any, path: str = "") -> None:
+    """Run bounds checks and ``validate()`` hooks on ``obj`` (also for objects built in code)."""
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        where = f"{path}.{field.name}" if path else field.name
+        _check_bounds(field, value, where)
+    hook = getattr(obj, "validate", None)
+    if callable(hook):
+        try:
+            hook()
+        except ConfigError as exc:
+            if path and not exc.field.startswith(path):
+                raise ConfigError(f"{path}.{exc.field}", exc.value, exc.rule) from None
+            raise
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data view of a config (enums as values, paths as strings), for YAML dumps."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one ``section.key=value`` override; the value is parsed as YAML (``3`` is an int)."""
+    if "=" not in override:
+        raise ConfigError(override, override, "an override must look like section.key=value")
+    dotted, raw = override.split("=", 1)
+    keys = dotted.strip().split(".")
+    if not all(keys):
+        raise ConfigError(dotted, raw, "an override key must be a dotted path such as trainer.lr")
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(dotted, raw, f"{key} is not a section")
+        node = child
+    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError("config", str(path), "config file does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", str(path), "the config file must hold a mapping at the top level")
+    return data
+
+
+def client_target(host: str, port: int, address: str) -> str:
+    """Where clients reach a service: ``address`` when set, else host:port (wildcard hosts -> loopback)."""
+    if address:
+        return address
+    connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host
+    return f"{connect}:{port}"
+
+
+def check_service_endpoint(host: str, port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise ConfigError("port", port, "must be in 0..65535")
+    if not host:
+        raise ConfigError("host", host, "must not be empty")

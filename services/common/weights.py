@@ -1,0 +1,161 @@
+"""Weight updates as a stream of chunks, and their validation on the receiving side.
+
+Sender: :func:`iter_update_messages` cuts each tensor's contiguous bytes into chunks of at most
+``chunk_bytes`` and closes the stream with a :class:`WeightManifest` (version, count, bytes, SHA-256).
+Receiver: :class:`WeightAssembler` checks every chunk against the expected parameter specs as it arrives
+(unknown name, wrong dtype or shape are refused at once) and, at the manifest, checks completeness and the
+checksum before handing out the tensors. Nothing is applied until everything validates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from relayrl.common.pb.inference_pb2 import TensorChunk, WeightManifest, WeightUpdateMessage
+
+DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # well under gRPC's default 4 MiB message limit
+
+
+class WeightUpdateError(ValueError):
+    """A weight update that does not match the model or arrived corrupted."""
+
+
+class StaleVersionError(WeightUpdateError):
+    """A weight update whose version is not newer than the one served."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise WeightUpdateError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    array: Any = flat.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
+
+
+def _hash_header(h: hashlib._Hash, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+    h.update(f"{name}\0{dtype}\0{','.join(map(str, shape))}\0".encode())
+
+
+def checksum(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over name, dtype, shape and bytes of each tensor, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
+        h.update(tensor_bytes(t))
+    return h.hexdigest()
+
+
+def iter_update_messages(
+    tensors: Mapping[str, torch.Tensor], version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[WeightUpdateMessage]:
+    if chunk_bytes <= 0:
+        raise ValueError("chunk_bytes must be > 0")
+    total = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        data = tensor_bytes(t)
+        nbytes = len(data)
+        total += nbytes
+        offset = 0
+        while True:
+            piece = data[offset : offset + chunk_bytes]
+            yield WeightUpdateMessage(chunk=TensorChunk(
+                name=name, dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset,
+                total_bytes=nbytes, data=bytes(piece),
+            ))
+            offset += len(piece)
+            if offset >= nbytes:
+                break
+    yield WeightUpdateMessage(manifest=WeightManifest(
+        version=version, num_tensors=len(tensors), total_bytes=total, sha256=checksum(tensors)
+    ))
+
+
+class WeightAssembler:
+    """Collects chunks of one update and validates them against the expected parameter specs."""
+
+    def __init__(self, expected: Mapping[str, TensorSpec]) -> None:
+        self._expected = dict(expected)
+        self._buffers: dict[str, bytearray] = {}
+        self._filled: dict[str, int] = {}
+        self.bytes_received = 0
+
+    def add(self, chunk: TensorChunk) -> None:
+        spec = self._expected.get(chunk.name)
+        if spec is None:
+            raise WeightUpdateError(f"unknown tensor name {chunk.name!r}")
+        shape = tuple(chunk.shape)
+        if shape != spec.shape:
+            raise WeightUpdateError(f"{chunk.name}: shape {list(shape)} != expected {list(spec.shape)}")
+        if parse_dtype(chunk.dtype) != spec.dtype:
+            raise WeightUpdateError(f"{chunk.name}: dtype {chunk.dtype} != expected {dtype_name(spec.dtype)}")
+        if chunk.total_bytes != spec.nbytes:
+            raise WeightUpdateError(f"{chunk.name}: total_bytes {chunk.total_bytes} != expected {spec.nbytes}")
+        buf = self._buffers.get(chunk.name)
+        if buf is None:
+            buf = self._buffers[chunk.name] = bytearray(spec.nbytes)
+            self._filled[chunk.name] = 0
+        end = chunk.offset + len(chunk.data)
+        if end > spec.nbytes:
+            raise WeightUpdateError(f"{chunk.name}: chunk [{chunk.offset}, {end}) past the tensor's end")
+        if chunk.offset != self._filled[chunk.name]:
+            raise WeightUpdateError(f"{chunk.name}: chunk at offset {chunk.offset}, expected "
+                                    f"{self._filled[chunk.name]} (chunks must arrive in order)")
+        buf[chunk.offset:end] = chunk.data
+        self._filled[chunk.name] = end
+        self.bytes_received += len(chunk.data)
+
+    def finish(self, manifest: WeightManifest) -> dict[str, torch.Tensor]:
+        """Check completeness and checksum; return the tensors (CPU) keyed by name."""
+        missing = sorted(set(self._expected) - set(self._buffers))
+        if missing:
+            raise WeightUpdateError(f"update is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        incomplete = [n for n, f in self._filled.items() if f != self._expected[n].nbytes]
+        if incomplete:
+            raise WeightUpdateError(f"tensors arrived incomplete: {incomplete[:3]}")
+        if manifest.num_tensors != len(self._buffers):
+            raise WeightUpdateError(f"manifest says {manifest.num_tensors} tensors, got {len(self._buffers)}")
+        tensors = {
+            name: torch.frombuffer(buf, dtype=self._expected[name].dtype).reshape(self._expected[name].shape)
+            for name, buf in self._buffers.items()
+        }
+        digest = checksum(tensors)
+        if digest != manifest.sha256:
+            raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {manifest.sha256}")
+        return tensors
+
+
+def parameter_specs(model: torch.nn.Module) -> dict[str, TensorSpec]:
+    """Expected update contents: the model's unique parameters (tied weights appear once)."""
+    return {name: TensorSpec(p.dtype, tuple(p.shape)) for name, p in model.named_parameters()}
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach() for name, p in model.named_parameters()}
