@@ -1,0 +1,62 @@
+"""The run config: one section per component, composed from the components' own config classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
+from relayrl.common.model import ModelConfig
+from relayrl.common.redis_config import RedisConfig
+from relayrl.inference.config import InferenceConfig
+from relayrl.reward.config import RewardConfig
+from relayrl.rollout.config import RolloutConfig
+from relayrl.trainer.config import TrainerConfig
+
+
+@dataclass
+class RunConfig:
+    name: str = field(default="run", metadata={"help": "Run name (used for the default output folder)."})
+    output_dir: Path = field(default=Path("runs/latest"), metadata={
+        "help": "Output root: metrics.jsonl, config.yaml, logs/, checkpoints/."})
+    seed: int = field(default=0, metadata={"help": "Global seed."})
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = field(default="INFO", metadata={
+        "help": "Log level of every service."})
+    model: ModelConfig = field(default_factory=ModelConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def validate(self) -> None:
+        if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:
+            raise ConfigError("rollout.max_new_tokens", self.rollout.max_new_tokens,
+                              f"must be <= inference.max_new_tokens_limit ({self.inference.max_new_tokens_limit})")
+        if self.rollout.group_size > self.inference.max_samples_per_request:
+            raise ConfigError("rollout.group_size", self.rollout.group_size,
+                              f"must be <= inference.max_samples_per_request "
+                              f"({self.inference.max_samples_per_request})")
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.output_dir / "metrics.jsonl"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+
+def load_run_config(path: Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config, apply ``section.key=value`` overrides, validate. Raises ConfigError."""
+    data: dict[str, Any] = load_yaml(path) if path is not None else {}
+    for override in overrides or []:
+        apply_override(data, override)
+    return from_dict(RunConfig, data)
+
+
+def dump_run_config(cfg: RunConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

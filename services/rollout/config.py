@@ -1,0 +1,49 @@
+"""Configuration of the rollout service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from relayrl.common.config import ConfigError, check_service_endpoint, client_target
+
+
+@dataclass
+class RolloutConfig:
+    dataset: Path = field(default=Path("examples/data/arithmetic.jsonl"), metadata={
+        "help": "JSONL prompts: one object per line with `prompt`, `answer`, optional `id`; other keys are "
+                "passed to the reward function as metadata."})
+    group_size: int = field(default=8, metadata={"help": "Samples per prompt (n); advantages are "
+                                                 "normalised within a group.", "ge": 1})
+    max_staleness: int = field(default=1, metadata={
+        "help": "How many weight versions generation may run ahead of training (0: synchronous on-policy). "
+                "Admission: groups admitted <= (max_staleness + trainer_step + 1) * groups_per_step.",
+        "ge": 0})
+    max_concurrent_groups: int = field(default=8, metadata={"help": "Groups generated at once.", "ge": 1})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature.", "gt": 0})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass.", "gt": 0, "le": 1})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off).", "ge": 0})
+    max_new_tokens: int = field(default=8, metadata={"help": "Tokens generated per sample at most.", "ge": 1})
+    stop: list[str] = field(default_factory=list, metadata={"help": "Stop strings."})
+    shuffle: bool = field(default=True, metadata={"help": "Shuffle the dataset every epoch."})
+    seed: int = field(default=0, metadata={"help": "Seed of the dataset order."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Address the status server binds to."})
+    port: int = field(default=50053, metadata={"help": "gRPC port (0: any free port)."})
+    address: str = field(default="", metadata={
+        "help": "host:port that clients use to reach this service; empty means host:port."})
+    producer_id: str = field(default="", metadata={"help": "Id stamped on episodes; empty: host:pid."})
+    generate_timeout_s: float = field(default=120.0, metadata={"help": "Deadline of one Generate call.", "gt": 0})
+    score_timeout_s: float = field(default=60.0, metadata={"help": "Deadline of one ScoreBatch call.", "gt": 0})
+    status_poll_s: float = field(default=0.2, metadata={"help": "Trainer status poll interval.", "gt": 0})
+    max_group_attempts: int = field(default=3, metadata={
+        "help": "Attempts per group before it is counted as failed and skipped.", "ge": 1})
+    shutdown_grace_s: float = field(default=5.0, metadata={"help": "Grace period for in-flight calls.", "ge": 0})
+
+    def validate(self) -> None:
+        check_service_endpoint(self.host, self.port)
+        if any(not s for s in self.stop):
+            raise ConfigError("stop", self.stop, "stop strings must not be empty")
+
+    @property
+    def target(self) -> str:
+        return client_target(self.host, self.port, self.address)

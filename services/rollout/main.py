@@ -1,0 +1,64 @@
+"""Entry point of the rollout service: the rollout loop plus a status server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from relayrl.common.grpc_utils import create_server, insecure_channel
+from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc, trainer_pb2_grpc
+from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.common.service import StatusHeader
+from relayrl.common.stream import EpisodeStream
+from relayrl.config import RunConfig
+from relayrl.rollout.dataset import PromptCursor, load_jsonl
+from relayrl.rollout.worker import RolloutWorker
+
+log = logging.getLogger(__name__)
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+        self.header = StatusHeader("rollout")
+
+    async def GetStatus(self, request: rollout_pb2.GetRolloutStatusRequest,
+                        context: grpc.aio.ServicerContext) -> rollout_pb2.RolloutStatus:
+        w = self.worker
+        return rollout_pb2.RolloutStatus(
+            component=self.header.message(), groups_produced=w.groups_produced,
+            episodes_produced=w.episodes_produced, groups_running=w.running, groups_failed=w.groups_failed,
+            dataset_epoch=w.cursor.epoch, dataset_index=w.cursor.index, trainer_version=w.trainer_view.weight_version)
+
+
+async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
+    rc = cfg.rollout
+    cfg.redis.require_url()
+    rows = load_jsonl(rc.dataset)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+    async with insecure_channel(cfg.inference.target) as inf, insecure_channel(cfg.reward.target) as rew, \
+            insecure_channel(cfg.trainer.target) as tr:
+        worker = RolloutWorker(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed),
+                               inference_pb2_grpc.InferenceServiceStub(inf), reward_pb2_grpc.RewardServiceStub(rew),
+                               trainer_pb2_grpc.TrainerServiceStub(tr))
+        servicer = RolloutServicer(worker)
+        handle = create_server(
+            rc.host, rc.port, [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)],
+            [rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name])
+        await handle.start()
+        servicer.header.state = ServingState.SERVING_STATE_SERVING
+        log.info("rollout serving status on port %d; %d prompts from %s", handle.port, len(rows), rc.dataset)
+        try:
+            await worker.run(stop)
+            if not stop.is_set():
+                log.info("trainer finished; rollout waits for shutdown")
+                await stop.wait()
+        finally:
+            await handle.stop(rc.shutdown_grace_s)
+            await stream.close()

@@ -1,0 +1,195 @@
+"""The rollout loop: admit groups within the staleness bound, generate, score, append to the stream.
+
+Admission (AReaL's rule): a new group is admitted only while
+    groups_admitted <= (max_staleness + trainer_step + 1) * groups_per_step
+where groups_admitted counts groups appended or in flight, and trainer_step is the number of optimizer
+steps whose weights the trainer has published (learned from the trainer's status, never guessed).
+With max_staleness = 0 this is synchronous on-policy RL: one step's groups, then wait for its weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+import grpc
+from relayrl.common.pb import (
+    episode_pb2,
+    inference_pb2,
+    inference_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
+    trainer_pb2,
+    trainer_pb2_grpc,
+)
+from relayrl.common.stream import EpisodeStream
+from relayrl.rollout.config import RolloutConfig
+from relayrl.rollout.dataset import Prompt, PromptCursor
+
+log = logging.getLogger(__name__)
+
+
+class GroupFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class TrainerView:
+    step: int = -1
+    weight_version: int = -1
+    groups_per_step: int = 0
+    finished: bool = False
+    reachable: bool = False
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor,
+                 inference: inference_pb2_grpc.InferenceServiceStub, reward: reward_pb2_grpc.RewardServiceStub,
+                 trainer: trainer_pb2_grpc.TrainerServiceStub) -> None:
+        self.cfg = cfg
+        self.stream = stream
+        self.cursor = cursor
+        self.inference = inference
+        self.reward = reward
+        self.trainer = trainer
+        self.producer_id = cfg.producer_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.trainer_view = TrainerView()
+        self.groups_admitted = 0  # appended + in flight
+        self.groups_produced = 0
+        self.episodes_produced = 0
+        self.groups_failed = 0
+        self.groups_skipped = 0
+        self.running = 0
+        self._retry: deque[tuple[Prompt, int]] = deque()
+        self._wake = asyncio.Event()
+
+    def admission_limit(self) -> int:
+        view = self.trainer_view
+        if view.step < 0 or view.groups_per_step <= 0:
+            return 0
+        return (self.cfg.max_staleness + view.step + 1) * view.groups_per_step
+
+    def can_admit(self) -> bool:
+        return self.running < self.cfg.max_concurrent_groups and self.groups_admitted < self.admission_limit()
+
+    async def refresh_trainer(self) -> None:
+        try:
+            st = await self.trainer.GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=5.0)
+        except grpc.aio.AioRpcError as exc:
+            if self.trainer_view.reachable:
+                log.warning("trainer status unavailable: %s", exc.code().name)
+            self.trainer_view.reachable = False
+            return
+        self.trainer_view = TrainerView(step=st.step, weight_version=st.weight_version,
+                                        groups_per_step=st.groups_per_step, finished=st.finished, reachable=True)
+
+    async def _poll_trainer(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.refresh_trainer()
+            self._wake.set()
+            if self.trainer_view.finished:
+                return
+            await asyncio.sleep(self.cfg.status_poll_s)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.stream.ensure_group()
+        poller = asyncio.create_task(self._poll_trainer(stop))
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set() and not self.trainer_view.finished:
+                if not self.can_admit():
+                    self._wake.clear()
+                    waiter = asyncio.create_task(self._wake.wait())
+                    stopper = asyncio.create_task(stop.wait())
+                    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    stopper.cancel()
+                    continue
+                prompt, attempt = self._retry.popleft() if self._retry else (self.cursor.next(), 1)
+                self.groups_admitted += 1
+                self.running += 1
+                task = asyncio.create_task(self._group(prompt, attempt))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            poller.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(poller, *tasks, return_exceptions=True)
+        log.info("rollout loop ended: %d groups produced, %d failed attempts, %d skipped",
+                 self.groups_produced, self.groups_failed, self.groups_skipped)
+
+    async def _group(self, prompt: Prompt, attempt: int) -> None:
+        try:
+            episodes = await self.make_group(prompt)
+            await self.stream.append(episodes)
+        except (GroupFailed, grpc.aio.AioRpcError) as exc:
+            self.groups_admitted -= 1
+            self.groups_failed += 1
+            why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            if attempt < self.cfg.max_group_attempts:
+                log.warning("group for prompt %s failed (attempt %d): %s; will retry", prompt.prompt_id,
+                            attempt, why)
+                self._retry.append((prompt, attempt + 1))
+            else:
+                self.groups_skipped += 1
+                log.error("group for prompt %s failed %d times, skipping it: %s", prompt.prompt_id, attempt, why)
+        except asyncio.CancelledError:
+            self.groups_admitted -= 1
+            raise
+        except Exception:  # one failed group never kills the worker
+            self.groups_admitted -= 1
+            self.groups_failed += 1
+            self.groups_skipped += 1
+            log.exception("unexpected error in group for prompt %s; skipping it", prompt.prompt_id)
+        else:
+            self.groups_produced += 1
+            self.episodes_produced += len(episodes)
+        finally:
+            self.running -= 1
+            self._wake.set()
+
+    async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:
+        cfg = self.cfg
+        created = time.time()
+        group_id = uuid.uuid4().hex
+        gen = await self.inference.Generate(inference_pb2.GenerateRequest(
+            prompt_text=prompt.prompt, request_id=group_id,
+            sampling=inference_pb2.SamplingParams(
+                n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                max_new_tokens=cfg.max_new_tokens, stop=cfg.stop),
+        ), timeout=cfg.generate_timeout_s)
+        if len(gen.samples) != cfg.group_size:
+            raise GroupFailed(f"inference returned {len(gen.samples)} samples, expected {cfg.group_size}")
+        episode_ids = [uuid.uuid4().hex for _ in gen.samples]
+        meta = {k: json.dumps(v) for k, v in prompt.metadata.items()}
+        scores = await self.reward.ScoreBatch(reward_pb2.ScoreBatchRequest(requests=[
+            reward_pb2.ScoreRequest(episode_id=eid, prompt=prompt.prompt, completion=s.text,
+                                    reference=prompt.answer, metadata=meta)
+            for eid, s in zip(episode_ids, gen.samples, strict=True)
+        ]), timeout=cfg.score_timeout_s)
+        bad = [r for r in scores.responses if r.status != reward_pb2.SCORE_STATUS_OK]
+        if bad or len(scores.responses) != len(gen.samples):
+            first = bad[0] if bad else None
+            raise GroupFailed(f"reward failed for {len(bad)} of {len(gen.samples)} samples"
+                              + (f": {reward_pb2.ScoreStatus.Name(first.status)} {first.error}" if first else ""))
+        now = time.time()
+        return [
+            episode_pb2.Episode(
+                episode_id=eid, prompt_id=prompt.prompt_id, group_id=group_id, sample_index=i,
+                group_size=cfg.group_size, prompt_token_ids=gen.prompt_token_ids,
+                completion_token_ids=s.token_ids, behaviour_logprobs=s.logprobs,
+                token_weight_versions=s.weight_versions, loss_mask=[1] * len(s.token_ids),
+                reward=r.score, reward_components=dict(r.components), finish_reason=s.finish_reason,
+                producer_id=self.producer_id, created_at=created, enqueued_at=now,
+                prompt_text=prompt.prompt, completion_text=s.text, sampling_temperature=cfg.temperature,
+            )
+            for i, (eid, s, r) in enumerate(zip(episode_ids, gen.samples, scores.responses, strict=True))
+        ]

@@ -1,0 +1,1 @@
+"""Demo tasks (dataset generator + verifier) and the tiny demo model."""

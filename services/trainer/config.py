@@ -1,0 +1,62 @@
+"""Configuration of the trainer service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from relayrl.common.config import ConfigError, check_service_endpoint, client_target
+from relayrl.common.weights import DEFAULT_CHUNK_BYTES
+
+
+class AdvantageEstimator(StrEnum):
+    GRPO = "grpo"
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = field(default=100, metadata={"help": "Optimizer steps to run, then stop.", "ge": 1})
+    groups_per_step: int = field(default=8, metadata={
+        "help": "Complete groups (prompts) per optimizer step: the batch is groups_per_step x group_size "
+                "episodes.", "ge": 1})
+    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate.", "gt": 0})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay.", "ge": 0})
+    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1.", "ge": 0, "lt": 1})
+    beta2: float = field(default=0.99, metadata={"help": "AdamW beta2.", "ge": 0, "lt": 1})
+    warmup_steps: int = field(default=0, metadata={"help": "Linear learning-rate warm-up steps.", "ge": 0})
+    grad_clip: float = field(default=1.0, metadata={"help": "Max gradient norm (0: no clipping).", "ge": 0})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip range epsilon.", "gt": 0})
+    advantage: AdvantageEstimator = field(default=AdvantageEstimator.GRPO, metadata={
+        "help": "Advantage estimator: grpo = (r - group mean) / (group std + eps), population std."})
+    advantage_eps: float = field(default=1e-6, metadata={"help": "Epsilon of the std normalisation.", "gt": 0})
+    micro_batch_size: int = field(default=64, metadata={"help": "Sequences per forward/backward.", "ge": 1})
+    sft_warmup_steps: int = field(default=0, metadata={
+        "help": "Supervised steps on (prompt, answer) pairs of the rollout dataset before RL (0: none). They "
+                "are logged with phase=sft and do not publish weight versions until the first RL step."})
+    sft_batch_size: int = field(default=64, metadata={"help": "Rows per supervised warm-up step.", "ge": 1})
+    checkpoint_every: int = field(default=50, metadata={
+        "help": "Save a checkpoint every N steps (0: only at the end).", "ge": 0})
+    keep_checkpoints: int = field(default=2, metadata={"help": "Checkpoints kept on disk.", "ge": 1})
+    weight_chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={
+        "help": "Bytes per weight-update chunk (under gRPC's 4 MiB message limit).", "ge": 1024,
+        "le": 4 * 1024 * 1024 - 4096})
+    weight_push_timeout_s: float = field(default=60.0, metadata={
+        "help": "Deadline of one weight push to inference.", "gt": 0})
+    read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
+    consumer: str = field(default="", metadata={"help": "Redis consumer name; empty: trainer-rank<rank>."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Address the status server binds to."})
+    port: int = field(default=50054, metadata={"help": "gRPC port (0: any free port)."})
+    address: str = field(default="", metadata={
+        "help": "host:port that clients use to reach this service; empty means host:port."})
+    linger_s: float = field(default=1.0, metadata={
+        "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
+    shutdown_grace_s: float = field(default=5.0, metadata={"help": "Grace period for in-flight calls.", "ge": 0})
+
+    def validate(self) -> None:
+        check_service_endpoint(self.host, self.port)
+        if self.warmup_steps > self.total_steps:
+            raise ConfigError("warmup_steps", self.warmup_steps, f"must be <= total_steps ({self.total_steps})")
+
+    @property
+    def target(self) -> str:
+        return client_target(self.host, self.port, self.address)

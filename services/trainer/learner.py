@@ -1,0 +1,143 @@
+"""One optimizer step on a batch of episodes (blocking; the service runs it in a worker thread)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.trainer.config import TrainerConfig
+from relayrl.trainer.loss import grpo_advantages, ppo_clip_loss, token_logprobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PackedBatch:
+    """Right-padded sequences (prompt + completion) with the completion tokens' targets aligned.
+
+    Position t of ``input_ids`` predicts ``targets[:, t]``; ``mask`` marks the completion tokens trained on.
+    """
+
+    input_ids: torch.Tensor  # [B, L] long
+    attention_mask: torch.Tensor  # [B, L] long
+    targets: torch.Tensor  # [B, L] long
+    mask: torch.Tensor  # [B, L] float
+    behaviour_logprobs: torch.Tensor  # [B, L] float
+    temperature: torch.Tensor  # [B] float
+
+
+def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+         behaviour: Sequence[Sequence[float]] | None, loss_masks: Sequence[Sequence[int]] | None,
+         temperatures: Sequence[float], pad_id: int, device: torch.device) -> PackedBatch:
+    bsz = len(prompts)
+    length = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True)) - 1
+    ids = torch.full((bsz, length + 1), pad_id, dtype=torch.long)
+    attn = torch.zeros((bsz, length + 1), dtype=torch.long)
+    mask = torch.zeros((bsz, length + 1), dtype=torch.float32)
+    old = torch.zeros((bsz, length + 1), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        n_p, n_c = len(p), len(c)
+        ids[i, : n_p + n_c] = torch.tensor([*p, *c], dtype=torch.long)
+        attn[i, : n_p + n_c] = 1
+        # completion token j sits at position n_p + j and is predicted from position n_p + j - 1
+        lm = loss_masks[i] if loss_masks is not None else [1] * n_c
+        mask[i, n_p - 1 : n_p - 1 + n_c] = torch.tensor(lm, dtype=torch.float32)
+        if behaviour is not None:
+            old[i, n_p - 1 : n_p - 1 + n_c] = torch.tensor(behaviour[i], dtype=torch.float32)
+    return PackedBatch(
+        input_ids=ids[:, :-1].to(device), attention_mask=attn[:, :-1].to(device), targets=ids[:, 1:].to(device),
+        mask=mask[:, :-1].to(device), behaviour_logprobs=old[:, :-1].to(device),
+        temperature=torch.tensor(temperatures, dtype=torch.float32, device=device),
+    )
+
+
+def _slice(b: PackedBatch, sl: slice) -> PackedBatch:
+    return PackedBatch(b.input_ids[sl], b.attention_mask[sl], b.targets[sl], b.mask[sl],
+                       b.behaviour_logprobs[sl], b.temperature[sl])
+
+
+@dataclass
+class StepStats:
+    loss: float
+    grad_norm: float
+    clip_frac: float
+    ratio_mean: float
+    kl: float
+    tokens: int
+    lr: float
+
+
+class Learner:
+    """Owns the model and optimizer; computes advantages and the loss and steps AdamW."""
+
+    def __init__(self, model: Any, cfg: TrainerConfig, pad_id: int, device: torch.device) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.device = device
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                           weight_decay=cfg.weight_decay)
+        self.steps_done = 0
+
+    def _lr(self) -> float:
+        if self.cfg.warmup_steps <= 0:
+            return self.cfg.lr
+        return self.cfg.lr * min(1.0, (self.steps_done + 1) / self.cfg.warmup_steps)
+
+    def _optimizer_step(self) -> tuple[float, float]:
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
+        return float(grad_norm), lr
+
+    def rl_step(self, episodes: Sequence[Episode]) -> StepStats:
+        """GRPO advantages per group, PPO-clip loss normalised by the batch's completion-token count."""
+        self.model.train()
+        group_ids = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in episodes))}
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=self.device)
+        gidx = torch.tensor([group_ids[e.group_id] for e in episodes], dtype=torch.long, device=self.device)
+        adv = grpo_advantages(rewards, gidx, len(group_ids), self.cfg.advantage_eps)
+        batch = pack([e.prompt_token_ids for e in episodes], [e.completion_token_ids for e in episodes],
+                     [e.behaviour_logprobs for e in episodes], [e.loss_mask for e in episodes],
+                     [e.sampling_temperature or 1.0 for e in episodes], self.pad_id, self.device)
+        total_tokens = batch.mask.sum().clamp(min=1.0)
+        sums = torch.zeros(4, dtype=torch.float32, device=self.device)  # loss, clipped, ratio, kl
+        for start in range(0, len(episodes), self.cfg.micro_batch_size):
+            sl = slice(start, start + self.cfg.micro_batch_size)
+            mb = _slice(batch, sl)
+            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            logp = token_logprobs(logits, mb.targets, mb.temperature)
+            terms = ppo_clip_loss(logp, mb.behaviour_logprobs, adv[sl], mb.mask, self.cfg.clip_eps)
+            (terms.loss_sum / total_tokens).backward()
+            sums += torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum])
+        grad_norm, lr = self._optimizer_step()
+        loss, clipped, ratio, kl = (sums / total_tokens).tolist()  # one host sync per step
+        return StepStats(loss=loss, grad_norm=grad_norm, clip_frac=clipped, ratio_mean=ratio, kl=kl,
+                         tokens=int(total_tokens.item()), lr=lr)
+
+    def sft_step(self, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> StepStats:
+        """Supervised step: mean cross-entropy of the answer tokens (incl. eos) given the prompt."""
+        self.model.train()
+        batch = pack(prompts, answers, None, None, [1.0] * len(prompts), self.pad_id, self.device)
+        total_tokens = batch.mask.sum().clamp(min=1.0)
+        loss_sum = torch.zeros((), device=self.device)
+        for start in range(0, len(prompts), self.cfg.micro_batch_size):
+            mb = _slice(batch, slice(start, start + self.cfg.micro_batch_size))
+            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            nll = -(token_logprobs(logits, mb.targets, mb.temperature) * mb.mask).sum()
+            (nll / total_tokens).backward()
+            loss_sum += nll.detach()
+        grad_norm, lr = self._optimizer_step()
+        return StepStats(loss=float(loss_sum / total_tokens), grad_norm=grad_norm, clip_frac=0.0, ratio_mean=1.0,
+                         kl=0.0, tokens=int(total_tokens.item()), lr=lr)
