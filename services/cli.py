@@ -1,0 +1,135 @@
+"""The `relayrl` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from relayrl.common.config import ConfigError, apply_override, from_dict
+from relayrl.common.logging import setup_logging
+
+SERVICES = ("inference", "reward", "rollout", "trainer")
+EXIT_CONFIG = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="relayrl", description="Asynchronous RL post-training over gRPC.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the whole stack locally (embedded Redis, four services)")
+    run.add_argument("config", type=Path, help="run config YAML")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                     help="override a config value (repeatable)")
+    run.add_argument("--out", type=Path, default=None, help="output folder (default: output_dir, else runs/NAME-TIME)")
+    run.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for service health")
+
+    serve = sub.add_parser("serve", help="run one service alone")
+    serve.add_argument("service", choices=SERVICES)
+    serve.add_argument("config", type=Path, help="run config YAML")
+    serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    serve.add_argument("--rank", type=int, default=0, help="rank tag for log lines")
+
+    init = sub.add_parser("init-model", help="create the tiny demo model and tokenizer (random init)")
+    init.add_argument("--out", type=Path, default=Path("models/tiny"), help="model directory to write")
+    init.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a TinyModelConfig field, e.g. num_layers=4")
+    init.add_argument("--force", action="store_true", help="overwrite an existing model")
+
+    data = sub.add_parser("make-dataset", help="write the demo task's JSONL dataset")
+    data.add_argument("--out", type=Path, default=Path("examples/data/arithmetic.jsonl"))
+    data.add_argument("--max-operand", type=int, default=9)
+    data.add_argument("--max-sum", type=int, default=9, help="keep only rows with a + b <= this")
+    data.add_argument("--seed", type=int, default=0)
+
+    plot = sub.add_parser("plot", help="draw metrics.jsonl (reward and staleness against step) as a PNG")
+    plot.add_argument("metrics", type=Path, help="metrics.jsonl or a run folder")
+    plot.add_argument("-o", "--output", type=Path, default=None, help="PNG path (default: next to metrics)")
+    return p
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from relayrl.config import load_run_config
+    from relayrl.launcher import Launcher
+
+    setup_logging("launcher")
+    cfg = load_run_config(args.config, args.overrides)
+    out = args.out
+    if out is None:
+        explicit = any(o.startswith("output_dir=") for o in args.overrides)
+        out = cfg.output_dir if explicit or "output_dir" in _raw_keys(args.config) else \
+            Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    return Launcher(cfg, out, startup_timeout_s=args.startup_timeout).run()
+
+
+def _raw_keys(path: Path) -> set[str]:
+    from relayrl.common.config import load_yaml
+
+    return set(load_yaml(path))
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from relayrl.config import load_run_config
+
+    cfg = load_run_config(args.config, args.overrides)
+    setup_logging(args.service, args.rank, cfg.log_level)
+    module = importlib.import_module(f"relayrl.{args.service}.main")
+    asyncio.run(module.serve(cfg))
+    return 0
+
+
+def _cmd_init_model(args: argparse.Namespace) -> int:
+    from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
+
+    setup_logging("init-model")
+    data: dict[str, object] = {}
+    for o in args.overrides:
+        apply_override(data, o)
+    cfg = from_dict(TinyModelConfig, data)
+    if (args.out / "config.json").exists() and not args.force:
+        print(f"{args.out} already holds a model; use --force to overwrite")
+        return 0
+    create_tiny_model(args.out, cfg)
+    print(f"created {args.out}")
+    return 0
+
+
+def _cmd_make_dataset(args: argparse.Namespace) -> int:
+    from relayrl.tasks.arithmetic import make_dataset
+
+    n = make_dataset(args.out, args.max_operand, args.seed, args.max_sum)
+    print(f"wrote {n} rows to {args.out}")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from relayrl.plot import plot_metrics
+
+    path = args.metrics / "metrics.jsonl" if args.metrics.is_dir() else args.metrics
+    out = args.output or path.with_name("metrics.png")
+    plot_metrics(path, out)
+    print(f"wrote {out}")
+    return 0
+
+
+COMMANDS = {"run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
+            "make-dataset": _cmd_make_dataset, "plot": _cmd_plot}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"relayrl: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

