@@ -1,0 +1,46 @@
+# relayrl developer commands. `make demo` and `make test` do all set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEMO_MODEL := models/tiny
+DEMO_OUT ?= runs/quickstart
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint typecheck protos check-protos clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+$(DEMO_MODEL)/config.json: | $(STAMP)
+	$(BIN)/relayrl init-model --out $(DEMO_MODEL)
+
+## The main job: the local stack learns the quickstart task on the CPU, then draws the curve.
+demo: $(STAMP) $(DEMO_MODEL)/config.json
+	$(BIN)/relayrl run examples/quickstart.yaml --out $(DEMO_OUT)
+	$(BIN)/relayrl plot $(DEMO_OUT) -o $(DEMO_OUT)/metrics.png
+
+## Everything CI checks: generated code current, lint, types, the whole test suite.
+test: $(STAMP) check-protos lint typecheck
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+check-protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py --check
+
+lint: $(STAMP)
+	$(BIN)/ruff check services tests scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy services
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,88 @@
+"""Shared fixtures: a real redis-server on a free port, the tiny model built from a config."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    """A private redis-server that tests may kill and restart (same port, same data folder)."""
+
+    binary: str
+    port: int
+    data_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+             "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(self.data_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        client = redis.Redis(port=self.port, socket_timeout=1.0)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                client.ping()
+                client.close()
+                return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    binary = shutil.which("redis-server")
+    if binary is None:  # never skip: CI must go red when Redis is missing
+        pytest.fail("redis-server is not installed (apt-get install redis-server); the Redis tests need it")
+    server = RedisServer(binary, free_port(), tmp_path / "redis")
+    server.data_dir.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model, created from its config with random init and saved with save_pretrained."""
+    from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    return create_tiny_model(out, TinyModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, seed=1))
+
+
+@pytest.fixture(scope="session")
+def dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from relayrl.tasks.arithmetic import make_dataset
+
+    path = tmp_path_factory.mktemp("data") / "arith.jsonl"
+    make_dataset(path, max_operand=4)
+    return path

@@ -1,0 +1,87 @@
+"""Config loading and validation: errors name the field, the value and the rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from relayrl.common.config import ConfigError
+from relayrl.config import RunConfig, dump_run_config, load_run_config
+
+
+def test_defaults_load_and_validate() -> None:
+    cfg = load_run_config(None)
+
+    assert isinstance(cfg, RunConfig)
+    assert cfg.trainer.groups_per_step >= 1
+
+
+def test_override_parses_yaml_scalars_into_typed_fields() -> None:
+    cfg = load_run_config(None, ["trainer.lr=0.01", "rollout.max_staleness=0", 'rollout.stop=["\\n", "##"]'])
+
+    assert cfg.trainer.lr == 0.01
+    assert cfg.rollout.max_staleness == 0
+    assert cfg.rollout.stop == ["\n", "##"]
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "rule"),
+    [
+        ("rollout.max_staleness=-1", "rollout.max_staleness", ">= 0"),
+        ("trainer.lr=fast", "trainer.lr", "must be a number"),
+        ("trainer.total_steps=1.5", "trainer.total_steps", "must be an integer"),
+        ("model.dtype=float64", "model.dtype", "one of"),
+        ("trainer.advantage=ppo", "trainer.advantage", "one of 'grpo'"),
+        ("trainer.lrr=0.1", "trainer.lrr", "unknown field"),
+        ("rollout.max_new_tokens=100000", "rollout.max_new_tokens", "max_new_tokens_limit"),
+        ("redis.url=http://x", "redis.url", "redis://"),
+    ],
+)
+def test_invalid_value_error_names_field_value_and_rule(override: str, field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, [override])
+
+    assert info.value.field == field
+    assert rule in info.value.rule
+    assert field in str(info.value)
+
+
+def test_dumped_config_loads_back_identically(tmp_path: Path) -> None:
+    cfg = load_run_config(None, ["trainer.total_steps=7", "rollout.temperature=0.7"])
+    path = tmp_path / "config.yaml"
+
+    dump_run_config(cfg, path)
+
+    assert load_run_config(path) == cfg
+
+
+def test_cli_invalid_config_exits_2_with_message(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("trainer:\n  total_steps: 0\n")
+
+    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(config), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+
+    assert proc.returncode == 2
+    assert "trainer.total_steps = 0" in proc.stderr and ">= 1" in proc.stderr
+
+
+def test_cli_missing_model_path_exits_2_naming_the_field(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml",
+                           "--set", f"model.path={tmp_path / 'nope'}", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+
+    assert proc.returncode == 2
+    assert "model.path" in proc.stderr and "config.json" in proc.stderr
+
+
+def test_cli_missing_dataset_exits_2_naming_the_field(tmp_path: Path, tiny_model_dir: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml",
+                           "--set", f"model.path={tiny_model_dir}", "--set", f"rollout.dataset={tmp_path / 'x.jsonl'}",
+                           "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+
+    assert proc.returncode == 2
+    assert "rollout.dataset" in proc.stderr and "does not exist" in proc.stderr
