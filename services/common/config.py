@@ -202,17 +202,3 @@ def load_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError("config", str(path), "the config file must hold a mapping at the top level")
     return data
 
-
-def client_target(host: str, port: int, address: str) -> str:
-    """Where clients reach a service: ``address`` when set, else host:port (wildcard hosts -> loopback)."""
-    if address:
-        return address
-    connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host
-    return f"{connect}:{port}"
-
-
-def check_service_endpoint(host: str, port: int) -> None:
-    if not 0 <= port <= 65535:
-        raise ConfigError("port", port, "must be in 0..65535")
-    if not host:
-        raise ConfigError("host", host, "must not be empty")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
 from relayrl.common.config import ConfigError
 
 log = logging.getLogger(__name__)

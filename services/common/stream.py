@@ -15,6 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+
 from relayrl.common.pb.episode_pb2 import Episode
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from relayrl.common.pb.inference_pb2 import TensorChunk, WeightManifest, WeightUpdateMessage
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # well under gRPC's default 4 MiB message limit

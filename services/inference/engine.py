@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.weights import StaleVersionError, TensorSpec, WeightUpdateError, parameter_specs
 

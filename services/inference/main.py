@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import torch
+
 from relayrl.common.grpc_utils import run_until_signal
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.config import RunConfig
@@ -20,6 +21,6 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     handle, servicer = create_inference_server(cfg.inference, engine, tokenizer, str(cfg.model.path))
     servicer.batcher.start()
     try:
-        await run_until_signal(handle, cfg.inference.shutdown_grace_s, stop)
+        await run_until_signal(handle, cfg.inference.server.shutdown_grace_s, stop)
     finally:
         await servicer.batcher.stop()

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
+
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
@@ -217,7 +218,7 @@ def create_inference_server(cfg: InferenceConfig, engine: NativeEngine, tokenize
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
     servicer = InferenceServicer(cfg, engine, tokenizer, model_path, executor)
     handle = create_server(
-        cfg.host, cfg.port,
+        cfg.server,
         [lambda s: pb_grpc.add_InferenceServiceServicer_to_server(servicer, s)],
         [pb.DESCRIPTOR.services_by_name["InferenceService"].full_name],
     )

@@ -14,6 +14,6 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     fn = load_reward_function(cfg.reward.function)
     handle, servicer = create_reward_server(cfg.reward, fn)
     try:
-        await run_until_signal(handle, cfg.reward.shutdown_grace_s, stop)
+        await run_until_signal(handle, cfg.reward.server.shutdown_grace_s, stop)
     finally:
         servicer.close()

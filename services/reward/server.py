@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
@@ -90,7 +91,7 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
 def create_reward_server(cfg: RewardConfig, fn: RewardFn) -> tuple[ServerHandle, RewardServicer]:
     servicer = RewardServicer(cfg, fn)
     handle = create_server(
-        cfg.host, cfg.port,
+        cfg.server,
         [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)],
         [pb.DESCRIPTOR.services_by_name["RewardService"].full_name],
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relayrl.common.config import ConfigError, check_service_endpoint, client_target
+from relayrl.common.config import ConfigError
+from relayrl.common.grpc_utils import ServerConfig, server_config
 
 
 @dataclass
@@ -27,23 +28,15 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list, metadata={"help": "Stop strings."})
     shuffle: bool = field(default=True, metadata={"help": "Shuffle the dataset every epoch."})
     seed: int = field(default=0, metadata={"help": "Seed of the dataset order."})
-    host: str = field(default="127.0.0.1", metadata={"help": "Address the status server binds to."})
-    port: int = field(default=50053, metadata={"help": "gRPC port (0: any free port)."})
-    address: str = field(default="", metadata={
-        "help": "host:port that clients use to reach this service; empty means host:port."})
     producer_id: str = field(default="", metadata={"help": "Id stamped on episodes; empty: host:pid."})
     generate_timeout_s: float = field(default=120.0, metadata={"help": "Deadline of one Generate call.", "gt": 0})
     score_timeout_s: float = field(default=60.0, metadata={"help": "Deadline of one ScoreBatch call.", "gt": 0})
     status_poll_s: float = field(default=0.2, metadata={"help": "Trainer status poll interval.", "gt": 0})
     max_group_attempts: int = field(default=3, metadata={
         "help": "Attempts per group before it is counted as failed and skipped.", "ge": 1})
-    shutdown_grace_s: float = field(default=5.0, metadata={"help": "Grace period for in-flight calls.", "ge": 0})
+    server: ServerConfig = field(default_factory=lambda: server_config(50053), metadata={
+        "help": "gRPC server of this service."})
 
     def validate(self) -> None:
-        check_service_endpoint(self.host, self.port)
         if any(not s for s in self.stop):
             raise ConfigError("stop", self.stop, "stop strings must not be empty")
-
-    @property
-    def target(self) -> str:
-        return client_target(self.host, self.port, self.address)

@@ -7,6 +7,7 @@ import logging
 import signal
 
 import grpc
+
 from relayrl.common.grpc_utils import create_server, insecure_channel
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import ServingState
@@ -42,14 +43,15 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
-    async with insecure_channel(cfg.inference.target) as inf, insecure_channel(cfg.reward.target) as rew, \
-            insecure_channel(cfg.trainer.target) as tr:
+    async with insecure_channel(cfg.inference.server.target) as inf, \
+            insecure_channel(cfg.reward.server.target) as rew, \
+            insecure_channel(cfg.trainer.server.target) as tr:
         worker = RolloutWorker(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed),
                                inference_pb2_grpc.InferenceServiceStub(inf), reward_pb2_grpc.RewardServiceStub(rew),
                                trainer_pb2_grpc.TrainerServiceStub(tr))
         servicer = RolloutServicer(worker)
         handle = create_server(
-            rc.host, rc.port, [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)],
+            rc.server, [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)],
             [rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name])
         await handle.start()
         servicer.header.state = ServingState.SERVING_STATE_SERVING
@@ -60,5 +62,5 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
                 log.info("trainer finished; rollout waits for shutdown")
                 await stop.wait()
         finally:
-            await handle.stop(rc.shutdown_grace_s)
+            await handle.stop(rc.server.shutdown_grace_s)
             await stream.close()

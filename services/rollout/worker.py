@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import grpc
+
 from relayrl.common.pb import (
     episode_pb2,
     inference_pb2,
@@ -29,6 +30,7 @@ from relayrl.common.pb import (
     trainer_pb2,
     trainer_pb2_grpc,
 )
+from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.stream import EpisodeStream
 from relayrl.rollout.config import RolloutConfig
 from relayrl.rollout.dataset import Prompt, PromptCursor
@@ -47,6 +49,7 @@ class TrainerView:
     groups_per_step: int = 0
     finished: bool = False
     reachable: bool = False
+    serving: bool = False  # false while the trainer starts or runs its supervised warm-up
 
 
 class RolloutWorker:
@@ -72,7 +75,7 @@ class RolloutWorker:
 
     def admission_limit(self) -> int:
         view = self.trainer_view
-        if view.step < 0 or view.groups_per_step <= 0:
+        if not view.serving or view.step < 0 or view.groups_per_step <= 0:
             return 0
         return (self.cfg.max_staleness + view.step + 1) * view.groups_per_step
 
@@ -87,8 +90,10 @@ class RolloutWorker:
                 log.warning("trainer status unavailable: %s", exc.code().name)
             self.trainer_view.reachable = False
             return
-        self.trainer_view = TrainerView(step=st.step, weight_version=st.weight_version,
-                                        groups_per_step=st.groups_per_step, finished=st.finished, reachable=True)
+        self.trainer_view = TrainerView(
+            step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
+            finished=st.finished, reachable=True,
+            serving=st.component.state == ServingState.SERVING_STATE_SERVING)
 
     async def _poll_trainer(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from relayrl.common.model import quiet_transformers
 
 log = logging.getLogger(__name__)

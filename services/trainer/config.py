@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relayrl.common.config import ConfigError, check_service_endpoint, client_target
+from relayrl.common.config import ConfigError
+from relayrl.common.grpc_utils import ServerConfig, server_config
 from relayrl.common.weights import DEFAULT_CHUNK_BYTES
 
 
@@ -44,19 +45,11 @@ class TrainerConfig:
         "help": "Deadline of one weight push to inference.", "gt": 0})
     read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
     consumer: str = field(default="", metadata={"help": "Redis consumer name; empty: trainer-rank<rank>."})
-    host: str = field(default="127.0.0.1", metadata={"help": "Address the status server binds to."})
-    port: int = field(default=50054, metadata={"help": "gRPC port (0: any free port)."})
-    address: str = field(default="", metadata={
-        "help": "host:port that clients use to reach this service; empty means host:port."})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
-    shutdown_grace_s: float = field(default=5.0, metadata={"help": "Grace period for in-flight calls.", "ge": 0})
+    server: ServerConfig = field(default_factory=lambda: server_config(50054), metadata={
+        "help": "gRPC server of this service."})
 
     def validate(self) -> None:
-        check_service_endpoint(self.host, self.port)
         if self.warmup_steps > self.total_steps:
             raise ConfigError("warmup_steps", self.warmup_steps, f"must be <= total_steps ({self.total_steps})")
-
-    @property
-    def target(self) -> str:
-        return client_target(self.host, self.port, self.address)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.trainer.config import TrainerConfig
 from relayrl.trainer.loss import grpo_advantages, ppo_clip_loss, token_logprobs

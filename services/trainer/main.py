@@ -38,5 +38,5 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
             await asyncio.gather(train, return_exceptions=True)
     finally:
         stopper.cancel()
-        await handle.stop(cfg.trainer.shutdown_grace_s)
+        await handle.stop(cfg.trainer.server.shutdown_grace_s)
         await service.close()

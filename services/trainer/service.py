@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import torch
+
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
@@ -145,7 +146,7 @@ class TrainerService:
             for m in messages:
                 yield m
 
-        async with insecure_channel(self.cfg.inference.target) as channel:
+        async with insecure_channel(self.cfg.inference.server.target) as channel:
             stub = inference_pb2_grpc.InferenceServiceStub(channel)
             for attempt in range(1, 4):
                 try:
@@ -257,5 +258,5 @@ def create_trainer_server(service: TrainerService) -> ServerHandle:
     tc = service.cfg.trainer
     servicer = TrainerServicer(service)
     return create_server(
-        tc.host, tc.port, [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
+        tc.server, [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
         [trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name])

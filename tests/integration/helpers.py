@@ -7,7 +7,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import torch
-from relayrl.common.grpc_utils import ServerHandle
+
+from relayrl.common.grpc_utils import ServerConfig, ServerHandle
 from relayrl.common.model import ModelConfig, load_model, load_tokenizer
 from relayrl.inference.config import InferenceConfig
 from relayrl.inference.engine import NativeEngine
@@ -19,7 +20,7 @@ from relayrl.reward.server import RewardServicer, create_reward_server
 
 @asynccontextmanager
 async def inference_server(model_dir: Path, **overrides: object) -> AsyncIterator[tuple[str, InferenceServicer]]:
-    cfg = InferenceConfig(port=0, **overrides)  # type: ignore[arg-type]
+    cfg = InferenceConfig(server=ServerConfig(port=0), **overrides)  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
     engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"))
     handle, servicer = create_inference_server(cfg, engine, tokenizer, str(model_dir))
@@ -34,7 +35,7 @@ async def inference_server(model_dir: Path, **overrides: object) -> AsyncIterato
 
 @asynccontextmanager
 async def reward_server(fn: RewardFn, **overrides: object) -> AsyncIterator[tuple[str, RewardServicer]]:
-    cfg = RewardConfig(port=0, **overrides)  # type: ignore[arg-type]
+    cfg = RewardConfig(server=ServerConfig(port=0), **overrides)  # type: ignore[arg-type]
     handle, servicer = create_reward_server(cfg, fn)
     await handle.start()
     try:

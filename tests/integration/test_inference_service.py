@@ -9,11 +9,11 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.weights import iter_update_messages, model_tensors
-
 from tests.integration.helpers import inference_server
 
 pytestmark = pytest.mark.integration

@@ -7,12 +7,12 @@ import time
 
 import grpc
 import pytest
+
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
 from relayrl.reward.api import RewardInput, RewardResult
 from relayrl.tasks.arithmetic import reward as arithmetic_reward
-
 from tests.integration.helpers import reward_server
 
 pytestmark = pytest.mark.integration

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.stream import EpisodeStream
-
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from relayrl.common.config import ConfigError
 from relayrl.config import RunConfig, dump_run_config, load_run_config
 

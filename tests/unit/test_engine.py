@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from relayrl.common.model import ModelConfig, load_model, load_tokenizer
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.weights import WeightUpdateError, model_tensors

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from relayrl.trainer.learner import pack
 from relayrl.trainer.loss import grpo_advantages, ppo_clip_loss, token_logprobs
 

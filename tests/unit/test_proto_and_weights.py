@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
 from relayrl.common.weights import TensorSpec, WeightAssembler, WeightUpdateError, checksum, iter_update_messages
 
