@@ -27,6 +27,16 @@ def rolling_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _max_staleness(config_path: Path) -> int | None:
+    if not config_path.is_file():
+        return None
+    import yaml
+
+    data = yaml.safe_load(config_path.read_text()) or {}
+    value = data.get("rollout", {}).get("max_staleness")
+    return int(value) if value is not None else None
+
+
 def plot_metrics(path: Path, out: Path, window: int = 10) -> None:
     import matplotlib
 
@@ -51,12 +61,17 @@ def plot_metrics(path: Path, out: Path, window: int = 10) -> None:
     ax_r.set_title(f"{path.parent.name}: {len(rows)} steps, {rows[-1]['time_s']:.0f} s")
     ax_s.plot(steps, rolling_mean([r["staleness_mean"] for r in rows], window),
               label=f"mean ({window}-step average)", color="tab:orange")
-    ax_s.step(steps, rolling_mean([float(r["staleness_max"]) for r in rows], 1), label="max", color="tab:red",
-              linestyle="--", linewidth=0.6, where="mid")
+    maxes = [float(r["staleness_max"]) for r in rows]
+    ax_s.plot(steps, [max(maxes[max(0, i - window + 1): i + 1]) for i in range(len(maxes))],
+              label=f"max ({window}-step window)", color="tab:red")
+    bound = _max_staleness(path.parent / "config.yaml")
+    if bound is not None:
+        ax_s.axhline(bound, color="black", linestyle="--", linewidth=0.8, label=f"max_staleness = {bound}")
     ax_s.set_ylabel("staleness (versions)")
     ax_s.set_xlabel("trainer step")
     ax_s.grid(alpha=0.3)
-    ax_s.legend(loc="upper right")
+    ax_s.set_ylim(-0.1, max([*maxes, bound or 0]) + 0.6)
+    ax_s.legend(loc="upper right", ncols=3, fontsize="small")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
