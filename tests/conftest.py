@@ -86,3 +86,15 @@ def dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "arith.jsonl"
     make_dataset(path, max_operand=4)
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU tests skip with an explicit reason on machines without CUDA (the default CPU suite)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = pytest.mark.skip(reason="no CUDA device: torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(reason)
