@@ -37,7 +37,7 @@ check-protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py --check
 
 lint: $(STAMP)
-	$(BIN)/ruff check services tests scripts
+	$(BIN)/ruff check services tests scripts bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy services

@@ -250,6 +250,36 @@ class Launcher:
                           f"episodes/s {row['episodes_per_s']:.1f}  {row['time_s']:.0f}s")
         return offset
 
+    def _summary(self) -> None:
+        """After the services stopped: the accounting identity, from the stream and the services' counts."""
+        import redis
+
+        try:
+            client = redis.Redis.from_url(self.cfg.redis.url, socket_timeout=5.0)
+            length = int(client.xlen(self.cfg.redis.stream))
+            groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
+                      for g in client.xinfo_groups(self.cfg.redis.stream)} if length else {}
+            client.close()
+        except redis.exceptions.RedisError as exc:
+            log.warning("could not read the stream for the run summary: %s", exc)
+            return
+        group = groups.get(self.cfg.redis.group, {})
+        rows = [json.loads(line) for line in self.cfg.metrics_path.read_text().splitlines()] \
+            if self.cfg.metrics_path.exists() else []
+        rl = [r for r in rows if r.get("phase", "rl") == "rl"]
+        state_path = self.out / "rollout_state.json"
+        rollout = json.loads(state_path.read_text()) if state_path.exists() else {}
+        summary = {
+            "episodes_produced": rollout.get("episodes_produced"),
+            "stream_length": length,
+            "episodes_trained": rl[-1]["episodes_trained"] if rl else 0,
+            "episodes_dropped_stale": rl[-1]["episodes_dropped_stale"] if rl else 0,
+            "episodes_pending": int(group.get("pending", 0)) + int(group.get("lag", length) or 0),
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        self._say(f"relayrl: episodes produced {summary['episodes_produced']} = trained {summary['episodes_trained']}"
+                  f" + dropped as stale {summary['episodes_dropped_stale']} + pending {summary['episodes_pending']}")
+
     def shutdown(self) -> None:
         for name in reversed(SERVICE_ORDER):
             child = self.children.get(name)
@@ -264,5 +294,7 @@ class Launcher:
                 child.proc.kill()
                 child.proc.wait()
             child.log_file.close()
+        if self.cfg.redis.url and self.children:
+            self._summary()
         if self.redis is not None:
             self.redis.stop()

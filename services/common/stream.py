@@ -48,6 +48,10 @@ class EpisodeStream:
     def from_url(cls, url: str, stream: str, group: str) -> EpisodeStream:
         return cls(aioredis.Redis.from_url(url, decode_responses=False), stream, group)
 
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._redis
+
     async def close(self) -> None:
         await self._redis.aclose()
 

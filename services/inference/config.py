@@ -12,9 +12,19 @@ class EngineKind(StrEnum):
     NATIVE = "native"
 
 
+class KvOnUpdate(StrEnum):
+    """What happens to the KV cache of sequences in flight when weights are swapped."""
+
+    RECOMPUTE = "recompute"  # rebuild it under the new weights before the next decode step (exact)
+    KEEP = "keep"  # keep using keys/values computed by the old weights (faster, mixes policies)
+
+
 @dataclass
 class InferenceConfig:
     engine: EngineKind = field(default=EngineKind.NATIVE, metadata={"help": "Generation engine."})
+    kv_on_update: KvOnUpdate = field(default=KvOnUpdate.RECOMPUTE, metadata={
+        "help": "KV cache of in-flight sequences after a weight swap: recompute (under the new weights) or keep. "
+                "No prefix cache is shared across requests, so no entry computed under other weights is reused."})
     max_batch_sequences: int = field(default=128, metadata={
         "help": "Most sequences (prompts x n) decoded together in one batch.", "ge": 1})
     batch_wait_ms: float = field(default=2.0, metadata={

@@ -22,6 +22,7 @@ import torch
 
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.weights import StaleVersionError, TensorSpec, WeightUpdateError, parameter_specs
+from relayrl.inference.config import KvOnUpdate
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class GenerationInput:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -98,8 +100,11 @@ def sample_tokens(
 class NativeEngine:
     """Batched sampling with a Hugging Face causal LM and its KV cache."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: torch.device, version: int = 0) -> None:
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, version: int = 0,
+                 kv_on_update: KvOnUpdate = KvOnUpdate.RECOMPUTE) -> None:
         self.model = model
+        self.kv_on_update = kv_on_update
+        self.decode_steps = 0  # forward passes run so far (for status and tests)
         self.tokenizer = tokenizer
         self.device = device
         self._version = version
@@ -176,7 +181,7 @@ class NativeEngine:
         stop_width = max(1, max(len(r.stop_token_ids) for r in rows) + 1)
         stop_ids = torch.full((bsz, stop_width), -1, dtype=torch.long)
         for i, r in enumerate(rows):
-            ids = [self.eos_token_id, *r.stop_token_ids]
+            ids = [*([] if r.ignore_eos else [self.eos_token_id]), *r.stop_token_ids]
             stop_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         stop_ids = stop_ids.to(dev)
         string_rows = [i for i, r in enumerate(rows) if r.stop]
@@ -190,12 +195,20 @@ class NativeEngine:
         reason = torch.full((bsz,), FINISH_REASON_LENGTH, dtype=torch.long, device=dev)
 
         past: Any = None
+        cache_version = -1
         step_ids, step_pos = input_ids, position_ids
         for t in range(steps):
             with self._lock:  # weights cannot change during a decode step
                 version = self._version
+                if past is not None and version != cache_version and self.kv_on_update is KvOnUpdate.RECOMPUTE:
+                    # weights changed since the cache was built: rebuild it from the whole sequence so far
+                    step_ids = torch.cat([input_ids, tokens[:, :t]], dim=1)
+                    step_pos = (attn.cumsum(-1) - 1).clamp(min=0)
+                    past = None
                 out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
                                  use_cache=True, **self._forward_kwargs(past))
+                cache_version = version if past is None else cache_version
+                self.decode_steps += 1
             past = getattr(out, self._cache_arg)
             tok, lp = sample_tokens(out.logits[:, -1, :], temperature, top_k, top_p, generator)
             active = ~finished

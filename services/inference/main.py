@@ -17,7 +17,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     cfg.model.check_exists()
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model)
-    engine = NativeEngine(model, tokenizer, torch.device(cfg.model.device))
+    engine = NativeEngine(model, tokenizer, torch.device(cfg.model.device), kv_on_update=cfg.inference.kv_on_update)
     handle, servicer = create_inference_server(cfg.inference, engine, tokenizer, str(cfg.model.path))
     servicer.batcher.start()
     try:

@@ -146,7 +146,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         return GenerationInput(
             prompt_ids=ids, n=n, temperature=temperature, top_p=top_p, top_k=s.top_k,
             max_new_tokens=s.max_new_tokens, stop=list(s.stop), stop_token_ids=list(s.stop_token_ids),
-            seed=s.seed if s.HasField("seed") else None,
+            seed=s.seed if s.HasField("seed") else None, ignore_eos=s.ignore_eos,
         )
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:

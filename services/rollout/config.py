@@ -32,6 +32,8 @@ class RolloutConfig:
     generate_timeout_s: float = field(default=120.0, metadata={"help": "Deadline of one Generate call.", "gt": 0})
     score_timeout_s: float = field(default=60.0, metadata={"help": "Deadline of one ScoreBatch call.", "gt": 0})
     status_poll_s: float = field(default=0.2, metadata={"help": "Trainer status poll interval.", "gt": 0})
+    drain_timeout_s: float = field(default=5.0, metadata={
+        "help": "At shutdown, how long groups in flight may finish before they are cancelled.", "ge": 0})
     max_group_attempts: int = field(default=3, metadata={
         "help": "Attempts per group before it is counted as failed and skipped.", "ge": 1})
     server: ServerConfig = field(default_factory=lambda: server_config(50053), metadata={

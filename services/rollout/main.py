@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 
@@ -64,3 +65,6 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
         finally:
             await handle.stop(rc.server.shutdown_grace_s)
             await stream.close()
+            cfg.output_dir.mkdir(parents=True, exist_ok=True)
+            (cfg.output_dir / "rollout_state.json").write_text(json.dumps(worker.state(), indent=1) + "\n")
+            log.info("rollout state: %s", worker.state())

@@ -1,11 +1,4 @@
-"""The rollout loop: admit groups within the staleness bound, generate, score, append to the stream.
-
-Admission (AReaL's rule): a new group is admitted only while
-    groups_admitted <= (max_staleness + trainer_step + 1) * groups_per_step
-where groups_admitted counts groups appended or in flight, and trainer_step is the number of optimizer
-steps whose weights the trainer has published (learned from the trainer's status, never guessed).
-With max_staleness = 0 this is synchronous on-policy RL: one step's groups, then wait for its weights.
-"""
+"""The rollout loop: admit groups within the staleness bound (see admission.py), generate, score, append."""
 
 from __future__ import annotations
 
@@ -17,7 +10,6 @@ import socket
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
 
 import grpc
 
@@ -32,6 +24,7 @@ from relayrl.common.pb import (
 )
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.stream import EpisodeStream
+from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.config import RolloutConfig
 from relayrl.rollout.dataset import Prompt, PromptCursor
 
@@ -40,16 +33,6 @@ log = logging.getLogger(__name__)
 
 class GroupFailed(RuntimeError):
     pass
-
-
-@dataclass
-class TrainerView:
-    step: int = -1
-    weight_version: int = -1
-    groups_per_step: int = 0
-    finished: bool = False
-    reachable: bool = False
-    serving: bool = False  # false while the trainer starts or runs its supervised warm-up
 
 
 class RolloutWorker:
@@ -64,23 +47,18 @@ class RolloutWorker:
         self.trainer = trainer
         self.producer_id = cfg.producer_id or f"{socket.gethostname()}:{os.getpid()}"
         self.trainer_view = TrainerView()
-        self.groups_admitted = 0  # appended + in flight
+        self.admission = Admission(cfg.max_staleness)
         self.groups_produced = 0
         self.episodes_produced = 0
         self.groups_failed = 0
         self.groups_skipped = 0
         self.running = 0
         self._retry: deque[tuple[Prompt, int]] = deque()
+        self._appending: set[asyncio.Future[None]] = set()
         self._wake = asyncio.Event()
 
-    def admission_limit(self) -> int:
-        view = self.trainer_view
-        if not view.serving or view.step < 0 or view.groups_per_step <= 0:
-            return 0
-        return (self.cfg.max_staleness + view.step + 1) * view.groups_per_step
-
     def can_admit(self) -> bool:
-        return self.running < self.cfg.max_concurrent_groups and self.groups_admitted < self.admission_limit()
+        return self.running < self.cfg.max_concurrent_groups and self.admission.can_admit(self.trainer_view)
 
     async def refresh_trainer(self) -> None:
         try:
@@ -88,11 +66,11 @@ class RolloutWorker:
         except grpc.aio.AioRpcError as exc:
             if self.trainer_view.reachable:
                 log.warning("trainer status unavailable: %s", exc.code().name)
-            self.trainer_view.reachable = False
+            self.trainer_view = TrainerView()  # admit nothing until the trainer answers again
             return
         self.trainer_view = TrainerView(
             step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
-            finished=st.finished, reachable=True,
+            finished=st.finished, reachable=True, publishing=st.publishing,
             serving=st.component.state == ServingState.SERVING_STATE_SERVING)
 
     async def _poll_trainer(self, stop: asyncio.Event) -> None:
@@ -118,25 +96,32 @@ class RolloutWorker:
                     stopper.cancel()
                     continue
                 prompt, attempt = self._retry.popleft() if self._retry else (self.cursor.next(), 1)
-                self.groups_admitted += 1
+                self.admission.admit()
                 self.running += 1
                 task = asyncio.create_task(self._group(prompt, attempt))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
             poller.cancel()
+            if tasks:  # let groups in flight finish (or fail) briefly, then cancel the rest
+                await asyncio.wait(tasks, timeout=self.cfg.drain_timeout_s)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(poller, *tasks, return_exceptions=True)
+            await asyncio.gather(*self._appending, return_exceptions=True)
         log.info("rollout loop ended: %d groups produced, %d failed attempts, %d skipped",
                  self.groups_produced, self.groups_failed, self.groups_skipped)
 
     async def _group(self, prompt: Prompt, attempt: int) -> None:
         try:
             episodes = await self.make_group(prompt)
-            await self.stream.append(episodes)
+            # an append that started completes and is counted even if this task is cancelled meanwhile
+            appending = asyncio.ensure_future(self._append(episodes))
+            self._appending.add(appending)
+            appending.add_done_callback(self._appending.discard)
+            await asyncio.shield(appending)
         except (GroupFailed, grpc.aio.AioRpcError) as exc:
-            self.groups_admitted -= 1
+            self.admission.release()
             self.groups_failed += 1
             why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             if attempt < self.cfg.max_group_attempts:
@@ -147,19 +132,27 @@ class RolloutWorker:
                 self.groups_skipped += 1
                 log.error("group for prompt %s failed %d times, skipping it: %s", prompt.prompt_id, attempt, why)
         except asyncio.CancelledError:
-            self.groups_admitted -= 1
+            self.admission.release()
             raise
         except Exception:  # one failed group never kills the worker
-            self.groups_admitted -= 1
+            self.admission.release()
             self.groups_failed += 1
             self.groups_skipped += 1
             log.exception("unexpected error in group for prompt %s; skipping it", prompt.prompt_id)
-        else:
-            self.groups_produced += 1
-            self.episodes_produced += len(episodes)
         finally:
             self.running -= 1
             self._wake.set()
+
+    async def _append(self, episodes: list[episode_pb2.Episode]) -> None:
+        await self.stream.append(episodes)
+        self.groups_produced += 1
+        self.episodes_produced += len(episodes)
+
+    def state(self) -> dict[str, int]:
+        """Counters and the dataset cursor, written to <output_dir>/rollout_state.json at shutdown."""
+        return {"groups_produced": self.groups_produced, "episodes_produced": self.episodes_produced,
+                "groups_failed": self.groups_failed, "groups_skipped": self.groups_skipped,
+                "dataset_epoch": self.cursor.epoch, "dataset_index": self.cursor.index}
 
     async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:
         cfg = self.cfg

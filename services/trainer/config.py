@@ -8,10 +8,12 @@ from enum import StrEnum
 from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import ServerConfig, server_config
 from relayrl.common.weights import DEFAULT_CHUNK_BYTES
+from relayrl.trainer.loss import AdvantageEstimator, OffPolicyCorrection
 
 
-class AdvantageEstimator(StrEnum):
-    GRPO = "grpo"
+class LossAggregation(StrEnum):
+    TOKEN_MEAN = "token_mean"  # sum over completion tokens / their count in the global batch
+    CONSTANT = "constant"  # sum over completion tokens / (episodes x rollout.max_new_tokens) (Dr. GRPO)
 
 
 @dataclass
@@ -28,7 +30,17 @@ class TrainerConfig:
     grad_clip: float = field(default=1.0, metadata={"help": "Max gradient norm (0: no clipping).", "ge": 0})
     clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip range epsilon.", "gt": 0})
     advantage: AdvantageEstimator = field(default=AdvantageEstimator.GRPO, metadata={
-        "help": "Advantage estimator: grpo = (r - group mean) / (group std + eps), population std."})
+        "help": "Advantage estimator: grpo = (r - group mean) / (group population std + eps); dr_grpo = "
+                "r - group mean; rloo = r - mean of the other group members."})
+    off_policy: OffPolicyCorrection = field(default=OffPolicyCorrection.NONE, metadata={
+        "help": "Off-policy correction: none = PPO-clip against behaviour logprobs; decoupled_ppo = PPO-clip "
+                "against the trainer's proximal logprobs times pi_prox/pi_behav; tis = policy gradient "
+                "times min(pi_prox/pi_behav, importance_cap)."})
+    importance_cap: float = field(default=2.0, metadata={
+        "help": "Cap C of the importance weight pi_prox/pi_behav for tis (and decoupled_ppo when > 0; "
+                "0 leaves decoupled_ppo uncapped).", "ge": 0})
+    loss_aggregation: LossAggregation = field(default=LossAggregation.TOKEN_MEAN, metadata={
+        "help": "How token losses are normalised over the global batch: token_mean or constant."})
     advantage_eps: float = field(default=1e-6, metadata={"help": "Epsilon of the std normalisation.", "gt": 0})
     micro_batch_size: int = field(default=64, metadata={"help": "Sequences per forward/backward.", "ge": 1})
     sft_warmup_steps: int = field(default=0, metadata={
@@ -51,5 +63,7 @@ class TrainerConfig:
         "help": "gRPC server of this service."})
 
     def validate(self) -> None:
+        if self.off_policy is OffPolicyCorrection.TIS and self.importance_cap <= 0:
+            raise ConfigError("importance_cap", self.importance_cap, "must be > 0 when off_policy is tis")
         if self.warmup_steps > self.total_steps:
             raise ConfigError("warmup_steps", self.warmup_steps, f"must be <= total_steps ({self.total_steps})")

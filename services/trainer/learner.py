@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.trainer.config import TrainerConfig
-from relayrl.trainer.loss import grpo_advantages, ppo_clip_loss, token_logprobs
+from relayrl.trainer.config import LossAggregation, TrainerConfig
+from relayrl.trainer.loss import LossTerms, OffPolicyCorrection, advantages, ppo_clip_loss, tis_loss, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,18 @@ class StepStats:
     kl: float
     tokens: int
     lr: float
+    importance_mean: float = 1.0  # pi_prox / pi_behav over the batch's tokens
+    importance_max: float = 1.0
+    logprob_diff_mean: float = 0.0  # mean |log pi_prox - log pi_behav|: trainer vs inference mismatch
 
 
 class Learner:
     """Owns the model and optimizer; computes advantages and the loss and steps AdamW."""
 
-    def __init__(self, model: Any, cfg: TrainerConfig, pad_id: int, device: torch.device) -> None:
+    def __init__(self, model: Any, cfg: TrainerConfig, pad_id: int, device: torch.device,
+                 max_completion_tokens: int = 1) -> None:
         self.model = model
+        self.max_completion_tokens = max_completion_tokens
         self.cfg = cfg
         self.pad_id = pad_id
         self.device = device
@@ -102,30 +107,54 @@ class Learner:
         self.steps_done += 1
         return float(grad_norm), lr
 
+    def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor) -> LossTerms:
+        prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
+        correction = self.cfg.off_policy
+        if correction is OffPolicyCorrection.NONE:
+            return ppo_clip_loss(logp, mb.behaviour_logprobs, adv, mb.mask, self.cfg.clip_eps)
+        if correction is OffPolicyCorrection.DECOUPLED_PPO:
+            weights = torch.exp(prox - mb.behaviour_logprobs)
+            if self.cfg.importance_cap > 0:
+                weights = weights.clamp(max=self.cfg.importance_cap)
+            return ppo_clip_loss(logp, prox, adv, mb.mask, self.cfg.clip_eps, weights=weights)
+        return tis_loss(logp, prox, mb.behaviour_logprobs, adv, mb.mask, self.cfg.importance_cap)
+
     def rl_step(self, episodes: Sequence[Episode]) -> StepStats:
-        """GRPO advantages per group, PPO-clip loss normalised by the batch's completion-token count."""
+        """Advantages per group, the configured off-policy loss, one AdamW step."""
         self.model.train()
         group_ids = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in episodes))}
         rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=self.device)
         gidx = torch.tensor([group_ids[e.group_id] for e in episodes], dtype=torch.long, device=self.device)
-        adv = grpo_advantages(rewards, gidx, len(group_ids), self.cfg.advantage_eps)
+        adv = advantages(self.cfg.advantage, rewards, gidx, len(group_ids), self.cfg.advantage_eps)
         batch = pack([e.prompt_token_ids for e in episodes], [e.completion_token_ids for e in episodes],
                      [e.behaviour_logprobs for e in episodes], [e.loss_mask for e in episodes],
                      [e.sampling_temperature or 1.0 for e in episodes], self.pad_id, self.device)
         total_tokens = batch.mask.sum().clamp(min=1.0)
-        sums = torch.zeros(4, dtype=torch.float32, device=self.device)  # loss, clipped, ratio, kl
+        if self.cfg.loss_aggregation is LossAggregation.TOKEN_MEAN:
+            denominator = total_tokens
+        else:
+            denominator = torch.tensor(float(len(episodes) * self.max_completion_tokens), device=self.device)
+        # loss, clipped, ratio, kl, importance sum, |prox - behav| sum, importance max
+        sums = torch.zeros(7, dtype=torch.float32, device=self.device)
         for start in range(0, len(episodes), self.cfg.micro_batch_size):
             sl = slice(start, start + self.cfg.micro_batch_size)
             mb = _slice(batch, sl)
             logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
             logp = token_logprobs(logits, mb.targets, mb.temperature)
-            terms = ppo_clip_loss(logp, mb.behaviour_logprobs, adv[sl], mb.mask, self.cfg.clip_eps)
-            (terms.loss_sum / total_tokens).backward()
-            sums += torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum])
+            terms = self._loss_terms(logp, mb, adv[sl])
+            (terms.loss_sum / denominator).backward()
+            with torch.no_grad():
+                diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
+                weight = torch.exp(diff) * mb.mask
+                sums += torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum,
+                                     weight.sum(), diff.abs().sum(), torch.zeros(())])
+                sums[6] = torch.maximum(sums[6], weight.max())
         grad_norm, lr = self._optimizer_step()
-        loss, clipped, ratio, kl = (sums / total_tokens).tolist()  # one host sync per step
-        return StepStats(loss=loss, grad_norm=grad_norm, clip_frac=clipped, ratio_mean=ratio, kl=kl,
-                         tokens=int(total_tokens.item()), lr=lr)
+        values = sums.tolist()  # one host sync per step
+        n = float(total_tokens.item())
+        return StepStats(loss=values[0] / float(denominator), grad_norm=grad_norm, clip_frac=values[1] / n,
+                         ratio_mean=values[2] / n, kl=values[3] / n, tokens=int(n), lr=lr,
+                         importance_mean=values[4] / n, importance_max=values[6], logprob_diff_mean=values[5] / n)
 
     def sft_step(self, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> StepStats:
         """Supervised step: mean cross-entropy of the answer tokens (incl. eos) given the prompt."""

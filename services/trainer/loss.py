@@ -1,34 +1,67 @@
-"""Advantages and the PPO-clip token loss (pure tensor functions, unit-tested against hand values)."""
+"""Advantages, off-policy corrections and the token loss (pure tensor functions, unit-tested by hand).
+
+Notation per completion token: logp = log pi_theta (with gradient), prox = log pi_prox (the trainer's own
+weights before this update, recomputed by the trainer, no gradient), behav = log pi_behav (from inference,
+the weights that generated the token). With one optimizer step per batch, prox equals logp numerically.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
 
+class AdvantageEstimator(StrEnum):
+    GRPO = "grpo"  # (r - group mean) / (group population std + eps)
+    DR_GRPO = "dr_grpo"  # r - group mean (no std normalisation; Dr. GRPO)
+    RLOO = "rloo"  # r - mean of the other members of the group (leave-one-out)
+
+
+class OffPolicyCorrection(StrEnum):
+    NONE = "none"  # PPO-clip against the behaviour logprobs
+    DECOUPLED_PPO = "decoupled_ppo"  # PPO-clip against proximal logprobs, times pi_prox / pi_behav
+    TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
+
+
+def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor, num_groups: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r = rewards.to(torch.float64)
+    count = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, group_index, torch.ones_like(r))
+    total = torch.zeros_like(count).index_add_(0, group_index, r)
+    return r, count, total
+
+
+def advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, group_index: torch.Tensor, num_groups: int,
+               eps: float = 1e-6) -> torch.Tensor:
+    """Per-episode advantages, batched over groups. rewards [N], group_index [N] long in [0, num_groups)."""
+    assert rewards.dim() == 1 and group_index.shape == rewards.shape, (rewards.shape, group_index.shape)
+    r, count, total = _group_stats(rewards, group_index, num_groups)
+    mean = (total / count)[group_index]
+    if estimator is AdvantageEstimator.GRPO:
+        centred = r - mean
+        var = torch.zeros_like(count).index_add_(0, group_index, centred * centred) / count
+        out = centred / (var.sqrt()[group_index] + eps)
+    elif estimator is AdvantageEstimator.DR_GRPO:
+        out = r - mean
+    elif estimator is AdvantageEstimator.RLOO:
+        n = count[group_index]
+        others = torch.where(n > 1, (total[group_index] - r) / (n - 1).clamp(min=1), r)
+        out = r - others  # a group of one has no baseline from others: advantage 0
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator}")
+    return out.to(rewards.dtype)
+
+
 def grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, num_groups: int,
                     eps: float = 1e-6) -> torch.Tensor:
-    """(r - mean of its group) / (population std of its group + eps), batched over groups.
-
-    rewards [N] float, group_index [N] long in [0, num_groups). A group whose rewards are all equal gets
-    advantage 0 for every member (it carries no learning signal).
-    """
-    assert rewards.dim() == 1 and group_index.shape == rewards.shape, (rewards.shape, group_index.shape)
-    r = rewards.to(torch.float64)
-    ones = torch.ones_like(r)
-    count = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, group_index, ones)
-    total = torch.zeros_like(count).index_add_(0, group_index, r)
-    mean = total / count
-    centred = r - mean[group_index]
-    var = torch.zeros_like(count).index_add_(0, group_index, centred * centred) / count
-    std = var.sqrt()
-    return (centred / (std[group_index] + eps)).to(rewards.dtype)
+    return advantages(AdvantageEstimator.GRPO, rewards, group_index, num_groups, eps)
 
 
 @dataclass
 class LossTerms:
-    """Loss summed over tokens (divide by the global token count yourself) and diagnostics sums."""
+    """Loss summed over masked tokens (the caller divides by its normaliser) and diagnostic sums."""
 
     loss_sum: torch.Tensor
     clipped_tokens: torch.Tensor
@@ -36,33 +69,47 @@ class LossTerms:
     kl_sum: torch.Tensor
 
 
-def ppo_clip_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, clip_eps: float) -> LossTerms:
-    """Token-level PPO-clip objective against the behaviour policy's logprobs.
+def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                  mask: torch.Tensor, clip_eps: float, weights: torch.Tensor | None = None) -> LossTerms:
+    """Token-level PPO-clip: -w * min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), ratio = exp(logp - old).
 
-    logprobs, behaviour_logprobs, mask [B, T]; advantages [B] (broadcast over tokens).
-    Per token: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), with ratio = exp(logp - logp_behaviour).
-    Returns sums over masked tokens, so that the caller normalises by the token count of the whole global
-    batch (token-mean): every token of the batch weighs the same, whatever micro-batch it is in.
+    logprobs, old_logprobs, mask [B, T]; advantages [B]; weights [B, T] (detached importance weights, default
+    1). Returns sums over masked tokens: the caller divides by one normaliser for the whole global batch.
     """
-    assert logprobs.shape == behaviour_logprobs.shape == mask.shape, (logprobs.shape, mask.shape)
+    assert logprobs.shape == old_logprobs.shape == mask.shape, (logprobs.shape, mask.shape)
     assert advantages.shape == logprobs.shape[:1], (advantages.shape, logprobs.shape)
     m = mask.to(logprobs.dtype)
-    log_ratio = logprobs - behaviour_logprobs
+    log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     adv = advantages.unsqueeze(1).to(logprobs.dtype)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     with torch.no_grad():
         was_clipped = (clipped < unclipped).to(m.dtype) * m
-        kl = (ratio - 1.0) - log_ratio  # k3 estimator of KL(behaviour || current), >= 0
-    return LossTerms(
-        loss_sum=(per_token * m).sum(),
-        clipped_tokens=was_clipped.sum(),
-        ratio_sum=(ratio.detach() * m).sum(),
-        kl_sum=(kl * m).sum(),
-    )
+        kl = (ratio - 1.0) - log_ratio  # k3 estimator of KL(old || current), >= 0
+    return LossTerms(loss_sum=(per_token * m).sum(), clipped_tokens=was_clipped.sum(),
+                     ratio_sum=(ratio.detach() * m).sum(), kl_sum=(kl * m).sum())
+
+
+def tis_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+             advantages: torch.Tensor, mask: torch.Tensor, cap: float) -> LossTerms:
+    """Truncated importance sampling policy gradient: -min(pi_prox / pi_behav, cap) * A * pi_theta / pi_prox.
+
+    Its value is -w * A at pi_theta = pi_prox and its gradient -w * A * grad log pi_theta; no ratio clipping.
+    """
+    assert logprobs.shape == prox_logprobs.shape == behaviour_logprobs.shape == mask.shape
+    m = mask.to(logprobs.dtype)
+    w = torch.exp(prox_logprobs - behaviour_logprobs).clamp(max=cap).detach()
+    ratio = torch.exp(logprobs - prox_logprobs.detach())
+    per_token = -w * advantages.unsqueeze(1).to(logprobs.dtype) * ratio
+    with torch.no_grad():
+        log_ratio = logprobs - prox_logprobs
+        kl = (ratio - 1.0) - log_ratio
+    return LossTerms(loss_sum=(per_token * m).sum(), clipped_tokens=torch.zeros((), device=m.device),
+                     ratio_sum=(ratio.detach() * m).sum(), kl_sum=(kl * m).sum())
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.pb.inference_pb2 import WeightUpdateMessage
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
+from relayrl.common.versions import VersionSource
 from relayrl.common.weights import iter_update_messages, model_tensors
 from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
@@ -117,13 +118,16 @@ class TrainerService:
         self.device = torch.device(cfg.model.device)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.model = load_model(cfg.model)
-        self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device)
+        self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
+                               max_completion_tokens=cfg.rollout.max_new_tokens)
         self.header = StatusHeader("trainer")
         self.step = 0
         self.weight_version = 0
         self.episodes_trained = 0
         self.finished = False
+        self.publishing = False
         self.stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+        self.versions = VersionSource(self.stream.client, cfg.redis.version_key)
         self.collector = GroupCollector(self.stream, tc.consumer or f"trainer-rank{rank}",
                                         cfg.rollout.max_staleness, tc.read_block_ms)
         self._t0 = time.monotonic()
@@ -135,7 +139,17 @@ class TrainerService:
         return trainer_pb2.TrainerStatus(
             component=self.header.message(), step=self.step, weight_version=self.weight_version,
             episodes_trained=self.episodes_trained, episodes_dropped_stale=self.collector.episodes_dropped_stale,
-            groups_per_step=self.cfg.trainer.groups_per_step, finished=self.finished)
+            groups_per_step=self.cfg.trainer.groups_per_step, finished=self.finished, publishing=self.publishing)
+
+    async def publish(self) -> int:
+        """Allocate a fresh version from the durable counter and push the current weights under it."""
+        self.publishing = True
+        try:
+            version = await self.versions.allocate()
+            await self.push_weights(version)
+        finally:
+            self.publishing = False
+        return version
 
     async def push_weights(self, version: int) -> None:
         tc = self.cfg.trainer
@@ -181,11 +195,14 @@ class TrainerService:
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
                                  "time_s": time.monotonic() - self._t0})
         log.info("supervised warm-up done (%d steps)", tc.sft_warmup_steps)
-        await self.push_weights(self.weight_version + 1)
+        await self.publish()
 
     async def train(self) -> None:
         tc = self.cfg.trainer
         await self.stream.ensure_group()
+        # The weights on disk get a fresh version too: inference and trainer agree on what is served, and a
+        # restarted trainer never reuses a version.
+        await self.publish()
         if tc.sft_warmup_steps > 0:
             await self.sft_warmup()
         self.header.state = ServingState.SERVING_STATE_SERVING
@@ -196,7 +213,7 @@ class TrainerService:
                                       for ep in episodes], dtype=torch.float32)
             t_step = time.monotonic()
             stats = await asyncio.to_thread(self.learner.rl_step, episodes)
-            await self.push_weights(self.weight_version + 1)
+            await self.publish()
             acked = await self.stream.ack([e.entry_id for g in groups for e in g.entries]
                                           + self.collector.take_acks())
             self.step += 1
@@ -227,10 +244,14 @@ class TrainerService:
             **{f"reward/{k}": sum(v) / len(v) for k, v in sorted(components.items())},
             "episodes": len(episodes), "tokens": stats.tokens,
             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+            "staleness_hist": {str(lag): int(n) for lag, n in
+                               zip(*[t.tolist() for t in staleness.long().unique(return_counts=True)], strict=True)},
             "episodes_dropped_stale": self.collector.episodes_dropped_stale,
             "episodes_trained": self.episodes_trained, "acked": acked,
             "loss": stats.loss, "grad_norm": stats.grad_norm, "clip_frac": stats.clip_frac,
             "ratio_mean": stats.ratio_mean, "kl": stats.kl, "lr": stats.lr,
+            "importance_mean": stats.importance_mean, "importance_max": stats.importance_max,
+            "logprob_diff_mean": stats.logprob_diff_mean,
             "completion_len_mean": sum(len(ep.completion_token_ids) for ep in episodes) / len(episodes),
             "episodes_per_s": len(episodes) / max(now - self._last_step_t, 1e-9),
             "step_time_s": step_s, "time_s": now - self._t0,

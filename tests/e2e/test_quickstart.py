@@ -97,3 +97,25 @@ def test_ctrl_c_stops_every_service(tmp_path: Path, demo_model: Path) -> None:
     assert code == 130
     leftovers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert [pid for pid in leftovers if int(pid) != os.getpid()] == []
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+def test_staleness_bound_versions_and_accounting_hold_end_to_end(tmp_path: Path, demo_model: Path,
+                                                                  max_staleness: int) -> None:
+    out = tmp_path / "run"
+
+    proc = _relayrl("run", "examples/quickstart.yaml", "--set", f"model.path={demo_model}", "--set",
+                    f"rollout.max_staleness={max_staleness}", "--set", "trainer.total_steps=30", "--out", str(out),
+                    timeout=600)
+
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 30
+    assert all(r["staleness_max"] <= max_staleness for r in rows)
+    assert all(b["weight_version"] > a["weight_version"] for a, b in itertools.pairwise(rows))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes_produced"] == summary["stream_length"]
+    assert summary["episodes_produced"] == (summary["episodes_trained"] + summary["episodes_dropped_stale"]
+                                            + summary["episodes_pending"])
+    assert summary["episodes_trained"] == 30 * 8 * 16
+    assert "episodes produced" in proc.stdout

@@ -22,7 +22,8 @@ from relayrl.reward.server import RewardServicer, create_reward_server
 async def inference_server(model_dir: Path, **overrides: object) -> AsyncIterator[tuple[str, InferenceServicer]]:
     cfg = InferenceConfig(server=ServerConfig(port=0), **overrides)  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
-    engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"))
+    engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"),
+                          kv_on_update=cfg.kv_on_update)
     handle, servicer = create_inference_server(cfg, engine, tokenizer, str(model_dir))
     servicer.batcher.start()
     await handle.start()

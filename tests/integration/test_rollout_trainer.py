@@ -6,13 +6,14 @@ import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
-from relayrl.config import load_run_config
+from relayrl.config import RunConfig, load_run_config
 from relayrl.rollout.dataset import PromptCursor, load_jsonl
 from relayrl.rollout.worker import RolloutWorker
 from relayrl.tasks.arithmetic import reward
@@ -26,57 +27,78 @@ REQUIRED_METRICS = {"step", "weight_version", "reward_mean", "episodes", "tokens
                     "staleness_max", "time_s"}
 
 
-@pytest.mark.parametrize(("max_staleness", "sft_steps"), [(0, 0), (1, 0), (1, 2)])
+def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str) -> RunConfig:
+    return load_run_config(None, [
+        f"model.path={model}", f"rollout.dataset={data}", f"redis.url={redis_url}", f"output_dir={tmp}",
+        "trainer.total_steps=4", "trainer.groups_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
+        "trainer.server.port=0", "trainer.checkpoint_every=2", "trainer.linger_s=0", "trainer.sft_batch_size=8",
+        *overrides,
+    ])
+
+
+async def _run(cfg: RunConfig, model_dir: Path) -> dict[str, Any]:
+    """Inference, reward, trainer and rollout in this process until the trainer finishes."""
+    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
+        trainer = TrainerService(replace(cfg, inference=replace(
+            cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
+        handle = create_trainer_server(trainer)
+        await handle.start()
+        stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+        async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
+                insecure_channel(f"127.0.0.1:{handle.port}") as c:
+            worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
+                                   inference_pb2_grpc.InferenceServiceStub(a), reward_pb2_grpc.RewardServiceStub(b),
+                                   trainer_pb2_grpc.TrainerServiceStub(c))
+            rollout = asyncio.create_task(worker.run(asyncio.Event()))
+            await asyncio.wait_for(trainer.train(), timeout=120)
+            await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
+        info = await stream.info()
+        await handle.stop(0)
+        await trainer.close()
+        await stream.close()
+    rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
+    return {"produced": worker.episodes_produced, "trained": trainer.episodes_trained,
+            "dropped": trainer.collector.episodes_dropped_stale, "pending": info.pending + info.lag,
+            "length": info.length, "inference_version": inf.engine.version,
+            "rows": [r for r in rows if r.get("phase") != "sft"],
+            "sft_rows": [r for r in rows if r.get("phase") == "sft"]}
+
+
+@pytest.mark.parametrize(("max_staleness", "sft_steps"), [(0, 0), (1, 0), (2, 2)])
 def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_for(
         tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
         max_staleness: int, sft_steps: int) -> None:
-    steps, groups, group_size = 4, 2, 4
-    cfg = load_run_config(None, [
-        f"model.path={tiny_model_dir}", f"rollout.dataset={dataset_path}", f"redis.url={redis_server.url}",
-        f"output_dir={tmp_path / 'run'}", f"trainer.total_steps={steps}", f"trainer.groups_per_step={groups}",
-        f"rollout.group_size={group_size}", f"rollout.max_staleness={max_staleness}", "rollout.max_new_tokens=3",
-        "trainer.server.port=0", "trainer.checkpoint_every=2", "trainer.linger_s=0",
-        f"trainer.sft_warmup_steps={sft_steps}", "trainer.sft_batch_size=8",
-    ])
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
+                  f"rollout.max_staleness={max_staleness}", f"trainer.sft_warmup_steps={sft_steps}")
 
-    async def go() -> dict[str, int]:
-        async with inference_server(tiny_model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
-            trainer = TrainerService(cfg)
-            handle = create_trainer_server(trainer)
-            await handle.start()
-            stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
-            async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
-                    insecure_channel(f"127.0.0.1:{handle.port}") as c:
-                worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(dataset_path), True, 0),
-                                       inference_pb2_grpc.InferenceServiceStub(a), reward_pb2_grpc.RewardServiceStub(b),
-                                       trainer_pb2_grpc.TrainerServiceStub(c))
-                inference = replace(cfg.inference, server=replace(cfg.inference.server, address=inf_target))
-                trainer.cfg = replace(cfg, inference=inference)  # where the trainer pushes weights
-                stop = asyncio.Event()
-                rollout = asyncio.create_task(worker.run(stop))
-                await asyncio.wait_for(trainer.train(), timeout=120)
-                await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
-            info = await stream.info()
-            await handle.stop(0)
-            await trainer.close()
-            await stream.close()
-            return {"produced": worker.episodes_produced, "trained": trainer.episodes_trained,
-                    "dropped": trainer.collector.episodes_dropped_stale, "pending": info.pending + info.lag,
-                    "length": info.length, "inference_version": inf.engine.version}
+    out = asyncio.run(_run(cfg, tiny_model_dir))
 
-    counts = asyncio.run(go())
-
-    all_rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["sft_step"] for r in all_rows if r.get("phase") == "sft"] == list(range(1, sft_steps + 1))
-    rows = [r for r in all_rows if r.get("phase") != "sft"]
-    first_version = 1 if sft_steps else 0  # the warm-up publishes one version before RL starts
+    rows = out["rows"]
+    assert [r["sft_step"] for r in out["sft_rows"]] == list(range(1, sft_steps + 1))
+    # versions come from the Redis counter: the initial weights get 1, the warm-up (if any) one more
+    first_version = 2 if sft_steps else 1
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["weight_version"] for r in rows] == [first_version + i for i in (1, 2, 3, 4)]
     assert all(set(r) >= REQUIRED_METRICS for r in rows)
-    assert all(r["episodes"] == groups * group_size for r in rows)
+    assert all(r["episodes"] == 2 * 4 for r in rows)
     assert all(r["staleness_max"] <= max_staleness for r in rows)
-    assert counts["inference_version"] == first_version + 4
-    assert counts["trained"] == steps * groups * group_size
-    assert counts["produced"] == counts["length"]
-    assert counts["produced"] == counts["trained"] + counts["dropped"] + counts["pending"]
+    assert all(sum(r["staleness_hist"].values()) == r["episodes"] for r in rows)
+    assert out["inference_version"] == first_version + 4
+    assert out["trained"] == 4 * 2 * 4
+    assert out["produced"] == out["length"]
+    assert out["produced"] == out["trained"] + out["dropped"] + out["pending"]
     assert (tmp_path / "run" / "checkpoints" / "step_000004" / "model" / "config.json").is_file()
+
+
+def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    first = asyncio.run(_run(_config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url,
+                                     "trainer.keep_checkpoints=5"), tiny_model_dir))
+    older = tmp_path / "a" / "checkpoints" / "step_000002" / "model"  # older than the last published version
+
+    second = asyncio.run(_run(_config(tmp_path / "b", older, dataset_path, redis_server.url,
+                                      "redis.stream=relayrl:episodes:b"), older))
+
+    published_before = max(r["weight_version"] for r in first["rows"])
+    assert min(r["weight_version"] for r in second["rows"]) > published_before
+    assert second["inference_version"] > published_before

@@ -86,3 +86,10 @@ def test_cli_missing_dataset_exits_2_naming_the_field(tmp_path: Path, tiny_model
 
     assert proc.returncode == 2
     assert "rollout.dataset" in proc.stderr and "does not exist" in proc.stderr
+
+
+def test_tis_without_a_cap_is_rejected() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, ["trainer.off_policy=tis", "trainer.importance_cap=0"])
+
+    assert info.value.field == "trainer.importance_cap"

@@ -7,7 +7,14 @@ import math
 import torch
 
 from relayrl.trainer.learner import pack
-from relayrl.trainer.loss import grpo_advantages, ppo_clip_loss, token_logprobs
+from relayrl.trainer.loss import (
+    AdvantageEstimator,
+    advantages,
+    grpo_advantages,
+    ppo_clip_loss,
+    tis_loss,
+    token_logprobs,
+)
 
 
 def test_grpo_advantages_two_groups_match_hand_computed_values() -> None:
@@ -79,3 +86,45 @@ def test_pack_aligns_completion_targets_and_mask() -> None:
     assert batch.targets.tolist() == [[6, 8, 9], [10, 11, 12]]
     assert batch.mask.tolist() == [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
     torch.testing.assert_close(batch.behaviour_logprobs, torch.tensor([[0.0, -0.1, -0.2], [-0.3, -0.4, -0.5]]))
+
+
+def test_dr_grpo_advantages_are_centred_but_not_scaled() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+
+    adv = advantages(AdvantageEstimator.DR_GRPO, rewards, groups, num_groups=2)
+
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0]), rtol=0, atol=1e-7)
+
+
+def test_rloo_advantages_use_the_mean_of_the_other_members() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 3.0, 7.0])
+    groups = torch.tensor([0, 0, 0, 1, 2])
+
+    adv = advantages(AdvantageEstimator.RLOO, rewards, groups, num_groups=3)
+
+    # group 0: 1 - (0+0)/2 = 1; 0 - (1+0)/2 = -0.5 (twice); groups of one have no baseline: 0
+    torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0]), rtol=0, atol=1e-7)
+
+
+def test_ppo_clip_loss_with_importance_weights_scales_each_token() -> None:
+    logp = torch.tensor([[0.0, 0.0]])
+    weights = torch.tensor([[0.5, 2.0]])
+
+    terms = ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), 0.2, weights=weights)
+
+    # ratio 1 on both tokens: -(0.5 * 1) - (2.0 * 1)
+    assert math.isclose(float(terms.loss_sum), -2.5, rel_tol=0, abs_tol=1e-6)
+
+
+def test_tis_loss_truncates_the_importance_weight_at_the_cap() -> None:
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    prox = logp.detach().clone()
+    behav = torch.tensor([[-3.0, -1.5]])  # pi_prox / pi_behav = e^2 = 7.39 (capped at 2), e^0.5 = 1.65
+
+    terms = tis_loss(logp, prox, behav, torch.tensor([1.0]), torch.ones(1, 2), cap=2.0)
+    terms.loss_sum.backward()
+
+    assert math.isclose(float(terms.loss_sum), -(2.0 + math.exp(0.5)), rel_tol=0, abs_tol=1e-5)
+    assert logp.grad is not None
+    torch.testing.assert_close(logp.grad, torch.tensor([[-2.0, -math.exp(0.5)]]), rtol=0, atol=1e-5)
