@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -27,12 +28,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a config value (repeatable)")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: output_dir, else runs/NAME-TIME)")
     run.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for service health")
+    run.add_argument("--resume", choices=("never", "auto"), default=None,
+                     help="auto: the trainer restores the newest checkpoint in the run folder, rollout continues")
 
     serve = sub.add_parser("serve", help="run one service alone")
     serve.add_argument("service", choices=SERVICES)
     serve.add_argument("config", type=Path, help="run config YAML")
     serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    serve.add_argument("--rank", type=int, default=0, help="rank tag for log lines")
+    serve.add_argument("--resume", choices=("never", "auto"), default=None,
+                       help="trainer: auto restores the newest complete checkpoint (same as trainer.resume)")
 
     init = sub.add_parser("init-model", help="create the tiny demo model and tokenizer (random init)")
     init.add_argument("--out", type=Path, default=Path("models/tiny"), help="model directory to write")
@@ -46,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--max-sum", type=int, default=9, help="keep only rows with a + b <= this")
     data.add_argument("--seed", type=int, default=0)
 
+    debug = sub.add_parser("debug", help="debugging tools")
+    debug_sub = debug.add_subparsers(dest="debug_command", required=True)
+    coll = debug_sub.add_parser("collectives", help="compare the ranks' recorded collectives; name the first "
+                                                    "divergence (record with trainer.record_collectives=true)")
+    coll.add_argument("run_dir", help="run folder (or its collectives/ folder)")
+
     plot = sub.add_parser("plot", help="draw metrics.jsonl (reward and staleness against step) as a PNG")
     plot.add_argument("metrics", type=Path, help="metrics.jsonl or a run folder")
     plot.add_argument("-o", "--output", type=Path, default=None, help="PNG path (default: next to metrics)")
@@ -57,13 +67,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from relayrl.launcher import Launcher
 
     setup_logging("launcher")
-    cfg = load_run_config(args.config, args.overrides)
+    overrides = [*args.overrides, *([f"trainer.resume={args.resume}"] if args.resume else [])]
+    cfg = load_run_config(args.config, overrides)
     out = args.out
     if out is None:
         explicit = any(o.startswith("output_dir=") for o in args.overrides)
         out = cfg.output_dir if explicit or "output_dir" in _raw_keys(args.config) else \
             Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    return Launcher(cfg, out, startup_timeout_s=args.startup_timeout).run()
+    return Launcher(cfg, out, startup_timeout_s=args.startup_timeout, fresh=cfg.trainer.resume != "auto").run()
 
 
 def _raw_keys(path: Path) -> set[str]:
@@ -75,8 +86,9 @@ def _raw_keys(path: Path) -> set[str]:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from relayrl.config import load_run_config
 
-    cfg = load_run_config(args.config, args.overrides)
-    setup_logging(args.service, args.rank, cfg.log_level)
+    overrides = [*args.overrides, *([f"trainer.resume={args.resume}"] if args.resume else [])]
+    cfg = load_run_config(args.config, overrides)
+    setup_logging(args.service, int(os.environ.get("RANK", "0")), cfg.log_level)
     module = importlib.import_module(f"relayrl.{args.service}.main")
     asyncio.run(module.serve(cfg))
     return 0
@@ -116,7 +128,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
+def _cmd_debug(args: argparse.Namespace) -> int:
+    from relayrl.trainer.collective_debug import main as collectives_main
+
+    return collectives_main([args.run_dir])
+
+
+COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
             "make-dataset": _cmd_make_dataset, "plot": _cmd_plot}
 
 

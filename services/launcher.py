@@ -120,7 +120,8 @@ def check_health(target: str, timeout_s: float) -> bool:
 
 class Launcher:
     def __init__(self, cfg: RunConfig, out_dir: Path, startup_timeout_s: float = 120.0,
-                 progress: IO[str] | None = None) -> None:
+                 progress: IO[str] | None = None, fresh: bool = True) -> None:
+        self.fresh = fresh  # False (--resume auto): keep the run folder's Redis data, metrics and checkpoints
         self.out = out_dir
         self.startup_timeout_s = startup_timeout_s
         self.progress = progress if progress is not None else sys.stdout
@@ -147,8 +148,13 @@ class Launcher:
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
+        world = self.cfg.trainer.world_size
+        if name == "trainer" and world > 1:
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                       *command[1:]]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)],
+            command,
             stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.children[name] = Child(name, proc, log_file)
 
@@ -173,9 +179,12 @@ class Launcher:
     def run(self) -> int:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
-        metrics = self.cfg.metrics_path
-        if metrics.exists():
-            metrics.unlink()
+        if self.fresh:  # a new run never inherits an old stream, metrics or checkpoints
+            for stale in (self.cfg.metrics_path, self.out / "summary.json", self.out / "rollout_state.json"):
+                stale.unlink(missing_ok=True)
+            for folder in (self.out / "redis", self.out / "checkpoints", self.out / "collectives"):
+                shutil.rmtree(folder, ignore_errors=True)
+            (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
         try:
             if not self.cfg.redis.url:
                 self.redis = RedisProcess(find_redis_server(self.cfg.redis.server_binary), self.out / "redis",
@@ -251,7 +260,8 @@ class Launcher:
         return offset
 
     def _summary(self) -> None:
-        """After the services stopped: the accounting identity, from the stream and the services' counts."""
+        """After the services stopped: the accounting identity, in groups (stream entries), written to
+        summary.json and printed: produced = trained + dropped as stale + pending (unacknowledged or unread)."""
         import redis
 
         try:
@@ -259,6 +269,7 @@ class Launcher:
             length = int(client.xlen(self.cfg.redis.stream))
             groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
                       for g in client.xinfo_groups(self.cfg.redis.stream)} if length else {}
+            appended = int(client.hget(f"{self.cfg.redis.stream}:rollout:progress", "appended") or 0)
             client.close()
         except redis.exceptions.RedisError as exc:
             log.warning("could not read the stream for the run summary: %s", exc)
@@ -267,18 +278,19 @@ class Launcher:
         rows = [json.loads(line) for line in self.cfg.metrics_path.read_text().splitlines()] \
             if self.cfg.metrics_path.exists() else []
         rl = [r for r in rows if r.get("phase", "rl") == "rl"]
-        state_path = self.out / "rollout_state.json"
-        rollout = json.loads(state_path.read_text()) if state_path.exists() else {}
+        last = rl[-1] if rl else {}
         summary = {
-            "episodes_produced": rollout.get("episodes_produced"),
+            "groups_produced": appended,
             "stream_length": length,
-            "episodes_trained": rl[-1]["episodes_trained"] if rl else 0,
-            "episodes_dropped_stale": rl[-1]["episodes_dropped_stale"] if rl else 0,
-            "episodes_pending": int(group.get("pending", 0)) + int(group.get("lag", length) or 0),
+            "groups_trained": int(last.get("groups_trained", 0)),
+            "groups_dropped_stale": int(last.get("groups_dropped_stale", 0)),
+            "groups_pending": int(group.get("pending", 0)) + int(group.get("lag", length) or 0),
+            "episodes_trained": int(last.get("episodes_trained", 0)),
+            "episodes_dropped_stale": int(last.get("episodes_dropped_stale", 0)),
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        self._say(f"relayrl: episodes produced {summary['episodes_produced']} = trained {summary['episodes_trained']}"
-                  f" + dropped as stale {summary['episodes_dropped_stale']} + pending {summary['episodes_pending']}")
+        self._say(f"relayrl: groups produced {summary['groups_produced']} = trained {summary['groups_trained']}"
+                  f" + dropped as stale {summary['groups_dropped_stale']} + pending {summary['groups_pending']}")
 
     def shutdown(self) -> None:
         for name in reversed(SERVICE_ORDER):

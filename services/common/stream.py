@@ -1,9 +1,10 @@
-"""The Redis stream that carries episodes from rollout to the trainer.
+"""The Redis stream that carries episode groups from rollout to the trainer.
 
-Each stream entry holds one serialized :class:`Episode` under the field ``ep``. Rollout appends the n
-episodes of one group in one MULTI/EXEC transaction, so a group's entries are contiguous. The trainer
-reads through a consumer group (at-least-once delivery): entries stay pending until acknowledged.
-The stream is never trimmed; backpressure comes from admission control, not from deleting entries.
+Each stream entry holds one serialized :class:`EpisodeGroup` (the n samples of one prompt) under the field
+``group``: a group is delivered, acknowledged and normalised as a whole, so no consumer holds part of one.
+The trainer reads through a consumer group (at-least-once delivery): entries stay pending until
+acknowledged, and it acknowledges only once a checkpoint holding their effect is durable. The stream is
+never trimmed; backpressure comes from admission control, not from deleting entries.
 """
 
 from __future__ import annotations
@@ -16,26 +17,30 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.common.pb.episode_pb2 import EpisodeGroup
 
 log = logging.getLogger(__name__)
 
-FIELD = b"ep"
+FIELD = b"group"
 
 
 @dataclass(frozen=True)
 class StreamEntry:
     entry_id: str
-    episode: Episode
+    group: EpisodeGroup
 
 
 @dataclass(frozen=True)
 class GroupInfo:
-    """Consumer-group counters: entries delivered but not acknowledged, and entries not yet delivered."""
+    """Consumer-group counters, in stream entries (groups)."""
 
-    pending: int
-    lag: int
-    length: int
+    pending: int  # delivered to a consumer, not acknowledged
+    lag: int  # not delivered yet
+    length: int  # entries in the stream
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class EpisodeStream:
@@ -63,47 +68,73 @@ class EpisodeStream:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def append(self, episodes: Sequence[Episode]) -> list[str]:
-        """Append episodes atomically (one transaction); returns their entry ids in order."""
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for ep in episodes:
-                pipe.xadd(self.stream, {FIELD: ep.SerializeToString()})
-            ids = await pipe.execute()
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+    async def append(self, group: EpisodeGroup, pipe: Any = None) -> None:
+        """Append one group. With ``pipe`` (a MULTI pipeline), the XADD joins the caller's transaction."""
+        if pipe is not None:
+            pipe.xadd(self.stream, {FIELD: group.SerializeToString()})
+            return
+        await self._redis.xadd(self.stream, {FIELD: group.SerializeToString()})
 
-    async def read(self, consumer: str, count: int, block_ms: int, pending: bool = False) -> list[StreamEntry]:
-        """Read up to ``count`` entries for ``consumer``: its own pending entries (``pending=True``, id 0)
-        or new ones (id ``>``), blocking up to ``block_ms`` for new ones."""
-        start = "0" if pending else ">"
-        reply: Any = await self._redis.xreadgroup(
-            self.group, consumer, {self.stream: start}, count=count, block=None if pending else block_ms
-        )
+    def _parse(self, items: Any) -> list[StreamEntry]:
         entries: list[StreamEntry] = []
-        for _stream, items in reply or []:
-            for entry_id, fields in items:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-                if not fields or FIELD not in fields:
-                    # A pending entry whose data was deleted: nothing to train on, acknowledge it.
-                    log.warning("stream entry %s has no episode payload; acknowledging it", eid)
-                    await self.ack([eid])
-                    continue
-                episode = Episode()
-                episode.ParseFromString(fields[FIELD])
-                entries.append(StreamEntry(eid, episode))
+        for entry_id, fields in items or []:
+            if not fields or FIELD not in fields:
+                log.warning("stream entry %s has no episode group payload; skipping it", _text(entry_id))
+                continue
+            entries.append(StreamEntry(_text(entry_id), EpisodeGroup.FromString(fields[FIELD])))
         return entries
+
+    async def read(self, consumer: str, count: int, block_ms: int, pending_after: str | None = None
+                   ) -> list[StreamEntry]:
+        """Read up to ``count`` entries for ``consumer``: its own pending entries with ids after
+        ``pending_after`` (``"0"`` for all), or, when it is None, new entries (id ``>``), blocking up to
+        ``block_ms`` for them."""
+        start: str = ">" if pending_after is None else pending_after
+        reply: Any = await self._redis.xreadgroup(
+            self.group, consumer, {self.stream: start}, count=count,
+            block=block_ms if pending_after is None else None)
+        return [e for _stream, items in reply or [] for e in self._parse(items)]
 
     async def ack(self, entry_ids: Sequence[str]) -> int:
         if not entry_ids:
             return 0
         return int(await self._redis.xack(self.stream, self.group, *entry_ids))
 
+    async def claim_from_gone_consumers(self, consumer: str, live: set[str]) -> int:
+        """Move the pending entries of consumers not in ``live`` (e.g. ranks of a larger earlier run) to
+        ``consumer``. Returns how many entries were claimed."""
+        claimed = 0
+        for info in await self._redis.xinfo_consumers(self.stream, self.group):
+            name = _text(info["name"])
+            if name in live or int(info["pending"]) == 0:
+                continue
+            rows: Any = await self._redis.xpending_range(self.stream, self.group, min="-", max="+",
+                                                         count=int(info["pending"]), consumername=name)
+            ids: list[Any] = [_text(r["message_id"]) for r in rows]
+            if ids:
+                await self._redis.xclaim(self.stream, self.group, consumer, min_idle_time=0, message_ids=ids,
+                                         justid=True)
+                claimed += len(ids)
+                log.info("claimed %d pending entries of gone consumer %s", len(ids), name)
+        return claimed
+
+    @property
+    def dropped_key(self) -> str:
+        return f"{self.stream}:dropped_stale"
+
+    async def record_dropped(self, group_id: str, episodes: int) -> None:
+        """Record a group dropped as too stale (idempotent: a group dropped again after a restart counts once)."""
+        await self._redis.hset(self.dropped_key, group_id, episodes)
+
+    async def dropped(self) -> tuple[int, int]:
+        """(groups, episodes) dropped as too stale, over every rank and restart."""
+        values: Any = await self._redis.hvals(self.dropped_key)
+        return len(values), sum(int(v) for v in values)
+
     async def info(self) -> GroupInfo:
         length = int(await self._redis.xlen(self.stream))
-        groups = await self._redis.xinfo_groups(self.stream)
-        for g in groups:
-            name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
-            if name == self.group:
+        for g in await self._redis.xinfo_groups(self.stream):
+            if _text(g["name"]) == self.group:
                 lag = g.get("lag")
-                return GroupInfo(pending=int(g["pending"]), lag=int(lag) if lag is not None else -1,
-                                 length=length)
+                return GroupInfo(pending=int(g["pending"]), lag=int(lag) if lag is not None else -1, length=length)
         return GroupInfo(pending=0, lag=length, length=length)

@@ -14,15 +14,27 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+_ALLOCATE = """
+local v = redis.call('INCR', KEYS[1])
+local floor = tonumber(ARGV[1])
+if v <= floor then
+  v = floor + 1
+  redis.call('SET', KEYS[1], v)
+end
+return v
+"""
+
 
 class VersionSource:
     def __init__(self, client: aioredis.Redis, key: str) -> None:
         self._redis = client
         self.key = key
 
-    async def allocate(self) -> int:
-        """A new version, greater than every version allocated before (atomic INCR)."""
-        return int(await self._redis.incr(self.key))
+    async def allocate(self, floor: int = 0) -> int:
+        """A new version, greater than every version allocated before and than ``floor`` (the caller's last
+        published version): if Redis lost its last second of writes (AOF everysec) the counter is raised
+        past ``floor`` instead of handing out a version again. One atomic script."""
+        return int(await self._redis.eval(_ALLOCATE, 1, self.key, floor))
 
     async def latest(self) -> int:
         """The last version allocated (0 when none was)."""

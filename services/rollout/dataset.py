@@ -43,27 +43,28 @@ def load_jsonl(path: Path, field_name: str = "rollout.dataset") -> list[Prompt]:
 
 
 class PromptCursor:
-    """Endless iteration over a dataset, epoch by epoch, optionally shuffled with a seeded order."""
+    """The dataset in epoch-by-epoch order (optionally shuffled with a seeded order per epoch), addressed by
+    a global sequence number: seq -> (epoch, index) -> row. Deterministic, so a restart can regenerate any
+    seq."""
 
-    def __init__(self, rows: list[Prompt], shuffle: bool, seed: int, epoch: int = 0, index: int = 0) -> None:
+    def __init__(self, rows: list[Prompt], shuffle: bool, seed: int) -> None:
         self.rows = rows
         self.shuffle = shuffle
         self.seed = seed
-        self.epoch = epoch
-        self.index = index
-        self._order = self._make_order()
+        self._orders: dict[int, list[int]] = {}
 
-    def _make_order(self) -> list[int]:
-        order = list(range(len(self.rows)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+    def _order(self, epoch: int) -> list[int]:
+        order = self._orders.get(epoch)
+        if order is None:
+            order = list(range(len(self.rows)))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}  # keep one epoch's order cached
         return order
 
-    def next(self) -> Prompt:
-        if self.index >= len(self._order):
-            self.epoch += 1
-            self.index = 0
-            self._order = self._make_order()
-        row = self.rows[self._order[self.index]]
-        self.index += 1
-        return row
+    def position(self, seq: int) -> tuple[int, int]:
+        return divmod(seq, len(self.rows))
+
+    def at(self, seq: int) -> Prompt:
+        epoch, index = self.position(seq)
+        return self.rows[self._order(epoch)[index]]

@@ -29,10 +29,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def GetStatus(self, request: rollout_pb2.GetRolloutStatusRequest,
                         context: grpc.aio.ServicerContext) -> rollout_pb2.RolloutStatus:
         w = self.worker
+        epoch, index = w.cursor.position(w._next_seq)
         return rollout_pb2.RolloutStatus(
             component=self.header.message(), groups_produced=w.groups_produced,
             episodes_produced=w.episodes_produced, groups_running=w.running, groups_failed=w.groups_failed,
-            dataset_epoch=w.cursor.epoch, dataset_index=w.cursor.index, trainer_version=w.trainer_view.weight_version)
+            dataset_epoch=epoch, dataset_index=index, trainer_version=w.trainer_view.weight_version)
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:

@@ -27,6 +27,7 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.config import RolloutConfig
 from relayrl.rollout.dataset import Prompt, PromptCursor
+from relayrl.rollout.progress import Progress, ProgressStore
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,15 @@ class RolloutWorker:
         self.producer_id = cfg.producer_id or f"{socket.gethostname()}:{os.getpid()}"
         self.trainer_view = TrainerView()
         self.admission = Admission(cfg.max_staleness)
-        self.groups_produced = 0
+        self.store = ProgressStore(stream.client, stream.stream)
+        self.progress = Progress()
+        self.groups_produced = 0  # by this process
         self.episodes_produced = 0
         self.groups_failed = 0
         self.groups_skipped = 0
         self.running = 0
-        self._retry: deque[tuple[Prompt, int]] = deque()
+        self._next_seq = 0
+        self._retry: deque[tuple[int, int]] = deque()  # (seq, attempt)
         self._appending: set[asyncio.Future[None]] = set()
         self._wake = asyncio.Event()
 
@@ -70,7 +74,7 @@ class RolloutWorker:
             return
         self.trainer_view = TrainerView(
             step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
-            finished=st.finished, reachable=True, publishing=st.publishing,
+            finished=st.finished, reachable=True, publishing=st.publishing, groups_dropped=st.groups_dropped_stale,
             serving=st.component.state == ServingState.SERVING_STATE_SERVING)
 
     async def _poll_trainer(self, stop: asyncio.Event) -> None:
@@ -81,8 +85,19 @@ class RolloutWorker:
                 return
             await asyncio.sleep(self.cfg.status_poll_s)
 
+    async def resume(self) -> None:
+        """Continue where the stream says this rollout stopped (see progress.py)."""
+        self.progress = await self.store.load()
+        self.admission.admitted = self.progress.appended
+        self._next_seq = self.progress.next_seq()
+        self._retry.extend((seq, 1) for seq in self.progress.missing())
+        if self._next_seq:
+            log.info("resuming at prompt seq %d (%d groups appended before, %d to regenerate)", self._next_seq,
+                     self.progress.appended, len(self._retry))
+
     async def run(self, stop: asyncio.Event) -> None:
         await self.stream.ensure_group()
+        await self.resume()
         poller = asyncio.create_task(self._poll_trainer(stop))
         tasks: set[asyncio.Task[None]] = set()
         try:
@@ -95,10 +110,14 @@ class RolloutWorker:
                     waiter.cancel()
                     stopper.cancel()
                     continue
-                prompt, attempt = self._retry.popleft() if self._retry else (self.cursor.next(), 1)
+                if self._retry:
+                    seq, attempt = self._retry.popleft()
+                else:
+                    seq, attempt = self._next_seq, 1
+                    self._next_seq += 1
                 self.admission.admit()
                 self.running += 1
-                task = asyncio.create_task(self._group(prompt, attempt))
+                task = asyncio.create_task(self._group(seq, attempt))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
@@ -112,11 +131,12 @@ class RolloutWorker:
         log.info("rollout loop ended: %d groups produced, %d failed attempts, %d skipped",
                  self.groups_produced, self.groups_failed, self.groups_skipped)
 
-    async def _group(self, prompt: Prompt, attempt: int) -> None:
+    async def _group(self, seq: int, attempt: int) -> None:
+        prompt = self.cursor.at(seq)
         try:
             episodes = await self.make_group(prompt)
             # an append that started completes and is counted even if this task is cancelled meanwhile
-            appending = asyncio.ensure_future(self._append(episodes))
+            appending = asyncio.ensure_future(self._append(seq, episodes))
             self._appending.add(appending)
             appending.add_done_callback(self._appending.discard)
             await asyncio.shield(appending)
@@ -127,10 +147,11 @@ class RolloutWorker:
             if attempt < self.cfg.max_group_attempts:
                 log.warning("group for prompt %s failed (attempt %d): %s; will retry", prompt.prompt_id,
                             attempt, why)
-                self._retry.append((prompt, attempt + 1))
+                self._retry.append((seq, attempt + 1))
             else:
                 self.groups_skipped += 1
                 log.error("group for prompt %s failed %d times, skipping it: %s", prompt.prompt_id, attempt, why)
+                await self._record_skip(seq)
         except asyncio.CancelledError:
             self.admission.release()
             raise
@@ -143,16 +164,28 @@ class RolloutWorker:
             self.running -= 1
             self._wake.set()
 
-    async def _append(self, episodes: list[episode_pb2.Episode]) -> None:
-        await self.stream.append(episodes)
+    async def _append(self, seq: int, episodes: list[episode_pb2.Episode]) -> None:
+        """One transaction: the group's XADD and the record of its prompt seq (see progress.py)."""
+        group = episode_pb2.EpisodeGroup(group_id=episodes[0].group_id, episodes=episodes, prompt_seq=seq)
+        async with self.stream.client.pipeline(transaction=True) as pipe:
+            await self.stream.append(group, pipe)
+            self.store.record(pipe, self.progress, seq, appended=True)
+            await pipe.execute()
         self.groups_produced += 1
         self.episodes_produced += len(episodes)
 
+    async def _record_skip(self, seq: int) -> None:
+        async with self.stream.client.pipeline(transaction=True) as pipe:
+            self.store.record(pipe, self.progress, seq, appended=False)
+            await pipe.execute()
+
     def state(self) -> dict[str, int]:
-        """Counters and the dataset cursor, written to <output_dir>/rollout_state.json at shutdown."""
+        """Counters and the dataset position, written to <output_dir>/rollout_state.json at shutdown."""
+        epoch, index = self.cursor.position(self._next_seq)
         return {"groups_produced": self.groups_produced, "episodes_produced": self.episodes_produced,
                 "groups_failed": self.groups_failed, "groups_skipped": self.groups_skipped,
-                "dataset_epoch": self.cursor.epoch, "dataset_index": self.cursor.index}
+                "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
+                "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index}
 
     async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:
         cfg = self.cfg

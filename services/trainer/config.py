@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import ServerConfig, server_config
@@ -56,7 +57,18 @@ class TrainerConfig:
     weight_push_timeout_s: float = field(default=60.0, metadata={
         "help": "Deadline of one weight push to inference.", "gt": 0})
     read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
-    consumer: str = field(default="", metadata={"help": "Redis consumer name; empty: trainer-rank<rank>."})
+    consumer: str = field(default="trainer", metadata={
+        "help": "Redis consumer name prefix: rank r reads as <consumer>-rank<r> (stable across restarts)."})
+    world_size: int = field(default=1, metadata={
+        "help": "Trainer ranks. `relayrl run` starts them with torchrun; `relayrl serve trainer` must run under "
+                "torchrun with this many processes. groups_per_step must be divisible by it.", "ge": 1})
+    collective_timeout_s: float = field(default=120.0, metadata={
+        "help": "Timeout of every collective: a dead or diverged rank fails the others within it.", "gt": 0})
+    record_collectives: bool = field(default=False, metadata={
+        "help": "Debug: record every collective per rank under <output_dir>/collectives "
+                "(read with: relayrl debug collectives RUN_DIR)."})
+    resume: Literal["never", "auto"] = field(default="never", metadata={
+        "help": "auto: restore the newest complete checkpoint under <output_dir>/checkpoints if there is one."})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
     server: ServerConfig = field(default_factory=lambda: server_config(50054), metadata={
@@ -65,5 +77,8 @@ class TrainerConfig:
     def validate(self) -> None:
         if self.off_policy is OffPolicyCorrection.TIS and self.importance_cap <= 0:
             raise ConfigError("importance_cap", self.importance_cap, "must be > 0 when off_policy is tis")
+        if self.groups_per_step % self.world_size:
+            raise ConfigError("groups_per_step", self.groups_per_step,
+                              f"must be divisible by world_size ({self.world_size})")
         if self.warmup_steps > self.total_steps:
             raise ConfigError("warmup_steps", self.warmup_steps, f"must be <= total_steps ({self.total_steps})")

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.config import LossAggregation, TrainerConfig
 from relayrl.trainer.loss import LossTerms, OffPolicyCorrection, advantages, ppo_clip_loss, tis_loss, token_logprobs
 
@@ -80,8 +82,9 @@ class Learner:
     """Owns the model and optimizer; computes advantages and the loss and steps AdamW."""
 
     def __init__(self, model: Any, cfg: TrainerConfig, pad_id: int, device: torch.device,
-                 max_completion_tokens: int = 1) -> None:
+                 max_completion_tokens: int = 1, collectives: Collectives | None = None) -> None:
         self.model = model
+        self.collectives = collectives or Collectives(None, timeout_s=60.0)
         self.max_completion_tokens = max_completion_tokens
         self.cfg = cfg
         self.pad_id = pad_id
@@ -120,7 +123,21 @@ class Learner:
         return tis_loss(logp, prox, mb.behaviour_logprobs, adv, mb.mask, self.cfg.importance_cap)
 
     def rl_step(self, episodes: Sequence[Episode]) -> StepStats:
-        """Advantages per group, the configured off-policy loss, one AdamW step."""
+        """Gradients over the global batch (all ranks), then one AdamW step."""
+        stats = self.rl_gradients(episodes)
+        stats.grad_norm, stats.lr = self._optimizer_step()
+        return stats
+
+    def rl_gradients(self, episodes: Sequence[Episode]) -> StepStats:
+        """Accumulate into ``.grad`` the gradient of the loss over the *global* batch (every rank's episodes).
+
+        Normalisation: the loss is the sum over all ranks' completion tokens divided by their global count
+        (``token_mean``) or by global episodes x max_new_tokens (``constant``); each rank divides its local
+        sum by that global denominator and the gradients are all-reduced with SUM. So 1 rank with the whole
+        batch and N ranks with a share each compute the same gradient (up to summation order).
+        Every rank runs the same number of micro-batches (all-reduce MAX, padded with zero-weight ones).
+        """
+        coll = self.collectives
         self.model.train()
         group_ids = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in episodes))}
         rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=self.device)
@@ -129,45 +146,74 @@ class Learner:
         batch = pack([e.prompt_token_ids for e in episodes], [e.completion_token_ids for e in episodes],
                      [e.behaviour_logprobs for e in episodes], [e.loss_mask for e in episodes],
                      [e.sampling_temperature or 1.0 for e in episodes], self.pad_id, self.device)
-        total_tokens = batch.mask.sum().clamp(min=1.0)
+        mbs = self.cfg.micro_batch_size
+        counts = torch.tensor([batch.mask.sum().item(), float(len(episodes))], dtype=torch.float64)
+        coll.all_reduce(counts, dist.ReduceOp.SUM, "global_tokens_and_episodes")
+        global_tokens = max(float(counts[0]), 1.0)
         if self.cfg.loss_aggregation is LossAggregation.TOKEN_MEAN:
-            denominator = total_tokens
+            denominator = global_tokens
         else:
-            denominator = torch.tensor(float(len(episodes) * self.max_completion_tokens), device=self.device)
-        # loss, clipped, ratio, kl, importance sum, |prox - behav| sum, importance max
-        sums = torch.zeros(7, dtype=torch.float32, device=self.device)
-        for start in range(0, len(episodes), self.cfg.micro_batch_size):
-            sl = slice(start, start + self.cfg.micro_batch_size)
-            mb = _slice(batch, sl)
+            denominator = float(counts[1]) * self.max_completion_tokens
+        n_micro = torch.tensor([math.ceil(len(episodes) / mbs)], dtype=torch.int64)
+        coll.all_reduce(n_micro, dist.ReduceOp.MAX, "micro_batch_count")
+        # loss, clipped, ratio, kl, importance sum, |prox - behav| sum
+        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        importance_max = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for i in range(int(n_micro.item())):
+            start = i * mbs
+            if start < len(episodes):
+                sl = slice(start, start + mbs)
+                mb, mb_adv = _slice(batch, sl), adv[sl]
+            else:  # padding: same computation, zero weight, so every rank runs the same micro-batches
+                sl = slice(0, 1)
+                mb, mb_adv = _slice(batch, sl), torch.zeros_like(adv[sl])
+                mb = PackedBatch(mb.input_ids, mb.attention_mask, mb.targets, torch.zeros_like(mb.mask),
+                                 mb.behaviour_logprobs, mb.temperature)
             logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
             logp = token_logprobs(logits, mb.targets, mb.temperature)
-            terms = self._loss_terms(logp, mb, adv[sl])
+            terms = self._loss_terms(logp, mb, mb_adv)
             (terms.loss_sum / denominator).backward()
             with torch.no_grad():
                 diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
                 weight = torch.exp(diff) * mb.mask
                 sums += torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum,
-                                     weight.sum(), diff.abs().sum(), torch.zeros(())])
-                sums[6] = torch.maximum(sums[6], weight.max())
-        grad_norm, lr = self._optimizer_step()
+                                     weight.sum(), diff.abs().sum()]).to(sums.dtype)
+                importance_max = torch.maximum(importance_max, weight.max().to(importance_max.dtype))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        coll.all_reduce_coalesced([p.grad for p in params], dist.ReduceOp.SUM, "gradients")
+        coll.all_reduce(sums, dist.ReduceOp.SUM, "loss_stats")
+        coll.all_reduce(importance_max, dist.ReduceOp.MAX, "importance_max")
         values = sums.tolist()  # one host sync per step
-        n = float(total_tokens.item())
-        return StepStats(loss=values[0] / float(denominator), grad_norm=grad_norm, clip_frac=values[1] / n,
-                         ratio_mean=values[2] / n, kl=values[3] / n, tokens=int(n), lr=lr,
-                         importance_mean=values[4] / n, importance_max=values[6], logprob_diff_mean=values[5] / n)
+        n = global_tokens
+        return StepStats(loss=values[0] / denominator, grad_norm=0.0, clip_frac=values[1] / n,
+                         ratio_mean=values[2] / n, kl=values[3] / n, tokens=int(n), lr=0.0,
+                         importance_mean=values[4] / n, importance_max=float(importance_max.item()),
+                         logprob_diff_mean=values[5] / n)
 
     def sft_step(self, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> StepStats:
-        """Supervised step: mean cross-entropy of the answer tokens (incl. eos) given the prompt."""
+        """Supervised step: mean cross-entropy of the answer tokens (incl. eos) given the prompt, over the
+        global batch (every rank passes the same number of rows)."""
         self.model.train()
         batch = pack(prompts, answers, None, None, [1.0] * len(prompts), self.pad_id, self.device)
-        total_tokens = batch.mask.sum().clamp(min=1.0)
-        loss_sum = torch.zeros((), device=self.device)
+        total_tokens = batch.mask.sum().to(torch.float64).reshape(1)
+        self.collectives.all_reduce(total_tokens, dist.ReduceOp.SUM, "sft_global_tokens")
+        total_tokens = total_tokens.clamp(min=1.0).to(torch.float32)
+        loss_sum = torch.zeros(1, device=self.device)
         for start in range(0, len(prompts), self.cfg.micro_batch_size):
             mb = _slice(batch, slice(start, start + self.cfg.micro_batch_size))
             logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
             nll = -(token_logprobs(logits, mb.targets, mb.temperature) * mb.mask).sum()
             (nll / total_tokens).backward()
             loss_sum += nll.detach()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.collectives.all_reduce_coalesced([p.grad for p in params], dist.ReduceOp.SUM, "sft_gradients")
+        self.collectives.all_reduce(loss_sum, dist.ReduceOp.SUM, "sft_loss")
         grad_norm, lr = self._optimizer_step()
         return StepStats(loss=float(loss_sum / total_tokens), grad_norm=grad_norm, clip_frac=0.0, ratio_mean=1.0,
                          kl=0.0, tokens=int(total_tokens.item()), lr=lr)

@@ -1,35 +1,71 @@
-"""Entry point of the trainer service."""
+"""Entry point of the trainer service (one process per rank; several ranks run under torchrun)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+from datetime import timedelta
+
+import torch.distributed as dist
 
 from relayrl.config import RunConfig
+from relayrl.trainer.collectives import Collectives, CollectiveTimeout
 from relayrl.trainer.service import TrainerService, create_trainer_server
 
 log = logging.getLogger(__name__)
 
 
+def init_collectives(cfg: RunConfig) -> Collectives:
+    """Create the process group explicitly (gloo on CPU, NCCL on CUDA) when torchrun started several ranks."""
+    tc = cfg.trainer
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    record = cfg.output_dir / "collectives" if tc.record_collectives else None
+    if world != tc.world_size:
+        from relayrl.common.config import ConfigError
+
+        raise ConfigError("trainer.world_size", tc.world_size,
+                          f"must equal the number of processes started (WORLD_SIZE={world}); use torchrun")
+    if world == 1:
+        return Collectives(None, tc.collective_timeout_s, record)
+    backend = "nccl" if cfg.model.device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=tc.collective_timeout_s))
+    group = dist.group.WORLD
+    assert group is not None
+    return Collectives(group, tc.collective_timeout_s, record, group_name="world")
+
+
+def rank_from_env() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
-    """Train until trainer.total_steps (then exit 0) or until SIGTERM/SIGINT."""
+    """Train until trainer.total_steps (then exit 0) or until SIGTERM/SIGINT. Rank 0 serves the status API."""
     cfg.model.check_exists()
     cfg.redis.require_url()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    service = TrainerService(cfg)
-    handle = create_trainer_server(service)
-    await handle.start()
-    log.info("trainer status on port %d", handle.port)
+    coll = init_collectives(cfg)
+    service = TrainerService(cfg, coll)
+    handle = create_trainer_server(service) if coll.rank == 0 else None
+    if handle is not None:
+        await handle.start()
+        log.info("trainer status on port %d (world size %d)", handle.port, coll.world_size)
     train = asyncio.create_task(service.train())
     stopper = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({train, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if train.done():
-            train.result()  # re-raise a training failure
+            try:
+                train.result()  # re-raise a training failure
+            except CollectiveTimeout as exc:
+                # gloo's teardown would wait for the peer up to the process-group timeout again: exit hard
+                log.critical("%s", exc)
+                logging.shutdown()
+                os._exit(3)
             log.info("training finished after %d steps", service.step)
             await asyncio.sleep(cfg.trainer.linger_s)  # let rollout see `finished`
         else:
@@ -38,5 +74,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
             await asyncio.gather(train, return_exceptions=True)
     finally:
         stopper.cancel()
-        await handle.stop(cfg.trainer.server.shutdown_grace_s)
+        if handle is not None:
+            await handle.stop(cfg.trainer.server.shutdown_grace_s)
         await service.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,9 +1,20 @@
-"""The trainer service: consume episodes, step, publish weight versions, acknowledge, log metrics.
+"""The trainer service: consume groups, step, publish weight versions, checkpoint, then acknowledge.
 
 Staleness of a sample (one definition, used for filtering and metrics): the trainer's current weight
 version when it computes the gradient (the latest version it has published) minus the oldest weight
-version among the sample's tokens. Groups with a sample beyond ``rollout.max_staleness`` are dropped,
-acknowledged and counted in ``episodes_dropped_stale``; nothing is dropped silently.
+version among the sample's tokens. Groups with a sample beyond ``rollout.max_staleness`` are dropped and
+counted in ``episodes_dropped_stale``; nothing is dropped silently.
+
+Ranks: every rank reads its own share of groups as the stable Redis consumer ``<consumer>-rank<r>``
+(groups_per_step / world_size groups per step), gradients are all-reduced over the global batch (see
+Learner.rl_gradients), and rank 0 alone allocates and publishes each weight version, serves the status
+API, writes metrics and the model part of checkpoints.
+
+Exactly-once effect: a group's stream entry is acknowledged only after a checkpoint that includes its effect
+is durable. Each checkpoint records, per rank, the ids of the groups consumed (trained or dropped) since the
+previous one. On restart each rank re-reads its own pending entries first, acknowledges (without training)
+the groups the restored checkpoint already holds, trains the rest, then reads new entries. Pending entries
+of consumers that no longer exist (a larger earlier world size) are claimed by rank 0.
 """
 
 from __future__ import annotations
@@ -13,143 +24,175 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
 import torch
+import torch.distributed as dist
 
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.common.pb.inference_pb2 import WeightUpdateMessage
+from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest, WeightUpdateMessage
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.versions import VersionSource
 from relayrl.common.weights import iter_update_messages, model_tensors
 from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
-from relayrl.trainer.checkpoint import save_checkpoint
+from relayrl.trainer.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner, StepStats
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Group:
-    group_id: str
-    entries: list[StreamEntry] = field(default_factory=list)
-
-    @property
-    def episodes(self) -> list[Episode]:
-        return [e.episode for e in self.entries]
-
-    def oldest_version(self) -> int:
-        return min(min(ep.token_weight_versions, default=0) for ep in self.episodes)
+def oldest_version(entry: StreamEntry) -> int:
+    return min(min(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
 
 
 class GroupCollector:
-    """Reads the stream and assembles complete groups; drops (acks and counts) groups beyond the bound."""
+    """Reads this rank's groups: pending ones first, skipping groups a checkpoint already holds, then new
+    ones; drops (and counts) groups beyond the staleness bound."""
 
-    def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int) -> None:
+    def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
+                 already_done: set[str]) -> None:
         self.stream = stream
         self.consumer = consumer
         self.max_staleness = max_staleness
         self.block_ms = block_ms
-        self._partial: dict[str, Group] = {}
-        self._ready: list[Group] = []
-        self._seen: set[str] = set()
-        self._read_pending = True
-        self._unacked: list[str] = []  # stale drops and duplicates: acknowledged with the next step
-        self.episodes_dropped_stale = 0
-        self.episodes_duplicate = 0
+        self.already_done = already_done  # group ids whose effect the restored checkpoint holds
+        self._ready: list[StreamEntry] = []
+        self._pending_after: str | None = "0"  # page through our own pending entries first, then new ones
+        self.consumed_ids: list[str] = []  # groups trained or dropped since the last checkpoint
+        self.unacked: list[str] = []  # their stream entry ids (acknowledged after the next checkpoint)
+        self.done_on_resume: list[str] = []  # entry ids of groups the restored checkpoint holds
 
-    async def collect(self, num_groups: int, current_version: int) -> list[Group]:
+    async def collect(self, num_groups: int, current_version: int) -> list[StreamEntry]:
         while True:
-            self._drop_stale(current_version)
+            await self._drop_stale(current_version)
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
                 return taken
-            entries = await self.stream.read(self.consumer, count=256, block_ms=self.block_ms,
-                                             pending=self._read_pending)
-            if self._read_pending and not entries:
-                self._read_pending = False  # own pending entries consumed: switch to new ones
+            # read only the shortfall: a rank that took more than its share could starve the others
+            entries = await self.stream.read(self.consumer, count=num_groups - len(self._ready),
+                                             block_ms=self.block_ms, pending_after=self._pending_after)
+            if self._pending_after is not None:
+                self._pending_after = entries[-1].entry_id if entries else None
             for entry in entries:
-                self._add(entry)
+                if entry.group.group_id in self.already_done:
+                    self.done_on_resume.append(entry.entry_id)  # its effect is in the checkpoint: no retraining
+                else:
+                    self._ready.append(entry)
 
-    def _add(self, entry: StreamEntry) -> None:
-        ep = entry.episode
-        if ep.episode_id in self._seen:
-            self.episodes_duplicate += 1
-            self._unacked.append(entry.entry_id)
-            return
-        self._seen.add(ep.episode_id)
-        group = self._partial.setdefault(ep.group_id, Group(ep.group_id))
-        group.entries.append(entry)
-        if len(group.entries) >= max(1, ep.group_size):
-            self._ready.append(self._partial.pop(ep.group_id))
-
-    def _drop_stale(self, current_version: int) -> None:
-        keep: list[Group] = []
-        drop: list[Group] = []
-        for g in self._ready:
-            (drop if current_version - g.oldest_version() > self.max_staleness else keep).append(g)
+    async def _drop_stale(self, current_version: int) -> None:
+        keep: list[StreamEntry] = []
+        for entry in self._ready:
+            if current_version - oldest_version(entry) > self.max_staleness:
+                # recorded in Redis at once: rollout's admission releases it without waiting for a step
+                await self.stream.record_dropped(entry.group.group_id, len(entry.group.episodes))
+                self.consumed(entry)
+                log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id,
+                            current_version - oldest_version(entry), self.max_staleness)
+            else:
+                keep.append(entry)
         self._ready = keep
-        self._unacked.extend(e.entry_id for g in drop for e in g.entries)
-        if drop:
-            n = sum(len(g.entries) for g in drop)
-            self.episodes_dropped_stale += n
-            log.warning("dropped %d episodes beyond max_staleness=%d (current version %d)", n,
-                        self.max_staleness, current_version)
 
-    def take_acks(self) -> list[str]:
-        """Entry ids that need acknowledging though not trained on (stale drops, duplicates)."""
-        ids, self._unacked = self._unacked, []
-        return ids
+    def consumed(self, entry: StreamEntry) -> None:
+        self.consumed_ids.append(entry.group.group_id)
+        self.unacked.append(entry.entry_id)
 
 
 class TrainerService:
-    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
+    def __init__(self, cfg: RunConfig, collectives: Collectives | None = None) -> None:
         self.cfg = cfg
-        self.rank = rank
         tc = cfg.trainer
+        self.coll = collectives or Collectives(None, tc.collective_timeout_s)
+        self.rank = self.coll.rank
+        self.is_main = self.rank == 0
         self.device = torch.device(cfg.model.device)
         self.tokenizer = load_tokenizer(cfg.model.path)
-        self.model = load_model(cfg.model)
+        self.resumed_from: Path | None = latest_checkpoint(cfg.checkpoint_dir) if tc.resume == "auto" else None
+        model_path = self.resumed_from / "model" if self.resumed_from else None
+        self.model = load_model(cfg.model, model_path)
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
-                               max_completion_tokens=cfg.rollout.max_new_tokens)
+                               max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll)
         self.header = StatusHeader("trainer")
         self.step = 0
         self.weight_version = 0
         self.episodes_trained = 0
+        self.groups_trained = 0
         self.finished = False
         self.publishing = False
+        already_done: set[str] = set()
+        counters: dict[str, Any] = {}
+        if self.resumed_from is not None:
+            state = load_trainer_state(self.resumed_from, self.learner.optimizer, self.rank)
+            self.step, counters, already_done = state.step, state.extra, state.consumed_ids
+            self.learner.steps_done = state.step
+            log.info("resumed from %s at step %d (%d groups held by it)", self.resumed_from, self.step,
+                     len(already_done))
+        self.episodes_trained = int(counters.get("episodes_trained", 0))
+        self.groups_trained = int(counters.get("groups_trained", 0))
         self.stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
         self.versions = VersionSource(self.stream.client, cfg.redis.version_key)
-        self.collector = GroupCollector(self.stream, tc.consumer or f"trainer-rank{rank}",
-                                        cfg.rollout.max_staleness, tc.read_block_ms)
+        self.consumer = f"{tc.consumer}-rank{self.rank}"
+        self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness, tc.read_block_ms,
+                                        already_done)
+        # drops over all ranks and restarts, from Redis (refreshed by rank 0 after each step)
+        self.groups_dropped_stale = 0
+        self.episodes_dropped_stale = 0
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
-        cfg.output_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = cfg.metrics_path.open("a")
+        # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
+        self.incarnation = f"{int(time.time() * 1000)}-{self.rank}"
+        (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
+        self._trained_log = (cfg.output_dir / "trained" / f"rank{self.rank}.jsonl").open("a")
+        self._metrics = None
+        if self.is_main:
+            cfg.output_dir.mkdir(parents=True, exist_ok=True)
+            self._metrics = cfg.metrics_path.open("a")
 
+    # -- status and publication (rank 0) -------------------------------------------------------------------
     def status(self) -> trainer_pb2.TrainerStatus:
         return trainer_pb2.TrainerStatus(
             component=self.header.message(), step=self.step, weight_version=self.weight_version,
-            episodes_trained=self.episodes_trained, episodes_dropped_stale=self.collector.episodes_dropped_stale,
-            groups_per_step=self.cfg.trainer.groups_per_step, finished=self.finished, publishing=self.publishing)
+            episodes_trained=self.episodes_trained, episodes_dropped_stale=self.episodes_dropped_stale,
+            groups_per_step=self.cfg.trainer.groups_per_step, finished=self.finished, publishing=self.publishing,
+            groups_dropped_stale=self.groups_dropped_stale)
 
     async def publish(self) -> int:
-        """Allocate a fresh version from the durable counter and push the current weights under it."""
-        self.publishing = True
-        try:
-            version = await self.versions.allocate()
-            await self.push_weights(version)
-        finally:
-            self.publishing = False
-        return version
+        """Rank 0 allocates a fresh version from the durable counter and pushes the (full, replicated) weights;
+        every rank learns the version by a broadcast from rank 0."""
+        version = torch.zeros(1, dtype=torch.int64)
+        if self.is_main:
+            self.publishing = True
+            try:
+                floor = self.weight_version or await self._served_version()
+                version[0] = await self.versions.allocate(floor=floor)
+                await self.push_weights(int(version[0]))
+            finally:
+                self.publishing = False
+        await asyncio.to_thread(self.coll.broadcast, version, 0, "published_version")
+        self.weight_version = int(version[0])
+        return self.weight_version
+
+    async def _served_version(self) -> int:
+        """The version inference serves now (a floor for the first allocation after a restart)."""
+        async with insecure_channel(self.cfg.inference.server.target) as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            for attempt in range(1, 6):
+                try:
+                    st = await stub.GetStatus(GetInferenceStatusRequest(), timeout=10.0)
+                    return int(st.weight_version)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 5:
+                        raise RuntimeError(f"inference status unavailable: {exc.code().name}") from exc
+                    await asyncio.sleep(0.5 * attempt)
+        return 0
 
     async def push_weights(self, version: int) -> None:
         tc = self.cfg.trainer
@@ -162,34 +205,36 @@ class TrainerService:
 
         async with insecure_channel(self.cfg.inference.server.target) as channel:
             stub = inference_pb2_grpc.InferenceServiceStub(channel)
-            for attempt in range(1, 4):
+            for attempt in range(1, 6):
                 try:
                     resp = await stub.UpdateWeights(gen(), timeout=tc.weight_push_timeout_s)
                     break
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
-                            or attempt == 3:
+                            or attempt == 5:
                         raise RuntimeError(f"weight push of version {version} failed: "
                                            f"{exc.code().name}: {exc.details()}") from exc
                     log.warning("weight push attempt %d failed (%s); retrying", attempt, exc.code().name)
                     await asyncio.sleep(0.5 * attempt)
-        self.weight_version = version
         log.info("published weight version %d (%d bytes, applied in %.3fs)", version, resp.bytes_received,
                  resp.apply_s)
 
     def _write_metrics(self, row: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
+        if self._metrics is not None:
+            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
 
+    # -- training ------------------------------------------------------------------------------------------
     async def sft_warmup(self) -> None:
         tc = self.cfg.trainer
         rows = load_jsonl(self.cfg.rollout.dataset)
         eos = int(self.tokenizer.eos_token_id)
         enc = [(self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"],
                 [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos]) for r in rows]
-        gen = torch.Generator().manual_seed(self.cfg.seed)
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.rank)
+        per_rank = max(1, tc.sft_batch_size // self.coll.world_size)
         for i in range(1, tc.sft_warmup_steps + 1):
-            idx = torch.randint(len(enc), (tc.sft_batch_size,), generator=gen).tolist()
+            idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
             stats = await asyncio.to_thread(self.learner.sft_step, [enc[j][0] for j in idx],
                                             [enc[j][1] for j in idx])
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
@@ -200,61 +245,101 @@ class TrainerService:
     async def train(self) -> None:
         tc = self.cfg.trainer
         await self.stream.ensure_group()
-        # The weights on disk get a fresh version too: inference and trainer agree on what is served, and a
-        # restarted trainer never reuses a version.
+        if self.is_main:
+            live = {f"{tc.consumer}-rank{r}" for r in range(self.coll.world_size)}
+            await self.stream.claim_from_gone_consumers(self.consumer, live)
+        # identical starting weights on every rank, whatever each loaded
+        await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.model.parameters()), 0, "initial_weights")
+        # The weights we start from get a fresh version too: inference and trainer agree on what is served,
+        # and a restarted trainer never reuses a version.
         await self.publish()
-        if tc.sft_warmup_steps > 0:
+        if tc.sft_warmup_steps > 0 and self.resumed_from is None:
             await self.sft_warmup()
         self.header.state = ServingState.SERVING_STATE_SERVING
+        per_rank = tc.groups_per_step // self.coll.world_size
         while self.step < tc.total_steps:
-            groups = await self.collector.collect(tc.groups_per_step, self.weight_version)
-            episodes = [ep for g in groups for ep in g.episodes]
+            entries = await self.collector.collect(per_rank, self.weight_version)
+            episodes = [ep for e in entries for ep in e.group.episodes]
             staleness = torch.tensor([self.weight_version - min(ep.token_weight_versions, default=0)
                                       for ep in episodes], dtype=torch.float32)
             t_step = time.monotonic()
             stats = await asyncio.to_thread(self.learner.rl_step, episodes)
+            for entry in entries:
+                self.collector.consumed(entry)
+            self._trained_log.write(json.dumps({
+                "incarnation": self.incarnation, "step": self.step + 1,
+                "resumed_from_step": int(self.resumed_from.name.split("_")[1]) if self.resumed_from else 0,
+                "groups": [[e.group.group_id, e.group.prompt_seq] for e in entries]}) + "\n")
+            self._trained_log.flush()
             await self.publish()
-            acked = await self.stream.ack([e.entry_id for g in groups for e in g.entries]
-                                          + self.collector.take_acks())
             self.step += 1
-            self.episodes_trained += len(episodes)
-            self._log_step(episodes, staleness, stats, time.monotonic() - t_step, acked)
+            summary = await asyncio.to_thread(self._global_summary, episodes, staleness)
+            self.episodes_trained += int(summary["episodes"])
+            self.groups_trained += tc.groups_per_step
+            if self.is_main:
+                self.groups_dropped_stale, self.episodes_dropped_stale = await self.stream.dropped()
+            self._log_step(summary, episodes, stats, time.monotonic() - t_step)
             if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 and self.step < tc.total_steps:
-                await asyncio.to_thread(self.checkpoint)
-        await asyncio.to_thread(self.checkpoint)
+                await self.checkpoint_and_ack()
+        await self.checkpoint_and_ack()
         self.finished = True
         self.header.state = ServingState.SERVING_STATE_STOPPED
 
-    def checkpoint(self) -> None:
-        save_checkpoint(self.cfg.checkpoint_dir, self.step, self.weight_version, self.model, self.tokenizer,
-                        self.learner.optimizer, self.cfg.trainer.keep_checkpoints,
-                        {"episodes_trained": self.episodes_trained})
-
-    def _log_step(self, episodes: list[Episode], staleness: torch.Tensor, stats: StepStats, step_s: float,
-                  acked: int) -> None:
-        now = time.monotonic()
+    def _global_summary(self, episodes: list[Episode], staleness: torch.Tensor) -> dict[str, Any]:
+        """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors)."""
+        s = self.cfg.rollout.max_staleness
+        hist = torch.bincount(staleness.long().clamp(0, s + 1), minlength=s + 2).to(torch.float64)
         rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float64)
+        lengths = sum(len(ep.completion_token_ids) for ep in episodes)
+        sums = torch.cat([torch.tensor([float(len(episodes)), float(rewards.sum()), float((rewards ** 2).sum()),
+                                        float(staleness.sum()), float(lengths)], dtype=torch.float64), hist])
+        self.coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
+        maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
+        self.coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
+        n = max(float(sums[0]), 1.0)
+        mean = float(sums[1]) / n
+        return {"episodes": int(sums[0]), "reward_mean": mean,
+                "reward_std": max(float(sums[2]) / n - mean * mean, 0.0) ** 0.5,
+                "staleness_mean": float(sums[3]) / n, "staleness_max": int(maxima[0]),
+                "completion_len_mean": float(sums[4]) / n,
+                "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[5:].tolist()) if c}}
+
+    async def checkpoint_and_ack(self) -> None:
+        """Save a checkpoint (atomic), and only once it is durable acknowledge the groups it holds."""
+        extra = {"episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained}
+        await asyncio.to_thread(
+            save_checkpoint, self.cfg.checkpoint_dir, self.step, self.weight_version, self.model, self.tokenizer,
+            self.learner.optimizer, self.cfg.trainer.keep_checkpoints, extra, self.coll,
+            self.collector.consumed_ids)
+        acked = await self.stream.ack(self.collector.unacked + self.collector.done_on_resume)
+        log.info("checkpoint at step %d durable; acknowledged %d groups", self.step, acked)
+        self.collector.consumed_ids, self.collector.unacked, self.collector.done_on_resume = [], [], []
+
+    def _log_step(self, summary: dict[str, Any], episodes: list[Episode], stats: StepStats, step_s: float) -> None:
+        if not self.is_main:
+            return
+        now = time.monotonic()
         components: dict[str, list[float]] = {}
-        for ep in episodes:
+        for ep in episodes:  # components of rank 0's share (names may differ between ranks)
             for k, v in ep.reward_components.items():
                 components.setdefault(k, []).append(v)
         row = {
             "step": self.step, "weight_version": self.weight_version,
-            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
+            "reward_mean": summary["reward_mean"], "reward_std": summary["reward_std"],
             **{f"reward/{k}": sum(v) / len(v) for k, v in sorted(components.items())},
-            "episodes": len(episodes), "tokens": stats.tokens,
-            "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-            "staleness_hist": {str(lag): int(n) for lag, n in
-                               zip(*[t.tolist() for t in staleness.long().unique(return_counts=True)], strict=True)},
-            "episodes_dropped_stale": self.collector.episodes_dropped_stale,
-            "episodes_trained": self.episodes_trained, "acked": acked,
+            "episodes": summary["episodes"], "tokens": stats.tokens,
+            "staleness_mean": summary["staleness_mean"], "staleness_max": summary["staleness_max"],
+            "staleness_hist": summary["staleness_hist"],
+            "episodes_dropped_stale": self.episodes_dropped_stale,
+            "groups_dropped_stale": self.groups_dropped_stale,
+            "episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained,
             "loss": stats.loss, "grad_norm": stats.grad_norm, "clip_frac": stats.clip_frac,
             "ratio_mean": stats.ratio_mean, "kl": stats.kl, "lr": stats.lr,
             "importance_mean": stats.importance_mean, "importance_max": stats.importance_max,
             "logprob_diff_mean": stats.logprob_diff_mean,
-            "completion_len_mean": sum(len(ep.completion_token_ids) for ep in episodes) / len(episodes),
-            "episodes_per_s": len(episodes) / max(now - self._last_step_t, 1e-9),
-            "step_time_s": step_s, "time_s": now - self._t0,
+            "completion_len_mean": summary["completion_len_mean"],
+            "episodes_per_s": summary["episodes"] / max(now - self._last_step_t, 1e-9),
+            "step_time_s": step_s, "time_s": now - self._t0, "world_size": self.coll.world_size,
         }
         self._last_step_t = now
         self._write_metrics(row)
@@ -262,8 +347,11 @@ class TrainerService:
                  row["reward_mean"], row["staleness_max"], stats.loss)
 
     async def close(self) -> None:
-        self._metrics.close()
+        self._trained_log.close()
+        if self._metrics is not None:
+            self._metrics.close()
         await self.stream.close()
+        self.coll.close()
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -272,6 +360,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def GetStatus(self, request: trainer_pb2.GetTrainerStatusRequest,
                         context: grpc.aio.ServicerContext) -> trainer_pb2.TrainerStatus:
+        # drops are read live: a group dropped by any rank releases rollout's admission at once
+        groups, episodes = await self.service.stream.dropped()
+        self.service.groups_dropped_stale, self.service.episodes_dropped_stale = groups, episodes
         return self.service.status()
 
 

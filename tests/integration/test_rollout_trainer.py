@@ -57,8 +57,8 @@ async def _run(cfg: RunConfig, model_dir: Path) -> dict[str, Any]:
         await trainer.close()
         await stream.close()
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
-    return {"produced": worker.episodes_produced, "trained": trainer.episodes_trained,
-            "dropped": trainer.collector.episodes_dropped_stale, "pending": info.pending + info.lag,
+    return {"produced": worker.groups_produced, "trained": trainer.groups_trained,
+            "dropped": trainer.groups_dropped_stale, "pending": info.pending + info.lag,
             "length": info.length, "inference_version": inf.engine.version,
             "rows": [r for r in rows if r.get("phase") != "sft"],
             "sft_rows": [r for r in rows if r.get("phase") == "sft"]}
@@ -84,7 +84,8 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert all(r["staleness_max"] <= max_staleness for r in rows)
     assert all(sum(r["staleness_hist"].values()) == r["episodes"] for r in rows)
     assert out["inference_version"] == first_version + 4
-    assert out["trained"] == 4 * 2 * 4
+    assert out["trained"] == 4 * 2  # groups
+    assert rows[-1]["episodes_trained"] == 4 * 2 * 4
     assert out["produced"] == out["length"]
     assert out["produced"] == out["trained"] + out["dropped"] + out["pending"]
     assert (tmp_path / "run" / "checkpoints" / "step_000004" / "model" / "config.json").is_file()

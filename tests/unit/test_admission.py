@@ -38,7 +38,7 @@ class Sim:
 
     def view(self) -> TrainerView:
         return TrainerView(step=self.step, weight_version=self.version, groups_per_step=self.batch,
-                           reachable=True, serving=True)
+                           reachable=True, serving=True, groups_dropped=self.dropped)
 
     def act(self, action: int, pick: int) -> None:
         if action == 0 and len(self.running) < self.max_running and self.admission.can_admit(self.view()):
@@ -91,6 +91,21 @@ def test_bound_holds_and_no_group_is_lost_under_any_timing(s: int, batch: int, m
 
 
 @settings(max_examples=150, deadline=None)
+@given(s=st.integers(0, 2), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions)
+def test_drops_never_starve_the_trainer(s: int, batch: int, max_running: int, steps: list[tuple[int, int]]) -> None:
+    sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False)
+    for action, pick in steps:
+        sim.act(action, pick)
+
+    # drain: finish everything in flight, train what can be trained, then try to admit again
+    while sim.running:
+        sim.act(1, 0)
+    sim.act(3, 0)
+
+    assert sim.admission.can_admit(sim.view()) or len(sim.stream) >= batch
+
+
+@settings(max_examples=150, deadline=None)
 @given(s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions)
 def test_groups_completing_in_admission_order_are_never_dropped(s: int, batch: int, max_running: int,
                                                                steps: list[tuple[int, int]]) -> None:
@@ -102,6 +117,22 @@ def test_groups_completing_in_admission_order_are_never_dropped(s: int, batch: i
 
     assert sim.dropped == 0
     assert all(0 <= lag <= s for lag in sim.trained_staleness)
+
+
+def test_groups_dropped_as_stale_are_released_so_the_trainer_never_starves() -> None:
+    sim = Sim(max_staleness=1, batch=1, max_running=4, in_order=False)
+    for _ in range(2):  # twice: a slow group is overtaken until it is too stale and gets dropped
+        sim.act(0, 0)  # admit the slow group
+        for _ in range(3):
+            sim.act(0, 0)  # admit, complete and train a fast one
+            sim.act(1, 1)
+            sim.act(3, 0)
+        sim.act(1, 0)  # the slow group finally completes ...
+        sim.act(3, 0)  # ... and is dropped
+
+    assert sim.dropped == 2
+    assert not sim.running and not sim.stream
+    assert sim.admission.can_admit(sim.view())  # without the release this window would be closed for good
 
 
 def test_max_staleness_zero_admits_exactly_one_step_of_groups() -> None:

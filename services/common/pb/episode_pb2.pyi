@@ -56,3 +56,13 @@ class Episode(_message.Message):
     completion_text: str
     sampling_temperature: float
     def __init__(self, episode_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., token_weight_versions: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., producer_id: _Optional[str] = ..., created_at: _Optional[float] = ..., enqueued_at: _Optional[float] = ..., prompt_text: _Optional[str] = ..., completion_text: _Optional[str] = ..., sampling_temperature: _Optional[float] = ...) -> None: ...
+
+class EpisodeGroup(_message.Message):
+    __slots__ = ("group_id", "episodes", "prompt_seq")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    episodes: _containers.RepeatedCompositeFieldContainer[Episode]
+    prompt_seq: int
+    def __init__(self, group_id: _Optional[str] = ..., episodes: _Optional[_Iterable[_Union[Episode, _Mapping]]] = ..., prompt_seq: _Optional[int] = ...) -> None: ...

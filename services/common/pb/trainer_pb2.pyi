@@ -12,7 +12,7 @@ class GetTrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing")
+    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class TrainerStatus(_message.Message):
     GROUPS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     PUBLISHING_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     step: int
     weight_version: int
@@ -29,4 +30,5 @@ class TrainerStatus(_message.Message):
     groups_per_step: int
     finished: bool
     publishing: bool
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ...) -> None: ...
+    groups_dropped_stale: int
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,114 @@
+"""Every collective the trainer runs goes through :class:`Collectives`: explicit group, timeout, recording.
+
+- The process group is passed in (never created at import time); rank and world size come from it.
+- Each call runs asynchronously and waits with a timeout, so a dead or diverged rank turns into a
+  :class:`CollectiveTimeout` naming the collective, never a hang.
+- With ``record_dir`` set (debug mode), every rank appends one JSON line per collective to
+  ``<record_dir>/rank<R>.jsonl``: index, op, name, group, shapes, dtypes, reduce op, source rank.
+  ``relayrl debug collectives RUN_DIR`` compares the ranks' sequences and names the first divergence.
+- With no group (a single process), collectives are identities (still recorded), so the same trainer code
+  runs with 1 rank and with N.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective did not complete within the timeout: a rank died, hangs or called something else."""
+
+
+class Collectives:
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, record_dir: Path | None = None,
+                 group_name: str = "default") -> None:
+        self.group = group
+        self.timeout = timedelta(seconds=timeout_s)
+        self.group_name = group_name
+        self.rank = dist.get_rank(group) if group is not None else 0
+        self.world_size = dist.get_world_size(group) if group is not None else 1
+        self.index = 0
+        self._record: IO[str] | None = None
+        if record_dir is not None:
+            record_dir.mkdir(parents=True, exist_ok=True)
+            self._record = (record_dir / f"rank{self.rank}.jsonl").open("w")
+
+    def close(self) -> None:
+        if self._record is not None:
+            self._record.close()
+            self._record = None
+
+    def _log(self, op: str, name: str, tensors: list[torch.Tensor], reduce_op: str | None = None,
+             src: int | None = None) -> None:
+        if self._record is not None:
+            self._record.write(json.dumps({
+                "index": self.index, "op": op, "name": name, "group": self.group_name,
+                "world_size": self.world_size, "shapes": [list(t.shape) for t in tensors],
+                "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors], "reduce_op": reduce_op,
+                "src": src,
+            }) + "\n")
+            self._record.flush()
+        self.index += 1
+
+    def _wait(self, work: Any, op: str, name: str) -> None:
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as exc:
+            raise CollectiveTimeout(
+                f"rank {self.rank}: collective #{self.index - 1} {op}({name}) did not complete within "
+                f"{self.timeout.total_seconds():.0f}s; another rank died, hangs or diverged ({exc})") from exc
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, name: str) -> torch.Tensor:
+        """In-place all-reduce; ``op`` is chosen by the caller (SUM or MAX, never implicit)."""
+        self._log("all_reduce", name, [tensor], reduce_op=str(op).rsplit(".", 1)[-1])
+        if self.group is not None:
+            self._wait(dist.all_reduce(tensor, op=op, group=self.group, async_op=True), "all_reduce", name)
+        return tensor
+
+    def all_reduce_coalesced(self, tensors: list[torch.Tensor], op: dist.ReduceOp.RedOpType,
+                             name: str) -> None:
+        """All-reduce several tensors as one flat buffer (one collective), results written back in place."""
+        if not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.all_reduce(flat, op, name)
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+    def broadcast(self, tensor: torch.Tensor, src: int, name: str) -> torch.Tensor:
+        """In-place broadcast from the named source rank."""
+        self._log("broadcast", name, [tensor], src=src)
+        if self.group is not None:
+            self._wait(dist.broadcast(tensor, src=src, group=self.group, async_op=True), "broadcast", name)
+        return tensor
+
+    def barrier_for_debug(self, name: str) -> None:
+        """Only for debugging: synchronises all ranks."""
+        self._log("barrier", name, [])
+        if self.group is not None:
+            self._wait(dist.barrier(group=self.group, async_op=True), "barrier", name)
+
+    def broadcast_coalesced(self, tensors: list[torch.Tensor], src: int, name: str) -> None:
+        """Broadcast several tensors from ``src`` as one flat buffer (one collective), written back in place."""
+        if not tensors:
+            return
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        self.broadcast(flat, src, name)
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n

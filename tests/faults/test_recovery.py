@@ -1,0 +1,222 @@
+"""Fault tests with real processes: kill -9 a service mid-run, restart with --resume auto, check the books.
+
+"Effective" training: the groups whose effect is in the final weights, i.e. those an incarnation trained up to
+the checkpoint the next incarnation resumed from, plus everything the last incarnation trained
+(read from <run>/trained/rank*.jsonl, which every trainer rank appends per step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+BASE = ["--set", "trainer.checkpoint_every=5", "--set", "rollout.max_new_tokens=2"]
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("faults") / "tiny"
+    subprocess.run([sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO,
+                   timeout=120)
+    return out
+
+
+def _start(out: Path, model: Path, steps: int, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
+                             "--set", f"model.path={model}", "--set", f"trainer.total_steps={steps}", *BASE, *extra],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for_step(out: Path, step: int, proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r.get("step", 0) >= step for r in _rows(out)):
+            return
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    raise TimeoutError(f"run did not reach step {step}")
+
+
+def _pids(pattern: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found if int(p) != os.getpid()]
+
+
+def _kill9(pattern: str) -> None:
+    pids = _pids(pattern)
+    assert pids, f"no process matches {pattern!r}"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _effective_groups(out: Path) -> list[tuple[str, int]]:
+    """(group id, prompt seq) of every group whose effect is in the final weights, in training order."""
+    records = [json.loads(line) for p in sorted((out / "trained").glob("rank*.jsonl"))
+               for line in p.read_text().splitlines()]
+    incarnations: list[str] = []
+    for r in records:
+        if r["incarnation"].rsplit("-", 1)[0] not in incarnations:
+            incarnations.append(r["incarnation"].rsplit("-", 1)[0])
+    resumed_from = {inc: 0 for inc in incarnations}
+    for r in records:
+        resumed_from[r["incarnation"].rsplit("-", 1)[0]] = r["resumed_from_step"]
+    effective: list[tuple[str, int]] = []
+    for i, inc in enumerate(incarnations):
+        limit = resumed_from[incarnations[i + 1]] if i + 1 < len(incarnations) else float("inf")
+        effective += [(g, s) for r in records if r["incarnation"].rsplit("-", 1)[0] == inc and r["step"] <= limit
+                      for g, s in r["groups"]]
+    return effective
+
+
+def _stream_contents(out: Path) -> tuple[list[int], int]:
+    """Prompt seqs of every group in the run's stream, and rollout's watermark, read from the run's AOF."""
+    import redis
+
+    from relayrl.common.pb.episode_pb2 import EpisodeGroup
+    from tests.conftest import free_port
+
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "yes", "--dir", str(out / "redis")], stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        seqs = [EpisodeGroup.FromString(fields[b"group"]).prompt_seq
+                for _, fields in client.xrange("relayrl:episodes")]
+        watermark = int(client.hget("relayrl:episodes:rollout:progress", "watermark") or 0)
+        client.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    return seqs, watermark
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def _check_books(out: Path, steps: int, groups_per_step: int = 8) -> dict[str, Any]:
+    summary = json.loads((out / "summary.json").read_text())
+    effective = _effective_groups(out)
+    ids = Counter(g for g, _ in effective)
+    assert [g for g, n in ids.items() if n > 1] == []  # trained twice: 0
+    assert len(effective) == steps * groups_per_step == summary["groups_trained"]
+    # lost: 0 — every produced group is trained (once), dropped as stale, or still pending
+    assert summary["groups_produced"] == summary["stream_length"]
+    assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
+                                          + summary["groups_pending"])
+    return summary
+
+
+def test_trainer_killed_mid_run_resumes_without_losing_or_repeating_groups(tmp_path: Path, demo_model: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(out, demo_model, 30)
+    _wait_for_step(out, 13, proc)
+
+    _kill9(f"serve trainer {out}")
+    first = _finish(proc)
+    resumed = _start(out, demo_model, 30, "--resume", "auto")
+    second = _finish(resumed)
+
+    assert "service trainer died" in first
+    assert resumed.returncode == 0, second[-3000:]
+    summary = _check_books(out, 30)
+    print("trainer kill -9:", summary)
+
+
+def test_rollout_killed_mid_run_neither_skips_nor_repeats_prompts(tmp_path: Path, demo_model: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(out, demo_model, 20)
+    _wait_for_step(out, 8, proc)
+
+    _kill9(f"serve rollout {out}")
+    first = _finish(proc)
+    resumed = _start(out, demo_model, 20, "--resume", "auto")
+    second = _finish(resumed)
+
+    assert "service rollout died" in first
+    assert resumed.returncode == 0, second[-3000:]
+    _check_books(out, 20)
+    trained = [s for _, s in _effective_groups(out)]
+    assert len(trained) == len(set(trained))  # no prompt trained twice
+    in_stream, watermark = _stream_contents(out)
+    assert len(in_stream) == len(set(in_stream))  # no prompt appended twice (append + record are one MULTI)
+    assert set(range(watermark)) <= set(in_stream)  # no prompt below the watermark skipped
+    assert watermark >= 20 * 8
+
+
+def test_resume_consumes_the_same_prompts_as_a_straight_run(tmp_path: Path, demo_model: Path) -> None:
+    sync = ["--set", "rollout.max_staleness=0"]  # on-policy: exactly one step of groups admitted at a time
+    straight = tmp_path / "straight"
+    proc = _start(straight, demo_model, 20, *sync)
+    assert _finish(proc) and proc.returncode == 0
+
+    crashed = tmp_path / "crashed"
+    proc = _start(crashed, demo_model, 20, *sync)
+    _wait_for_step(crashed, 12, proc)
+    _kill9(f"serve trainer {crashed}")
+    _finish(proc)
+    resumed = _start(crashed, demo_model, 20, "--resume", "auto", *sync)
+    _finish(resumed)
+
+    assert resumed.returncode == 0
+    a = sorted(s for _, s in _effective_groups(straight))
+    b = sorted(s for _, s in _effective_groups(crashed))
+    assert a == b == list(range(20 * 8))  # the same prompt seqs, each once
+    assert _rows(straight)[-1]["step"] == _rows(crashed)[-1]["step"] == 20
+
+
+def _rank_pid(pattern: str, rank: int) -> int:
+    for pid in _pids(pattern):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env:
+            return pid
+    raise AssertionError(f"no rank {rank} process for {pattern!r}")
+
+
+def test_killing_one_of_two_ranks_stops_the_run_with_a_clear_error_within_the_timeout(
+        tmp_path: Path, demo_model: Path) -> None:
+    out = tmp_path / "run"
+    timeout_s = 20
+    proc = _start(out, demo_model, 10_000, "--set", "trainer.world_size=2",
+                  "--set", f"trainer.collective_timeout_s={timeout_s}")
+    _wait_for_step(out, 3, proc)
+
+    os.kill(_rank_pid(f"serve trainer {out}", 1), signal.SIGKILL)
+    t0 = time.monotonic()
+    output = _finish(proc, timeout=timeout_s + 60)
+    elapsed = time.monotonic() - t0
+
+    assert proc.returncode == 1
+    assert "service trainer died" in output
+    assert elapsed < timeout_s + 30  # never a hang: within the collective timeout (plus shutdown)
+    log = (out / "logs" / "trainer.log").read_text()
+    assert "rank" in log and ("Signals.SIGKILL" in log or "exitcode" in log or "CollectiveTimeout" in log)
+    print(f"rank killed: run stopped after {elapsed:.1f}s")
