@@ -12,6 +12,9 @@ staleness measured in versions is an upper bound on the number of publications i
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import redis.asyncio as aioredis
 
 _ALLOCATE = """
@@ -40,3 +43,71 @@ class VersionSource:
         """The last version allocated (0 when none was)."""
         value = await self._redis.get(self.key)
         return int(value) if value is not None else 0
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    lineage: int  # the first version published by the trainer incarnation that published this one
+    step: int  # optimizer steps behind these weights
+
+
+@dataclass(frozen=True)
+class LineageInfo:
+    parent: int  # lineage this one resumed from (0: none)
+    fork_step: int  # the checkpoint step it resumed at
+
+
+class VersionLineage:
+    """Maps versions to (lineage, step) so that staleness counts optimizer steps between policies, also across
+    a restart: a trainer resumed from a checkpoint at step N publishes the restored weights under a fresh
+    version, whose lineage forks from the old one at N. The policy distance from version a to version b is
+    the number of optimizer steps on the path between them in that tree (weights of a lost lineage beyond
+    the fork count both ways). Stored in Redis hashes next to the version counter."""
+
+    def __init__(self, client: aioredis.Redis, key: str) -> None:
+        self._redis = client
+        self.versions_key = f"{key}:versions"
+        self.lineages_key = f"{key}:lineages"
+        self._versions: dict[int, VersionInfo] = {}
+        self._lineages: dict[int, LineageInfo] = {}
+
+    async def register_lineage(self, lineage: int, parent: int, fork_step: int) -> None:
+        self._lineages[lineage] = LineageInfo(parent, fork_step)
+        await self._redis.hset(self.lineages_key, str(lineage), json.dumps([parent, fork_step]))
+
+    async def register(self, version: int, lineage: int, step: int) -> None:
+        self._versions[version] = VersionInfo(lineage, step)
+        await self._redis.hset(self.versions_key, str(version), json.dumps([lineage, step]))
+
+    async def info(self, version: int) -> VersionInfo | None:
+        if version not in self._versions:
+            raw = await self._redis.hget(self.versions_key, str(version))
+            if raw is None:
+                return None
+            lineage, step = json.loads(raw)
+            self._versions[version] = VersionInfo(int(lineage), int(step))
+        return self._versions[version]
+
+    async def _lineage(self, lineage: int) -> LineageInfo:
+        if lineage not in self._lineages:
+            raw = await self._redis.hget(self.lineages_key, str(lineage))
+            parent, fork = json.loads(raw) if raw is not None else (0, 0)
+            self._lineages[lineage] = LineageInfo(int(parent), int(fork))
+        return self._lineages[lineage]
+
+    async def distance(self, current: int, token: int) -> int:
+        """Optimizer steps between the policy of version ``current`` and that of ``token``. Versions without
+        a record (not published by a trainer) fall back to the difference of the numbers."""
+        cur, tok = await self.info(current), await self.info(token)
+        if cur is None or tok is None:
+            return current - token
+        lineage, limit = cur.lineage, cur.step
+        while True:
+            if lineage == tok.lineage:
+                if tok.step <= limit:
+                    return cur.step - tok.step
+                return (cur.step - limit) + (tok.step - limit)  # a lost branch beyond the fork
+            parent = await self._lineage(lineage)
+            if parent.parent == 0:
+                return current - token  # unrelated lineages: fall back to version numbers
+            lineage, limit = parent.parent, min(limit, parent.fork_step)

@@ -59,6 +59,7 @@ class RolloutWorker:
         self._next_seq = 0
         self._retry: deque[tuple[int, int]] = deque()  # (seq, attempt)
         self._appending: set[asyncio.Future[None]] = set()
+        self._record_lock = asyncio.Lock()
         self._wake = asyncio.Event()
 
     def can_admit(self) -> bool:
@@ -167,7 +168,8 @@ class RolloutWorker:
     async def _append(self, seq: int, episodes: list[episode_pb2.Episode]) -> None:
         """One transaction: the group's XADD and the record of its prompt seq (see progress.py)."""
         group = episode_pb2.EpisodeGroup(group_id=episodes[0].group_id, episodes=episodes, prompt_seq=seq)
-        async with self.stream.client.pipeline(transaction=True) as pipe:
+        # one at a time: the recorded watermark must follow the order in which transactions execute
+        async with self._record_lock, self.stream.client.pipeline(transaction=True) as pipe:
             await self.stream.append(group, pipe)
             self.store.record(pipe, self.progress, seq, appended=True)
             await pipe.execute()
@@ -175,7 +177,7 @@ class RolloutWorker:
         self.episodes_produced += len(episodes)
 
     async def _record_skip(self, seq: int) -> None:
-        async with self.stream.client.pipeline(transaction=True) as pipe:
+        async with self._record_lock, self.stream.client.pipeline(transaction=True) as pipe:
             self.store.record(pipe, self.progress, seq, appended=False)
             await pipe.execute()
 

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest, WeightUpdateMessage
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
-from relayrl.common.versions import VersionSource
+from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.common.weights import iter_update_messages, model_tensors
 from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 def oldest_version(entry: StreamEntry) -> int:
     return min(min(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
+
+
+StalenessFn = Callable[[int], Awaitable[int]]  # token version -> optimizer steps behind the current weights
 
 
 class GroupCollector:
@@ -71,9 +74,9 @@ class GroupCollector:
         self.unacked: list[str] = []  # their stream entry ids (acknowledged after the next checkpoint)
         self.done_on_resume: list[str] = []  # entry ids of groups the restored checkpoint holds
 
-    async def collect(self, num_groups: int, current_version: int) -> list[StreamEntry]:
+    async def collect(self, num_groups: int, staleness: StalenessFn) -> list[StreamEntry]:
         while True:
-            await self._drop_stale(current_version)
+            await self._drop_stale(staleness)
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
                 return taken
@@ -88,15 +91,16 @@ class GroupCollector:
                 else:
                     self._ready.append(entry)
 
-    async def _drop_stale(self, current_version: int) -> None:
+    async def _drop_stale(self, staleness: StalenessFn) -> None:
         keep: list[StreamEntry] = []
         for entry in self._ready:
-            if current_version - oldest_version(entry) > self.max_staleness:
+            lag = await staleness(oldest_version(entry))
+            if lag > self.max_staleness:
                 # recorded in Redis at once: rollout's admission releases it without waiting for a step
                 await self.stream.record_dropped(entry.group.group_id, len(entry.group.episodes))
                 self.consumed(entry)
-                log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id,
-                            current_version - oldest_version(entry), self.max_staleness)
+                log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
+                            self.max_staleness)
             else:
                 keep.append(entry)
         self._ready = keep
@@ -127,11 +131,13 @@ class TrainerService:
         self.groups_trained = 0
         self.finished = False
         self.publishing = False
+        self.resumed_version = 0  # version of the restored weights, when resuming
         already_done: set[str] = set()
         counters: dict[str, Any] = {}
         if self.resumed_from is not None:
             state = load_trainer_state(self.resumed_from, self.learner.optimizer, self.rank)
             self.step, counters, already_done = state.step, state.extra, state.consumed_ids
+            self.resumed_version = state.weight_version
             self.learner.steps_done = state.step
             log.info("resumed from %s at step %d (%d groups held by it)", self.resumed_from, self.step,
                      len(already_done))
@@ -139,6 +145,8 @@ class TrainerService:
         self.groups_trained = int(counters.get("groups_trained", 0))
         self.stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
         self.versions = VersionSource(self.stream.client, cfg.redis.version_key)
+        self.lineage_db = VersionLineage(self.stream.client, cfg.redis.version_key)
+        self.lineage = 0  # set at the first publication (rank 0)
         self.consumer = f"{tc.consumer}-rank{self.rank}"
         self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness, tc.read_block_ms,
                                         already_done)
@@ -164,21 +172,36 @@ class TrainerService:
             groups_per_step=self.cfg.trainer.groups_per_step, finished=self.finished, publishing=self.publishing,
             groups_dropped_stale=self.groups_dropped_stale)
 
-    async def publish(self) -> int:
-        """Rank 0 allocates a fresh version from the durable counter and pushes the (full, replicated) weights;
-        every rank learns the version by a broadcast from rank 0."""
+    async def publish(self, policy_step: int) -> int:
+        """Rank 0 allocates a fresh version from the durable counter, records its lineage and policy step, and
+        pushes the (full, replicated) weights; every rank learns the version by a broadcast from rank 0."""
         version = torch.zeros(1, dtype=torch.int64)
         if self.is_main:
             self.publishing = True
             try:
                 floor = self.weight_version or await self._served_version()
                 version[0] = await self.versions.allocate(floor=floor)
+                await self._register(int(version[0]), policy_step)
                 await self.push_weights(int(version[0]))
             finally:
                 self.publishing = False
         await asyncio.to_thread(self.coll.broadcast, version, 0, "published_version")
         self.weight_version = int(version[0])
         return self.weight_version
+
+    async def _register(self, version: int, policy_step: int) -> None:
+        if self.lineage == 0:  # first publication of this incarnation: a new lineage, forked at resume
+            self.lineage = version
+            parent = 0
+            if self.resumed_version:
+                info = await self.lineage_db.info(self.resumed_version)
+                parent = info.lineage if info is not None else 0
+            await self.lineage_db.register_lineage(self.lineage, parent, self.step)
+        await self.lineage_db.register(version, self.lineage, policy_step)
+
+    async def staleness(self, token_version: int) -> int:
+        """Optimizer steps between the current weights and those that produced ``token_version``."""
+        return await self.lineage_db.distance(self.weight_version, token_version)
 
     async def _served_version(self) -> int:
         """The version inference serves now (a floor for the first allocation after a restart)."""
@@ -240,7 +263,7 @@ class TrainerService:
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
                                  "time_s": time.monotonic() - self._t0})
         log.info("supervised warm-up done (%d steps)", tc.sft_warmup_steps)
-        await self.publish()
+        await self.publish(self.step)
 
     async def train(self) -> None:
         tc = self.cfg.trainer
@@ -252,15 +275,15 @@ class TrainerService:
         await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.model.parameters()), 0, "initial_weights")
         # The weights we start from get a fresh version too: inference and trainer agree on what is served,
         # and a restarted trainer never reuses a version.
-        await self.publish()
+        await self.publish(self.step)
         if tc.sft_warmup_steps > 0 and self.resumed_from is None:
             await self.sft_warmup()
         self.header.state = ServingState.SERVING_STATE_SERVING
         per_rank = tc.groups_per_step // self.coll.world_size
         while self.step < tc.total_steps:
-            entries = await self.collector.collect(per_rank, self.weight_version)
+            entries = await self.collector.collect(per_rank, self.staleness)
             episodes = [ep for e in entries for ep in e.group.episodes]
-            staleness = torch.tensor([self.weight_version - min(ep.token_weight_versions, default=0)
+            staleness = torch.tensor([await self.staleness(min(ep.token_weight_versions, default=0))
                                       for ep in episodes], dtype=torch.float32)
             t_step = time.monotonic()
             stats = await asyncio.to_thread(self.learner.rl_step, episodes)
@@ -271,7 +294,7 @@ class TrainerService:
                 "resumed_from_step": int(self.resumed_from.name.split("_")[1]) if self.resumed_from else 0,
                 "groups": [[e.group.group_id, e.group.prompt_seq] for e in entries]}) + "\n")
             self._trained_log.flush()
-            await self.publish()
+            await self.publish(self.step + 1)
             self.step += 1
             summary = await asyncio.to_thread(self._global_summary, episodes, staleness)
             self.episodes_trained += int(summary["episodes"])

@@ -169,25 +169,28 @@ def test_rollout_killed_mid_run_neither_skips_nor_repeats_prompts(tmp_path: Path
     assert watermark >= 20 * 8
 
 
-def test_resume_consumes_the_same_prompts_as_a_straight_run(tmp_path: Path, demo_model: Path) -> None:
-    sync = ["--set", "rollout.max_staleness=0"]  # on-policy: exactly one step of groups admitted at a time
+def test_n_steps_then_resume_for_n_more_consumes_the_same_prompts_as_2n_straight(
+        tmp_path: Path, demo_model: Path) -> None:
+    # on-policy (max_staleness 0): exactly one step of groups is admitted at a time, so the prompt order is fixed
+    sync = ["--set", "rollout.max_staleness=0", "--set", "trainer.checkpoint_every=10"]
     straight = tmp_path / "straight"
     proc = _start(straight, demo_model, 20, *sync)
-    assert _finish(proc) and proc.returncode == 0
-
-    crashed = tmp_path / "crashed"
-    proc = _start(crashed, demo_model, 20, *sync)
-    _wait_for_step(crashed, 12, proc)
-    _kill9(f"serve trainer {crashed}")
     _finish(proc)
-    resumed = _start(crashed, demo_model, 20, "--resume", "auto", *sync)
-    _finish(resumed)
+    assert proc.returncode == 0
 
-    assert resumed.returncode == 0
+    split = tmp_path / "split"
+    first = _start(split, demo_model, 10, *sync)  # N steps; the stack stops with groups for step N+1 in flight
+    _finish(first)
+    second = _start(split, demo_model, 20, "--resume", "auto", *sync)
+    _finish(second)
+
+    assert first.returncode == 0 and second.returncode == 0
     a = sorted(s for _, s in _effective_groups(straight))
-    b = sorted(s for _, s in _effective_groups(crashed))
+    b = sorted(s for _, s in _effective_groups(split))
     assert a == b == list(range(20 * 8))  # the same prompt seqs, each once
-    assert _rows(straight)[-1]["step"] == _rows(crashed)[-1]["step"] == 20
+    steps = [r["step"] for r in _rows(split) if r.get("phase", "rl") == "rl"]
+    assert steps == list(range(1, 21)) and _rows(straight)[-1]["step"] == 20  # 2N steps executed, none twice
+    assert json.loads((split / "summary.json").read_text())["groups_dropped_stale"] == 0
 
 
 def _rank_pid(pattern: str, rank: int) -> int:

@@ -84,3 +84,30 @@ def test_pending_entries_of_a_gone_consumer_are_claimed(redis_server: RedisServe
     claimed, mine = asyncio.run(go())
 
     assert claimed == 2 and mine == ["a", "b"]
+
+
+def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisServer) -> None:
+    from relayrl.common.versions import VersionLineage
+
+    async def go() -> list[int]:
+        client = EpisodeStream.from_url(redis_server.url, "s", "g").client
+        db = VersionLineage(client, "v")
+        await db.register_lineage(1, 0, 0)  # first incarnation: versions 1..5 = steps 0..4
+        for v in range(1, 6):
+            await db.register(v, 1, v - 1)
+        await db.register_lineage(6, 1, 2)  # resumed from the step-2 checkpoint: versions 6, 7 = steps 2, 3
+        await db.register(6, 6, 2)
+        await db.register(7, 6, 3)
+        fresh = VersionLineage(client, "v")  # another rank: reads everything from Redis
+        out = [await fresh.distance(7, 3), await fresh.distance(6, 3), await fresh.distance(7, 5),
+               await fresh.distance(5, 2), await fresh.distance(7, 99)]
+        await client.aclose()
+        return out
+
+    same_history, restored, lost_branch, same_lineage, unknown = asyncio.run(go())
+
+    assert same_history == 1  # version 3 (step 2) is an ancestor of version 7 (step 3)
+    assert restored == 0  # version 6 republished the step-2 weights of version 3
+    assert lost_branch == (3 - 2) + (4 - 2)  # version 5 (step 4) lies on the branch the resume discarded
+    assert same_lineage == 3
+    assert unknown == 7 - 99  # no record: plain version difference
