@@ -50,7 +50,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
             insecure_channel(cfg.trainer.server.target) as tr:
         worker = RolloutWorker(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed),
                                inference_pb2_grpc.InferenceServiceStub(inf), reward_pb2_grpc.RewardServiceStub(rew),
-                               trainer_pb2_grpc.TrainerServiceStub(tr))
+                               trainer_pb2_grpc.TrainerServiceStub(tr), redis_retry_s=cfg.redis.retry_s)
         servicer = RolloutServicer(worker)
         handle = create_server(
             rc.server, [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)],

@@ -30,14 +30,20 @@ class Progress:
         """Seqs admitted before a restart but never recorded: they must be generated again."""
         return [s for s in range(self.watermark, self.next_seq()) if s not in self.done]
 
+    def plan(self, seq: int) -> tuple[list[int], int]:
+        """What marking ``seq`` done would do, without doing it: (seqs that fall below the watermark, the new
+        watermark)."""
+        done = self.done | {seq}
+        removed, watermark = [], self.watermark
+        while watermark in done:
+            removed.append(watermark)
+            watermark += 1
+        return removed, watermark
+
     def mark(self, seq: int) -> list[int]:
         """Record ``seq`` as done; returns the seqs that fell below the advanced watermark."""
-        self.done.add(seq)
-        removed = []
-        while self.watermark in self.done:
-            self.done.discard(self.watermark)
-            removed.append(self.watermark)
-            self.watermark += 1
+        removed, self.watermark = self.plan(seq)
+        self.done = (self.done | {seq}) - set(removed)
         return removed
 
 
@@ -54,16 +60,20 @@ class ProgressStore:
         return Progress(watermark=values.get("watermark", 0), done={int(x) for x in done},
                         appended=values.get("appended", 0), skipped=values.get("skipped", 0))
 
-    def record(self, pipe: Any, progress: Progress, seq: int, appended: bool) -> None:
-        """Queue the commands that record ``seq`` into ``pipe`` (the caller's MULTI) and update ``progress``."""
-        below = progress.mark(seq)
+    def queue(self, pipe: Any, progress: Progress, seq: int, appended: bool) -> None:
+        """Queue the commands that record ``seq`` into ``pipe`` (the caller's MULTI); ``progress`` is unchanged
+        until :meth:`applied` (the transaction may fail and be retried)."""
+        below, watermark = progress.plan(seq)
         pipe.sadd(self.set_key, seq)
         if below:
             pipe.srem(self.set_key, *below)
-        pipe.hset(self.hash_key, "watermark", progress.watermark)
+        pipe.hset(self.hash_key, "watermark", watermark)
+        pipe.hincrby(self.hash_key, "appended" if appended else "skipped", 1)
+
+    @staticmethod
+    def applied(progress: Progress, seq: int, appended: bool) -> None:
+        progress.mark(seq)
         if appended:
             progress.appended += 1
-            pipe.hincrby(self.hash_key, "appended", 1)
         else:
             progress.skipped += 1
-            pipe.hincrby(self.hash_key, "skipped", 1)

@@ -23,6 +23,7 @@ from relayrl.common.pb import (
     trainer_pb2_grpc,
 )
 from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
 from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.config import RolloutConfig
@@ -39,8 +40,9 @@ class GroupFailed(RuntimeError):
 class RolloutWorker:
     def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor,
                  inference: inference_pb2_grpc.InferenceServiceStub, reward: reward_pb2_grpc.RewardServiceStub,
-                 trainer: trainer_pb2_grpc.TrainerServiceStub) -> None:
+                 trainer: trainer_pb2_grpc.TrainerServiceStub, redis_retry_s: float = 60.0) -> None:
         self.cfg = cfg
+        self.redis_retry_s = redis_retry_s
         self.stream = stream
         self.cursor = cursor
         self.inference = inference
@@ -168,18 +170,27 @@ class RolloutWorker:
     async def _append(self, seq: int, episodes: list[episode_pb2.Episode]) -> None:
         """One transaction: the group's XADD and the record of its prompt seq (see progress.py)."""
         group = episode_pb2.EpisodeGroup(group_id=episodes[0].group_id, episodes=episodes, prompt_seq=seq)
-        # one at a time: the recorded watermark must follow the order in which transactions execute
-        async with self._record_lock, self.stream.client.pipeline(transaction=True) as pipe:
-            await self.stream.append(group, pipe)
-            self.store.record(pipe, self.progress, seq, appended=True)
-            await pipe.execute()
+        await self._record(seq, group)
         self.groups_produced += 1
         self.episodes_produced += len(episodes)
 
     async def _record_skip(self, seq: int) -> None:
-        async with self._record_lock, self.stream.client.pipeline(transaction=True) as pipe:
-            self.store.record(pipe, self.progress, seq, appended=False)
-            await pipe.execute()
+        await self._record(seq, None)
+
+    async def _record(self, seq: int, group: episode_pb2.EpisodeGroup | None) -> None:
+        """One MULTI: the group's XADD (unless skipped) and the record of its seq, retried through a Redis
+        outage. One at a time: the recorded watermark must follow the order in which transactions execute.
+        A transaction whose reply was lost may be applied twice: the trainer never trains a group id twice."""
+        async def attempt() -> None:
+            async with self.stream.client.pipeline(transaction=True) as pipe:
+                if group is not None:
+                    await self.stream.append(group, pipe)
+                self.store.queue(pipe, self.progress, seq, appended=group is not None)
+                await pipe.execute()
+
+        async with self._record_lock:
+            await redis_retry(attempt, "append group", self.redis_retry_s)
+            self.store.applied(self.progress, seq, appended=group is not None)
 
     def state(self) -> dict[str, int]:
         """Counters and the dataset position, written to <output_dir>/rollout_state.json at shutdown."""

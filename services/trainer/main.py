@@ -55,6 +55,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
         await handle.start()
         log.info("trainer status on port %d (world size %d)", handle.port, coll.world_size)
     train = asyncio.create_task(service.train())
+    watchdog = asyncio.create_task(service.watch_inference()) if coll.rank == 0 else None
     stopper = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({train, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -74,6 +75,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
             await asyncio.gather(train, return_exceptions=True)
     finally:
         stopper.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
         if handle is not None:
             await handle.stop(cfg.trainer.server.shutdown_grace_s)
         await service.close()

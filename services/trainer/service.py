@@ -37,6 +37,7 @@ from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest, WeightUpdateMessage
+from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.versions import VersionLineage, VersionSource
@@ -62,7 +63,9 @@ class GroupCollector:
     ones; drops (and counts) groups beyond the staleness bound."""
 
     def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
-                 already_done: set[str]) -> None:
+                 already_done: set[str], retry_s: float = 60.0) -> None:
+        self.retry_s = retry_s
+        self.seen: set[str] = set()  # group ids this incarnation took (ready, trained or dropped)
         self.stream = stream
         self.consumer = consumer
         self.max_staleness = max_staleness
@@ -81,15 +84,31 @@ class GroupCollector:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
                 return taken
             # read only the shortfall: a rank that took more than its share could starve the others
-            entries = await self.stream.read(self.consumer, count=num_groups - len(self._ready),
-                                             block_ms=self.block_ms, pending_after=self._pending_after)
-            if self._pending_after is not None:
+            count, after = num_groups - len(self._ready), self._pending_after
+            entries = await redis_retry(
+                lambda c=count, a=after: self.stream.read(self.consumer, count=c, block_ms=self.block_ms,  # type: ignore[misc]
+                                                          pending_after=a),
+                "read", self.retry_s, on_reconnect=self._rescan)
+            if self._pending_after is not None and after == self._pending_after:
                 self._pending_after = entries[-1].entry_id if entries else None
+            waiting = {e.group.group_id for e in self._ready}
             for entry in entries:
-                if entry.group.group_id in self.already_done:
+                gid = entry.group.group_id
+                if gid in waiting:
+                    continue  # seen again by a rescan, still waiting to be trained
+                if gid in self.already_done:
                     self.done_on_resume.append(entry.entry_id)  # its effect is in the checkpoint: no retraining
+                elif gid in self.seen:
+                    # trained or dropped already, delivered again (Redis lost a delivery or an ack in a crash):
+                    # never train twice; acknowledge it with the next checkpoint
+                    self.unacked.append(entry.entry_id)
                 else:
+                    self.seen.add(gid)
                     self._ready.append(entry)
+
+    def _rescan(self) -> None:
+        """After a Redis outage, page through our pending entries again: acks or deliveries may be lost."""
+        self._pending_after = "0"
 
     async def _drop_stale(self, staleness: StalenessFn) -> None:
         keep: list[StreamEntry] = []
@@ -97,7 +116,8 @@ class GroupCollector:
             lag = await staleness(oldest_version(entry))
             if lag > self.max_staleness:
                 # recorded in Redis at once: rollout's admission releases it without waiting for a step
-                await self.stream.record_dropped(entry.group.group_id, len(entry.group.episodes))
+                await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id, len(e.group.episodes)),
+                                  "record drop", self.retry_s)
                 self.consumed(entry)
                 log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
                             self.max_staleness)
@@ -132,6 +152,7 @@ class TrainerService:
         self.finished = False
         self.publishing = False
         self.resumed_version = 0  # version of the restored weights, when resuming
+        self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
         already_done: set[str] = set()
         counters: dict[str, Any] = {}
         if self.resumed_from is not None:
@@ -149,7 +170,7 @@ class TrainerService:
         self.lineage = 0  # set at the first publication (rank 0)
         self.consumer = f"{tc.consumer}-rank{self.rank}"
         self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness, tc.read_block_ms,
-                                        already_done)
+                                        already_done, cfg.redis.retry_s)
         # drops over all ranks and restarts, from Redis (refreshed by rank 0 after each step)
         self.groups_dropped_stale = 0
         self.episodes_dropped_stale = 0
@@ -179,15 +200,44 @@ class TrainerService:
         if self.is_main:
             self.publishing = True
             try:
+                await self._push_lock.acquire()
                 floor = self.weight_version or await self._served_version()
-                version[0] = await self.versions.allocate(floor=floor)
-                await self._register(int(version[0]), policy_step)
+                version[0] = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version",
+                                               self.cfg.redis.retry_s)
+                await redis_retry(lambda: self._register(int(version[0]), policy_step), "register version",
+                                  self.cfg.redis.retry_s)
                 await self.push_weights(int(version[0]))
             finally:
                 self.publishing = False
+                if self._push_lock.locked():
+                    self._push_lock.release()
         await asyncio.to_thread(self.coll.broadcast, version, 0, "published_version")
         self.weight_version = int(version[0])
         return self.weight_version
+
+    async def watch_inference(self, interval_s: float = 2.0) -> None:
+        """Rank 0: if inference serves an older version than the trainer's (it restarted from disk), push the
+        current weights again under a fresh version of the same policy step, so it never serves old weights
+        for long. Rank-local (no collective): other ranks measure staleness through the lineage, where the
+        re-pushed version and the current one are the same step."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.weight_version == 0 or self.publishing:
+                continue
+            try:
+                served = await self._served_version()
+            except RuntimeError:
+                continue
+            if served >= self.weight_version or self.finished:
+                continue
+            async with self._push_lock:
+                log.warning("inference serves version %d, older than %d: pushing the current weights again",
+                            served, self.weight_version)
+                version = await redis_retry(lambda: self.versions.allocate(floor=self.weight_version),
+                                            "allocate version", self.cfg.redis.retry_s)
+                await redis_retry(lambda v=version: self._register(v, self.step), "register version",
+                                  self.cfg.redis.retry_s)
+                await self.push_weights(version)
 
     async def _register(self, version: int, policy_step: int) -> None:
         if self.lineage == 0:  # first publication of this incarnation: a new lineage, forked at resume
@@ -201,7 +251,8 @@ class TrainerService:
 
     async def staleness(self, token_version: int) -> int:
         """Optimizer steps between the current weights and those that produced ``token_version``."""
-        return await self.lineage_db.distance(self.weight_version, token_version)
+        return await redis_retry(lambda: self.lineage_db.distance(self.weight_version, token_version), "staleness",
+                                 self.cfg.redis.retry_s)
 
     async def _served_version(self) -> int:
         """The version inference serves now (a floor for the first allocation after a restart)."""
@@ -300,7 +351,8 @@ class TrainerService:
             self.episodes_trained += int(summary["episodes"])
             self.groups_trained += tc.groups_per_step
             if self.is_main:
-                self.groups_dropped_stale, self.episodes_dropped_stale = await self.stream.dropped()
+                self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
+                    self.stream.dropped, "count drops", self.cfg.redis.retry_s)
             self._log_step(summary, episodes, stats, time.monotonic() - t_step)
             if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 and self.step < tc.total_steps:
                 await self.checkpoint_and_ack()
@@ -334,7 +386,8 @@ class TrainerService:
             save_checkpoint, self.cfg.checkpoint_dir, self.step, self.weight_version, self.model, self.tokenizer,
             self.learner.optimizer, self.cfg.trainer.keep_checkpoints, extra, self.coll,
             self.collector.consumed_ids)
-        acked = await self.stream.ack(self.collector.unacked + self.collector.done_on_resume)
+        ids = self.collector.unacked + self.collector.done_on_resume
+        acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.cfg.redis.retry_s)
         log.info("checkpoint at step %d durable; acknowledged %d groups", self.step, acked)
         self.collector.consumed_ids, self.collector.unacked, self.collector.done_on_resume = [], [], []
 

@@ -223,3 +223,27 @@ def test_killing_one_of_two_ranks_stops_the_run_with_a_clear_error_within_the_ti
     log = (out / "logs" / "trainer.log").read_text()
     assert "rank" in log and ("Signals.SIGKILL" in log or "exitcode" in log or "CollectiveTimeout" in log)
     print(f"rank killed: run stopped after {elapsed:.1f}s")
+
+
+def test_redis_killed_mid_run_loses_no_acknowledged_group_and_the_run_completes(
+        tmp_path: Path, demo_model: Path) -> None:
+    import yaml
+
+    out = tmp_path / "run"
+    proc = _start(out, demo_model, 30)
+    _wait_for_step(out, 8, proc)
+    port = int(yaml.safe_load((out / "config.yaml").read_text())["redis"]["url"].rsplit(":", 1)[1].split("/")[0])
+    _kill9(f"redis-server 127.0.0.1:{port}")
+    time.sleep(2.0)  # services see the outage
+
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+                              "--dir", str((out / "redis").resolve())], stdout=subprocess.DEVNULL)
+    try:
+        output = _finish(proc, timeout=400)
+        assert proc.returncode == 0, output[-3000:]
+        summary = _check_books(out, 30)
+    finally:
+        redis.terminate()
+        redis.wait(10)
+    print("redis kill -9:", summary)

@@ -19,8 +19,9 @@ from relayrl.reward.server import RewardServicer, create_reward_server
 
 
 @asynccontextmanager
-async def inference_server(model_dir: Path, **overrides: object) -> AsyncIterator[tuple[str, InferenceServicer]]:
-    cfg = InferenceConfig(server=ServerConfig(port=0), **overrides)  # type: ignore[arg-type]
+async def inference_server(model_dir: Path, port: int = 0, **overrides: object
+                           ) -> AsyncIterator[tuple[str, InferenceServicer]]:
+    cfg = InferenceConfig(server=ServerConfig(port=port), **overrides)  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
     engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"),
                           kv_on_update=cfg.kv_on_update)

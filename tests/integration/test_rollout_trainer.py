@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, trainer_pb2_grpc
@@ -103,3 +104,39 @@ def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
     published_before = max(r["weight_version"] for r in first["rows"])
     assert min(r["weight_version"] for r in second["rows"]) > published_before
     assert second["inference_version"] > published_before
+
+
+def test_restarted_inference_gets_the_trainers_current_weights_again(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    from relayrl.common.weights import model_tensors
+    from tests.conftest import free_port
+
+    port = free_port()
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
+                  f"inference.server.port={port}")
+
+    async def go() -> tuple[int, int, bool]:
+        trainer = TrainerService(cfg)
+        async with inference_server(tiny_model_dir, port=port):
+            await trainer.stream.ensure_group()
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.add_(0.01)  # the trainer's weights differ from the model on disk
+            await trainer.publish(0)
+        async with inference_server(tiny_model_dir, port=port) as (_, restarted):  # from disk: version 0
+            watchdog = asyncio.create_task(trainer.watch_inference(interval_s=0.1))
+            for _ in range(100):
+                if restarted.engine.version > 0:
+                    break
+                await asyncio.sleep(0.1)
+            watchdog.cancel()
+            same = all(torch.equal(v, model_tensors(trainer.model)[k])
+                       for k, v in model_tensors(restarted.engine.model).items())
+            served = restarted.engine.version
+        await trainer.close()
+        return served, trainer.weight_version, same
+
+    served, trainer_version, same = asyncio.run(go())
+
+    assert served > trainer_version  # a fresh version, never a reused one
+    assert same
