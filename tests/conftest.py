@@ -80,6 +80,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model exactly as `make demo` creates it (the CLI's init-model with its defaults)."""
+    import sys
+
+    out = tmp_path_factory.mktemp("demo") / "tiny"
+    subprocess.run([sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO,
+                   timeout=120)
+    return out
+
+
+@pytest.fixture(scope="session")
 def dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from relayrl.tasks.arithmetic import make_dataset
 

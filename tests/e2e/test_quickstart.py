@@ -21,15 +21,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 SERVICES = ("inference", "reward", "rollout", "trainer")
 
 
-@pytest.fixture(scope="module")
-def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo model exactly as `make demo` creates it."""
-    out = tmp_path_factory.mktemp("demo") / "tiny"
-    subprocess.run([sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO,
-                   timeout=120)
-    return out
-
-
 def _relayrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "relayrl.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)

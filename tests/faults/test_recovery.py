@@ -26,14 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 BASE = ["--set", "trainer.checkpoint_every=5", "--set", "rollout.max_new_tokens=2"]
 
 
-@pytest.fixture(scope="module")
-def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("faults") / "tiny"
-    subprocess.run([sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO,
-                   timeout=120)
-    return out
-
-
 def _start(out: Path, model: Path, steps: int, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
                              "--set", f"model.path={model}", "--set", f"trainer.total_steps={steps}", *BASE, *extra],
@@ -132,34 +124,31 @@ def _check_books(out: Path, steps: int, groups_per_step: int = 8) -> dict[str, A
     return summary
 
 
-def test_trainer_killed_mid_run_resumes_without_losing_or_repeating_groups(tmp_path: Path, demo_model: Path) -> None:
-    out = tmp_path / "run"
-    proc = _start(out, demo_model, 30)
-    _wait_for_step(out, 13, proc)
+def _kill_and_resume(out: Path, model: Path, service: str, steps: int, at_step: int) -> None:
+    """Run, kill -9 ``service`` once the run passed ``at_step``, then run again with --resume auto."""
+    proc = _start(out, model, steps)
+    _wait_for_step(out, at_step, proc)
 
-    _kill9(f"serve trainer {out}")
+    _kill9(f"serve {service} {out}")
     first = _finish(proc)
-    resumed = _start(out, demo_model, 30, "--resume", "auto")
+    resumed = _start(out, model, steps, "--resume", "auto")
     second = _finish(resumed)
 
-    assert "service trainer died" in first
+    assert f"service {service} died" in first
     assert resumed.returncode == 0, second[-3000:]
-    summary = _check_books(out, 30)
+
+
+def test_trainer_killed_mid_run_resumes_without_losing_or_repeating_groups(tmp_path: Path, demo_model: Path) -> None:
+    _kill_and_resume(tmp_path / "run", demo_model, "trainer", steps=30, at_step=13)
+
+    summary = _check_books(tmp_path / "run", 30)
     print("trainer kill -9:", summary)
 
 
 def test_rollout_killed_mid_run_neither_skips_nor_repeats_prompts(tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "run"
-    proc = _start(out, demo_model, 20)
-    _wait_for_step(out, 8, proc)
+    _kill_and_resume(out, demo_model, "rollout", steps=20, at_step=8)
 
-    _kill9(f"serve rollout {out}")
-    first = _finish(proc)
-    resumed = _start(out, demo_model, 20, "--resume", "auto")
-    second = _finish(resumed)
-
-    assert "service rollout died" in first
-    assert resumed.returncode == 0, second[-3000:]
     _check_books(out, 20)
     trained = [s for _, s in _effective_groups(out)]
     assert len(trained) == len(set(trained))  # no prompt trained twice
