@@ -6,8 +6,9 @@ from an older checkpoint still allocates versions greater than any it published 
 an update whose version is not greater than the one it serves (FAILED_PRECONDITION).
 
 The version a server starts with, from a model directory on disk, is 0: it is never allocated.
-A version that was allocated but never published (a crash during a push) is skipped, not reused, so
-staleness measured in versions is an upper bound on the number of publications in between.
+A version that was allocated but never published (a crash during a push) is skipped, not reused. Staleness
+is not the difference of version numbers but the optimizer steps between two versions' weights
+(:class:`VersionLineage`), which stays exact across skipped versions, re-pushes and resumes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The trainer service: consume groups, step, publish weight versions, checkpoint, then acknowledge.
 
-Staleness of a sample (one definition, used for filtering and metrics): the trainer's current weight
-version when it computes the gradient (the latest version it has published) minus the oldest weight
-version among the sample's tokens. Groups with a sample beyond ``rollout.max_staleness`` are dropped and
-counted in ``episodes_dropped_stale``; nothing is dropped silently.
+Staleness of a sample (one definition, used for filtering and metrics): the number of optimizer steps between
+the weights the trainer computes the gradient with (its latest published version) and the weights that
+produced the sample's oldest token, counted along the version lineage (relayrl.common.versions) so that it
+stays right across a resume. Groups with a sample beyond ``rollout.max_staleness`` are dropped, recorded in
+Redis and counted (``groups_dropped_stale``, ``episodes_dropped_stale``); nothing is dropped silently.
 
 Ranks: every rank reads its own share of groups as the stable Redis consumer ``<consumer>-rank<r>``
 (groups_per_step / world_size groups per step), gradients are all-reduced over the global batch (see
