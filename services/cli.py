@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
                                                     "divergence (record with trainer.record_collectives=true)")
     coll.add_argument("run_dir", help="run folder (or its collectives/ folder)")
 
+    health = sub.add_parser("health", help="one grpc.health.v1 Check of a service; exit 0 when SERVING, else 1")
+    health.add_argument("--target", required=True, metavar="HOST:PORT", help="gRPC address of the service")
+    health.add_argument("--service", default="", metavar="NAME",
+                        help="health service name, e.g. relayrl.v1.InferenceService (default: the server)")
+    health.add_argument("--timeout", type=float, default=3.0, metavar="S", help="deadline of the call in seconds")
+
     plot = sub.add_parser("plot", help="draw metrics.jsonl (reward and staleness against step) as a PNG")
     plot.add_argument("metrics", type=Path, help="metrics.jsonl or a run folder")
     plot.add_argument("-o", "--output", type=Path, default=None, help="PNG path (default: next to metrics)")
@@ -128,6 +134,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_health(args: argparse.Namespace) -> int:
+    from relayrl.common.grpc_utils import health_status
+
+    serving, status = health_status(args.target, args.timeout, args.service)
+    name = f" {args.service}" if args.service else ""
+    print(f"{args.target}{name}: {status}")
+    return 0 if serving else 1
+
+
 def _cmd_debug(args: argparse.Namespace) -> int:
     from relayrl.trainer.collective_debug import main as collectives_main
 
@@ -135,7 +150,7 @@ def _cmd_debug(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
-            "make-dataset": _cmd_make_dataset, "plot": _cmd_plot}
+            "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

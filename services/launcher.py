@@ -20,11 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from relayrl.common.config import ConfigError
-from relayrl.common.grpc_utils import ServerConfig
+from relayrl.common.grpc_utils import ServerConfig, check_health
 from relayrl.config import RunConfig, dump_run_config
 
 log = logging.getLogger(__name__)
@@ -107,15 +104,6 @@ class RedisProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def check_health(target: str, timeout_s: float) -> bool:
-    with grpc.insecure_channel(target) as channel:
-        try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-        except grpc.RpcError:
-            return False
-    return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 class Launcher:

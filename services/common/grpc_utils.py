@@ -108,6 +108,25 @@ def insecure_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
+def health_status(target: str, timeout_s: float, service: str = "") -> tuple[bool, str]:
+    """One blocking grpc.health.v1 Check of ``target`` with a deadline: (SERVING?, status or error name)."""
+    with grpc.insecure_channel(target) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            return False, f"{code.name if code is not None else 'ERROR'}: {details}"
+    return (resp.status == health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+
+def check_health(target: str, timeout_s: float, service: str = "") -> bool:
+    """True when ``target`` answers the standard health Check with SERVING within ``timeout_s``."""
+    return health_status(target, timeout_s, service)[0]
+
+
 async def wait_healthy(target: str, timeout_s: float, service: str = "") -> None:
     """Poll the standard health service of ``target`` until it reports SERVING or ``timeout_s`` passes."""
     loop = asyncio.get_running_loop()

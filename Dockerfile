@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# relayrl: one image for all four services (`relayrl serve {inference,reward,rollout,trainer} CONFIG`).
+#
+#   docker build -t relayrl .                                   # CPU wheels (default)
+#   docker build -t relayrl:cu128 --build-arg TORCH_VARIANT=cu128 .
+#
+# TORCH_VARIANT picks the PyTorch wheel index (https://download.pytorch.org/whl/<variant>). The CUDA wheels
+# bring their own CUDA runtime libraries (nvidia-* wheels), so the Python base stays the same; the host needs
+# only the NVIDIA driver and container toolkit (`--gpus all`). PYTHON_IMAGE may point at another Debian-based
+# Python 3.11+ image; both stages must use the same one, since the virtualenv is copied between them.
+ARG PYTHON_IMAGE=python:3.11.9-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_VARIANT=cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# torch first, from the selected index, in its own layer: it is by far the largest and changes least.
+RUN pip install --upgrade pip \
+    && pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY services ./services
+# torch==2.13.0 is already satisfied (2.13.0+cpu matches); the rest comes from PyPI.
+RUN pip install . \
+    && python -c "import torch, relayrl.cli; print('torch', torch.__version__)"
+
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --system --gid 10001 relayrl \
+    && useradd --system --uid 10001 --gid relayrl --home-dir /app --shell /usr/sbin/nologin relayrl \
+    && mkdir -p /app /runs /models \
+    && chown relayrl:relayrl /runs /models
+COPY --from=builder /opt/venv /opt/venv
+WORKDIR /app
+# The demo task's data and configs: rollout.dataset /app/examples/data/arithmetic.jsonl (see examples/compose.yaml).
+COPY examples ./examples
+# /runs (output root) and /models (model directories) are owned by relayrl, so fresh named volumes are too.
+VOLUME ["/runs", "/models"]
+USER relayrl:relayrl
+ENTRYPOINT ["relayrl"]
+CMD ["--help"]
