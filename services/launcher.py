@@ -67,6 +67,12 @@ class Child:
     log_file: IO[bytes]
 
 
+def redis_server_args(binary: str, port: int, data_dir: Path) -> list[str]:
+    """The one redis-server command line relayrl uses: loopback, AOF everysec, noeviction, no RDB snapshots."""
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+            "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(data_dir.resolve())]
+
+
 class RedisProcess:
     """A private redis-server: AOF (appendfsync everysec), noeviction, data under the run folder."""
 
@@ -75,9 +81,8 @@ class RedisProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-             "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(data_dir.resolve()),
-             "--logfile", str(log_path.resolve()), "--daemonize", "no"],
+            [*redis_server_args(binary, self.port, data_dir), "--logfile", str(log_path.resolve()),
+             "--daemonize", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:

@@ -35,10 +35,10 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-             "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(self.data_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from relayrl.launcher import redis_server_args
+
+        self.proc = subprocess.Popen(redis_server_args(self.binary, self.port, self.data_dir),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 
         client = redis.Redis(port=self.port, socket_timeout=1.0)

@@ -125,22 +125,3 @@ def health_status(target: str, timeout_s: float, service: str = "") -> tuple[boo
 def check_health(target: str, timeout_s: float, service: str = "") -> bool:
     """True when ``target`` answers the standard health Check with SERVING within ``timeout_s``."""
     return health_status(target, timeout_s, service)[0]
-
-
-async def wait_healthy(target: str, timeout_s: float, service: str = "") -> None:
-    """Poll the standard health service of ``target`` until it reports SERVING or ``timeout_s`` passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    last_error = "no answer"
-    async with insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while loop.time() < deadline:
-            try:
-                resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-                last_error = f"status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"
-            except grpc.aio.AioRpcError as exc:
-                last_error = f"{exc.code().name}: {exc.details()}"
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"{target} not healthy after {timeout_s:.0f}s ({last_error})")

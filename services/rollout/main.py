@@ -29,7 +29,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def GetStatus(self, request: rollout_pb2.GetRolloutStatusRequest,
                         context: grpc.aio.ServicerContext) -> rollout_pb2.RolloutStatus:
         w = self.worker
-        epoch, index = w.cursor.position(w._next_seq)
+        epoch, index = w.cursor.position(w.next_seq)
         return rollout_pb2.RolloutStatus(
             component=self.header.message(), groups_produced=w.groups_produced,
             episodes_produced=w.episodes_produced, groups_running=w.running, groups_failed=w.groups_failed,

@@ -88,6 +88,11 @@ class RolloutWorker:
                 return
             await asyncio.sleep(self.cfg.status_poll_s)
 
+    @property
+    def next_seq(self) -> int:
+        """Sequence number of the next new prompt."""
+        return self._next_seq
+
     async def resume(self) -> None:
         """Continue where the stream says this rollout stopped (see progress.py)."""
         self.progress = await self.store.load()

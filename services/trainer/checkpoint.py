@@ -31,7 +31,6 @@ class CheckpointState:
     weight_version: int
     extra: dict[str, Any]
     consumed_ids: set[str]
-    rank_extra: dict[str, Any]
 
 
 def _fsync_tree(path: Path) -> None:
@@ -52,8 +51,7 @@ def _fsync_dir(path: Path) -> None:
 
 def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, tokenizer: Any,
                     optimizer: torch.optim.Optimizer, keep: int, extra: dict[str, Any],
-                    coll: Collectives | None = None, consumed_ids: list[str] | None = None,
-                    rank_extra: dict[str, Any] | None = None) -> Path:
+                    coll: Collectives | None = None, consumed_ids: list[str] | None = None) -> Path:
     """Collective over ``coll``'s ranks; returns the final path once the checkpoint is durable."""
     coll = coll or Collectives(None, timeout_s=60.0)
     final = root / f"step_{step:06d}"
@@ -64,7 +62,7 @@ def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, toke
         tmp.mkdir()
     ready = torch.ones(1)
     coll.all_reduce(ready, dist.ReduceOp.SUM, "checkpoint_folder_ready")
-    torch.save({"consumed_ids": list(consumed_ids or []), "extra": rank_extra or {},
+    torch.save({"consumed_ids": list(consumed_ids or []),
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}, tmp / f"rank{coll.rank}.pt")
     if coll.rank == 0:
         model.save_pretrained(str(tmp / "model"))
@@ -112,13 +110,11 @@ def load_trainer_state(path: Path, optimizer: torch.optim.Optimizer, rank: int) 
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     consumed: set[str] = set()
-    rank_extra: dict[str, Any] = {}
     for part in sorted(path.glob("rank*.pt")):
         data = torch.load(part, weights_only=False)
         consumed.update(data["consumed_ids"])
         if part.name == f"rank{rank}.pt":
-            rank_extra = dict(data.get("extra", {}))
             torch.set_rng_state(data["rng"]["torch"])
             random.setstate(data["rng"]["python"])
     return CheckpointState(step=int(state["step"]), weight_version=int(state["weight_version"]),
-                           extra=dict(state.get("extra", {})), consumed_ids=consumed, rank_extra=rank_extra)
+                           extra=dict(state.get("extra", {})), consumed_ids=consumed)

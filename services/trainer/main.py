@@ -36,10 +36,6 @@ def init_collectives(cfg: RunConfig) -> Collectives:
     return Collectives(group, tc.collective_timeout_s, record, group_name="world")
 
 
-def rank_from_env() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     """Train until trainer.total_steps (then exit 0) or until SIGTERM/SIGINT. Rank 0 serves the status API."""
     cfg.model.check_exists()

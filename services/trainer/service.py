@@ -201,17 +201,10 @@ class TrainerService:
         if self.is_main:
             self.publishing = True
             try:
-                await self._push_lock.acquire()
-                floor = self.weight_version or await self._served_version()
-                version[0] = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version",
-                                               self.cfg.redis.retry_s)
-                await redis_retry(lambda: self._register(int(version[0]), policy_step), "register version",
-                                  self.cfg.redis.retry_s)
-                await self.push_weights(int(version[0]))
+                version[0] = await self._allocate_and_push(policy_step,
+                                                           self.weight_version or await self._served_version())
             finally:
                 self.publishing = False
-                if self._push_lock.locked():
-                    self._push_lock.release()
         await asyncio.to_thread(self.coll.broadcast, version, 0, "published_version")
         self.weight_version = int(version[0])
         return self.weight_version
@@ -231,14 +224,19 @@ class TrainerService:
                 continue
             if served >= self.weight_version or self.finished:
                 continue
-            async with self._push_lock:
-                log.warning("inference serves version %d, older than %d: pushing the current weights again",
-                            served, self.weight_version)
-                version = await redis_retry(lambda: self.versions.allocate(floor=self.weight_version),
-                                            "allocate version", self.cfg.redis.retry_s)
-                await redis_retry(lambda v=version: self._register(v, self.step), "register version",
-                                  self.cfg.redis.retry_s)
-                await self.push_weights(version)
+            log.warning("inference serves version %d, older than %d: pushing the current weights again",
+                        served, self.weight_version)
+            await self._allocate_and_push(self.step, self.weight_version)
+
+    async def _allocate_and_push(self, policy_step: int, floor: int) -> int:
+        """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push.
+        Serialised: a step's publication and a watchdog re-push never interleave."""
+        async with self._push_lock:
+            retry_s = self.cfg.redis.retry_s
+            version = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version", retry_s)
+            await redis_retry(lambda: self._register(version, policy_step), "register version", retry_s)
+            await self.push_weights(version)
+            return version
 
     async def _register(self, version: int, policy_step: int) -> None:
         if self.lineage == 0:  # first publication of this incarnation: a new lineage, forked at resume

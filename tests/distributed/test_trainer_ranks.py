@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -18,14 +17,9 @@ from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.config import TrainerConfig
 from relayrl.trainer.learner import Learner
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.distributed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _episodes() -> list[Episode]:
@@ -67,7 +61,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
 def test_two_ranks_and_one_rank_compute_the_same_gradient(tmp_path: Path, tiny_model_dir: Path) -> None:
     single = _grads(tiny_model_dir, _episodes(), Collectives(None, timeout_s=60), micro_batch=4)
 
-    mp.start_processes(_rank_main, args=(_free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2,
+    mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2,
                        start_method="spawn", join=True)
 
     rank0 = torch.load(tmp_path / "grads0.pt")

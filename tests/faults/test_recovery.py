@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, RedisServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -83,26 +83,17 @@ def _stream_contents(out: Path) -> tuple[list[int], int]:
     import redis
 
     from relayrl.common.pb.episode_pb2 import EpisodeGroup
-    from tests.conftest import free_port
 
-    port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "yes", "--dir", str(out / "redis")], stdout=subprocess.DEVNULL)
+    server = RedisServer("redis-server", free_port(), out / "redis")
+    server.start()
     try:
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
+        client = redis.Redis(port=server.port)
         seqs = [EpisodeGroup.FromString(fields[b"group"]).prompt_seq
                 for _, fields in client.xrange("relayrl:episodes")]
         watermark = int(client.hget("relayrl:episodes:rollout:progress", "watermark") or 0)
         client.close()
     finally:
-        server.terminate()
-        server.wait(10)
+        server.stop()
     return seqs, watermark
 
 
@@ -225,14 +216,12 @@ def test_redis_killed_mid_run_loses_no_acknowledged_group_and_the_run_completes(
     _kill9(f"redis-server 127.0.0.1:{port}")
     time.sleep(2.0)  # services see the outage
 
-    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
-                              "--dir", str((out / "redis").resolve())], stdout=subprocess.DEVNULL)
+    redis = RedisServer("redis-server", port, out / "redis")  # same port, same AOF
+    redis.start()
     try:
         output = _finish(proc, timeout=400)
         assert proc.returncode == 0, output[-3000:]
         summary = _check_books(out, 30)
     finally:
-        redis.terminate()
-        redis.wait(10)
+        redis.stop()
     print("redis kill -9:", summary)
