@@ -42,6 +42,11 @@ class RunConfig:
                               f"({self.inference.max_samples_per_request})")
 
     @property
+    def weights_dir(self) -> Path:
+        """Where the trainer writes weight files for the shared-path transport (inference reads only here)."""
+        return self.output_dir / "weights"
+
+    @property
     def metrics_path(self) -> Path:
         return self.output_dir / "metrics.jsonl"
 

@@ -22,6 +22,7 @@ from typing import IO
 
 from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import ServerConfig, check_health
+from relayrl.common.http import HttpConfig
 from relayrl.config import RunConfig, dump_run_config
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,11 @@ def find_redis_server(configured: str) -> str:
 def local(server: ServerConfig) -> ServerConfig:
     """The same server settings on loopback and a free port (the launcher runs everything locally)."""
     return replace(server, host="127.0.0.1", port=free_port(), address="")
+
+
+def local_http(http: HttpConfig) -> HttpConfig:
+    """An HTTP API on loopback and a free port."""
+    return replace(http, host="127.0.0.1", port=free_port())
 
 
 @dataclass
@@ -130,7 +136,7 @@ class Launcher:
             cfg, output_dir=self.out,
             model=replace(cfg.model, path=cfg.model.path.resolve()),
             rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server)),
-            inference=replace(cfg.inference, server=local(cfg.inference.server)),
+            inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http)),
             reward=replace(cfg.reward, server=local(cfg.reward.server)),
             trainer=replace(cfg.trainer, server=local(cfg.trainer.server)),
         )

@@ -10,13 +10,15 @@ checksum before handing out the tensors. Nothing is applied until everything val
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from relayrl.common.pb.inference_pb2 import TensorChunk, WeightManifest, WeightUpdateMessage
+from relayrl.common.pb.inference_pb2 import TensorChunk, TokenIds, WeightManifest, WeightUpdateMessage
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # well under gRPC's default 4 MiB message limit
 
@@ -73,17 +75,23 @@ def checksum(tensors: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def manifest(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]] = (),
+             path: str = "") -> WeightManifest:
+    return WeightManifest(
+        version=version, num_tensors=len(tensors), total_bytes=sum(len(tensor_bytes(t)) for t in tensors.values()),
+        sha256=checksum(tensors), path=path, probe=[TokenIds(ids=list(seq)) for seq in probe])
+
+
 def iter_update_messages(
-    tensors: Mapping[str, torch.Tensor], version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    tensors: Mapping[str, torch.Tensor], version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    probe: Sequence[Sequence[int]] = (),
 ) -> Iterator[WeightUpdateMessage]:
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be > 0")
-    total = 0
     for name in sorted(tensors):
         t = tensors[name]
         data = tensor_bytes(t)
         nbytes = len(data)
-        total += nbytes
         offset = 0
         while True:
             piece = data[offset : offset + chunk_bytes]
@@ -94,9 +102,56 @@ def iter_update_messages(
             offset += len(piece)
             if offset >= nbytes:
                 break
-    yield WeightUpdateMessage(manifest=WeightManifest(
-        version=version, num_tensors=len(tensors), total_bytes=total, sha256=checksum(tensors)
-    ))
+    yield WeightUpdateMessage(manifest=manifest(tensors, version, probe))
+
+
+def write_shared(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Shared-path transport, sender side: a safetensors file written atomically (tmp, fsync, rename)."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
+    """Shared-path transport, receiver side: load the named file (which must lie under ``root``) and check it
+    against the expected specs and the manifest's checksum."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(m.path).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise WeightUpdateError(f"shared weights path {m.path} is outside the weights directory {root}")
+    if not path.is_file():
+        raise WeightUpdateError(f"shared weights file {m.path} does not exist")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise WeightUpdateError(f"shared weights file {m.path} is unreadable: {exc}") from exc
+    check_tensors(tensors, expected)
+    if m.num_tensors != len(tensors):
+        raise WeightUpdateError(f"manifest says {m.num_tensors} tensors, the file holds {len(tensors)}")
+    digest = checksum(tensors)
+    if digest != m.sha256:
+        raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {m.sha256}")
+    return tensors
+
+
+def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, TensorSpec]) -> None:
+    """Names, dtypes and shapes of a whole update against the model's."""
+    missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise WeightUpdateError(f"update names do not match the model's parameters (missing {missing[:3]}, "
+                                f"unexpected {extra[:3]})")
+    for name, t in tensors.items():
+        spec = expected[name]
+        if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
+            raise WeightUpdateError(f"{name}: {dtype_name(t.dtype)}{list(t.shape)} != expected "
+                                    f"{dtype_name(spec.dtype)}{list(spec.shape)}")
 
 
 class WeightAssembler:

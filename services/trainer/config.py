@@ -10,6 +10,7 @@ from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import ServerConfig, server_config
 from relayrl.common.weights import DEFAULT_CHUNK_BYTES
 from relayrl.trainer.loss import AdvantageEstimator, OffPolicyCorrection
+from relayrl.trainer.weight_sync import WeightTransport
 
 
 class LossAggregation(StrEnum):
@@ -56,6 +57,16 @@ class TrainerConfig:
         "le": 4 * 1024 * 1024 - 4096})
     weight_push_timeout_s: float = field(default=60.0, metadata={
         "help": "Deadline of one weight push to inference.", "gt": 0})
+    weight_transport: WeightTransport = field(default=WeightTransport.GRPC_STREAM, metadata={
+        "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream) or shared_path "
+                "(a safetensors file under <output_dir>/weights that inference reads; needs a shared "
+                "filesystem)."})
+    probe_sequences: int = field(default=4, metadata={
+        "help": "Sequences of the probe batch inference scores after every weight swap (verification).", "ge": 1})
+    probe_tokens: int = field(default=32, metadata={"help": "Tokens per probe sequence.", "ge": 2})
+    probe_tolerance: float = field(default=0.0, metadata={
+        "help": "Largest accepted |logprob difference| between trainer and inference on the probe (0: by dtype: "
+                "float32 1e-3, float16 2e-2, bfloat16 1e-1). Above it the trainer stops.", "ge": 0})
     read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
     consumer: str = field(default="trainer", metadata={
         "help": "Redis consumer name prefix: rank r reads as <consumer>-rank<r> (stable across restarts)."})

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from relayrl.common.probe import WeightVerificationError
 from relayrl.config import RunConfig
 from relayrl.trainer.collectives import Collectives, CollectiveTimeout
 from relayrl.trainer.service import TrainerService, create_trainer_server
@@ -54,10 +55,18 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     watchdog = asyncio.create_task(service.watch_inference()) if coll.rank == 0 else None
     stopper = asyncio.create_task(stop.wait())
     try:
-        await asyncio.wait({train, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({train, stopper} | ({watchdog} if watchdog else set()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if watchdog is not None and watchdog.done() and not train.done():
+            train.cancel()
+            await asyncio.gather(train, return_exceptions=True)
+            watchdog.result()  # a verification failure of a re-push stops the trainer loudly
         if train.done():
             try:
                 train.result()  # re-raise a training failure
+            except WeightVerificationError as exc:
+                log.critical("%s; stopping (the served weights are not the trained ones)", exc)
+                raise
             except CollectiveTimeout as exc:
                 # gloo's teardown would wait for the peer up to the process-group timeout again: exit hard
                 log.critical("%s", exc)

@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,17 @@ from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest, WeightUpdateMessage
+from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest
 from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.versions import VersionLineage, VersionSource
-from relayrl.common.weights import iter_update_messages, model_tensors
 from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
 from relayrl.trainer.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner, StepStats
+from relayrl.trainer.weight_sync import PushResult, WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,13 @@ class TrainerService:
         self.publishing = False
         self.resumed_version = 0  # version of the restored weights, when resuming
         self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
+        self._weights_lock = threading.Lock()  # a snapshot for publication never sees half an optimizer step
+        self.publisher = WeightPublisher(
+            self.model, self.device, cfg.inference.server.target, tc.weight_transport, cfg.weights_dir,
+            tc.weight_chunk_bytes, tc.weight_push_timeout_s,
+            WeightPublisher.default_probe(self.model, self.tokenizer, tc.probe_sequences, tc.probe_tokens, cfg.seed),
+            tc.probe_tolerance or None)
+        self.last_push: PushResult | None = None
         already_done: set[str] = set()
         counters: dict[str, Any] = {}
         if self.resumed_from is not None:
@@ -226,7 +234,10 @@ class TrainerService:
                 continue
             log.warning("inference serves version %d, older than %d: pushing the current weights again",
                         served, self.weight_version)
-            await self._allocate_and_push(self.step, self.weight_version)
+            try:
+                await self._allocate_and_push(self.step, self.weight_version)
+            except RuntimeError as exc:  # inference went away again: try at the next tick
+                log.warning("re-push failed: %s", exc)
 
     async def _allocate_and_push(self, policy_step: int, floor: int) -> int:
         """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push.
@@ -268,29 +279,24 @@ class TrainerService:
         return 0
 
     async def push_weights(self, version: int) -> None:
-        tc = self.cfg.trainer
-        messages = await asyncio.to_thread(
-            lambda: list(iter_update_messages(model_tensors(self.model), version, tc.weight_chunk_bytes)))
+        """Send the current weights as ``version`` and verify them (raises WeightVerificationError)."""
+        params = await asyncio.to_thread(self._snapshot)
+        result = await self.publisher.push(params, version)
+        self.last_push = result
+        log.info("published weight version %d (%d bytes by %s, %.3fs, probe max |Δ logprob| %.2e)", version,
+                 result.bytes_sent, self.publisher.transport.value, result.seconds, result.probe_max_diff)
 
-        async def gen() -> AsyncIterator[WeightUpdateMessage]:
-            for m in messages:
-                yield m
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        with self._weights_lock:  # never a half-updated model
+            return self.publisher.snapshot()
 
-        async with insecure_channel(self.cfg.inference.server.target) as channel:
-            stub = inference_pb2_grpc.InferenceServiceStub(channel)
-            for attempt in range(1, 6):
-                try:
-                    resp = await stub.UpdateWeights(gen(), timeout=tc.weight_push_timeout_s)
-                    break
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
-                            or attempt == 5:
-                        raise RuntimeError(f"weight push of version {version} failed: "
-                                           f"{exc.code().name}: {exc.details()}") from exc
-                    log.warning("weight push attempt %d failed (%s); retrying", attempt, exc.code().name)
-                    await asyncio.sleep(0.5 * attempt)
-        log.info("published weight version %d (%d bytes, applied in %.3fs)", version, resp.bytes_received,
-                 resp.apply_s)
+    def _locked_step(self, episodes: list[Episode]) -> StepStats:
+        with self._weights_lock:
+            return self.learner.rl_step(episodes)
+
+    def _locked_sft_step(self, *args: Any) -> StepStats:
+        with self._weights_lock:
+            return self.learner.sft_step(*args)
 
     def _write_metrics(self, row: dict[str, Any]) -> None:
         if self._metrics is not None:
@@ -308,7 +314,7 @@ class TrainerService:
         per_rank = max(1, tc.sft_batch_size // self.coll.world_size)
         for i in range(1, tc.sft_warmup_steps + 1):
             idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
-            stats = await asyncio.to_thread(self.learner.sft_step, [enc[j][0] for j in idx],
+            stats = await asyncio.to_thread(self._locked_sft_step, [enc[j][0] for j in idx],
                                             [enc[j][1] for j in idx])
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
                                  "time_s": time.monotonic() - self._t0})
@@ -336,7 +342,7 @@ class TrainerService:
             staleness = torch.tensor([await self.staleness(min(ep.token_weight_versions, default=0))
                                       for ep in episodes], dtype=torch.float32)
             t_step = time.monotonic()
-            stats = await asyncio.to_thread(self.learner.rl_step, episodes)
+            stats = await asyncio.to_thread(self._locked_step, episodes)
             for entry in entries:
                 self.collector.consumed(entry)
             self._trained_log.write(json.dumps({
@@ -416,6 +422,9 @@ class TrainerService:
             "episodes_per_s": summary["episodes"] / max(now - self._last_step_t, 1e-9),
             "step_time_s": step_s, "time_s": now - self._t0, "world_size": self.coll.world_size,
         }
+        if self.last_push is not None:
+            row |= {"weight_sync_s": self.last_push.seconds, "weight_sync_bytes": self.last_push.bytes_sent,
+                    "probe_max_diff": self.last_push.probe_max_diff}
         self._last_step_t = now
         self._write_metrics(row)
         log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,

@@ -9,30 +9,42 @@ from pathlib import Path
 import torch
 
 from relayrl.common.grpc_utils import ServerConfig, ServerHandle
+from relayrl.common.http import HttpConfig, HttpServer
 from relayrl.common.model import ModelConfig, load_model, load_tokenizer
 from relayrl.inference.config import InferenceConfig
-from relayrl.inference.engine import NativeEngine
-from relayrl.inference.server import InferenceServicer, create_inference_server
+from relayrl.inference.native import NativeEngine
+from relayrl.inference.openai_api import create_app
+from relayrl.inference.server import create_inference_server
+from relayrl.inference.service import InferenceService
 from relayrl.reward.api import RewardFn
 from relayrl.reward.config import RewardConfig
 from relayrl.reward.server import RewardServicer, create_reward_server
 
 
 @asynccontextmanager
-async def inference_server(model_dir: Path, port: int = 0, **overrides: object
-                           ) -> AsyncIterator[tuple[str, InferenceServicer]]:
-    cfg = InferenceConfig(server=ServerConfig(port=port), **overrides)  # type: ignore[arg-type]
+async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | None = None, http: bool = False,
+                           **overrides: object) -> AsyncIterator[tuple[str, InferenceService]]:
+    """A native-engine inference server on loopback; with ``http`` its REST API too (``service.http_port``)."""
+    cfg = InferenceConfig(server=ServerConfig(port=port), http=HttpConfig(host="127.0.0.1", port=0),
+                          **overrides)  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
     engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"),
-                          kv_on_update=cfg.kv_on_update)
-    handle, servicer = create_inference_server(cfg, engine, tokenizer, str(model_dir))
-    servicer.batcher.start()
+                          kv_on_update=cfg.kv_on_update, max_batch_sequences=cfg.max_batch_sequences,
+                          max_prefill_tokens=cfg.max_prefill_tokens)
+    service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir)
+    handle, _ = create_inference_server(service)
+    rest = HttpServer(create_app(service), cfg.http, "inference") if http else None
     await handle.start()
+    if rest is not None:
+        await rest.start()
+        service.http_port = rest.port  # type: ignore[attr-defined]
     try:
-        yield f"127.0.0.1:{handle.port}", servicer
+        yield f"127.0.0.1:{handle.port}", service
     finally:
+        if rest is not None:
+            await rest.stop()
         await handle.stop(0)
-        await servicer.batcher.stop()
+        engine.close()
 
 
 @asynccontextmanager

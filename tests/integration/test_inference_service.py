@@ -10,7 +10,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from relayrl.common.grpc_utils import insecure_channel
+from relayrl.common.grpc_utils import MAX_MESSAGE_BYTES, insecure_channel
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.weights import iter_update_messages, model_tensors
@@ -69,6 +69,10 @@ def test_concurrent_requests_are_batched_and_all_answered(tiny_model_dir: Path) 
         (_request(n=100000), "max_samples_per_request"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[10**6]),
                             sampling=pb.SamplingParams(n=1, max_new_tokens=2)), "token ids"),
+        (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[3] * 250),  # the tiny model's context is 256
+                            sampling=pb.SamplingParams(n=1, max_new_tokens=10)), "context length"),
+        (_request(max_new_tokens=5000), "max_new_tokens"),
+        (_request(stop_token_ids=[-1]), "stop_token_ids"),
     ],
 )
 def test_malformed_generate_is_invalid_argument(tiny_model_dir: Path, request_: pb.GenerateRequest,
@@ -154,5 +158,21 @@ def test_weight_stream_without_manifest_is_refused(tiny_model_dir: Path) -> None
 
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "manifest" in (info.value.details() or "")
+
+    asyncio.run(go())
+
+
+def test_oversized_message_is_resource_exhausted_and_others_are_served(tiny_model_dir: Path) -> None:
+    async def go() -> None:
+        async with inference_server(tiny_model_dir) as (target, _), insecure_channel(target) as ch:
+            stub = pb_grpc.InferenceServiceStub(ch)
+            huge = pb.GenerateRequest(prompt_text="1" * (MAX_MESSAGE_BYTES + 1),
+                                      sampling=pb.SamplingParams(max_new_tokens=1))
+
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Generate(huge, timeout=30)
+
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over the receive limit
+            assert len((await stub.Generate(_request(), timeout=30)).samples) == 2
 
     asyncio.run(go())

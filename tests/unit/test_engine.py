@@ -10,7 +10,8 @@ import torch
 from relayrl.common.model import ModelConfig, load_model, load_tokenizer
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.weights import WeightUpdateError, model_tensors
-from relayrl.inference.engine import GenerationInput, NativeEngine, sample_tokens
+from relayrl.inference.engine import GenerationInput, generate, sample_tokens
+from relayrl.inference.native import NativeEngine
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def _reference_logprobs(model: torch.nn.Module, prompt: list[int], completion: l
 def test_logprobs_equal_a_full_forward_of_the_sampled_sequence(engine: NativeEngine) -> None:
     prompts = [[3, 4, 5], [6, 7]]  # different lengths: exercises left padding and position ids
 
-    out = engine.generate([GenerationInput(prompt_ids=p, n=2, temperature=0.8, max_new_tokens=6) for p in prompts])
+    out = generate(engine, [GenerationInput(prompt_ids=p, n=2, temperature=0.8, max_new_tokens=6) for p in prompts])
 
     for prompt, samples in zip(prompts, out, strict=True):
         for s in samples:
@@ -41,14 +42,14 @@ def test_logprobs_equal_a_full_forward_of_the_sampled_sequence(engine: NativeEng
 def test_every_token_is_stamped_with_the_served_version(engine: NativeEngine) -> None:
     engine.update_weights(model_tensors(engine.model), version=3)
 
-    [[s]] = engine.generate([GenerationInput(prompt_ids=[3, 4], n=1, max_new_tokens=5)])
+    [[s]] = generate(engine, [GenerationInput(prompt_ids=[3, 4], n=1, max_new_tokens=5)])
 
     assert s.weight_versions == [3] * len(s.token_ids)
     assert len(s.logprobs) == len(s.token_ids) >= 1
 
 
 def test_finish_reason_is_length_exactly_when_max_new_tokens_ran_out(engine: NativeEngine) -> None:
-    [samples] = engine.generate([GenerationInput(prompt_ids=[3], n=32, max_new_tokens=4)])
+    [samples] = generate(engine, [GenerationInput(prompt_ids=[3], n=32, max_new_tokens=4)])
 
     for s in samples:
         assert 1 <= len(s.token_ids) <= 4
@@ -63,7 +64,7 @@ def test_stop_token_ids_end_the_sample_including_the_stop_token(engine: NativeEn
     vocab = engine.model.get_input_embeddings().num_embeddings
     every_token = list(range(vocab))
 
-    [[s]] = engine.generate([GenerationInput(prompt_ids=[3], n=1, max_new_tokens=5, stop_token_ids=every_token)])
+    [[s]] = generate(engine, [GenerationInput(prompt_ids=[3], n=1, max_new_tokens=5, stop_token_ids=every_token)])
 
     assert len(s.token_ids) == 1
     assert s.finish_reason == FINISH_REASON_STOP
@@ -73,7 +74,7 @@ def test_stop_string_cuts_the_text(engine: NativeEngine) -> None:
     chars = [engine.tokenizer.decode([i]) for i in range(engine.model.get_input_embeddings().num_embeddings)]
     stops = [c for c in chars if c]  # any visible character stops generation
 
-    [samples] = engine.generate([GenerationInput(prompt_ids=[3], n=32, max_new_tokens=6, stop=stops)])
+    [samples] = generate(engine, [GenerationInput(prompt_ids=[3], n=32, max_new_tokens=6, stop=stops)])
 
     by_string = [s for s in samples if s.finish_reason == FINISH_REASON_STOP_STRING]
     assert by_string  # 15 of the 18 tokens are visible characters: some sample must hit one
@@ -84,8 +85,8 @@ def test_stop_string_cuts_the_text(engine: NativeEngine) -> None:
 def test_same_seed_gives_the_same_samples(engine: NativeEngine) -> None:
     inp = GenerationInput(prompt_ids=[3, 4], n=3, max_new_tokens=6, seed=123)
 
-    a = engine.generate([inp])[0]
-    b = engine.generate([inp])[0]
+    a = generate(engine, [inp])[0]
+    b = generate(engine, [inp])[0]
 
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
 

@@ -12,7 +12,8 @@ import torch
 from relayrl.common.model import ModelConfig, load_model, load_tokenizer
 from relayrl.common.weights import model_tensors
 from relayrl.inference.config import KvOnUpdate
-from relayrl.inference.engine import GenerationInput, NativeEngine, SampleOutput
+from relayrl.inference.engine import GenerationInput, SampleOutput, generate
+from relayrl.inference.native import NativeEngine
 
 PROMPT = [3, 4, 5]
 
@@ -33,7 +34,7 @@ def _generate_with_swaps(engine: NativeEngine, updates: list[dict[str, torch.Ten
     out: list[list[list[SampleOutput]]] = []
     inp = GenerationInput(prompt_ids=PROMPT, n=1, max_new_tokens=max_new_tokens, ignore_eos=True, seed=0)
     start = engine.decode_steps
-    worker = threading.Thread(target=lambda: out.append(engine.generate([inp])))
+    worker = threading.Thread(target=lambda: out.append(generate(engine, [inp])))
     worker.start()
     for version, (tensors, step) in enumerate(zip(updates, at_steps, strict=True), start=1):
         deadline = time.monotonic() + 30

@@ -89,16 +89,20 @@ class TensorChunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "num_tensors", "total_bytes", "sha256")
+    __slots__ = ("version", "num_tensors", "total_bytes", "sha256", "path", "probe")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     version: int
     num_tensors: int
     total_bytes: int
     sha256: str
-    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+    path: str
+    probe: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., path: _Optional[str] = ..., probe: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...
 
 class WeightUpdateMessage(_message.Message):
     __slots__ = ("chunk", "manifest")
@@ -109,21 +113,23 @@ class WeightUpdateMessage(_message.Message):
     def __init__(self, chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "apply_s", "bytes_received")
+    __slots__ = ("version", "apply_s", "bytes_received", "probe_logprobs")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLY_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    PROBE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     version: int
     apply_s: float
     bytes_received: int
-    def __init__(self, version: _Optional[int] = ..., apply_s: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+    probe_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, version: _Optional[int] = ..., apply_s: _Optional[float] = ..., bytes_received: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GetInferenceStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class InferenceStatus(_message.Message):
-    __slots__ = ("component", "weight_version", "model_path", "requests_served", "tokens_generated", "requests_running", "weight_updates")
+    __slots__ = ("component", "weight_version", "model_path", "requests_served", "tokens_generated", "requests_running", "weight_updates", "requests_queued", "sequences_running", "engine")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +137,9 @@ class InferenceStatus(_message.Message):
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     weight_version: int
     model_path: str
@@ -138,4 +147,7 @@ class InferenceStatus(_message.Message):
     tokens_generated: int
     requests_running: int
     weight_updates: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., weight_version: _Optional[int] = ..., model_path: _Optional[str] = ..., requests_served: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., requests_running: _Optional[int] = ..., weight_updates: _Optional[int] = ...) -> None: ...
+    requests_queued: int
+    sequences_running: int
+    engine: str
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., weight_version: _Optional[int] = ..., model_path: _Optional[str] = ..., requests_served: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., requests_running: _Optional[int] = ..., weight_updates: _Optional[int] = ..., requests_queued: _Optional[int] = ..., sequences_running: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...

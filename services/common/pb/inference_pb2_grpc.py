@@ -56,16 +56,18 @@ class InferenceServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Generates n samples for one prompt. INVALID_ARGUMENT for malformed requests.
+        """Generates n samples for one prompt. INVALID_ARGUMENT for malformed requests (prompt longer than the
+        context, n or max_new_tokens above the configured limits, bad sampling values).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateWeights(self, request_iterator, context):
-        """Streams new weights; applied atomically once the manifest validates. INVALID_ARGUMENT for unknown
-        names, wrong shapes or dtypes, a bad checksum; FAILED_PRECONDITION for a version not greater than
-        the served one. On any error the old weights keep serving.
+        """Streams new weights (or names a shared file); applied atomically once the manifest validates, then
+        the probe is scored under them. INVALID_ARGUMENT for unknown names, wrong shapes or dtypes, a bad
+        checksum, a shared path outside the weights directory; FAILED_PRECONDITION for a version not greater
+        than the served one. On any error the old weights keep serving.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,390 @@
+"""The native PyTorch engine: continuous batching over a Hugging Face causal LM with an engine-managed KV cache.
+
+One engine thread runs the loop. Each iteration, between two decode steps: apply a pending weight swap (and
+score the probe batch under the new weights), drop cancelled requests, rebuild the KV cache of running rows if
+the weights changed (``kv_on_update: recompute``), admit queued requests that fit (their prompts are prefilled
+together, once per prompt: the n samples of a prompt share its prefill and start from copies of its cache),
+then one decode step for every running row. Rows whose sample finished leave the batch at once; the request's
+future resolves when its last sample finishes. Every token is stamped with the weight version of the step that
+produced it. A seeded request runs alone with its own generator, so it is reproducible.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
+from relayrl.common.probe import probe_logprobs
+from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
+from relayrl.inference.batch import KV, BatchState, RowParams
+from relayrl.inference.config import KvOnUpdate
+from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput, cut_at_stop, sample_tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    inp: GenerationInput
+    future: Future[list[SampleOutput]]
+    samples: list[SampleOutput | None]
+    remaining: int
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class _Row:
+    req: _Request
+    index: int  # sample index within the request
+
+
+@dataclass
+class _Swap:
+    tensors: Mapping[str, torch.Tensor]
+    version: int
+    probe: Sequence[Sequence[int]]
+    done: Future[list[float]] = field(default_factory=Future)
+
+
+class NativeEngine:
+    """Continuous-batching generation with a Hugging Face causal LM (CPU or CUDA)."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, version: int = 0,
+                 kv_on_update: KvOnUpdate = KvOnUpdate.RECOMPUTE, max_batch_sequences: int = 256,
+                 max_prefill_tokens: int = 8192) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.kv_on_update = kv_on_update
+        self.max_rows = max_batch_sequences
+        self.max_prefill_tokens = max_prefill_tokens
+        self.decode_steps = 0  # forward passes run so far (for status and tests)
+        self._version = version
+        self._specs = parameter_specs(model)
+        self._params = dict(model.named_parameters())
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
+        # transformers renamed past_key_values to cache (5.2x); support both spellings
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in params
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._swaps: list[_Swap] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._batch: BatchState | None = None
+        self._rows: list[_Row] = []
+        self._exclusive = False  # a seeded request is running: admit nothing else
+
+    # -- the Engine interface ------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def specs(self) -> dict[str, TensorSpec]:
+        return dict(self._specs)
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().num_embeddings)
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            requests = len({id(r.req) for r in self._rows})
+            return EngineStats(len(self._rows), requests, len(self._queue), self.decode_steps)
+
+    def submit(self, inp: GenerationInput) -> Future[list[SampleOutput]]:
+        if inp.n > self.max_rows:
+            raise ValueError(f"n={inp.n} exceeds the engine's max_batch_sequences={self.max_rows}")
+        if len(inp.prompt_ids) + inp.max_new_tokens > self.context_length:
+            raise ValueError(f"prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) "
+                             f"exceeds the model's context length {self.context_length}")
+        req = _Request(inp, Future(), [None] * inp.n, inp.n)
+        if inp.seed is not None:
+            req.generator = torch.Generator(device=self.device).manual_seed(int(inp.seed))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._queue.append(req)
+            self._ensure_thread()
+            self._cond.notify()
+        return req.future
+
+    def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int,
+                       probe: Sequence[Sequence[int]] = ()) -> list[float]:
+        check_tensors(tensors, self._specs)
+        staged = {name: t.to(self.device) for name, t in tensors.items()}
+        swap = _Swap(staged, version, probe)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._swaps.append(swap)
+            self._ensure_thread()
+            self._cond.notify()
+        return swap.done.result()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for req in list(self._queue) + [r.req for r in self._rows]:
+            _fail(req, RuntimeError("engine closed"))
+
+    # -- the engine thread ---------------------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._queue or self._swaps or self._rows or self._closed):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                swaps, self._swaps = self._swaps, []
+                admitted = self._admit()
+            for swap in swaps:
+                self._apply_swap(swap)
+            try:
+                with torch.inference_mode():
+                    self._iteration(admitted)
+            except Exception as exc:  # a failed step fails the requests in it; the engine keeps serving
+                log.exception("engine step failed; failing %d running requests", len({id(r.req) for r in self._rows}))
+                for req in {id(r.req): r.req for r in self._rows}.values():
+                    _fail(req, exc)
+                for req in admitted:
+                    _fail(req, exc)
+                with self._cond:
+                    self._rows, self._batch, self._exclusive = [], None, False
+
+    def _admit(self) -> list[_Request]:
+        """Queued requests that fit now, FIFO (called with the condition held)."""
+        admitted: list[_Request] = []
+        rows = len(self._rows)
+        prefill = 0
+        while self._queue and not self._exclusive:
+            req = self._queue[0]
+            if req.future.cancelled():
+                self._queue.popleft()
+                continue
+            if req.inp.seed is not None and (rows or admitted):
+                break  # a seeded request waits until it can run alone
+            tokens = len(req.inp.prompt_ids)
+            if rows + req.inp.n > self.max_rows or (admitted and prefill + tokens > self.max_prefill_tokens):
+                break
+            self._queue.popleft()
+            admitted.append(req)
+            rows += req.inp.n
+            prefill += tokens
+            if req.inp.seed is not None:
+                self._exclusive = True
+                break
+        return admitted
+
+    def _apply_swap(self, swap: _Swap) -> None:
+        try:
+            if swap.version <= self._version:
+                raise StaleVersionError(f"version {swap.version} is not newer than the served version "
+                                        f"{self._version}")
+            with torch.no_grad():
+                for name, t in swap.tensors.items():
+                    self._params[name].copy_(t)
+            self._version = swap.version
+            log.info("weights swapped to version %d", swap.version)
+            result = probe_logprobs(self.model, swap.probe, self.device).tolist() if swap.probe else []
+        except Exception as exc:
+            swap.done.set_exception(exc)
+        else:
+            swap.done.set_result(result)
+
+    def _iteration(self, admitted: list[_Request]) -> None:
+        self._drop_cancelled()
+        batch = self._batch
+        if (batch is not None and batch.cache_version != self._version
+                and self.kv_on_update is KvOnUpdate.RECOMPUTE):
+            self._recompute(batch)
+        if admitted:
+            new_batch, new_rows = self._prefill(admitted)
+            self._batch = new_batch if self._batch is None else BatchState.concat(self._batch, new_batch)
+            with self._cond:
+                self._rows = self._rows + new_rows
+            self._retire()
+        if self._batch is not None:
+            self._decode_step(self._batch)
+            self._retire()
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv: KV | None) -> tuple[Any, KV]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
+        kwargs: dict[str, Any] = {self._cache_arg: cache}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1  # only the last position's logits are sampled from
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
+        cache = getattr(out, self._cache_arg)
+        self.decode_steps += 1
+        return out.logits[:, -1, :], [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[BatchState, list[_Row]]:
+        dev = self.device
+        width = max(len(r.inp.prompt_ids) for r in reqs)
+        ids = torch.full((len(reqs), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(reqs), width), dtype=torch.long)
+        for i, r in enumerate(reqs):  # left padding, one row per prompt
+            ids[i, width - len(r.inp.prompt_ids):] = torch.tensor(r.inp.prompt_ids, dtype=torch.long)
+            mask[i, width - len(r.inp.prompt_ids):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, kv = self._forward(ids, mask, pos, None)
+        # the n samples of a prompt share its prefill: expand rows after the forward pass
+        counts = torch.tensor([r.inp.n for r in reqs], dtype=torch.long, device=dev)
+        expand = torch.repeat_interleave(torch.arange(len(reqs), device=dev), counts)
+        rows = [_Row(r, j) for r in reqs for j in range(r.inp.n)]
+        inputs = [r.req.inp for r in rows]
+        stop_lists = [[*([] if inp.ignore_eos else [self.eos_token_id]), *inp.stop_token_ids] for inp in inputs]
+        stop_ids = torch.full((len(rows), max(1, *map(len, stop_lists))), -1, dtype=torch.long)
+        for i, s in enumerate(stop_lists):
+            stop_ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        params = RowParams(
+            temperature=torch.tensor([x.temperature for x in inputs], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([x.top_k for x in inputs], dtype=torch.long, device=dev),
+            top_p=torch.tensor([x.top_p for x in inputs], dtype=torch.float32, device=dev),
+            max_new=torch.tensor([x.max_new_tokens for x in inputs], dtype=torch.long, device=dev),
+            stop_ids=stop_ids.to(dev),
+        )
+        steps = max(x.max_new_tokens for x in inputs)
+        batch = BatchState(
+            kv=[(k.index_select(0, expand), v.index_select(0, expand)) for k, v in kv],
+            mask=mask.index_select(0, expand), ids=ids.index_select(0, expand),
+            next_tok=torch.zeros(len(rows), dtype=torch.long, device=dev),
+            pos=mask.sum(dim=1).index_select(0, expand), params=params,
+            out_tok=torch.full((len(rows), steps), self.pad_token_id, dtype=torch.long, device=dev),
+            out_lp=torch.zeros((len(rows), steps), dtype=torch.float32, device=dev),
+            out_ver=torch.zeros((len(rows), steps), dtype=torch.long, device=dev),
+            length=torch.zeros(len(rows), dtype=torch.long, device=dev), cache_version=self._version,
+        )
+        self._sample(batch, logits.index_select(0, expand), rows)
+        return batch, rows
+
+    def _decode_step(self, batch: BatchState) -> None:
+        ones = torch.ones((batch.rows, 1), dtype=batch.mask.dtype, device=batch.mask.device)
+        mask = torch.cat([batch.mask, ones], dim=1)
+        logits, batch.kv = self._forward(batch.next_tok.unsqueeze(1), mask, batch.pos.unsqueeze(1), batch.kv)
+        batch.mask = mask
+        batch.ids = torch.cat([batch.ids, batch.next_tok.unsqueeze(1)], dim=1)
+        batch.pos = batch.pos + 1
+        self._sample(batch, logits, self._rows)
+
+    def _recompute(self, batch: BatchState) -> None:
+        """Rebuild every running row's keys/values under the current weights (exact after a swap)."""
+        pos = (batch.mask.cumsum(-1) - 1).clamp(min=0)
+        _, batch.kv = self._forward(batch.ids, batch.mask, pos, None)
+        batch.cache_version = self._version
+
+    def _sample(self, batch: BatchState, logits: torch.Tensor, rows: list[_Row]) -> None:
+        p = batch.params
+        generator = rows[0].req.generator if self._exclusive else None
+        tok, lp = sample_tokens(logits, p.temperature, p.top_k, p.top_p, generator)
+        batch.record(tok, lp, self._version)
+        batch.check()
+
+    def _retire(self) -> None:
+        """Move finished rows out of the batch and resolve requests whose samples are all done."""
+        batch = self._batch
+        assert batch is not None
+        finished = batch.finished()
+        reason = torch.where(batch.hit_stop(), FINISH_REASON_STOP, FINISH_REASON_LENGTH)
+        string_hits = self._stop_string_hits(batch, finished)
+        if string_hits:
+            idx = torch.tensor(string_hits, dtype=torch.long, device=finished.device)
+            finished = finished.index_fill(0, idx, True)
+            reason = reason.index_fill(0, idx, FINISH_REASON_STOP_STRING)
+        done = finished.nonzero().squeeze(1)
+        if done.numel() == 0:
+            return
+        done_list = done.tolist()
+        lengths = batch.length.index_select(0, done).tolist()
+        toks = batch.out_tok.index_select(0, done).tolist()
+        lps = batch.out_lp.index_select(0, done).tolist()
+        vers = batch.out_ver.index_select(0, done).tolist()
+        reasons = reason.index_select(0, done).tolist()
+        for k, i in enumerate(done_list):
+            row = self._rows[i]
+            n = lengths[k]
+            text = self.tokenizer.decode(toks[k][:n], skip_special_tokens=True)
+            if reasons[k] == FINISH_REASON_STOP_STRING:
+                text = cut_at_stop(text, row.req.inp.stop)
+            row.req.samples[row.index] = SampleOutput(toks[k][:n], lps[k][:n], vers[k][:n], int(reasons[k]), text)
+            row.req.remaining -= 1
+            if row.req.remaining == 0:
+                _resolve(row.req)
+        done_set = set(done_list)
+        self._keep_rows([i for i in range(batch.rows) if i not in done_set])
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        batch = self._batch
+        assert batch is not None
+        with self._cond:
+            if not keep:
+                self._batch, self._rows, self._exclusive = None, [], False
+                return
+            index = torch.tensor(keep, dtype=torch.long, device=batch.mask.device)
+            self._batch = batch.select(index)
+            self._rows = [self._rows[i] for i in keep]
+
+    def _drop_cancelled(self) -> None:
+        if self._batch is None:
+            return
+        keep = [i for i, r in enumerate(self._rows) if not r.req.future.cancelled()]
+        if len(keep) != len(self._rows):
+            log.info("dropping %d rows of cancelled requests", len(self._rows) - len(keep))
+            self._keep_rows(keep)
+
+    def _stop_string_hits(self, batch: BatchState, finished: torch.Tensor) -> list[int]:
+        """Rows (not otherwise finished) whose text now contains one of their stop strings. Only rows of requests
+        with stop strings are decoded, each up to its own length."""
+        candidates = [i for i, r in enumerate(self._rows) if r.req.inp.stop]
+        if not candidates:
+            return []
+        idx = torch.tensor(candidates, dtype=torch.long, device=finished.device)
+        fin = finished.index_select(0, idx).tolist()
+        lens = batch.length.index_select(0, idx).tolist()
+        toks = batch.out_tok.index_select(0, idx).tolist()
+        hits = []
+        for k, i in enumerate(candidates):
+            if fin[k]:
+                continue
+            text = self.tokenizer.decode(toks[k][: lens[k]], skip_special_tokens=True)
+            if any(s in text for s in self._rows[i].req.inp.stop):
+                hits.append(i)
+        return hits
+
+
+def _resolve(req: _Request) -> None:
+    if not req.future.cancelled():
+        samples = [s for s in req.samples if s is not None]
+        req.future.set_result(samples)
+
+
+def _fail(req: _Request, exc: BaseException) -> None:
+    if not req.future.done():
+        req.future.set_exception(exc)

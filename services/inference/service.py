@@ -1,0 +1,91 @@
+"""The inference service's logic, shared by its gRPC and REST front ends: request checks, generation, weight
+updates, counters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayrl.common.service import StatusHeader
+from relayrl.inference.config import InferenceConfig
+from relayrl.inference.engine import Engine, GenerationInput, SampleOutput
+from relayrl.inference.metrics import InferenceMetrics
+
+log = logging.getLogger(__name__)
+
+
+class InferenceService:
+    def __init__(self, cfg: InferenceConfig, engine: Engine, tokenizer: Any, model_path: str,
+                 weights_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.model_name = cfg.model_name or Path(model_path).name
+        self.weights_dir = weights_dir
+        self.header = StatusHeader("inference")
+        self.metrics = InferenceMetrics(engine.stats, lambda: engine.version)
+        self._update_lock = asyncio.Lock()  # one weight update at a time
+        self.requests_served = 0
+        self.tokens_generated = 0
+        self.weight_updates = 0
+
+    def tokenize(self, text: str) -> list[int]:
+        if not text:
+            raise ValueError("the prompt is empty")
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def check(self, inp: GenerationInput) -> GenerationInput:
+        """Raise ValueError (→ INVALID_ARGUMENT / HTTP 400) for a request the engine must not see."""
+        cfg, ids = self.cfg, inp.prompt_ids
+        if not ids:
+            raise ValueError("the prompt has no tokens")
+        if len(ids) > cfg.max_prompt_tokens:
+            raise ValueError(f"prompt has {len(ids)} tokens, limit is max_prompt_tokens={cfg.max_prompt_tokens}")
+        vocab = self.engine.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if not 1 <= inp.n <= cfg.max_samples_per_request:
+            raise ValueError(f"n={inp.n} must be in [1, max_samples_per_request={cfg.max_samples_per_request}]")
+        if not 1 <= inp.max_new_tokens <= cfg.max_new_tokens_limit:
+            raise ValueError(f"max_new_tokens must be in [1, {cfg.max_new_tokens_limit}], got {inp.max_new_tokens}")
+        if len(ids) + inp.max_new_tokens > self.engine.context_length:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) exceeds the "
+                             f"model's context length {self.engine.context_length}")
+        if not inp.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {inp.temperature}")
+        if not 0 < inp.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {inp.top_p}")
+        if inp.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {inp.top_k}")
+        if any(not stop for stop in inp.stop):
+            raise ValueError("stop strings must not be empty")
+        if any(not 0 <= t < vocab for t in inp.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        return inp
+
+    async def generate(self, inp: GenerationInput, api: str) -> list[SampleOutput]:
+        t0 = time.perf_counter()
+        samples = await asyncio.wrap_future(self.engine.submit(inp))
+        self.requests_served += 1
+        n_tokens = sum(len(s.token_ids) for s in samples)
+        self.tokens_generated += n_tokens
+        self.metrics.requests.labels(api).inc()
+        self.metrics.tokens.inc(n_tokens)
+        self.metrics.latency.labels(api).observe(time.perf_counter() - t0)
+        return samples
+
+    async def apply_update(self, tensors: Mapping[str, torch.Tensor], version: int,
+                           probe: Sequence[Sequence[int]]) -> list[float]:
+        """Swap (on the engine thread, between decode steps) and score the probe; raises WeightUpdateError."""
+        return await asyncio.to_thread(self.engine.update_weights, tensors, version, probe)
+
+    @property
+    def update_lock(self) -> asyncio.Lock:
+        return self._update_lock
