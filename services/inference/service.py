@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +71,15 @@ class InferenceService:
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         return inp
 
-    async def generate(self, inp: GenerationInput, api: str) -> list[SampleOutput]:
-        t0 = time.perf_counter()
-        samples = await asyncio.wrap_future(self.engine.submit(inp))
+    def submit(self, inp: GenerationInput) -> tuple[Future[list[SampleOutput]], float]:
+        """Hand a checked request to the engine; ValueError when the engine refuses it (→ INVALID_ARGUMENT / HTTP
+        400) before anything runs. Returns the future and the submission time."""
+        return self.engine.submit(inp), time.perf_counter()
+
+    async def result(self, submitted: tuple[Future[list[SampleOutput]], float], api: str) -> list[SampleOutput]:
+        """Wait for a submitted request (cancelling the caller cancels it in the engine) and count it."""
+        future, t0 = submitted
+        samples = await asyncio.wrap_future(future)
         self.requests_served += 1
         n_tokens = sum(len(s.token_ids) for s in samples)
         self.tokens_generated += n_tokens
