@@ -124,13 +124,17 @@ def test_each_server_address_is_compose_service_name_and_configured_port(
         assert port == server.port, f"{name}: address {server.address} vs port {server.port}"
 
 
-def test_published_ports_only_map_configured_grpc_ports(
+def test_published_ports_only_map_configured_grpc_and_http_ports(
         services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
     assert services["inference"].get("ports"), "inference's gRPC port is published for clients"
     for name, service in services.items():
         for mapping in service.get("ports", []):
             container_port = int(str(mapping).rsplit(":", 1)[-1].split("/")[0])
-            assert name in SERVICES and container_port == getattr(run_cfg, name).server.port, f"{name}: {mapping}"
+            assert name in SERVICES, f"{name}: {mapping}"
+            section = getattr(run_cfg, name)
+            http = getattr(section, "http", None)
+            allowed = {section.server.port} | ({http.port} if http is not None and http.enabled else set())
+            assert container_port in allowed, f"{name}: {mapping}"
 
 
 def test_redis_url_host_is_redis_service_with_its_port(
