@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup demo test test-vllm bench lint typecheck protos check-protos clean
+.PHONY: setup demo test test-vllm bench lint typecheck protos check-protos reference check-reference docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ demo: $(STAMP) $(DEMO_MODEL)/config.json
 	$(BIN)/relayrl plot $(DEMO_OUT) -o $(DEMO_OUT)/metrics.png
 
 ## Everything CI checks: generated code current, lint, types, the whole test suite, then the vLLM suite.
-test: $(STAMP) check-protos lint typecheck
+test: $(STAMP) check-protos check-reference lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-vllm
 
@@ -48,6 +48,17 @@ protos: $(STAMP)
 
 check-protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py --check
+
+## The CLI and configuration reference and the config-schema snapshot, generated from the code.
+reference: $(STAMP)
+	$(BIN)/python scripts/gen_reference.py
+
+check-reference: $(STAMP)
+	$(BIN)/python scripts/gen_reference.py --check
+
+## The documentation site (mkdocs, strict: a broken link or a page missing from the nav fails).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
 lint: $(STAMP)
 	$(BIN)/ruff check services tests scripts bench

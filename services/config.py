@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,9 +18,20 @@ from relayrl.reward.config import RewardConfig
 from relayrl.rollout.config import RolloutConfig
 from relayrl.trainer.config import TrainerConfig
 
+log = logging.getLogger(__name__)
+
+
+SCHEMA_VERSION = 1  # bump when a change needs a migration of existing configs (then add it to MIGRATIONS)
+
+# schema version N -> function turning an N config (plain data) into an N+1 config
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
 
 @dataclass
 class RunConfig:
+    schema_version: int = field(default=SCHEMA_VERSION, metadata={
+        "help": "Version of the config schema this file was written for; older files are migrated on load, newer "
+                "ones refused.", "ge": 1})
     name: str = field(default="run", metadata={"help": "Run name (used for the default output folder)."})
     output_dir: Path = field(default=Path("runs/latest"), metadata={
         "help": "Output root: metrics.jsonl, config.yaml, logs/, checkpoints/."})
@@ -60,7 +73,24 @@ def load_run_config(path: Path | None, overrides: list[str] | None = None) -> Ru
     data: dict[str, Any] = load_yaml(path) if path is not None else {}
     for override in overrides or []:
         apply_override(data, override)
-    return from_dict(RunConfig, data)
+    return from_dict(RunConfig, migrate(data))
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring a config written for an older schema to the current one; refuse one written for a newer one."""
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigError("schema_version", version, "must be an integer >= 1")
+    if version > SCHEMA_VERSION:
+        raise ConfigError("schema_version", version, f"this config was written for a newer relayrl; this one reads "
+                                                     f"schema versions up to {SCHEMA_VERSION}")
+    while version < SCHEMA_VERSION:
+        data = MIGRATIONS[version](dict(data))
+        version += 1
+        data["schema_version"] = version
+        log.warning("config migrated from schema version %d to %d; save the resolved config.yaml to keep it",
+                    version - 1, version)
+    return data
 
 
 def dump_run_config(cfg: RunConfig, path: Path) -> None:

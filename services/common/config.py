@@ -6,12 +6,18 @@ YAML files plus ``--set section.key=value`` overrides. Every error names the fie
 Field constraints live in ``dataclasses.field(metadata=...)``: ``help`` (documentation), ``ge``/``gt``/
 ``le``/``lt`` (numeric bounds). Finite choices are ``Literal`` or ``Enum`` types. A dataclass may define
 ``validate(self)`` for rules that relate several fields; it raises :class:`ConfigError`.
+
+Compatibility: a field being phased out keeps loading and carries ``deprecated`` (what to use instead) and
+``removed_in`` (the release that removes it) in its metadata; setting it logs a warning naming both. A removed
+field is listed in the dataclass's ``REMOVED_FIELDS`` (name → migration hint) and fails with that hint. Any
+other unknown key fails (no silent typos).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import types
 import typing
 from pathlib import Path
@@ -20,6 +26,8 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 import yaml
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -128,10 +136,17 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
         raise ConfigError(path or "<root>", data, "must be a mapping")
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    removed: dict[str, str] = getattr(cls, "REMOVED_FIELDS", {})
     for key in data:
+        where = f"{path}.{key}" if path else key
+        if key in removed:
+            raise ConfigError(where, data[key], f"this field was removed: {removed[key]}")
         if key not in fields:
-            where = f"{path}.{key}" if path else key
             raise ConfigError(where, data[key], f"unknown field; known fields: {', '.join(fields)}")
+        note = fields[key].metadata.get("deprecated")
+        if note:
+            log.warning("config field %s is deprecated (%s) and will be removed in release %s", where, note,
+                        fields[key].metadata.get("removed_in", "?"))
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         where = f"{path}.{name}" if path else name

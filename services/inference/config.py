@@ -59,8 +59,8 @@ class InferenceConfig:
     server: ServerConfig = field(default_factory=lambda: server_config(50051), metadata={
         "help": "gRPC server of this service."})
     batch_wait_ms: float = field(default=0.0, metadata={
-        "help": "Deprecated: ignored since continuous batching (requests join between decode steps); removed in "
-                "0.3.", "ge": 0})
+        "help": "Ignored: requests join the running batch between decode steps (continuous batching).", "ge": 0,
+        "deprecated": "ignored since continuous batching; delete it", "removed_in": "0.3"})
 
     def validate(self) -> None:
         if self.max_samples_per_request > self.max_batch_sequences:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import torch
 
@@ -16,8 +15,6 @@ from relayrl.inference.engine import Engine
 from relayrl.inference.openai_api import create_app
 from relayrl.inference.server import create_inference_server
 from relayrl.inference.service import InferenceService
-
-log = logging.getLogger(__name__)
 
 
 def build_engine(cfg: RunConfig) -> Engine:
@@ -35,8 +32,6 @@ def build_engine(cfg: RunConfig) -> Engine:
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     cfg.model.check_exists()
-    if cfg.inference.batch_wait_ms:
-        log.warning("inference.batch_wait_ms is deprecated and ignored (continuous batching); remove it")
     engine = await asyncio.to_thread(build_engine, cfg)
     service = InferenceService(cfg.inference, engine, load_tokenizer(cfg.model.path), str(cfg.model.path),
                                weights_dir=cfg.weights_dir)
