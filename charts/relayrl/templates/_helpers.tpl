@@ -1,0 +1,335 @@
+{{/*
+Names. The full name is at most 40 characters, so that "<fullname>-trainer-headless" (a Service) and the
+StatefulSets' pod names stay within Kubernetes' limits.
+*/}}
+{{- define "relayrl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "relayrl.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<fullname>-<component>": the name of a component's workload and Service. Call with (list $ "inference"). */}}
+{{- define "relayrl.componentName" -}}
+{{- printf "%s-%s" (include "relayrl.fullname" (index . 0)) (index . 1) }}
+{{- end }}
+
+{{- define "relayrl.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "relayrl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "relayrl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "relayrl.labels" -}}
+helm.sh/chart: {{ include "relayrl.chart" . }}
+{{ include "relayrl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: relayrl
+{{- end }}
+
+{{/* Selector labels of one component. Call with (list $ "inference"). */}}
+{{- define "relayrl.componentSelectorLabels" -}}
+{{ include "relayrl.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "relayrl.componentLabels" -}}
+{{ include "relayrl.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "relayrl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "relayrl.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "relayrl.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The trainer's world size: one rank per process, nprocPerNode processes on each of nodes pods. */}}
+{{- define "relayrl.worldSize" -}}
+{{- mul (int .Values.trainer.nodes) (int .Values.trainer.nprocPerNode) }}
+{{- end }}
+
+{{- define "relayrl.redisExternal" -}}
+{{- if or .Values.redis.external.url .Values.redis.external.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* The gRPC address of a service as the other pods reach it: its Service name and port. (list $ "reward") */}}
+{{- define "relayrl.address" -}}
+{{- $ := index . 0 }}{{- $svc := index . 1 -}}
+{{- printf "%s:%d" (include "relayrl.componentName" (list $ $svc)) (int (index $.Values $svc).port) }}
+{{- end }}
+
+{{/*
+Refuse values that would contradict each other or what the chart sets itself; `helm install` fails with the
+message instead of pods crash-looping on a config error.
+*/}}
+{{- define "relayrl.validate" -}}
+{{- $cfg := .Values.config }}
+{{- range $key := list "output_dir" }}
+{{- if hasKey $cfg $key }}
+{{- fail (printf "config.%s is set by the chart (trainer.persistence.mountPath); remove it" $key) }}
+{{- end }}
+{{- end }}
+{{- if hasKey (default dict $cfg.redis) "url" }}
+{{- fail "config.redis.url is set by the chart (the Redis StatefulSet, or redis.external.url / redis.external.existingSecret); remove it" }}
+{{- end }}
+{{- range $svc := list "inference" "reward" "rollout" "trainer" }}
+{{- $server := dig $svc "server" dict $cfg }}
+{{- range $key := list "host" "port" "address" }}
+{{- if hasKey $server $key }}
+{{- fail (printf "config.%s.server.%s is set by the chart (%s.port and the Service name); remove it" $svc $key $svc) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $world := int (include "relayrl.worldSize" .) }}
+{{- if hasKey (default dict $cfg.trainer) "world_size" }}
+{{- fail (printf "config.trainer.world_size is set by the chart to trainer.nodes x trainer.nprocPerNode (%d); remove it" $world) }}
+{{- end }}
+{{- $groups := int (dig "trainer" "groups_per_step" 8 $cfg) }}
+{{- if mod $groups $world }}
+{{- fail (printf "config.trainer.groups_per_step (%d) must be divisible by the trainer's world size trainer.nodes x trainer.nprocPerNode (%d)" $groups $world) }}
+{{- end }}
+{{- $cuda := hasPrefix "cuda" (toString (dig "model" "device" "cpu" $cfg)) }}
+{{- range $svc := list "inference" "trainer" }}
+{{- if and $cuda (not (index $.Values $svc).gpu) }}
+{{- fail (printf "config.model.device is cuda but %s.gpu is false: the pod would see no GPU" $svc) }}
+{{- end }}
+{{- if and (not $cuda) (index $.Values $svc).gpu }}
+{{- fail (printf "%s.gpu is true but config.model.device is cpu: the GPU would sit idle" $svc) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.trainer.gpu (ne (toString (dig "model" "device" "cpu" $cfg)) "cuda") }}
+{{- fail "with trainer.gpu, config.model.device must be cuda (each rank uses the GPU of its local rank), not cuda:N" }}
+{{- end }}
+{{- if and (gt (int .Values.trainer.nodes) 1) (not .Values.trainer.persistence.existingClaim) }}
+{{- fail "trainer.nodes > 1 needs trainer.persistence.existingClaim: every rank writes its part of a checkpoint into one directory and reads the whole checkpoint on resume, so all trainer pods must share the checkpoint storage" }}
+{{- end }}
+{{- if and (not .Values.models.createTiny) (not .Values.models.volume) }}
+{{- fail "models.createTiny is false, so models.volume must hold the model directory (config.model.path)" }}
+{{- end }}
+{{- if and .Values.redis.external.url .Values.redis.external.existingSecret }}
+{{- fail "set one of redis.external.url and redis.external.existingSecret" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The run config the services load: values' `config` plus what the chart owns (output_dir, the Redis URL, each
+server's bind address, port and Service address, the trainer's world size). Floats that Go prints in exponent
+form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.1 (PyYAML) reads as a float.
+*/}}
+{{- define "relayrl.runConfig" -}}
+{{- include "relayrl.validate" . }}
+{{- $cfg := deepCopy .Values.config }}
+{{- $_ := set $cfg "output_dir" .Values.trainer.persistence.mountPath }}
+{{- $redis := default dict $cfg.redis }}
+{{- if .Values.redis.external.url }}
+{{- $_ := set $redis "url" .Values.redis.external.url }}
+{{- else if not .Values.redis.external.existingSecret }}
+{{- $_ := set $redis "url" (printf "redis://%s:%d/0" (include "relayrl.componentName" (list . "redis")) (int .Values.redis.port)) }}
+{{- end }}
+{{- $_ := set $cfg "redis" $redis }}
+{{- range $svc := list "inference" "reward" "rollout" "trainer" }}
+{{- $section := default dict (index $cfg $svc) }}
+{{- $server := default dict $section.server }}
+{{- $_ := set $server "host" "0.0.0.0" }}
+{{- $_ := set $server "port" (int (index $.Values $svc).port) }}
+{{- $_ := set $server "address" (include "relayrl.address" (list $ $svc)) }}
+{{- $_ := set $section "server" $server }}
+{{- $_ := set $cfg $svc $section }}
+{{- end }}
+{{- $_ := set $cfg.trainer "world_size" (int (include "relayrl.worldSize" .)) }}
+{{- regexReplaceAll "(?m)^(\\s*[A-Za-z0-9_]+: |\\s*- )(-?[0-9]+)e([-+][0-9]+)$" (toYaml $cfg) "${1}${2}.0e${3}" }}
+{{- end }}
+
+{{- define "relayrl.configChecksum" -}}
+{{- include "relayrl.runConfig" . | sha256sum }}
+{{- end }}
+
+{{/* Restricted container securityContext (Pod Security Standards "restricted"). */}}
+{{- define "relayrl.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "relayrl.podSecurityContext" -}}
+runAsNonRoot: true
+{{- toYaml .Values.podSecurityContext | nindent 0 }}
+fsGroupChangePolicy: OnRootMismatch
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Environment of every relayrl container. (list $ component) */}}
+{{- define "relayrl.env" -}}
+{{- $ := index . 0 }}{{- $svc := index . 1 -}}
+- name: HOME
+  value: /tmp
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: MPLCONFIGDIR
+  value: /tmp/matplotlib
+- name: HF_HUB_OFFLINE
+  value: "1"
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- if $.Values.redis.external.existingSecret }}
+- name: RELAYRL_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $.Values.redis.external.existingSecret }}
+      key: {{ $.Values.redis.external.existingSecretKey }}
+{{- end }}
+{{- with (index $.Values $svc).extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Arguments after `relayrl`: serve <svc> <config> [--set redis.url=$(RELAYRL_REDIS_URL)]. (list $ svc) */}}
+{{- define "relayrl.serveArgs" -}}
+{{- $ := index . 0 }}{{- $svc := index . 1 -}}
+{{- $args := list "serve" $svc "/config/relayrl.yaml" }}
+{{- if $.Values.redis.external.existingSecret }}
+{{- $args = concat $args (list "--set" "redis.url=$(RELAYRL_REDIS_URL)") }}
+{{- end }}
+{{- toJson $args }}
+{{- end }}
+
+{{/* Native gRPC probes of a service on its port, health service name relayrl.v1.<Name>Service. (list $ svc) */}}
+{{- define "relayrl.grpcProbes" -}}
+{{- $ := index . 0 }}{{- $svc := index . 1 -}}
+{{- $values := index $.Values $svc }}
+{{- $grpc := dict "grpc" (dict "port" (int $values.port) "service" (printf "relayrl.v1.%sService" (title $svc))) -}}
+startupProbe:
+  {{- toYaml (merge (deepCopy $grpc) $values.startupProbe) | nindent 2 }}
+livenessProbe:
+  {{- toYaml (merge (deepCopy $grpc) $values.livenessProbe) | nindent 2 }}
+readinessProbe:
+  {{- toYaml (merge (deepCopy $grpc) $values.readinessProbe) | nindent 2 }}
+{{- end }}
+
+{{/* Volumes every relayrl pod has: the config, /tmp. (list $ svc) */}}
+{{- define "relayrl.commonVolumes" -}}
+{{- $ := index . 0 -}}
+- name: config
+  configMap:
+    name: {{ include "relayrl.componentName" (list $ "config") }}
+- name: tmp
+  emptyDir: {}
+{{- end }}
+
+{{- define "relayrl.commonVolumeMounts" -}}
+- name: config
+  mountPath: /config
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- end }}
+
+{{/* The model volume and, for the demo model, the init container that creates it. */}}
+{{- define "relayrl.modelVolume" -}}
+- name: models
+{{- if .Values.models.createTiny }}
+  emptyDir: {}
+{{- else }}
+  {{- toYaml .Values.models.volume | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "relayrl.initModel" -}}
+{{- if .Values.models.createTiny -}}
+initContainers:
+  - name: init-model
+    image: {{ include "relayrl.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    args: ["init-model", "--out", {{ .Values.config.model.path | quote }}]
+    env:
+      - name: HOME
+        value: /tmp
+    securityContext:
+      {{- include "relayrl.containerSecurityContext" . | nindent 6 }}
+    volumeMounts:
+      - name: models
+        mountPath: {{ .Values.models.mountPath }}
+      - name: tmp
+        mountPath: /tmp
+{{- end }}
+{{- end }}
+
+{{/* Pod-level fields every relayrl pod shares. (list $ svc) */}}
+{{- define "relayrl.podCommon" -}}
+{{- $ := index . 0 }}{{- $svc := index . 1 -}}
+{{- $values := index $.Values $svc -}}
+serviceAccountName: {{ include "relayrl.serviceAccountName" $ }}
+automountServiceAccountToken: false
+enableServiceLinks: false
+securityContext:
+  {{- include "relayrl.podSecurityContext" $ | nindent 2 }}
+terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds }}
+{{- with $.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Pod template annotations: the config checksum (pods roll when the run config changes) + podAnnotations. */}}
+{{- define "relayrl.podAnnotations" -}}
+{{- $ := index . 0 }}{{- $svc := index . 1 -}}
+checksum/config: {{ include "relayrl.configChecksum" $ }}
+{{- with (index $.Values $svc).podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Resources, with the GPU request when asked for. (list $ svc count) */}}
+{{- define "relayrl.resources" -}}
+{{- $ := index . 0 }}{{- $svc := index . 1 }}{{- $gpus := index . 2 -}}
+{{- $res := deepCopy (default dict (index $.Values $svc).resources) }}
+{{- if gt (int $gpus) 0 }}
+{{- $limits := default dict $res.limits }}
+{{- $_ := set $limits $.Values.gpuResourceName (int $gpus) }}
+{{- $_ := set $res "limits" $limits }}
+{{- $requests := default dict $res.requests }}
+{{- $_ := set $requests $.Values.gpuResourceName (int $gpus) }}
+{{- $_ := set $res "requests" $requests }}
+{{- end }}
+{{- toYaml $res }}
+{{- end }}
