@@ -49,6 +49,10 @@ class RunConfig:
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:
             raise ConfigError("rollout.max_new_tokens", self.rollout.max_new_tokens,
                               f"must be <= inference.max_new_tokens_limit ({self.inference.max_new_tokens_limit})")
+        if self.rollout.group_size > self.inference.max_batch_sequences:
+            raise ConfigError("rollout.group_size", self.rollout.group_size,
+                              f"must be <= inference.max_batch_sequences ({self.inference.max_batch_sequences}): "
+                              "a group's samples decode together")
         if self.rollout.group_size > self.inference.max_samples_per_request:
             raise ConfigError("rollout.group_size", self.rollout.group_size,
                               f"must be <= inference.max_samples_per_request "

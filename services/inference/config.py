@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import ServerConfig, server_config
 from relayrl.common.http import HttpConfig, http_config
 
@@ -61,9 +60,3 @@ class InferenceConfig:
     batch_wait_ms: float = field(default=0.0, metadata={
         "help": "Ignored: requests join the running batch between decode steps (continuous batching).", "ge": 0,
         "deprecated": "ignored since continuous batching; delete it", "removed_in": "0.3"})
-
-    def validate(self) -> None:
-        if self.max_samples_per_request > self.max_batch_sequences:
-            raise ConfigError("max_samples_per_request", self.max_samples_per_request,
-                              f"must be <= max_batch_sequences ({self.max_batch_sequences}): the n samples of a "
-                              "request decode together")

@@ -193,6 +193,21 @@ def test_configmap_config_loads_with_service_addresses_and_chart_owned_keys(name
     assert cfg.trainer.world_size == values["trainer"]["nodes"] * values["trainer"]["nprocPerNode"]
 
 
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_http_apis_in_the_config_match_their_container_and_service_ports(name: str, tmp_path: Path) -> None:
+    docs = rendered(name)
+    cfg = load_config(docs, tmp_path)
+    values = merged(_chart().values, value_set(name))
+    with_http = [svc for svc in SERVICES if "httpPort" in values[svc]]
+    assert "inference" in with_http  # the OpenAI-compatible API
+    for svc in with_http:
+        http = getattr(cfg, svc).http
+        assert http.enabled and http.host == "0.0.0.0" and http.port == values[svc]["httpPort"], svc
+        assert {"name": "http", "containerPort": http.port, "protocol": "TCP"} in main_container(docs, svc)["ports"]
+        host = getattr(cfg, svc).server.address.rpartition(":")[0]
+        assert http.port in [p["port"] for p in service(docs, host)["spec"]["ports"]], svc
+
+
 def test_small_floats_in_values_load_as_floats(tmp_path: Path) -> None:
     cfg = load_config(rendered("multinode-gpu"), tmp_path)
     assert cfg.trainer.lr == pytest.approx(1e-6)

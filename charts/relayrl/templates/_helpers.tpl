@@ -155,6 +155,12 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- $_ := set $server "port" (int (index $.Values $svc).port) }}
 {{- $_ := set $server "address" (include "relayrl.address" (list $ $svc)) }}
 {{- $_ := set $section "server" $server }}
+{{- with (index $.Values $svc).httpPort }}
+{{- $http := default dict $section.http }}
+{{- $_ := set $http "host" "0.0.0.0" }}
+{{- $_ := set $http "port" (int .) }}
+{{- $_ := set $section "http" $http }}
+{{- end }}
 {{- $_ := set $cfg $svc $section }}
 {{- end }}
 {{- $_ := set $cfg.trainer "world_size" (int (include "relayrl.worldSize" .)) }}
