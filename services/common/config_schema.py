@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 import typing
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -23,7 +24,7 @@ def _type(tp: Any) -> tuple[str, list[Any] | None]:
         return "choice", list(get_args(tp))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return "choice", [m.value for m in tp]
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, types.UnionType):
         names = [_type(a)[0] for a in get_args(tp)]
         return " | ".join(names), None
     if origin in (list, tuple, dict):

@@ -3,8 +3,13 @@
 Layout of ``step_000050/``: ``model/`` (a standard Hugging Face directory that inference and transformers
 load directly, tokenizer included), ``trainer_state.pt`` (optimizer, step, weight version, counters) and one
 ``rank<R>.pt`` per rank (its RNG states and the ids of the groups it consumed since the previous checkpoint).
-Every rank writes into ``step_000050.tmp``; once all ranks report their part written, rank 0 fsyncs and
-renames it, so a directory named ``step_*`` is always complete. The newest ``keep`` are kept.
+
+Rank 0 owns every file: the other ranks send it their parts (one all-gather), it writes
+``step_000050.tmp``, fsyncs and renames it, so a directory named ``step_*`` is always complete; the newest
+``keep`` are kept. On resume rank 0 alone reads the checkpoint and broadcasts what each rank needs (its RNG
+state, the optimizer state, the consumed ids; the weights follow with the initial weight broadcast). So the
+checkpoint directory only has to be on rank 0's volume: a trainer spread over several nodes needs no shared
+(ReadWriteMany) storage. Optimizer state is replicated (gradients are all-reduced), so rank 0's is every rank's.
 """
 
 from __future__ import annotations
@@ -52,43 +57,49 @@ def _fsync_dir(path: Path) -> None:
 def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, tokenizer: Any,
                     optimizer: torch.optim.Optimizer, keep: int, extra: dict[str, Any],
                     coll: Collectives | None = None, consumed_ids: list[str] | None = None) -> Path:
-    """Collective over ``coll``'s ranks; returns the final path once the checkpoint is durable."""
+    """Collective over ``coll``'s ranks; returns the final path once the checkpoint is durable (on rank 0's
+    filesystem)."""
     coll = coll or Collectives(None, timeout_s=60.0)
     final = root / f"step_{step:06d}"
-    tmp = root / f"step_{step:06d}.tmp"
-    if coll.rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    ready = torch.ones(1)
-    coll.all_reduce(ready, dist.ReduceOp.SUM, "checkpoint_folder_ready")
-    torch.save({"consumed_ids": list(consumed_ids or []),
-                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}, tmp / f"rank{coll.rank}.pt")
-    if coll.rank == 0:
-        model.save_pretrained(str(tmp / "model"))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp / "model"))
-        torch.save({"step": step, "weight_version": weight_version, "optimizer": optimizer.state_dict(),
-                    "world_size": coll.world_size, "extra": extra}, tmp / "trainer_state.pt")
-    written = torch.ones(1)
-    coll.all_reduce(written, dist.ReduceOp.SUM, "checkpoint_parts_written")
+    part = {"consumed_ids": list(consumed_ids or []),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+    parts = coll.all_gather_object(part, "checkpoint_parts")
     durable = torch.zeros(1)
     if coll.rank == 0:
-        if int(written.item()) != coll.world_size:
-            raise RuntimeError(f"checkpoint {final.name}: {int(written.item())} of {coll.world_size} parts written")
-        _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _fsync_dir(root)
-        for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        durable[0] = 1
-        log.info("saved checkpoint %s", final)
+        try:
+            _write(root, final, parts, step, weight_version, model, tokenizer, optimizer, keep, extra,
+                   coll.world_size)
+            durable[0] = 1
+        except OSError:
+            log.exception("checkpoint %s could not be written", final)
     coll.all_reduce(durable, dist.ReduceOp.MAX, "checkpoint_durable")
     if durable.item() != 1:
         raise RuntimeError(f"checkpoint {final.name} was not made durable by rank 0")
     return final
+
+
+def _write(root: Path, final: Path, parts: list[dict[str, Any]], step: int, weight_version: int, model: Any,
+           tokenizer: Any, optimizer: torch.optim.Optimizer, keep: int, extra: dict[str, Any],
+           world_size: int) -> None:
+    tmp = root / f"{final.name}.tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for rank, data in enumerate(parts):
+        torch.save(data, tmp / f"rank{rank}.pt")
+    model.save_pretrained(str(tmp / "model"))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp / "model"))
+    torch.save({"step": step, "weight_version": weight_version, "optimizer": optimizer.state_dict(),
+                "world_size": world_size, "extra": extra}, tmp / "trainer_state.pt")
+    _fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _fsync_dir(root)
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("saved checkpoint %s", final)
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -104,17 +115,36 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_trainer_state(path: Path, optimizer: torch.optim.Optimizer, rank: int) -> CheckpointState:
-    """Restore optimizer and this rank's RNG; consumed ids are the union over every rank's part (a rank of a
-    smaller world also reads the groups of ranks that are gone, whose entries rank 0 claims)."""
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
-    consumed: set[str] = set()
-    for part in sorted(path.glob("rank*.pt")):
-        data = torch.load(part, weights_only=False)
-        consumed.update(data["consumed_ids"])
-        if part.name == f"rank{rank}.pt":
-            torch.set_rng_state(data["rng"]["torch"])
-            random.setstate(data["rng"]["python"])
-    return CheckpointState(step=int(state["step"]), weight_version=int(state["weight_version"]),
-                           extra=dict(state.get("extra", {})), consumed_ids=consumed)
+def resume_point(root: Path, coll: Collectives) -> Path | None:
+    """The newest complete checkpoint as rank 0 sees it, agreed by every rank."""
+    found = latest_checkpoint(root) if coll.rank == 0 else None
+    name = coll.broadcast_object(found.name if found is not None else None, 0, "resume_point")
+    return root / name if name is not None else None
+
+
+def load_trainer_state(path: Path, optimizer: torch.optim.Optimizer, coll: Collectives) -> CheckpointState:
+    """Rank 0 reads the checkpoint and sends every rank the optimizer state, its own RNG state and the consumed
+    ids (the union over every rank's part: a rank of a smaller world also reads the groups of ranks that are
+    gone, whose entries rank 0 claims). Collective over ``coll``'s ranks."""
+    payload: dict[str, Any] | None = None
+    rngs: list[Any] = []
+    if coll.rank == 0:
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        consumed: set[str] = set()
+        by_rank: dict[int, Any] = {}
+        for part in sorted(path.glob("rank*.pt")):
+            data = torch.load(part, weights_only=False)
+            consumed.update(data["consumed_ids"])
+            by_rank[int(part.stem.removeprefix("rank"))] = data["rng"]
+        rngs = [by_rank.get(r) for r in range(coll.world_size)]
+        payload = {"step": int(state["step"]), "weight_version": int(state["weight_version"]),
+                   "extra": dict(state.get("extra", {})), "consumed": consumed, "optimizer": state["optimizer"]}
+    payload = coll.broadcast_object(payload, 0, "resume_state")
+    rng = coll.broadcast_object(rngs, 0, "resume_rng")[coll.rank]
+    assert payload is not None
+    optimizer.load_state_dict(payload["optimizer"])
+    if rng is not None:  # None: this rank did not exist when the checkpoint was taken
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+    return CheckpointState(step=payload["step"], weight_version=payload["weight_version"],
+                           extra=payload["extra"], consumed_ids=payload["consumed"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
@@ -93,6 +94,37 @@ class Collectives:
         if self.group is not None:
             self._wait(dist.broadcast(tensor, src=src, group=self.group, async_op=True), "broadcast", name)
         return tensor
+
+    def all_gather(self, tensor: torch.Tensor, name: str) -> list[torch.Tensor]:
+        """Every rank's copy of a same-shaped tensor, in rank order."""
+        self._log("all_gather", name, [tensor])
+        if self.group is None:
+            return [tensor]
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(out, tensor, group=self.group, async_op=True), "all_gather", name)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int, name: str) -> Any:
+        """A picklable object from ``src`` to every rank (two timed broadcasts: size, then bytes)."""
+        if self.group is None:
+            return obj
+        data = pickle.dumps(obj) if self.rank == src else b""
+        size = self.broadcast(torch.tensor([len(data)], dtype=torch.int64), src, f"{name}/size")
+        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == src
+               else torch.empty(int(size[0]), dtype=torch.uint8))
+        self.broadcast(buf, src, f"{name}/bytes")
+        return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
+
+    def all_gather_object(self, obj: Any, name: str) -> list[Any]:
+        """Every rank's picklable object, in rank order (sizes gathered first, bytes padded to the largest)."""
+        if self.group is None:
+            return [obj]
+        data = pickle.dumps(obj)
+        sizes = [int(t[0]) for t in self.all_gather(torch.tensor([len(data)], dtype=torch.int64), f"{name}/size")]
+        buf = torch.zeros(max(sizes), dtype=torch.uint8)
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        parts = self.all_gather(buf, f"{name}/bytes")
+        return [pickle.loads(p[:n].numpy().tobytes()) for p, n in zip(parts, sizes, strict=True)]
 
     def barrier_for_debug(self, name: str) -> None:
         """Only for debugging: synchronises all ranks."""

@@ -8,6 +8,7 @@ import os
 import signal
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from relayrl.common.probe import WeightVerificationError
@@ -30,7 +31,12 @@ def init_collectives(cfg: RunConfig) -> Collectives:
                           f"must equal the number of processes started (WORLD_SIZE={world}); use torchrun")
     if world == 1:
         return Collectives(None, tc.collective_timeout_s, record)
-    backend = "nccl" if cfg.model.device.startswith("cuda") else "gloo"
+    backend = "gloo"
+    if cfg.model.device.startswith("cuda"):
+        # each rank drives the GPU of its local rank; CPU tensors (step statistics, object collectives) go over
+        # gloo, CUDA tensors (gradients, weights) over NCCL
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=timedelta(seconds=tc.collective_timeout_s))
     group = dist.group.WORLD
     assert group is not None

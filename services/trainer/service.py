@@ -45,7 +45,7 @@ from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
-from relayrl.trainer.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from relayrl.trainer.checkpoint import load_trainer_state, resume_point, save_checkpoint
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner, StepStats
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
@@ -141,8 +141,10 @@ class TrainerService:
         self.is_main = self.rank == 0
         self.device = torch.device(cfg.model.device)
         self.tokenizer = load_tokenizer(cfg.model.path)
-        self.resumed_from: Path | None = latest_checkpoint(cfg.checkpoint_dir) if tc.resume == "auto" else None
-        model_path = self.resumed_from / "model" if self.resumed_from else None
+        self.resumed_from: Path | None = resume_point(cfg.checkpoint_dir, self.coll) if tc.resume == "auto" \
+            else None
+        # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
+        model_path = self.resumed_from / "model" if self.resumed_from and self.is_main else None
         self.model = load_model(cfg.model, model_path)
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
                                max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll)
@@ -165,7 +167,7 @@ class TrainerService:
         already_done: set[str] = set()
         counters: dict[str, Any] = {}
         if self.resumed_from is not None:
-            state = load_trainer_state(self.resumed_from, self.learner.optimizer, self.rank)
+            state = load_trainer_state(self.resumed_from, self.learner.optimizer, self.coll)
             self.step, counters, already_done = state.step, state.extra, state.consumed_ids
             self.resumed_version = state.weight_version
             self.learner.steps_done = state.step

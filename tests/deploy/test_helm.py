@@ -298,8 +298,10 @@ def test_single_pod_trainer_runs_torchrun_standalone_for_several_ranks(tmp_path:
     assert workload(docs, "trainer")["spec"]["replicas"] == 1
 
 
-def test_multinode_trainer_without_shared_checkpoint_storage_fails_render() -> None:
-    assert "trainer.persistence.existingClaim" in render_error({"trainer": {"nodes": 2}})
+def test_multinode_trainer_gets_a_read_write_once_volume_per_pod() -> None:
+    sts = workload(render({"trainer": {"nodes": 2}}), "trainer")
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]  # no shared storage: rank 0 owns checkpoints
     docs = render({"trainer": {"nodes": 2, "persistence": {"existingClaim": "shared"}}})
     volumes = workload(docs, "trainer")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "output", "persistentVolumeClaim": {"claimName": "shared"}} in volumes

@@ -40,14 +40,17 @@ def _render(values: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for path, text in sorted(files.items()) if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
 
 
-def _in_pod(hosts: Path, command: list[str]) -> list[str]:
-    """``command`` in its own mount namespace where /etc/hosts is ``hosts`` (cluster DNS for one process tree)."""
+def _in_pod(hosts: Path, command: list[str], volume: tuple[Path, Path] | None = None) -> list[str]:
+    """``command`` in its own mount namespace where /etc/hosts is ``hosts`` (cluster DNS for one process tree)
+    and, with ``volume`` = (pod's own directory, mount path), the pod's own volume is mounted at the mount path."""
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.fail("unshare (util-linux) is required to give the simulated pods their DNS names")
     user_ns = [] if os.geteuid() == 0 else ["--map-root-user"]
-    return [unshare, *user_ns, "--mount", "--", "sh", "-c", 'mount --bind "$1" /etc/hosts && shift && exec "$@"',
-            "sh", str(hosts), *command]
+    source, target = volume or (hosts.parent, hosts.parent)
+    return [unshare, *user_ns, "--mount", "--", "sh", "-c",
+            'mount --bind "$1" /etc/hosts && mount --bind "$2" "$3" && shift 3 && exec "$@"',
+            "sh", str(hosts), str(source), str(target), *command]
 
 
 class Pods:
@@ -90,7 +93,7 @@ def test_two_trainer_pods_rendezvous_at_pod_zero_and_train_to_the_end(
         "redis": {"external": {"url": redis_server.url}},
         **{svc: {"port": free_port()} for svc in ("inference", "reward", "rollout")},
         "trainer": {"port": free_port(), "nodes": 2, "nprocPerNode": 1, "rendezvous": {"port": free_port()},
-                    "persistence": {"existingClaim": "shared", "mountPath": str(runs)}},
+                    "persistence": {"mountPath": str(runs)}},
         "config": {"model": {"path": str(demo_model)},
                    "rollout": {"dataset": str(REPO / "examples" / "data" / "arithmetic.jsonl")},
                    "trainer": {"total_steps": STEPS, "checkpoint_every": 3, "groups_per_step": 4,
@@ -115,8 +118,12 @@ def test_two_trainer_pods_rendezvous_at_pod_zero_and_train_to_the_end(
            "PYTHONUNBUFFERED": "1"}
     for svc in ("inference", "reward"):
         pods.start(svc, _in_pod(hosts, [sys.executable, "-m", "relayrl.cli", "serve", svc, str(config)]), env)
+    runs.mkdir()
+    volumes = {index: tmp_path / f"trainer-{index}-volume" for index in (0, 1)}  # one PVC per pod, not shared
     for index in (1, 0):  # pod 1 first: rank 0 must still land on pod 0
-        pods.start(f"trainer-{index}", _in_pod(hosts, ["sh", "-c", script]), {**env, "POD_NAME": f"{name}-{index}"})
+        volumes[index].mkdir()
+        pods.start(f"trainer-{index}", _in_pod(hosts, ["sh", "-c", script], (volumes[index], runs)),
+                   {**env, "POD_NAME": f"{name}-{index}"})
     pods.start("rollout", _in_pod(hosts, [sys.executable, "-m", "relayrl.cli", "serve", "rollout", str(config)]), env)
 
     deadline = time.monotonic() + 300
@@ -131,7 +138,10 @@ def test_two_trainer_pods_rendezvous_at_pod_zero_and_train_to_the_end(
 
     assert "[trainer rank=0]" in pods.log("trainer-0") and "[trainer rank=1]" not in pods.log("trainer-0")
     assert "[trainer rank=1]" in pods.log("trainer-1") and "[trainer rank=0]" not in pods.log("trainer-1")
-    rows = [json.loads(line) for line in (runs / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (volumes[0] / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert {r["world_size"] for r in rows} == {2}
-    assert sorted(p.name for p in (runs / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    checkpoints = volumes[0] / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000003", "step_000006"]
+    assert {p.name for p in (checkpoints / "step_000006").glob("rank*.pt")} == {"rank0.pt", "rank1.pt"}
+    assert not (volumes[1] / "checkpoints").exists()  # pod 1 never needs pod 0's volume

@@ -121,9 +121,6 @@ message instead of pods crash-looping on a config error.
 {{- if and .Values.trainer.gpu (ne (toString (dig "model" "device" "cpu" $cfg)) "cuda") }}
 {{- fail "with trainer.gpu, config.model.device must be cuda (each rank uses the GPU of its local rank), not cuda:N" }}
 {{- end }}
-{{- if and (gt (int .Values.trainer.nodes) 1) (not .Values.trainer.persistence.existingClaim) }}
-{{- fail "trainer.nodes > 1 needs trainer.persistence.existingClaim: every rank writes its part of a checkpoint into one directory and reads the whole checkpoint on resume, so all trainer pods must share the checkpoint storage" }}
-{{- end }}
 {{- if and (not .Values.models.createTiny) (not .Values.models.volume) }}
 {{- fail "models.createTiny is false, so models.volume must hold the model directory (config.model.path)" }}
 {{- end }}
