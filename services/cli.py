@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -61,6 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="", metavar="NAME",
                         help="health service name, e.g. relayrl.v1.InferenceService (default: the server)")
     health.add_argument("--timeout", type=float, default=3.0, metavar="S", help="deadline of the call in seconds")
+
+    status = sub.add_parser("status", help="live state: versions per service, queue lag, throughput, staleness, "
+                                           "reward")
+    status.add_argument("target", help="run folder, run config file, or one service's HOST:PORT")
+    status.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    status.add_argument("--timeout", type=float, default=3.0, metavar="S", help="deadline of each call")
+
+    control = sub.add_parser("control", help="operate a running stack: pause/resume generation, checkpoint now")
+    control.add_argument("action", choices=("pause", "resume", "checkpoint"))
+    control.add_argument("target", help="run folder or run config file (gives the service addresses)")
+    control.add_argument("--reason", default="", help="free text for the services' logs")
+    control.add_argument("--token-env", default="RELAYRL_CONTROL_TOKEN", metavar="VAR",
+                         help="environment variable with the bearer token (when the stack requires one)")
 
     plot = sub.add_parser("plot", help="draw metrics.jsonl (reward and staleness against step) as a PNG")
     plot.add_argument("metrics", type=Path, help="metrics.jsonl or a run folder")
@@ -143,6 +157,43 @@ def _cmd_health(args: argparse.Namespace) -> int:
     return 0 if serving else 1
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from relayrl.status import collect, render, resolve
+
+    state = asyncio.run(collect(resolve(args.target), args.timeout))
+    print(json.dumps(state, indent=1) if args.json else render(state))
+    return 1 if any("error" in s for s in state["services"].values()) else 0
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    from relayrl.client import RolloutClient, TrainerClient
+    from relayrl.common.service import as_dict
+    from relayrl.status import resolve
+
+    target = resolve(args.target)
+    if target.cfg is None:
+        print(f"relayrl: {args.target} is not a run folder or config file", file=sys.stderr)
+        return EXIT_CONFIG
+    token = os.environ.get(args.token_env, "")
+
+    async def act() -> object:
+        if args.action == "checkpoint":
+            async with TrainerClient(target.cfg.trainer.server.target, token=token) as trainer:
+                return await trainer.request_checkpoint(args.reason)
+        async with RolloutClient(target.cfg.rollout.server.target, token=token) as rollout:
+            return await (rollout.pause(args.reason) if args.action == "pause" else rollout.resume())
+
+    import grpc
+
+    try:
+        reply = asyncio.run(act())
+    except grpc.aio.AioRpcError as exc:
+        print(f"relayrl: {args.action} failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    print(json.dumps(as_dict(reply), indent=1))  # type: ignore[arg-type]
+    return 0
+
+
 def _cmd_debug(args: argparse.Namespace) -> int:
     from relayrl.trainer.collective_debug import main as collectives_main
 
@@ -150,7 +201,8 @@ def _cmd_debug(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
-            "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health}
+            "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health, "status": _cmd_status,
+            "control": _cmd_control}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 
 from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
+from relayrl.common.control import ControlConfig
 from relayrl.common.model import ModelConfig
 from relayrl.common.redis_config import RedisConfig
 from relayrl.inference.config import InferenceConfig
@@ -44,6 +45,8 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    control: ControlConfig = field(default_factory=ControlConfig, metadata={
+        "help": "Control plane: the bearer token of mutating calls (pause/resume, checkpoint)."})
 
     def validate(self) -> None:
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:

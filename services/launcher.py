@@ -135,10 +135,11 @@ class Launcher:
         return replace(
             cfg, output_dir=self.out,
             model=replace(cfg.model, path=cfg.model.path.resolve()),
-            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server)),
+            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server),
+                            http=local_http(cfg.rollout.http)),
             inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http)),
             reward=replace(cfg.reward, server=local(cfg.reward.server)),
-            trainer=replace(cfg.trainer, server=local(cfg.trainer.server)),
+            trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http)),
         )
 
     def _target(self, name: str) -> str:

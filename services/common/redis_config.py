@@ -11,7 +11,7 @@ from relayrl.common.config import ConfigError
 class RedisConfig:
     url: str = field(default="", metadata={
         "help": "redis:// URL of an existing server. Empty: `relayrl run` starts an embedded redis-server "
-                "on a free port (AOF everysec, noeviction)."})
+                "on a free port (AOF everysec, noeviction).", "secret": "password"})
     stream: str = field(default="relayrl:episodes", metadata={"help": "Stream key that carries episodes."})
     group: str = field(default="trainer", metadata={"help": "Consumer group of the trainer."})
     retry_s: float = field(default=60.0, metadata={

@@ -63,9 +63,17 @@ class RolloutWorker:
         self._appending: set[asyncio.Future[None]] = set()
         self._record_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self.paused = False  # by an operator: admit no new group
 
     def can_admit(self) -> bool:
-        return self.running < self.cfg.max_concurrent_groups and self.admission.can_admit(self.trainer_view)
+        return (not self.paused and self.running < self.cfg.max_concurrent_groups
+                and self.admission.can_admit(self.trainer_view))
+
+    def set_paused(self, paused: bool, reason: str = "") -> None:
+        if paused != self.paused:
+            log.info("generation %s%s", "paused" if paused else "resumed", f" ({reason})" if reason else "")
+        self.paused = paused
+        self._wake.set()
 
     async def refresh_trainer(self) -> None:
         try:

@@ -8,6 +8,7 @@ from typing import Literal
 
 from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import ServerConfig, server_config
+from relayrl.common.http import HttpConfig, http_config
 from relayrl.common.weights import DEFAULT_CHUNK_BYTES
 from relayrl.trainer.loss import AdvantageEstimator, OffPolicyCorrection
 from relayrl.trainer.weight_sync import WeightTransport
@@ -82,6 +83,8 @@ class TrainerConfig:
         "help": "auto: restore the newest complete checkpoint under <output_dir>/checkpoints if there is one."})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
+    http: HttpConfig = field(default_factory=lambda: http_config(8004), metadata={
+        "help": "REST control plane (status, control calls, config), /healthz and /metrics."})
     server: ServerConfig = field(default_factory=lambda: server_config(50054), metadata={
         "help": "gRPC server of this service."})
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from relayrl.common.http import HttpServer
 from relayrl.common.probe import WeightVerificationError
 from relayrl.config import RunConfig
 from relayrl.trainer.collectives import Collectives, CollectiveTimeout
@@ -53,10 +54,14 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     coll = init_collectives(cfg)
     service = TrainerService(cfg, coll)
-    handle = create_trainer_server(service) if coll.rank == 0 else None
+    handle, servicer = create_trainer_server(service) if coll.rank == 0 else (None, None)
+    tc = cfg.trainer
+    http = HttpServer(servicer.http_app(), tc.http, "trainer") if servicer is not None and tc.http.enabled else None
     if handle is not None:
         await handle.start()
         log.info("trainer status on port %d (world size %d)", handle.port, coll.world_size)
+    if http is not None:
+        await http.start()
     train = asyncio.create_task(service.train())
     watchdog = asyncio.create_task(service.watch_inference()) if coll.rank == 0 else None
     stopper = asyncio.create_task(stop.wait())
@@ -88,6 +93,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
         stopper.cancel()
         if watchdog is not None:
             watchdog.cancel()
+        if http is not None:
+            await http.stop()
         if handle is not None:
             await handle.stop(cfg.trainer.server.shutdown_grace_s)
         await service.close()

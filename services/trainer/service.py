@@ -32,11 +32,14 @@ from typing import Any
 import grpc
 import torch
 import torch.distributed as dist
+from fastapi import FastAPI
 
+from relayrl.common.control import redacted_yaml, require_token
+from relayrl.common.control_api import control_app
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText, ServingState
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest
 from relayrl.common.retry import redis_retry
@@ -48,6 +51,7 @@ from relayrl.rollout.dataset import load_jsonl
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point, save_checkpoint
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner, StepStats
+from relayrl.trainer.metrics import trainer_metrics
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -164,6 +168,10 @@ class TrainerService:
             WeightPublisher.default_probe(self.model, self.tokenizer, tc.probe_sequences, tc.probe_tokens, cfg.seed),
             tc.probe_tolerance or None)
         self.last_push: PushResult | None = None
+        self.checkpoint_requested = False  # rank 0, by the control plane; all ranks learn it with the next version
+        self._checkpoint_now = False
+        self.last_checkpoint_step = 0
+        self.staleness_counts: dict[int, int] = {}  # samples trained per staleness (rank 0, global, for metrics)
         already_done: set[str] = set()
         counters: dict[str, Any] = {}
         if self.resumed_from is not None:
@@ -202,21 +210,24 @@ class TrainerService:
             component=self.header.message(), step=self.step, weight_version=self.weight_version,
             episodes_trained=self.episodes_trained, episodes_dropped_stale=self.episodes_dropped_stale,
             groups_per_step=self.cfg.trainer.groups_per_step, finished=self.finished, publishing=self.publishing,
-            groups_dropped_stale=self.groups_dropped_stale)
+            groups_dropped_stale=self.groups_dropped_stale, checkpoint_pending=self.checkpoint_requested,
+            last_checkpoint_step=self.last_checkpoint_step)
 
     async def publish(self, policy_step: int) -> int:
         """Rank 0 allocates a fresh version from the durable counter, records its lineage and policy step, and
         pushes the (full, replicated) weights; every rank learns the version by a broadcast from rank 0."""
-        version = torch.zeros(1, dtype=torch.int64)
+        message = torch.zeros(2, dtype=torch.int64)  # [version, checkpoint requested by an operator]
         if self.is_main:
             self.publishing = True
             try:
-                version[0] = await self._allocate_and_push(policy_step,
+                message[0] = await self._allocate_and_push(policy_step,
                                                            self.weight_version or await self._served_version())
             finally:
                 self.publishing = False
-        await asyncio.to_thread(self.coll.broadcast, version, 0, "published_version")
-        self.weight_version = int(version[0])
+            message[1] = int(self.checkpoint_requested)
+        await asyncio.to_thread(self.coll.broadcast, message, 0, "published_version")
+        self.weight_version = int(message[0])
+        self._checkpoint_now = bool(message[1])  # every rank agrees to checkpoint after this step
         return self.weight_version
 
     async def watch_inference(self, interval_s: float = 2.0) -> None:
@@ -361,7 +372,8 @@ class TrainerService:
                 self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
                     self.stream.dropped, "count drops", self.cfg.redis.retry_s)
             self._log_step(summary, episodes, stats, time.monotonic() - t_step)
-            if tc.checkpoint_every and self.step % tc.checkpoint_every == 0 and self.step < tc.total_steps:
+            due = bool(tc.checkpoint_every) and self.step % tc.checkpoint_every == 0
+            if (due or self._checkpoint_now) and self.step < tc.total_steps:
                 await self.checkpoint_and_ack()
         await self.checkpoint_and_ack()
         self.finished = True
@@ -396,6 +408,9 @@ class TrainerService:
         ids = self.collector.unacked + self.collector.done_on_resume
         acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.cfg.redis.retry_s)
         log.info("checkpoint at step %d durable; acknowledged %d groups", self.step, acked)
+        self.last_checkpoint_step = self.step
+        if self._checkpoint_now:  # the operator's request (broadcast with this step's version) is served
+            self.checkpoint_requested = self._checkpoint_now = False
         self.collector.consumed_ids, self.collector.unacked, self.collector.done_on_resume = [], [], []
 
     def _log_step(self, summary: dict[str, Any], episodes: list[Episode], stats: StepStats, step_s: float) -> None:
@@ -428,6 +443,8 @@ class TrainerService:
             row |= {"weight_sync_s": self.last_push.seconds, "weight_sync_bytes": self.last_push.bytes_sent,
                     "probe_max_diff": self.last_push.probe_max_diff}
         self._last_step_t = now
+        for lag, count in summary["staleness_hist"].items():
+            self.staleness_counts[int(lag)] = self.staleness_counts.get(int(lag), 0) + count
         self._write_metrics(row)
         log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,
                  row["reward_mean"], row["staleness_max"], stats.loss)
@@ -443,6 +460,27 @@ class TrainerService:
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     def __init__(self, service: TrainerService) -> None:
         self.service = service
+        self.token = service.cfg.control.effective_token()
+
+    async def request_checkpoint(self, reason: str = "") -> trainer_pb2.CheckpointReply:
+        service = self.service
+        if not service.checkpoint_requested:
+            log.info("checkpoint requested after step %d%s", service.step + 1, f" ({reason})" if reason else "")
+        service.checkpoint_requested = True
+        return trainer_pb2.CheckpointReply(after_step=service.step + 1)
+
+    async def RequestCheckpoint(self, request: trainer_pb2.CheckpointRequest,
+                                context: grpc.aio.ServicerContext) -> trainer_pb2.CheckpointReply:
+        await require_token(context, self.token)
+        return await self.request_checkpoint(request.reason)
+
+    async def GetConfig(self, request: GetConfigRequest, context: grpc.aio.ServicerContext) -> RunConfigText:
+        return RunConfigText(yaml=redacted_yaml(self.service.cfg))
+
+    def http_app(self) -> FastAPI:
+        service = self.service
+        return control_app("trainer", service.status, lambda: redacted_yaml(service.cfg), self.token,
+                           trainer_metrics(service), {"/checkpoint": self.request_checkpoint})
 
     async def GetStatus(self, request: trainer_pb2.GetTrainerStatusRequest,
                         context: grpc.aio.ServicerContext) -> trainer_pb2.TrainerStatus:
@@ -452,9 +490,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return self.service.status()
 
 
-def create_trainer_server(service: TrainerService) -> ServerHandle:
+def create_trainer_server(service: TrainerService) -> tuple[ServerHandle, TrainerServicer]:
     tc = service.cfg.trainer
     servicer = TrainerServicer(service)
-    return create_server(
+    handle = create_server(
         tc.server, [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
         [trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name])
+    return handle, servicer

@@ -42,7 +42,7 @@ async def _run(cfg: RunConfig, model_dir: Path) -> dict[str, Any]:
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
         trainer = TrainerService(replace(cfg, inference=replace(
             cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
-        handle = create_trainer_server(trainer)
+        handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
         async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \

@@ -25,17 +25,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17relayrl/v1/common.proto\x12\nrelayrl.v1\"\x8e\x01\n\x0f\x43omponentStatus\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.relayrl.v1.ServingState\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x18\n\x10software_version\x18\x05 \x01(\t*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03*\x9b\x01\n\x0cServingState\x12\x1d\n\x19SERVING_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SERVING_STATE_STARTING\x10\x01\x12\x19\n\x15SERVING_STATE_SERVING\x10\x02\x12\x1a\n\x16SERVING_STATE_DRAINING\x10\x03\x12\x19\n\x15SERVING_STATE_STOPPED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17relayrl/v1/common.proto\x12\nrelayrl.v1\"\x8e\x01\n\x0f\x43omponentStatus\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.relayrl.v1.ServingState\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x18\n\x10software_version\x18\x05 \x01(\t\"\x12\n\x10GetConfigRequest\"\x1d\n\rRunConfigText\x12\x0c\n\x04yaml\x18\x01 \x01(\t*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03*\x9b\x01\n\x0cServingState\x12\x1d\n\x19SERVING_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SERVING_STATE_STARTING\x10\x01\x12\x19\n\x15SERVING_STATE_SERVING\x10\x02\x12\x1a\n\x16SERVING_STATE_DRAINING\x10\x03\x12\x19\n\x15SERVING_STATE_STOPPED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=184
-  _globals['_FINISHREASON']._serialized_end=310
-  _globals['_SERVINGSTATE']._serialized_start=313
-  _globals['_SERVINGSTATE']._serialized_end=468
+  _globals['_FINISHREASON']._serialized_start=235
+  _globals['_FINISHREASON']._serialized_end=361
+  _globals['_SERVINGSTATE']._serialized_start=364
+  _globals['_SERVINGSTATE']._serialized_end=519
   _globals['_COMPONENTSTATUS']._serialized_start=40
   _globals['_COMPONENTSTATUS']._serialized_end=182
+  _globals['_GETCONFIGREQUEST']._serialized_start=184
+  _globals['_GETCONFIGREQUEST']._serialized_end=202
+  _globals['_RUNCONFIGTEXT']._serialized_start=204
+  _globals['_RUNCONFIGTEXT']._serialized_end=233
 # @@protoc_insertion_point(module_scope)

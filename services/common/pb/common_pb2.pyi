@@ -43,3 +43,13 @@ class ComponentStatus(_message.Message):
     uptime_s: float
     software_version: str
     def __init__(self, component: _Optional[str] = ..., instance_id: _Optional[str] = ..., state: _Optional[_Union[ServingState, str]] = ..., uptime_s: _Optional[float] = ..., software_version: _Optional[str] = ...) -> None: ...
+
+class GetConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunConfigText(_message.Message):
+    __slots__ = ("yaml",)
+    YAML_FIELD_NUMBER: _ClassVar[int]
+    yaml: str
+    def __init__(self, yaml: _Optional[str] = ...) -> None: ...

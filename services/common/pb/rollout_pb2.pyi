@@ -12,7 +12,7 @@ class GetRolloutStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version")
+    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version", "paused")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     GROUPS_PRODUCED_FIELD_NUMBER: _ClassVar[int]
     EPISODES_PRODUCED_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class RolloutStatus(_message.Message):
     DATASET_EPOCH_FIELD_NUMBER: _ClassVar[int]
     DATASET_INDEX_FIELD_NUMBER: _ClassVar[int]
     TRAINER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     groups_produced: int
     episodes_produced: int
@@ -29,4 +30,15 @@ class RolloutStatus(_message.Message):
     dataset_epoch: int
     dataset_index: int
     trainer_version: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ...) -> None: ...
+    paused: bool
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class PauseRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

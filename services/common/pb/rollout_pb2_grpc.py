@@ -4,6 +4,7 @@
 import grpc
 import warnings
 
+from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 from relayrl.common.pb import rollout_pb2 as relayrl_dot_v1_dot_rollout__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -27,7 +28,9 @@ if _version_not_supported:
 
 
 class RolloutServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Control calls that change state (Pause, Resume) require `authorization: Bearer <token>` metadata when a
+    control token is configured (UNAUTHENTICATED otherwise). All calls are idempotent.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -40,12 +43,48 @@ class RolloutServiceStub:
                 request_serializer=relayrl_dot_v1_dot_rollout__pb2.GetRolloutStatusRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/relayrl.v1.RolloutService/Pause',
+                request_serializer=relayrl_dot_v1_dot_rollout__pb2.PauseRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/relayrl.v1.RolloutService/Resume',
+                request_serializer=relayrl_dot_v1_dot_rollout__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+                _registered_method=True)
+        self.GetConfig = channel.unary_unary(
+                '/relayrl.v1.RolloutService/GetConfig',
+                request_serializer=relayrl_dot_v1_dot_common__pb2.GetConfigRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_common__pb2.RunConfigText.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Control calls that change state (Pause, Resume) require `authorization: Bearer <token>` metadata when a
+    control token is configured (UNAUTHENTICATED otherwise). All calls are idempotent.
+    """
 
     def GetStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pause(self, request, context):
+        """Stop admitting new groups; those in flight finish and reach the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConfig(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,6 +98,21 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     request_deserializer=relayrl_dot_v1_dot_rollout__pb2.GetRolloutStatusRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.SerializeToString,
             ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=relayrl_dot_v1_dot_rollout__pb2.PauseRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=relayrl_dot_v1_dot_rollout__pb2.ResumeRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.SerializeToString,
+            ),
+            'GetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConfig,
+                    request_deserializer=relayrl_dot_v1_dot_common__pb2.GetConfigRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_common__pb2.RunConfigText.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'relayrl.v1.RolloutService', rpc_method_handlers)
@@ -68,7 +122,9 @@ def add_RolloutServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RolloutService:
-    """Missing associated documentation comment in .proto file."""
+    """Control calls that change state (Pause, Resume) require `authorization: Bearer <token>` metadata when a
+    control token is configured (UNAUTHENTICATED otherwise). All calls are idempotent.
+    """
 
     @staticmethod
     def GetStatus(request,
@@ -87,6 +143,87 @@ class RolloutService:
             '/relayrl.v1.RolloutService/GetStatus',
             relayrl_dot_v1_dot_rollout__pb2.GetRolloutStatusRequest.SerializeToString,
             relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.RolloutService/Pause',
+            relayrl_dot_v1_dot_rollout__pb2.PauseRequest.SerializeToString,
+            relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.RolloutService/Resume',
+            relayrl_dot_v1_dot_rollout__pb2.ResumeRequest.SerializeToString,
+            relayrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.RolloutService/GetConfig',
+            relayrl_dot_v1_dot_common__pb2.GetConfigRequest.SerializeToString,
+            relayrl_dot_v1_dot_common__pb2.RunConfigText.FromString,
             options,
             channel_credentials,
             insecure,

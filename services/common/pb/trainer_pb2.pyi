@@ -12,7 +12,7 @@ class GetTrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale")
+    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "checkpoint_pending", "last_checkpoint_step")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class TrainerStatus(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     PUBLISHING_FIELD_NUMBER: _ClassVar[int]
     GROUPS_DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PENDING_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     step: int
     weight_version: int
@@ -31,4 +33,18 @@ class TrainerStatus(_message.Message):
     finished: bool
     publishing: bool
     groups_dropped_stale: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ...) -> None: ...
+    checkpoint_pending: bool
+    last_checkpoint_step: int
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., checkpoint_pending: _Optional[bool] = ..., last_checkpoint_step: _Optional[int] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class CheckpointReply(_message.Message):
+    __slots__ = ("after_step",)
+    AFTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    after_step: int
+    def __init__(self, after_step: _Optional[int] = ...) -> None: ...

@@ -4,6 +4,7 @@
 import grpc
 import warnings
 
+from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 from relayrl.common.pb import trainer_pb2 as relayrl_dot_v1_dot_trainer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -40,12 +41,36 @@ class TrainerServiceStub:
                 request_serializer=relayrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
                 _registered_method=True)
+        self.RequestCheckpoint = channel.unary_unary(
+                '/relayrl.v1.TrainerService/RequestCheckpoint',
+                request_serializer=relayrl_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_trainer__pb2.CheckpointReply.FromString,
+                _registered_method=True)
+        self.GetConfig = channel.unary_unary(
+                '/relayrl.v1.TrainerService/GetConfig',
+                request_serializer=relayrl_dot_v1_dot_common__pb2.GetConfigRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_common__pb2.RunConfigText.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequestCheckpoint(self, request, context):
+        """Ask for a checkpoint after the current step (all ranks take it together). Requires
+        `authorization: Bearer <token>` metadata when a control token is configured. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConfig(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -58,6 +83,16 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=relayrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.SerializeToString,
+            ),
+            'RequestCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestCheckpoint,
+                    request_deserializer=relayrl_dot_v1_dot_trainer__pb2.CheckpointRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_trainer__pb2.CheckpointReply.SerializeToString,
+            ),
+            'GetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConfig,
+                    request_deserializer=relayrl_dot_v1_dot_common__pb2.GetConfigRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_common__pb2.RunConfigText.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +122,60 @@ class TrainerService:
             '/relayrl.v1.TrainerService/GetStatus',
             relayrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
             relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.TrainerService/RequestCheckpoint',
+            relayrl_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
+            relayrl_dot_v1_dot_trainer__pb2.CheckpointReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.TrainerService/GetConfig',
+            relayrl_dot_v1_dot_common__pb2.GetConfigRequest.SerializeToString,
+            relayrl_dot_v1_dot_common__pb2.RunConfigText.FromString,
             options,
             channel_credentials,
             insecure,

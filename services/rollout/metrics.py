@@ -1,0 +1,37 @@
+"""Prometheus series of the rollout service, read from its status at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from relayrl.common.pb.rollout_pb2 import RolloutStatus
+
+
+class _StatusCollector(Collector):
+    def __init__(self, status: Callable[[], RolloutStatus]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._status()
+        yield CounterMetricFamily("relayrl_rollout_groups_produced", "Groups appended to the stream by this process.",
+                                  value=s.groups_produced)
+        yield CounterMetricFamily("relayrl_rollout_episodes_produced", "Episodes appended to the stream by this "
+                                  "process.", value=s.episodes_produced)
+        yield CounterMetricFamily("relayrl_rollout_group_failures", "Failed group attempts (retried or skipped).",
+                                  value=s.groups_failed)
+        yield GaugeMetricFamily("relayrl_rollout_groups_running", "Groups being generated or scored.",
+                                value=s.groups_running)
+        yield GaugeMetricFamily("relayrl_rollout_paused", "1 while generation is paused by an operator.",
+                                value=int(s.paused))
+        yield GaugeMetricFamily("relayrl_rollout_trainer_weight_version", "Trainer weight version the admission "
+                                "control last saw.", value=s.trainer_version)
+
+
+def rollout_metrics(status: Callable[[], RolloutStatus]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(_StatusCollector(status))
+    return registry

@@ -1,0 +1,145 @@
+"""`relayrl status`: live state of a running stack, through the typed clients (and Redis, and metrics.jsonl).
+
+TARGET is a run folder (its resolved config.yaml gives every address, its metrics.jsonl the recent training
+figures), a run config file, or one service's HOST:PORT (its kind is found by asking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from relayrl.client import InferenceClient, RewardClient, RolloutClient, ServiceClient, TrainerClient
+from relayrl.common.service import as_dict
+from relayrl.config import RunConfig, load_run_config
+
+CLIENTS: dict[str, type[ServiceClient]] = {"inference": InferenceClient, "reward": RewardClient,
+                                           "rollout": RolloutClient, "trainer": TrainerClient}
+
+
+@dataclass
+class Target:
+    cfg: RunConfig | None
+    run_dir: Path | None
+    address: str | None
+
+
+def resolve(target: str) -> Target:
+    path = Path(target)
+    if path.is_dir():
+        return Target(load_run_config(path / "config.yaml"), path, None)
+    if path.is_file():
+        return Target(load_run_config(path), None, None)
+    return Target(None, None, target)
+
+
+async def _service_status(kind: str, address: str, timeout_s: float) -> dict[str, Any]:
+    async with CLIENTS[kind](address, timeout_s=timeout_s, retries=1) as client:
+        try:
+            return {"address": address, **as_dict(await client.status())}  # type: ignore[attr-defined]
+        except grpc.aio.AioRpcError as exc:
+            return {"address": address, "error": f"{exc.code().name}: {exc.details()}"}
+
+
+async def _identify(address: str, timeout_s: float) -> tuple[str, dict[str, Any]]:
+    for kind in CLIENTS:
+        status = await _service_status(kind, address, timeout_s)
+        if not str(status.get("error", "")).startswith("UNIMPLEMENTED"):
+            return kind, status
+    return "unknown", {"address": address, "error": "no relayrl service answers there"}
+
+
+async def _queue(cfg: RunConfig) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(cfg.redis.url, socket_timeout=3)
+    try:
+        groups = await client.xinfo_groups(cfg.redis.stream)
+        length = await client.xlen(cfg.redis.stream)
+    except Exception as exc:  # status must report what it can, whatever is down
+        return {"error": str(exc)}
+    finally:
+        await client.aclose()
+    group = next((g for g in groups if g["name"].decode() == cfg.redis.group), None)
+    return {"length": length, "lag": group.get("lag") if group else None,
+            "pending": group.get("pending") if group else None}
+
+
+def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line being written
+            continue
+        if row.get("phase", "rl") == "rl":
+            rows.append(row)
+    recent = rows[-window:]
+    if not recent:
+        return {}
+    mean = lambda key: sum(r.get(key, 0.0) for r in recent) / len(recent)  # noqa: E731
+    return {"step": recent[-1]["step"], "reward_mean": mean("reward_mean"), "staleness_mean": mean("staleness_mean"),
+            "staleness_max": max(r.get("staleness_max", 0) for r in recent),
+            "episodes_per_s": mean("episodes_per_s"), "window_steps": len(recent)}
+
+
+async def collect(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
+    if target.address is not None:
+        kind, status = await _identify(target.address, timeout_s)
+        return {"services": {kind: status}}
+    assert target.cfg is not None
+    cfg = target.cfg
+    kinds = list(CLIENTS)
+    statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s) for k in kinds))
+    out: dict[str, Any] = {"services": dict(zip(kinds, statuses, strict=True))}
+    if cfg.redis.url:
+        out["queue"] = await _queue(cfg)
+    if target.run_dir is not None:
+        out["training"] = _training(target.run_dir)
+    return out
+
+
+def render(state: dict[str, Any]) -> str:
+    lines = []
+    versions = []
+    for kind, st in state["services"].items():
+        if "error" in st:
+            lines.append(f"{kind:<10} {st['address']:<22} DOWN  {st['error']}")
+            continue
+        comp = st.get("component", {})
+        detail = {
+            "inference": lambda s: f"serves v{s.get('weight_version')}  {s.get('sequences_running', 0)} sequences "
+                                   f"running, {s.get('requests_queued', 0)} queued",
+            "reward": lambda s: f"{s.get('requests_served', s.get('scored', ''))} scored",
+            "rollout": lambda s: f"{s.get('groups_produced')} groups produced, {s.get('groups_running')} running"
+                                 f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}",
+            "trainer": lambda s: f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
+                                 f"episodes trained, {s.get('episodes_dropped_stale')} dropped stale"
+                                 f"{', FINISHED' if s.get('finished') else ''}",
+        }.get(kind, lambda s: "")(st)
+        state_name = str(comp.get("state", "")).removeprefix("SERVING_STATE_")
+        lines.append(f"{kind:<10} {st['address']:<22} {state_name:<8} {detail}")
+        if "weight_version" in st:
+            versions.append(int(st["weight_version"]))
+    if len(set(versions)) > 1:
+        lines.append(f"versions differ between services: {sorted(set(versions))} (a publication in flight, or a "
+                     "service restarted)")
+    queue = state.get("queue")
+    if queue:
+        lines.append("queue      " + (f"error: {queue['error']}" if "error" in queue else
+                                      f"{queue['length']} entries, consumer lag {queue['lag']}, "
+                                      f"pending (delivered, not yet durable) {queue['pending']}"))
+    training = state.get("training")
+    if training:
+        lines.append(f"training   last {training['window_steps']} steps to step {training['step']}: reward "
+                     f"{training['reward_mean']:.3f}, staleness mean {training['staleness_mean']:.2f} max "
+                     f"{training['staleness_max']}, {training['episodes_per_s']:.0f} episodes/s")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Prometheus series of the trainer (rank 0), read from the service's state at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from relayrl.trainer.service import TrainerService
+
+
+class _TrainerCollector(Collector):
+    def __init__(self, service: TrainerService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._service
+        yield GaugeMetricFamily("relayrl_trainer_step", "Optimizer steps done.", value=s.step)
+        yield GaugeMetricFamily("relayrl_trainer_weight_version", "Weight version of the trainer's latest "
+                                "publication.", value=s.weight_version)
+        yield CounterMetricFamily("relayrl_trainer_episodes_trained", "Episodes trained on.",
+                                  value=s.episodes_trained)
+        yield CounterMetricFamily("relayrl_trainer_episodes_dropped_stale", "Episodes dropped beyond the staleness "
+                                  "bound (all ranks and restarts).", value=s.episodes_dropped_stale)
+        yield CounterMetricFamily("relayrl_trainer_groups_dropped_stale", "Groups dropped beyond the staleness "
+                                  "bound.", value=s.groups_dropped_stale)
+        yield GaugeMetricFamily("relayrl_trainer_last_checkpoint_step", "Step of the newest durable checkpoint.",
+                                value=s.last_checkpoint_step)
+        counts = sorted(s.staleness_counts.items())
+        buckets, total = [], 0
+        for lag, count in counts:
+            total += count
+            buckets.append((str(float(lag)), float(total)))
+        buckets.append(("+Inf", float(total)))
+        yield HistogramMetricFamily("relayrl_trainer_sample_staleness_steps", "Staleness of trained samples in "
+                                    "optimizer steps.", buckets=buckets,
+                                    sum_value=float(sum(lag * c for lag, c in counts)))
+        push = s.last_push
+        if push is not None:
+            yield GaugeMetricFamily("relayrl_trainer_weight_sync_seconds", "Duration of the last weight publication "
+                                    "(snapshot, transfer, swap, probe).", value=push.seconds)
+            yield GaugeMetricFamily("relayrl_trainer_weight_sync_bytes", "Bytes of the last weight publication.",
+                                    value=push.bytes_sent)
+            yield GaugeMetricFamily("relayrl_trainer_probe_max_abs_diff", "Largest |logprob difference| between "
+                                    "trainer and inference on the last probe.", value=push.probe_max_diff)
+
+
+def trainer_metrics(service: TrainerService) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(_TrainerCollector(service))
+    return registry

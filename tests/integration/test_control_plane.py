@@ -1,0 +1,150 @@
+"""The control plane on a live in-process stack: pause/resume generation, checkpoint on request, config views,
+bearer tokens on mutating calls, Prometheus series, and `relayrl status` through the typed clients."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import yaml
+
+from relayrl.client import RolloutClient, TrainerClient
+from relayrl.common.control import ControlConfig, redacted
+from relayrl.common.grpc_utils import create_server, insecure_channel
+from relayrl.common.http import HttpConfig, HttpServer
+from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc, trainer_pb2_grpc
+from relayrl.common.stream import EpisodeStream
+from relayrl.rollout.dataset import PromptCursor, load_jsonl
+from relayrl.rollout.main import RolloutServicer
+from relayrl.rollout.worker import RolloutWorker
+from relayrl.status import Target, collect, render
+from relayrl.tasks.arithmetic import reward
+from relayrl.trainer.service import TrainerService, create_trainer_server
+from tests.conftest import RedisServer
+from tests.integration.helpers import inference_server, reward_server
+from tests.integration.test_rollout_trainer import _config
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def _until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", TOKEN)
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.total_steps=500",
+                  "trainer.checkpoint_every=0", "rollout.max_concurrent_groups=2")
+    http = HttpConfig(host="127.0.0.1", port=0)
+
+    async def go() -> None:
+        async with inference_server(tiny_model_dir) as (inf_target, _), reward_server(reward) as (rew_target, _):
+            trainer = TrainerService(replace(cfg, inference=replace(
+                cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
+            t_handle, t_servicer = create_trainer_server(trainer)
+            t_http = HttpServer(t_servicer.http_app(), http, "trainer")
+            await t_handle.start()
+            await t_http.start()
+            stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+            trainer_target = f"127.0.0.1:{t_handle.port}"
+            async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
+                    insecure_channel(trainer_target) as c:
+                worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
+                                       inference_pb2_grpc.InferenceServiceStub(a),
+                                       reward_pb2_grpc.RewardServiceStub(b), trainer_pb2_grpc.TrainerServiceStub(c))
+                r_servicer = RolloutServicer(worker, cfg)
+                r_handle = create_server(replace(cfg.rollout.server, port=0),
+                                         [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
+                                             r_servicer, s)],
+                                         [rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name])
+                r_http = HttpServer(r_servicer.http_app(), http, "rollout")
+                await r_handle.start()
+                await r_http.start()
+                rollout_target = f"127.0.0.1:{r_handle.port}"
+                stop = asyncio.Event()
+                tasks = [asyncio.create_task(trainer.train()), asyncio.create_task(worker.run(stop))]
+                try:
+                    await _until(lambda: trainer.step >= 2)
+                    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{r_http.port}", timeout=10) as rest:
+                        # pause over REST: refused without the token, then granted
+                        assert (await rest.post("/pause")).status_code == 401
+                        paused = await rest.post("/pause", headers=AUTH)
+                        assert paused.status_code == 200 and paused.json()["paused"] is True
+                        await _until(lambda: worker.running == 0)
+                        produced = worker.groups_produced
+                        await asyncio.sleep(1.0)
+                        assert worker.groups_produced == produced  # nothing new is admitted while paused
+                        metrics = (await rest.get("/metrics")).text
+                        assert "relayrl_rollout_paused 1.0" in metrics
+                        config = yaml.safe_load((await rest.get("/config")).text)
+                        assert config["rollout"]["group_size"] == cfg.rollout.group_size
+                    # resume over gRPC with the typed client
+                    async with RolloutClient(rollout_target, token="wrong") as bad:
+                        with pytest.raises(grpc.aio.AioRpcError) as info:
+                            await bad.resume()
+                        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                    async with RolloutClient(rollout_target, token=TOKEN) as rollout:
+                        assert (await rollout.resume()).paused is False
+                    await _until(lambda: worker.groups_produced > produced)
+                    # a checkpoint on request, though checkpoint_every is 0
+                    async with TrainerClient(trainer_target, token=TOKEN) as client:
+                        reply = await client.request_checkpoint("test")
+                        await _until(lambda: trainer.last_checkpoint_step >= reply.after_step)
+                        status = await client.status()
+                    assert status.last_checkpoint_step >= reply.after_step and not status.checkpoint_pending
+                    assert (cfg.checkpoint_dir / f"step_{trainer.last_checkpoint_step:06d}" / "model").is_dir()
+                    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{t_http.port}", timeout=10) as rest:
+                        assert "relayrl_trainer_step" in (await rest.get("/metrics")).text
+                        assert (await rest.post("/checkpoint")).status_code == 401
+                    # status through the clients: the trainer found by asking, and the run as a whole
+                    one = await collect(Target(None, None, trainer_target))
+                    assert one["services"]["trainer"]["step"] >= 2
+                    live = replace(cfg, trainer=replace(cfg.trainer, server=replace(
+                        cfg.trainer.server, address=trainer_target)), rollout=replace(cfg.rollout, server=replace(
+                            cfg.rollout.server, address=rollout_target)), inference=replace(
+                        cfg.inference, server=replace(cfg.inference.server, address=inf_target)),
+                        reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)))
+                    state = await collect(Target(live, cfg.output_dir, None))
+                    assert all("error" not in s for s in state["services"].values()), state
+                    assert state["queue"]["length"] >= produced and "lag" in state["queue"]
+                    assert state["training"]["step"] >= 2
+                    assert "trainer" in render(state) and "queue" in render(state)
+                finally:
+                    stop.set()
+                    tasks[0].cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    await r_http.stop()
+                    await r_handle.stop(0)
+            await t_http.stop()
+            await t_handle.stop(0)
+            await trainer.close()
+            await stream.close()
+
+    asyncio.run(go())
+
+
+def test_config_views_redact_the_token_and_the_redis_password(tmp_path: Path) -> None:
+    from relayrl.config import load_run_config
+
+    cfg = load_run_config(None, ["redis.url=redis://user:hunter2@db:6379/0", f"control.token={TOKEN}"])
+
+    data = redacted(cfg)
+
+    assert data["control"]["token"] == "***"
+    assert data["redis"]["url"] == "redis://user:***@db:6379/0"
+    assert TOKEN not in str(data) and "hunter2" not in str(data)
+    assert ControlConfig().effective_token() in ("", TOKEN)
