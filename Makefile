@@ -58,7 +58,7 @@ check-reference: $(STAMP)
 
 ## The documentation site (mkdocs, strict: a broken link or a page missing from the nav fails).
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 lint: $(STAMP)
 	$(BIN)/ruff check services tests scripts bench

@@ -144,7 +144,7 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
         if key not in fields:
             raise ConfigError(where, data[key], f"unknown field; known fields: {', '.join(fields)}")
         note = fields[key].metadata.get("deprecated")
-        if note:
+        if note and data[key] != fields[key].default:  # a resolved config.yaml carries the default: no warning
             log.warning("config field %s is deprecated (%s) and will be removed in release %s", where, note,
                         fields[key].metadata.get("removed_in", "?"))
     kwargs: dict[str, Any] = {}

@@ -9,6 +9,7 @@ import torch
 from relayrl.common.grpc_utils import run_until_signal
 from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
+from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.config import RunConfig
 from relayrl.inference.config import EngineKind
 from relayrl.inference.engine import Engine
@@ -40,6 +41,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     try:
         if http is not None:
             await http.start()
+        service.header.state = ServingState.SERVING_STATE_SERVING  # the engine is loaded
         await run_until_signal(handle, cfg.inference.server.shutdown_grace_s, stop)
     finally:
         if http is not None:
