@@ -88,6 +88,18 @@ def test_an_empty_or_missing_metrics_file_returns_no_rows(run_dir: Path, server:
     assert missing["max_staleness"] == 2
 
 
+def test_a_run_folder_that_does_not_exist_yet_is_served_as_waiting(tmp_path: Path) -> None:
+    with DashboardServer(tmp_path / "later", port=0) as srv:
+        srv.start()
+        before = _metrics(srv.url)
+        (tmp_path / "later").mkdir()
+        (tmp_path / "later" / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n")
+        after = _metrics(srv.url, before["offset"], before["file"])
+
+    assert (before["rows"], before["run"], before["finished"]) == ([], "later", False)
+    assert [r["step"] for r in after["rows"]] == [1]
+
+
 def test_a_run_with_its_summary_written_after_the_metrics_is_finished(run_dir: Path,
                                                                        server: DashboardServer) -> None:
     (run_dir / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n")
