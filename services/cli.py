@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -79,7 +80,20 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw metrics.jsonl (reward and staleness against step) as a PNG")
     plot.add_argument("metrics", type=Path, help="metrics.jsonl or a run folder")
     plot.add_argument("-o", "--output", type=Path, default=None, help="PNG path (default: next to metrics)")
+
+    dash = sub.add_parser("dashboard", help="serve a live page of a run's metrics: reward, staleness, throughput "
+                                            "and queue depth against step (Ctrl-C stops it)")
+    dash.add_argument("run_dir", type=Path, help="run folder (holding metrics.jsonl) or a metrics.jsonl file")
+    dash.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
+    dash.add_argument("--port", type=_port, default=0, help="TCP port (0: any free port; the URL is printed)")
     return p
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
+    return port
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -148,6 +162,25 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from relayrl.dashboard import DashboardServer
+
+    setup_logging("dashboard")
+    try:
+        server = DashboardServer(args.run_dir, args.host, args.port)
+    except OSError as exc:
+        print(f"relayrl: cannot serve the dashboard on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    print(f"relayrl dashboard: {server.url} (run {args.run_dir}; Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        logging.getLogger("relayrl.dashboard").info("stopped")
+    finally:
+        server.close()
+    return 0
+
+
 def _cmd_health(args: argparse.Namespace) -> int:
     from relayrl.common.grpc_utils import health_status
 
@@ -202,7 +235,7 @@ def _cmd_debug(args: argparse.Namespace) -> int:
 
 COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
             "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health, "status": _cmd_status,
-            "control": _cmd_control}
+            "control": _cmd_control, "dashboard": _cmd_dashboard}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

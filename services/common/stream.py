@@ -131,6 +131,15 @@ class EpisodeStream:
         values: Any = await self._redis.hvals(self.dropped_key)
         return len(values), sum(int(v) for v in values)
 
+    async def queue_depth(self) -> tuple[int | None, int]:
+        """(lag, pending) of this consumer group, from one XINFO GROUPS: entries not yet delivered to any
+        consumer (None where Redis cannot tell) and entries delivered but not acknowledged."""
+        for g in await self._redis.xinfo_groups(self.stream):
+            if _text(g["name"]) == self.group:
+                lag = g.get("lag")
+                return (int(lag) if lag is not None else None), int(g["pending"])
+        return None, 0
+
     async def info(self) -> GroupInfo:
         length = int(await self._redis.xlen(self.stream))
         for g in await self._redis.xinfo_groups(self.stream):

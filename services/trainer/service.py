@@ -371,7 +371,7 @@ class TrainerService:
             if self.is_main:
                 self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
                     self.stream.dropped, "count drops", self.cfg.redis.retry_s)
-            self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+            await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
             due = bool(tc.checkpoint_every) and self.step % tc.checkpoint_every == 0
             if (due or self._checkpoint_now) and self.step < tc.total_steps:
                 await self.checkpoint_and_ack()
@@ -413,10 +413,12 @@ class TrainerService:
             self.checkpoint_requested = self._checkpoint_now = False
         self.collector.consumed_ids, self.collector.unacked, self.collector.done_on_resume = [], [], []
 
-    def _log_step(self, summary: dict[str, Any], episodes: list[Episode], stats: StepStats, step_s: float) -> None:
+    async def _log_step(self, summary: dict[str, Any], episodes: list[Episode], stats: StepStats,
+                        step_s: float) -> None:
         if not self.is_main:
             return
         now = time.monotonic()
+        queue_lag, queue_pending = await redis_retry(self.stream.queue_depth, "queue depth", self.cfg.redis.retry_s)
         components: dict[str, list[float]] = {}
         for ep in episodes:  # components of rank 0's share (names may differ between ranks)
             for k, v in ep.reward_components.items():
@@ -438,6 +440,7 @@ class TrainerService:
             "completion_len_mean": summary["completion_len_mean"],
             "episodes_per_s": summary["episodes"] / max(now - self._last_step_t, 1e-9),
             "step_time_s": step_s, "time_s": now - self._t0, "world_size": self.coll.world_size,
+            "queue_lag": queue_lag, "queue_pending": queue_pending,
         }
         if self.last_push is not None:
             row |= {"weight_sync_s": self.last_push.seconds, "weight_sync_bytes": self.last_push.bytes_sent,

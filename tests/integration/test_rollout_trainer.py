@@ -84,6 +84,8 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert all(r["episodes"] == 2 * 4 for r in rows)
     assert all(r["staleness_max"] <= max_staleness for r in rows)
     assert all(sum(r["staleness_hist"].values()) == r["episodes"] for r in rows)
+    assert all(r["queue_lag"] >= 0 and 0 <= r["queue_pending"] <= r["groups_trained"] + r["groups_dropped_stale"]
+               for r in rows)
     assert out["inference_version"] == first_version + 4
     assert out["trained"] == 4 * 2  # groups
     assert rows[-1]["episodes_trained"] == 4 * 2 * 4

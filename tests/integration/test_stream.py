@@ -41,6 +41,24 @@ def test_appended_groups_are_read_whole_in_order_and_acked(redis_server: RedisSe
     asyncio.run(go())
 
 
+def test_queue_depth_counts_unread_and_unacknowledged_groups(redis_server: RedisServer) -> None:
+    async def go() -> list[tuple[int | None, int]]:
+        stream = EpisodeStream.from_url(redis_server.url, "s", "g")
+        await stream.ensure_group()
+        depths = [await stream.queue_depth()]
+        for name in "abcd":
+            await stream.append(_group(name, 2))
+        depths.append(await stream.queue_depth())
+        entries = await stream.read("c1", count=3, block_ms=100)
+        depths.append(await stream.queue_depth())
+        await stream.ack([entries[0].entry_id])
+        depths.append(await stream.queue_depth())
+        await stream.close()
+        return depths
+
+    assert asyncio.run(go()) == [(0, 0), (4, 0), (1, 3), (1, 2)]
+
+
 def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill(
         redis_server: RedisServer) -> None:
     async def produce_and_read() -> None:
