@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from relayrl.common.model import ModelConfig, load_model, load_tokenizer
-from relayrl.inference.engine import GenerationInput, NativeEngine
+from relayrl.inference.engine import GenerationInput, generate
+from relayrl.inference.native import NativeEngine
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +20,7 @@ def test_cuda_engine_logprobs_match_a_cpu_forward_of_the_same_samples(tiny_model
                               torch.device("cuda"))
     cpu_model = load_model(ModelConfig(path=tiny_model_dir))
 
-    [samples] = gpu_engine.generate([GenerationInput(prompt_ids=[3, 4, 5], n=8, max_new_tokens=6)])
+    [samples] = generate(gpu_engine, [GenerationInput(prompt_ids=[3, 4, 5], n=8, max_new_tokens=6)])
 
     for s in samples:
         ids = torch.tensor([[3, 4, 5, *s.token_ids]])
