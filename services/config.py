@@ -38,6 +38,9 @@ class RunConfig:
     seed: int = field(default=0, metadata={"help": "Global seed."})
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = field(default="INFO", metadata={
         "help": "Log level of every service."})
+    log_format: Literal["text", "json"] = field(default="text", metadata={
+        "help": "Log lines of every service: text (one readable line) or json (one JSON object a line: time, "
+                "level, component, rank, logger, message, and group_id/episode_id/weight_version when set)."})
     model: ModelConfig = field(default_factory=ModelConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
