@@ -13,6 +13,7 @@ import yaml
 from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
 from relayrl.common.model import ModelConfig
 from relayrl.common.redis_config import RedisConfig
+from relayrl.common.tracking import TrackingConfig
 from relayrl.inference.config import InferenceConfig
 from relayrl.reward.config import RewardConfig
 from relayrl.rollout.config import RolloutConfig
@@ -47,6 +48,8 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={
+        "help": "Where the trainer's metrics go besides metrics.jsonl: TensorBoard, W&B, MLflow."})
 
     def validate(self) -> None:
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:

@@ -33,6 +33,7 @@ import grpc
 import torch
 import torch.distributed as dist
 
+from relayrl.common.config import to_dict
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
@@ -42,6 +43,7 @@ from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest
 from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
+from relayrl.common.tracking import Tracker, open_tracker
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
@@ -191,10 +193,9 @@ class TrainerService:
         self.incarnation = f"{int(time.time() * 1000)}-{self.rank}"
         (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
         self._trained_log = (cfg.output_dir / "trained" / f"rank{self.rank}.jsonl").open("a")
-        self._metrics = None
-        if self.is_main:
-            cfg.output_dir.mkdir(parents=True, exist_ok=True)
-            self._metrics = cfg.metrics_path.open("a")
+        # rank 0: metrics.jsonl and the configured tracking backends (a backend that cannot start fails here)
+        self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, to_dict(cfg)) \
+            if self.is_main else None
 
     # -- status and publication (rank 0) -------------------------------------------------------------------
     def status(self) -> trainer_pb2.TrainerStatus:
@@ -300,10 +301,10 @@ class TrainerService:
         with self._weights_lock:
             return self.learner.sft_step(*args)
 
-    def _write_metrics(self, row: dict[str, Any]) -> None:
-        if self._metrics is not None:
-            self._metrics.write(json.dumps(row) + "\n")
-            self._metrics.flush()
+    def _write_metrics(self, row: dict[str, Any], step: int) -> None:
+        """Rank 0: one row to metrics.jsonl and the tracking backends, ``step`` as its x-axis."""
+        if self.tracker is not None:
+            self.tracker.log(row, step)
 
     # -- training ------------------------------------------------------------------------------------------
     async def sft_warmup(self) -> None:
@@ -319,7 +320,7 @@ class TrainerService:
             stats = await asyncio.to_thread(self._locked_sft_step, [enc[j][0] for j in idx],
                                             [enc[j][1] for j in idx])
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
-                                 "time_s": time.monotonic() - self._t0})
+                                 "time_s": time.monotonic() - self._t0}, i)
         log.info("supervised warm-up done (%d steps)", tc.sft_warmup_steps)
         await self.publish(self.step)
 
@@ -428,14 +429,15 @@ class TrainerService:
             row |= {"weight_sync_s": self.last_push.seconds, "weight_sync_bytes": self.last_push.bytes_sent,
                     "probe_max_diff": self.last_push.probe_max_diff}
         self._last_step_t = now
-        self._write_metrics(row)
+        self._write_metrics(row, self.step)
         log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,
                  row["reward_mean"], row["staleness_max"], stats.loss)
 
     async def close(self) -> None:
         self._trained_log.close()
-        if self._metrics is not None:
-            self._metrics.close()
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
         await self.stream.close()
         self.coll.close()
 

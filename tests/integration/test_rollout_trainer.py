@@ -58,7 +58,13 @@ async def _run(cfg: RunConfig, model_dir: Path) -> dict[str, Any]:
         await trainer.close()
         await stream.close()
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
+    events.Reload()
+    tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     return {"produced": worker.groups_produced, "trained": trainer.groups_trained,
+            "tensorboard": tensorboard,
             "dropped": trainer.groups_dropped_stale, "pending": info.pending + info.lag,
             "length": info.length, "inference_version": inf.engine.version,
             "rows": [r for r in rows if r.get("phase") != "sft"],
@@ -90,6 +96,12 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert out["produced"] == out["length"]
     assert out["produced"] == out["trained"] + out["dropped"] + out["pending"]
     assert (tmp_path / "run" / "checkpoints" / "step_000004" / "model" / "config.json").is_file()
+    # the default TensorBoard backend got the same steps (x-axis) and values, warm-up steps under sft/
+    tb = out["tensorboard"]
+    assert [s for s, _ in tb["reward_mean"]] == [1, 2, 3, 4]
+    assert [v for _, v in tb["reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows], rel=1e-6, abs=1e-7)
+    assert [v for _, v in tb["weight_version"]] == [float(r["weight_version"]) for r in rows]
+    assert [s for s, _ in tb.get("sft/loss", [])] == list(range(1, sft_steps + 1))
 
 
 def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
