@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from relayrl.common.config import to_dict
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
+from relayrl.common.logging import log_context
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import ServingState
@@ -119,12 +120,14 @@ class GroupCollector:
         for entry in self._ready:
             lag = await staleness(oldest_version(entry))
             if lag > self.max_staleness:
-                # recorded in Redis at once: rollout's admission releases it without waiting for a step
-                await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id, len(e.group.episodes)),
-                                  "record drop", self.retry_s)
-                self.consumed(entry)
-                log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
-                            self.max_staleness)
+                with log_context(group_id=entry.group.group_id):
+                    # recorded in Redis at once: rollout's admission releases it without waiting for a step
+                    await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id,
+                                                                                 len(e.group.episodes)),
+                                      "record drop", self.retry_s)
+                    self.consumed(entry)
+                    log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
+                                self.max_staleness)
             else:
                 keep.append(entry)
         self._ready = keep
@@ -248,8 +251,9 @@ class TrainerService:
         async with self._push_lock:
             retry_s = self.cfg.redis.retry_s
             version = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version", retry_s)
-            await redis_retry(lambda: self._register(version, policy_step), "register version", retry_s)
-            await self.push_weights(version)
+            with log_context(weight_version=version):
+                await redis_retry(lambda: self._register(version, policy_step), "register version", retry_s)
+                await self.push_weights(version)
             return version
 
     async def _register(self, version: int, policy_step: int) -> None:
@@ -348,6 +352,9 @@ class TrainerService:
             stats = await asyncio.to_thread(self._locked_step, episodes)
             for entry in entries:
                 self.collector.consumed(entry)
+                with log_context(group_id=entry.group.group_id):
+                    log.debug("trained group at step %d (%d episodes: %s)", self.step + 1,
+                              len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
             self._trained_log.write(json.dumps({
                 "incarnation": self.incarnation, "step": self.step + 1,
                 "resumed_from_step": int(self.resumed_from.name.split("_")[1]) if self.resumed_from else 0,
@@ -430,8 +437,9 @@ class TrainerService:
                     "probe_max_diff": self.last_push.probe_max_diff}
         self._last_step_t = now
         self._write_metrics(row, self.step)
-        log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,
-                 row["reward_mean"], row["staleness_max"], stats.loss)
+        with log_context(weight_version=self.weight_version):
+            log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,
+                     row["reward_mean"], row["staleness_max"], stats.loss)
 
     async def close(self) -> None:
         self._trained_log.close()
