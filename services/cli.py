@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from relayrl.common.config import ConfigError, apply_override, from_dict
-from relayrl.common.logging import setup_logging
+from relayrl.common.logging import records_held, setup_logging
 
 SERVICES = ("inference", "reward", "rollout", "trainer")
 EXIT_CONFIG = 2
@@ -100,9 +100,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from relayrl.config import load_run_config
     from relayrl.launcher import Launcher
 
-    setup_logging("launcher")
     overrides = [*args.overrides, *([f"trainer.resume={args.resume}"] if args.resume else [])]
-    cfg = load_run_config(args.config, overrides)
+    with records_held():  # config warnings are written once the config chose the log format
+        cfg = load_run_config(args.config, overrides)
+    setup_logging("launcher", 0, cfg.log_level, fmt=cfg.log_format)
     out = args.out
     if out is None:
         explicit = any(o.startswith("output_dir=") for o in args.overrides)
@@ -121,8 +122,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from relayrl.config import load_run_config
 
     overrides = [*args.overrides, *([f"trainer.resume={args.resume}"] if args.resume else [])]
-    cfg = load_run_config(args.config, overrides)
-    setup_logging(args.service, int(os.environ.get("RANK", "0")), cfg.log_level)
+    with records_held():  # config warnings are written once the config chose the log format
+        cfg = load_run_config(args.config, overrides)
+    setup_logging(args.service, int(os.environ.get("RANK", "0")), cfg.log_level, fmt=cfg.log_format)
     module = importlib.import_module(f"relayrl.{args.service}.main")
     asyncio.run(module.serve(cfg))
     return 0

@@ -14,6 +14,7 @@ from relayrl.common.config import ConfigError, apply_override, from_dict, load_y
 from relayrl.common.control import ControlConfig
 from relayrl.common.model import ModelConfig
 from relayrl.common.redis_config import RedisConfig
+from relayrl.common.tracking import TrackingConfig
 from relayrl.inference.config import InferenceConfig
 from relayrl.reward.config import RewardConfig
 from relayrl.rollout.config import RolloutConfig
@@ -39,12 +40,17 @@ class RunConfig:
     seed: int = field(default=0, metadata={"help": "Global seed."})
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = field(default="INFO", metadata={
         "help": "Log level of every service."})
+    log_format: Literal["text", "json"] = field(default="text", metadata={
+        "help": "Log lines of every service: text (one readable line) or json (one JSON object a line: time, "
+                "level, component, rank, logger, message, and group_id/episode_id/weight_version when set)."})
     model: ModelConfig = field(default_factory=ModelConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={
+        "help": "Where the trainer's metrics go besides metrics.jsonl: TensorBoard, W&B, MLflow."})
     control: ControlConfig = field(default_factory=ControlConfig, metadata={
         "help": "Control plane: the bearer token of mutating calls (pause/resume, checkpoint)."})
 

@@ -70,7 +70,15 @@ def _redact(obj: Any, data: dict[str, Any]) -> None:
         if kind == "value" and value:
             data[f.name] = REDACTED
         elif kind == "password" and isinstance(value, str):
-            data[f.name] = re.sub(r"(://[^:/@]*:)[^@]*@", rf"\1{REDACTED}@", value)
+            data[f.name] = redact_url_password(value)
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^:@/\s]*):[^@/\s]*@")
+
+
+def redact_url_password(value: str) -> str:
+    """``redis://user:secret@host`` → ``redis://user:***@host`` (anything else unchanged)."""
+    return _URL_PASSWORD.sub(rf"\g<head>:{REDACTED}@", value)
 
 
 def redacted_yaml(cfg: Any) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from relayrl.common.logging import log_context
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import probe_logprobs
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
@@ -209,7 +210,8 @@ class NativeEngine:
                 for name, t in swap.tensors.items():
                     self._params[name].copy_(t)
             self._version = swap.version
-            log.info("weights swapped to version %d", swap.version)
+            with log_context(weight_version=swap.version):
+                log.info("weights swapped to version %d", swap.version)
             result = probe_logprobs(self.model, swap.probe, self.device).tolist() if swap.probe else []
         except Exception as exc:
             swap.done.set_exception(exc)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from relayrl.common.grpc_utils import ServerHandle, create_server
+from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import check_probe
@@ -93,6 +94,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             t0 = time.perf_counter()
             try:
                 manifest, assembler = await self._receive(request_iterator)
+                bind_log_context(weight_version=manifest.version)  # the rest of this call (its own task)
                 if manifest.path:
                     if service.weights_dir is None:
                         raise WeightUpdateError("this server accepts no shared-path updates (no weights directory)")

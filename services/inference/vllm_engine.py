@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from relayrl.common.logging import log_context
 from relayrl.common.model import ModelConfig, load_tokenizer
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import check_probe
@@ -264,7 +265,8 @@ class VllmEngine:
             recompute = self.cfg.kv_on_update is KvOnUpdate.RECOMPUTE
             if recompute:  # running requests are preempted and re-prefilled under the new weights
                 self._engine.reset_prefix_cache(reset_running_requests=True)
-            log.info("weights swapped to version %d", swap.version)
+            with log_context(weight_version=swap.version):
+                log.info("weights swapped to version %d", swap.version)
             swap.done.set_result(self._probe(swap.probe) if swap.probe else [])
         except Exception as exc:
             swap.done.set_exception(exc)

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from relayrl.common.grpc_utils import ServerHandle, create_server
+from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
 from relayrl.common.service import StatusHeader
@@ -48,6 +49,7 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         return await loop.run_in_executor(self._executor, self.fn, inp)
 
     async def score_one(self, req: pb.ScoreRequest) -> pb.ScoreResponse:
+        bind_log_context(episode_id=req.episode_id)  # one task per episode (the RPC's, or ScoreBatch's gather)
         inp = RewardInput(prompt=req.prompt, completion=req.completion, reference=req.reference,
                           metadata=_metadata(req.metadata))
         try:

@@ -13,6 +13,7 @@ from collections import deque
 
 import grpc
 
+from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import (
     episode_pb2,
     inference_pb2,
@@ -217,6 +218,7 @@ class RolloutWorker:
         cfg = self.cfg
         created = time.time()
         group_id = uuid.uuid4().hex
+        bind_log_context(group_id=group_id)  # the rest of this group's task (_group), its failure warnings too
         gen = await self.inference.Generate(inference_pb2.GenerateRequest(
             prompt_text=prompt.prompt, request_id=group_id,
             sampling=inference_pb2.SamplingParams(
@@ -226,6 +228,7 @@ class RolloutWorker:
         if len(gen.samples) != cfg.group_size:
             raise GroupFailed(f"inference returned {len(gen.samples)} samples, expected {cfg.group_size}")
         episode_ids = [uuid.uuid4().hex for _ in gen.samples]
+        log.debug("scoring group for prompt %s: episodes %s", prompt.prompt_id, ", ".join(episode_ids))
         meta = {k: json.dumps(v) for k, v in prompt.metadata.items()}
         scores = await self.reward.ScoreBatch(reward_pb2.ScoreBatchRequest(requests=[
             reward_pb2.ScoreRequest(episode_id=eid, prompt=prompt.prompt, completion=s.text,

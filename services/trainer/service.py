@@ -34,9 +34,10 @@ import torch
 import torch.distributed as dist
 from fastapi import FastAPI
 
-from relayrl.common.control import redacted_yaml, require_token
+from relayrl.common.control import redacted, redacted_yaml, require_token
 from relayrl.common.control_api import control_app
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
+from relayrl.common.logging import log_context
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText, ServingState
@@ -45,6 +46,7 @@ from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest
 from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
+from relayrl.common.tracking import Tracker, open_tracker
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
@@ -121,12 +123,14 @@ class GroupCollector:
         for entry in self._ready:
             lag = await staleness(oldest_version(entry))
             if lag > self.max_staleness:
-                # recorded in Redis at once: rollout's admission releases it without waiting for a step
-                await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id, len(e.group.episodes)),
-                                  "record drop", self.retry_s)
-                self.consumed(entry)
-                log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
-                            self.max_staleness)
+                with log_context(group_id=entry.group.group_id):
+                    # recorded in Redis at once: rollout's admission releases it without waiting for a step
+                    await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id,
+                                                                                 len(e.group.episodes)),
+                                      "record drop", self.retry_s)
+                    self.consumed(entry)
+                    log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
+                                self.max_staleness)
             else:
                 keep.append(entry)
         self._ready = keep
@@ -199,10 +203,9 @@ class TrainerService:
         self.incarnation = f"{int(time.time() * 1000)}-{self.rank}"
         (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
         self._trained_log = (cfg.output_dir / "trained" / f"rank{self.rank}.jsonl").open("a")
-        self._metrics = None
-        if self.is_main:
-            cfg.output_dir.mkdir(parents=True, exist_ok=True)
-            self._metrics = cfg.metrics_path.open("a")
+        # rank 0: metrics.jsonl and the configured tracking backends (a backend that cannot start fails here)
+        self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) \
+            if self.is_main else None
 
     # -- status and publication (rank 0) -------------------------------------------------------------------
     def status(self) -> trainer_pb2.TrainerStatus:
@@ -258,8 +261,9 @@ class TrainerService:
         async with self._push_lock:
             retry_s = self.cfg.redis.retry_s
             version = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version", retry_s)
-            await redis_retry(lambda: self._register(version, policy_step), "register version", retry_s)
-            await self.push_weights(version)
+            with log_context(weight_version=version):
+                await redis_retry(lambda: self._register(version, policy_step), "register version", retry_s)
+                await self.push_weights(version)
             return version
 
     async def _register(self, version: int, policy_step: int) -> None:
@@ -311,10 +315,10 @@ class TrainerService:
         with self._weights_lock:
             return self.learner.sft_step(*args)
 
-    def _write_metrics(self, row: dict[str, Any]) -> None:
-        if self._metrics is not None:
-            self._metrics.write(json.dumps(row) + "\n")
-            self._metrics.flush()
+    def _write_metrics(self, row: dict[str, Any], step: int) -> None:
+        """Rank 0: one row to metrics.jsonl and the tracking backends, ``step`` as its x-axis."""
+        if self.tracker is not None:
+            self.tracker.log(row, step)
 
     # -- training ------------------------------------------------------------------------------------------
     async def sft_warmup(self) -> None:
@@ -330,7 +334,7 @@ class TrainerService:
             stats = await asyncio.to_thread(self._locked_sft_step, [enc[j][0] for j in idx],
                                             [enc[j][1] for j in idx])
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
-                                 "time_s": time.monotonic() - self._t0})
+                                 "time_s": time.monotonic() - self._t0}, i)
         log.info("supervised warm-up done (%d steps)", tc.sft_warmup_steps)
         await self.publish(self.step)
 
@@ -358,6 +362,9 @@ class TrainerService:
             stats = await asyncio.to_thread(self._locked_step, episodes)
             for entry in entries:
                 self.collector.consumed(entry)
+                with log_context(group_id=entry.group.group_id):
+                    log.debug("trained group at step %d (%d episodes: %s)", self.step + 1,
+                              len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
             self._trained_log.write(json.dumps({
                 "incarnation": self.incarnation, "step": self.step + 1,
                 "resumed_from_step": int(self.resumed_from.name.split("_")[1]) if self.resumed_from else 0,
@@ -448,14 +455,16 @@ class TrainerService:
         self._last_step_t = now
         for lag, count in summary["staleness_hist"].items():
             self.staleness_counts[int(lag)] = self.staleness_counts.get(int(lag), 0) + count
-        self._write_metrics(row)
-        log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,
-                 row["reward_mean"], row["staleness_max"], stats.loss)
+        self._write_metrics(row, self.step)
+        with log_context(weight_version=self.weight_version):
+            log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,
+                     row["reward_mean"], row["staleness_max"], stats.loss)
 
     async def close(self) -> None:
         self._trained_log.close()
-        if self._metrics is not None:
-            self._metrics.close()
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
         await self.stream.close()
         self.coll.close()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,11 @@ import pytest
 import torch
 
 from relayrl.common.grpc_utils import insecure_channel
+from relayrl.common.logging import setup_logging
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
+from relayrl.reward.api import RewardFn, RewardInput, RewardResult
 from relayrl.rollout.dataset import PromptCursor, load_jsonl
 from relayrl.rollout.worker import RolloutWorker
 from relayrl.tasks.arithmetic import reward
@@ -37,9 +41,9 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
     ])
 
 
-async def _run(cfg: RunConfig, model_dir: Path) -> dict[str, Any]:
+async def _run(cfg: RunConfig, model_dir: Path, reward_fn: RewardFn = reward) -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes."""
-    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
+    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_fn) as (rew_target, _):
         trainer = TrainerService(replace(cfg, inference=replace(
             cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
         handle, _ = create_trainer_server(trainer)
@@ -58,7 +62,13 @@ async def _run(cfg: RunConfig, model_dir: Path) -> dict[str, Any]:
         await trainer.close()
         await stream.close()
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
+    events.Reload()
+    tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     return {"produced": worker.groups_produced, "trained": trainer.groups_trained,
+            "tensorboard": tensorboard,
             "dropped": trainer.groups_dropped_stale, "pending": info.pending + info.lag,
             "length": info.length, "inference_version": inf.engine.version,
             "rows": [r for r in rows if r.get("phase") != "sft"],
@@ -92,6 +102,12 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert out["produced"] == out["length"]
     assert out["produced"] == out["trained"] + out["dropped"] + out["pending"]
     assert (tmp_path / "run" / "checkpoints" / "step_000004" / "model" / "config.json").is_file()
+    # the default TensorBoard backend got the same steps (x-axis) and values, warm-up steps under sft/
+    tb = out["tensorboard"]
+    assert [s for s, _ in tb["reward_mean"]] == [1, 2, 3, 4]
+    assert [v for _, v in tb["reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows], rel=1e-6, abs=1e-7)
+    assert [v for _, v in tb["weight_version"]] == [float(r["weight_version"]) for r in rows]
+    assert [s for s, _ in tb.get("sft/loss", [])] == list(range(1, sft_steps + 1))
 
 
 def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
@@ -142,3 +158,57 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
 
     assert served > trainer_version  # a fresh version, never a reused one
     assert same
+
+
+def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_its_context(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=4")
+    calls, lock = [0], threading.Lock()
+
+    def first_call_fails(inp: RewardInput) -> RewardResult:  # one verifier failure: a reward warning, a retry
+        with lock:
+            calls[0] += 1
+            if calls[0] == 1:
+                raise ValueError("flaky verifier")
+        return reward(inp)
+
+    root, relayrl_logger = logging.getLogger(), logging.getLogger("relayrl")
+    saved, level = list(root.handlers), root.level
+    log_file = tmp_path / "all.log"
+    setup_logging("all", 0, "INFO", log_file=log_file, fmt="json")
+    relayrl_logger.setLevel(logging.DEBUG)
+    try:
+        asyncio.run(_run(cfg, tiny_model_dir, first_call_fails))
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in saved:
+            root.addHandler(handler)
+        root.setLevel(level)
+        relayrl_logger.setLevel(logging.NOTSET)
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+
+    def where(logger: str, prefix: str) -> list[dict[str, Any]]:
+        return [r for r in lines if r["logger"] == logger and r["message"].startswith(prefix)]
+
+    # rollout names each group's episodes under the group's id
+    scoring = where("relayrl.rollout.worker", "scoring group")
+    episodes_of = {r["group_id"]: r["message"].split("episodes ")[1].split(", ") for r in scoring}
+    assert len(episodes_of) == len(scoring) >= 8
+    # the reward failure names its episode; that episode's group is known, and its failure warning carries it
+    (failed,) = where("relayrl.reward.server", "verifier failed")
+    (group,) = [g for g, eps in episodes_of.items() if failed["episode_id"] in eps]
+    (retry,) = where("relayrl.rollout.worker", "group for prompt")
+    assert retry["group_id"] == group and "will retry" in retry["message"]
+    # the trainer trains groups by the same ids, with the same episodes, and never the failed one
+    trained = where("relayrl.trainer.service", "trained group")
+    assert len(trained) == 4 * 2
+    for r in trained:
+        assert r["message"].split("episodes: ")[1].rstrip(")").split(", ") == episodes_of[r["group_id"]]
+    assert group not in {r["group_id"] for r in trained}
+    # weight versions: every swap in inference and every trainer step line carries the version it names
+    swaps = where("relayrl.inference.native", "weights swapped to version")
+    assert len(swaps) == 5 and all(r["message"].endswith(f" {r['weight_version']}") for r in swaps)
+    steps = where("relayrl.trainer.service", "step ")
+    assert [r["weight_version"] for r in steps] == [int(r["message"].split()[3]) for r in steps] != []
