@@ -16,6 +16,7 @@ import grpc
 
 from relayrl.client import InferenceClient, RewardClient, RolloutClient, ServiceClient, TrainerClient
 from relayrl.common.service import as_dict
+from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
 
 CLIENTS: dict[str, type[ServiceClient]] = {"inference": InferenceClient, "reward": RewardClient,
@@ -55,19 +56,14 @@ async def _identify(address: str, timeout_s: float) -> tuple[str, dict[str, Any]
 
 
 async def _queue(cfg: RunConfig) -> dict[str, Any]:
-    import redis.asyncio as aioredis
-
-    client = aioredis.from_url(cfg.redis.url, socket_timeout=3)
+    stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
     try:
-        groups = await client.xinfo_groups(cfg.redis.stream)
-        length = await client.xlen(cfg.redis.stream)
+        info = await asyncio.wait_for(stream.info(), timeout=5)
     except Exception as exc:  # status must report what it can, whatever is down
-        return {"error": str(exc)}
+        return {"error": str(exc) or type(exc).__name__}
     finally:
-        await client.aclose()
-    group = next((g for g in groups if g["name"].decode() == cfg.redis.group), None)
-    return {"length": length, "lag": group.get("lag") if group else None,
-            "pending": group.get("pending") if group else None}
+        await stream.close()
+    return {"length": info.length, "lag": info.lag, "pending": info.pending}
 
 
 def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:

@@ -131,19 +131,25 @@ class EpisodeStream:
         values: Any = await self._redis.hvals(self.dropped_key)
         return len(values), sum(int(v) for v in values)
 
+    async def _group_entry(self) -> dict[Any, Any] | None:
+        for g in await self._redis.xinfo_groups(self.stream):
+            if _text(g["name"]) == self.group:
+                return dict(g)
+        return None
+
     async def queue_depth(self) -> tuple[int | None, int]:
         """(lag, pending) of this consumer group, from one XINFO GROUPS: entries not yet delivered to any
         consumer (None where Redis cannot tell) and entries delivered but not acknowledged."""
-        for g in await self._redis.xinfo_groups(self.stream):
-            if _text(g["name"]) == self.group:
-                lag = g.get("lag")
-                return (int(lag) if lag is not None else None), int(g["pending"])
-        return None, 0
+        g = await self._group_entry()
+        if g is None:
+            return None, 0
+        lag = g.get("lag")
+        return (int(lag) if lag is not None else None), int(g["pending"])
 
     async def info(self) -> GroupInfo:
         length = int(await self._redis.xlen(self.stream))
-        for g in await self._redis.xinfo_groups(self.stream):
-            if _text(g["name"]) == self.group:
-                lag = g.get("lag")
-                return GroupInfo(pending=int(g["pending"]), lag=int(lag) if lag is not None else -1, length=length)
-        return GroupInfo(pending=0, lag=length, length=length)
+        g = await self._group_entry()
+        if g is None:
+            return GroupInfo(pending=0, lag=length, length=length)
+        lag = g.get("lag")
+        return GroupInfo(pending=int(g["pending"]), lag=int(lag) if lag is not None else -1, length=length)

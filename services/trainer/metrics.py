@@ -30,6 +30,12 @@ class _TrainerCollector(Collector):
                                   "bound.", value=s.groups_dropped_stale)
         yield GaugeMetricFamily("relayrl_trainer_last_checkpoint_step", "Step of the newest durable checkpoint.",
                                 value=s.last_checkpoint_step)
+        lag, pending = s.queue_depth
+        if lag is not None:
+            yield GaugeMetricFamily("relayrl_trainer_queue_lag", "Stream entries not yet delivered to the trainer's "
+                                    "consumer group (at the last step).", value=lag)
+        yield GaugeMetricFamily("relayrl_trainer_queue_pending", "Stream entries delivered but not yet acknowledged "
+                                "(their effect is not yet in a durable checkpoint).", value=pending)
         counts = sorted(s.staleness_counts.items())
         buckets, total = [], 0
         for lag, count in counts:

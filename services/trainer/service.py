@@ -175,6 +175,7 @@ class TrainerService:
         self.checkpoint_requested = False  # rank 0, by the control plane; all ranks learn it with the next version
         self._checkpoint_now = False
         self.last_checkpoint_step = 0
+        self.queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending) at the last step (rank 0)
         self.staleness_counts: dict[int, int] = {}  # samples trained per staleness (rank 0, global, for metrics)
         already_done: set[str] = set()
         counters: dict[str, Any] = {}
@@ -426,6 +427,7 @@ class TrainerService:
             return
         now = time.monotonic()
         queue_lag, queue_pending = await redis_retry(self.stream.queue_depth, "queue depth", self.cfg.redis.retry_s)
+        self.queue_depth = (queue_lag, queue_pending)
         components: dict[str, list[float]] = {}
         for ep in episodes:  # components of rank 0's share (names may differ between ranks)
             for k, v in ep.reward_components.items():
