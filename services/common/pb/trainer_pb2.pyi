@@ -12,7 +12,7 @@ class GetTrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale")
+    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class TrainerStatus(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     PUBLISHING_FIELD_NUMBER: _ClassVar[int]
     GROUPS_DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_DROPPED_REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_DROPPED_REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     step: int
     weight_version: int
@@ -31,4 +33,6 @@ class TrainerStatus(_message.Message):
     finished: bool
     publishing: bool
     groups_dropped_stale: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ...) -> None: ...
+    groups_dropped_reward_error: int
+    episodes_dropped_reward_error: int
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., groups_dropped_reward_error: _Optional[int] = ..., episodes_dropped_reward_error: _Optional[int] = ...) -> None: ...
