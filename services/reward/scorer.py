@@ -15,6 +15,7 @@ from relayrl.reward.api import (
     bind_params,
     load_reward_function,
     normalize_result,
+    registered_rewards,
 )
 from relayrl.reward.config import RewardConfig
 
@@ -45,7 +46,8 @@ class ScorerSpec:
     def modules(self) -> list[str]:
         """Modules of the configured ``module:function`` specs (preloaded by the forkserver)."""
         specs = [c.function for c in self.components] if self.components else [self.function]
-        return [s.partition(":")[0] for s in specs if ":" in s]
+        registered = registered_rewards()
+        return [registered.get(s, s).partition(":")[0] for s in specs if ":" in registered.get(s, s)]
 
     def describe(self) -> str:
         if not self.components:
