@@ -62,3 +62,20 @@ async def async_half(inp: RewardInput) -> RewardResult:
 def length(inp: RewardInput, scale: float = 1.0) -> float:
     """A parameterised function: scale x len(completion)."""
     return scale * len(inp.completion)
+
+
+_calls = 0
+
+
+def flaky(inp: RewardInput) -> RewardResult:
+    """The arithmetic reward, except that prompts starting with 1 or 2 fail for every sample (their whole group
+    errors) and every third call in a worker process raises (some samples of other groups error)."""
+    from relayrl.tasks.arithmetic import reward
+
+    global _calls
+    _calls += 1
+    if inp.prompt[:1] in ("1", "2"):
+        raise ValueError("unverifiable prompt")
+    if _calls % 3 == 0:
+        raise ValueError("flaky verifier")
+    return reward(inp)

@@ -17,7 +17,6 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
 from relayrl.rollout.dataset import PromptCursor, load_jsonl
 from relayrl.rollout.worker import RolloutWorker
-from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.service import TrainerService, create_trainer_server
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server, reward_server
@@ -37,29 +36,40 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
     ])
 
 
-async def _run(cfg: RunConfig, model_dir: Path) -> dict[str, Any]:
+async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmetic") -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes."""
-    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
+    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
         trainer = TrainerService(replace(cfg, inference=replace(
             cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
         handle = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
-        async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
-                insecure_channel(f"127.0.0.1:{handle.port}") as c:
-            worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
-                                   inference_pb2_grpc.InferenceServiceStub(a), reward_pb2_grpc.RewardServiceStub(b),
-                                   trainer_pb2_grpc.TrainerServiceStub(c))
-            rollout = asyncio.create_task(worker.run(asyncio.Event()))
-            await asyncio.wait_for(trainer.train(), timeout=120)
-            await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
-        info = await stream.info()
-        await handle.stop(0)
-        await trainer.close()
-        await stream.close()
+        stop = asyncio.Event()
+        try:
+            async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
+                    insecure_channel(f"127.0.0.1:{handle.port}") as c:
+                worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
+                                       inference_pb2_grpc.InferenceServiceStub(a),
+                                       reward_pb2_grpc.RewardServiceStub(b), trainer_pb2_grpc.TrainerServiceStub(c))
+                rollout = asyncio.create_task(worker.run(stop))
+                try:
+                    await asyncio.wait_for(trainer.train(), timeout=120)
+                except BaseException:
+                    stop.set()
+                    await asyncio.wait_for(rollout, timeout=30)
+                    raise
+                await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
+            info = await stream.info()
+        finally:
+            await handle.stop(0)
+            await trainer.close()
+            await stream.close()
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
     return {"produced": worker.groups_produced, "trained": trainer.groups_trained,
             "dropped": trainer.groups_dropped_stale, "pending": info.pending + info.lag,
+            "dropped_reward_error": trainer.groups_dropped_reward_error,
+            "episodes_dropped_reward_error": trainer.episodes_dropped_reward_error,
+            "episodes_reward_errors": worker.episodes_reward_errors,
             "length": info.length, "inference_version": inf.engine.version,
             "rows": [r for r in rows if r.get("phase") != "sft"],
             "sft_rows": [r for r in rows if r.get("phase") == "sft"]}
@@ -89,7 +99,39 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert rows[-1]["episodes_trained"] == 4 * 2 * 4
     assert out["produced"] == out["length"]
     assert out["produced"] == out["trained"] + out["dropped"] + out["pending"]
+    assert out["dropped_reward_error"] == out["episodes_reward_errors"] == 0
     assert (tmp_path / "run" / "checkpoints" / "step_000004" / "model" / "config.json").is_file()
+
+
+def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups_still_flow(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
+
+    out = asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
+
+    rows = out["rows"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert out["trained"] == 4 * 2
+    # whole groups (prompts 1+x, 2+x) dropped and counted; partly failed groups trained on their valid episodes
+    assert out["dropped_reward_error"] >= 1
+    assert sum(r["reward_errors"] for r in rows) >= 1
+    assert all(r["episodes"] + r["reward_errors"] == 2 * 4 for r in rows)
+    assert out["produced"] == out["trained"] + out["dropped"] + out["dropped_reward_error"] + out["pending"]
+    # every failed score the rollout appended is either excluded from a trained group or in a dropped group
+    assert out["episodes_dropped_reward_error"] == sum(r["reward_errors"] for r in rows) + \
+        4 * out["dropped_reward_error"]
+    assert out["episodes_reward_errors"] >= out["episodes_dropped_reward_error"]
+    assert rows[-1]["episodes_trained"] == sum(r["episodes"] for r in rows)
+
+
+def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    from relayrl.trainer.service import RewardErrorStop
+
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.on_reward_error=fail")
+
+    with pytest.raises(RewardErrorStop, match=r"status SCORE_STATUS_ERROR: ValueError: .*on_reward_error is fail"):
+        asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
 
 
 def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
