@@ -353,6 +353,9 @@ class Sandbox:
             code = proc.wait()
         if timed_out or exceeded:
             code = None
+        elif code is not None and code > 128 and self.cfg.backend is SandboxBackend.BWRAP \
+                and code - 128 in signal.valid_signals():
+            code = 128 - code  # bwrap exits 128 + N when the program was killed by signal N
         self._cleanup(proc, uid)
         for stream in (proc.stdout, proc.stderr):
             stream.close()

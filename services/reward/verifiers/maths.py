@@ -25,9 +25,11 @@ def parse_reference(reference: str) -> list[object]:
     text = reference.strip()
     if not text:
         raise UnparsableReference("the dataset row has no reference answer")
-    gold = parse(text, parsing_timeout=None, raise_on_error=True)  # type: ignore[arg-type]
-    if not gold and not text.startswith("$"):
-        gold = parse(f"${text}$", parsing_timeout=None, raise_on_error=True)  # type: ignore[arg-type]
+    # a reference is a bare answer: read it as LaTeX math ("3\\pi" is 3*pi, not 3) unless it is delimited already
+    delimited = "$" in text or "\\boxed" in text
+    gold = parse(text if delimited else f"${text}$", parsing_timeout=None, raise_on_error=True)  # type: ignore[arg-type]
+    if not gold and not delimited:
+        gold = parse(text, parsing_timeout=None, raise_on_error=True)  # type: ignore[arg-type]
     if not gold:
         raise UnparsableReference(f"math-verify cannot parse the reference answer {text[:80]!r}")
     return list(gold)
