@@ -5,11 +5,13 @@ whole pool. Here each worker is a process of its own (multiprocessing ``forkserv
 its own pipe, read by the asyncio loop (``add_reader``; nothing blocks the loop).
 
 Requests queue; an idle worker takes a chunk of up to ``chunk_size`` of them (ceil(queued / workers), so a batch
-spreads over the pool) and sends back each result as soon as it has it. Each request's clock starts when the
-previous result of its chunk arrives (or the chunk is sent): if it runs past ``timeout_s``, the worker's process
-group is SIGKILLed, that request is a TIMEOUT result, the rest of its chunk goes back to the front of the queue,
-and a new worker starts in its place. A worker that dies (a verifier calling ``os._exit``, a segfault) gives an
-ERROR result for the request it was running, the same requeue and a replacement. Nothing waits forever.
+spreads over the pool) and sends back results as it goes (see worker.py). Before each request the worker writes
+its index and start time into shared memory; a timer armed at ``timeout_s`` after the chunk is sent checks it and
+re-arms until a request has run past ``timeout_s``. Then the worker's process group is SIGKILLed, that request is
+a TIMEOUT result, the requests of the chunk whose results had not arrived go back to the front of the queue
+(scored again elsewhere), and a new worker starts in its place. A worker that dies (a verifier calling
+``os._exit``, a segfault) gives an ERROR result for the request it was running, the same requeue and a
+replacement. Nothing waits forever.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 from relayrl.reward.api import RewardInput, RewardResult
 from relayrl.reward.sandbox import SandboxConfig
 from relayrl.reward.scorer import ScorerSpec
-from relayrl.reward.worker import worker_main
+from relayrl.reward.worker import INDEX, JOB, START, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class _Worker:
     job_id: int = 0
     job: list[_Item] | None = None
     received: int = 0  # results of the current job received so far
+    sent_at: float = 0.0
+    progress: Any = None  # shared (start time, index, job id) of the request the worker is on
     timer: asyncio.TimerHandle | None = None
     started_at: float = field(default_factory=time.monotonic)
 
@@ -140,25 +144,27 @@ class VerifierPool:
         self._started = True
         log.info("%d verifier workers ready (%s)", self.size, self.spec.describe())
 
-    def _spawn(self) -> tuple[Any, Connection]:
+    def _spawn(self) -> tuple[Any, Connection, Any]:
         parent, child = self._ctx.Pipe(duplex=True)
+        progress = self._ctx.RawArray("d", 3)  # type: ignore[attr-defined]
         process = self._ctx.Process(  # type: ignore[attr-defined]
-            target=worker_main, args=(child, self.spec, self.sandbox, self.memory_mb), daemon=True,
+            target=worker_main, args=(child, progress, self.spec, self.sandbox, self.memory_mb), daemon=True,
             name="relayrl-verifier")
         process.start()
         child.close()
-        return process, parent
+        return process, parent, progress
 
     async def _start_worker(self, w: _Worker, delay_s: float = 0.0) -> None:
         if delay_s:
             await asyncio.sleep(delay_s)
         loop = asyncio.get_running_loop()
-        process, conn = await loop.run_in_executor(None, self._spawn)
+        process, conn, progress = await loop.run_in_executor(None, self._spawn)
         if self._closed:
             self._kill(process)
             conn.close()
             return
-        w.process, w.conn, w.ready, w.job, w.started_at = process, conn, False, None, time.monotonic()
+        w.process, w.conn, w.progress, w.ready, w.job = process, conn, progress, False, None
+        w.started_at = time.monotonic()
         loop.add_reader(conn.fileno(), self._on_readable, w, conn)
 
     async def close(self) -> None:
@@ -227,7 +233,7 @@ class VerifierPool:
                 break
             w = idle.pop()
             assert w.conn is not None
-            w.job_id, w.job, w.received = next(self._jobs), items, 0
+            w.job_id, w.job, w.received, w.sent_at = next(self._jobs), items, 0, time.monotonic()
             try:
                 w.conn.send(("batch", w.job_id, [i.inp for i in items]))
             except (OSError, ValueError):  # the worker died just now: its EOF handler has not run yet
@@ -235,13 +241,20 @@ class VerifierPool:
                 w.job = None
                 self._replace(w, "crash")
                 continue
-            self._arm(w)
+            self._arm(w, self.timeout_s)
 
-    def _arm(self, w: _Worker) -> None:
+    def _arm(self, w: _Worker, delay_s: float) -> None:
         assert self._loop is not None
         if w.timer is not None:
             w.timer.cancel()
-        w.timer = self._loop.call_later(self.timeout_s, self._on_timeout, w, w.job_id)
+        w.timer = self._loop.call_later(delay_s, self._on_deadline, w, w.job_id)
+
+    def _current(self, w: _Worker) -> tuple[int, float]:
+        """(index, start time) of the request the worker is on, from shared memory; before it started the job:
+        the first request without a result, since the job was sent."""
+        if w.progress is not None and int(w.progress[JOB]) == w.job_id and int(w.progress[INDEX]) >= w.received:
+            return int(w.progress[INDEX]), float(w.progress[START])
+        return w.received, w.sent_at
 
     # -- events from workers ---------------------------------------------------------------------------------
     def _on_readable(self, w: _Worker, conn: Connection) -> None:
@@ -264,32 +277,38 @@ class VerifierPool:
         elif kind == "init_error":
             self._init_error = str(message[1])
             log.error("verifier worker failed to start: %s", message[1])
-        elif kind == "result":
-            _, job_id, index, status, result, error, seconds = message
-            if job_id != w.job_id or w.job is None or index != w.received:
+        elif kind == "results":
+            _, job_id, results = message
+            if job_id != w.job_id or w.job is None:
                 return
-            item = w.job[index]
-            if not item.future.done():
-                item.future.set_result(Outcome(Status(status), result, error, seconds))
-            w.received += 1
+            for index, status, result, error, seconds in results:
+                if index != w.received:
+                    continue
+                item = w.job[index]
+                if not item.future.done():
+                    item.future.set_result(Outcome(Status(status), result, error, seconds))
+                w.received += 1
             if w.received == len(w.job):
                 w.job = None
                 if w.timer is not None:
                     w.timer.cancel()
                     w.timer = None
                 self._dispatch()
-            else:
-                self._arm(w)  # the next request's clock starts now
 
-    def _on_timeout(self, w: _Worker, job_id: int) -> None:
+    def _on_deadline(self, w: _Worker, job_id: int) -> None:
         if w.job is None or w.job_id != job_id:
             return
-        item = w.job[w.received]
+        index, started = self._current(w)
+        overrun = time.monotonic() - started
+        if overrun < self.timeout_s:  # the request running now started later: wait for its own deadline
+            self._arm(w, self.timeout_s - overrun)
+            return
+        item = w.job[index]
         if not item.future.done():
             item.future.set_result(Outcome(
                 Status.TIMEOUT, error=f"verifier did not finish within {self.timeout_s:g}s; its worker process was "
-                                      "killed and replaced", seconds=self.timeout_s))
-        self._requeue_rest(w, w.received + 1)
+                                      "killed and replaced", seconds=overrun))
+        self._requeue_rest(w, index)
         log.warning("verifier timed out after %.1fs: killing worker pid %s", self.timeout_s,
                     getattr(w.process, "pid", None))
         self._replace(w, "timeout")
@@ -304,10 +323,11 @@ class VerifierPool:
         why = (f"killed by signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
                else f"exit code {code}")
         if w.job is not None:
-            item = w.job[w.received]
+            index, _ = self._current(w)
+            item = w.job[index]
             if not item.future.done():
                 item.future.set_result(Outcome(Status.ERROR, error=f"verifier worker process died ({why})"))
-            self._requeue_rest(w, w.received + 1)
+            self._requeue_rest(w, index)
         if not w.ready:
             if self._init_error is None:
                 self._init_error = f"a worker died while starting ({why})"
@@ -317,9 +337,11 @@ class VerifierPool:
         log.warning("verifier worker pid %s died (%s); replacing it", getattr(process, "pid", None), why)
         self._replace(w, "crash")
 
-    def _requeue_rest(self, w: _Worker, start: int) -> None:
+    def _requeue_rest(self, w: _Worker, failed: int) -> None:
+        """Requeue the job's requests without a result but the one at ``failed``: those after it, and those
+        before it whose results were lost with the worker."""
         if w.job is not None:
-            self._queue.extendleft(reversed(w.job[start:]))
+            self._queue.extendleft(reversed(w.job[w.received:failed] + w.job[failed + 1:]))
             w.job = None
 
     # -- replacing a worker ----------------------------------------------------------------------------------
