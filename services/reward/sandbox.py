@@ -20,8 +20,10 @@ Backends (``reward.sandbox.backend``):
 When the service runs as root, programs run as a fresh unprivileged uid per run (``uid_base`` + a random
 offset): the process limit then bounds that run alone (the kernel never enforces RLIMIT_NPROC for root, and
 counts of recently exited processes of a uid linger for seconds), it cannot write root's files, and the
-``process`` backend can kill every process of that uid at the end. If the sandbox cannot be set up (bubblewrap
-missing, namespaces not allowed), runs raise :class:`SandboxUnavailable`; nothing ever runs unisolated.
+``process`` backend can kill every process of that uid at the end. Not as root, the process limit is set inside
+the run's user namespace, where it counts that run alone (``process``: after ``unshare``; ``bwrap``: by
+util-linux ``prlimit`` before the program). If the sandbox cannot be set up (bubblewrap missing, namespaces not
+allowed), runs raise :class:`SandboxUnavailable`; nothing ever runs unisolated.
 
 Not protected against (documented in the README): kernel exploits and side channels; CPU and memory use within
 the limits (the address-space limit is per process: up to ``max_processes`` x ``memory_mb`` in all); reading the
@@ -58,6 +60,7 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 UID_RANGE = 65536
+PRLIMIT = "/usr/bin/prlimit"  # util-linux
 NAMESPACE_FAILED = 121  # exit status of a child whose network namespace could not be created
 # the environment every program gets: nothing from the service's own
 SCRUBBED_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
@@ -219,7 +222,10 @@ class Sandbox:
                 (src / name).write_bytes(data)
                 (src / name).chmod(0o644)
             if work is None:  # bwrap: the program's cwd and HOME are its private tmpfs /tmp
-                command = self._bwrap_command([a.replace("{src}", "/src") for a in argv], src)
+                inner = [a.replace("{src}", "/src") for a in argv]
+                if uid is None and Path(PRLIMIT).is_file():  # not root: the process limit, set inside the namespace
+                    inner = [PRLIMIT, f"--nproc={self.cfg.max_processes}", "--", *inner]
+                command = self._bwrap_command(inner, src)
                 cwd, env = "/", dict(SCRUBBED_ENV)
             else:
                 if uid is not None:
@@ -268,16 +274,20 @@ class Sandbox:
                 os._exit(NAMESPACE_FAILED)  # privileged: a network namespace before dropping root
             mb = 1024 * 1024
             for res, value in ((resource.RLIMIT_CPU, cfg.cpu_s), (resource.RLIMIT_AS, cfg.memory_mb * mb),
-                               (resource.RLIMIT_NPROC, cfg.max_processes),
                                (resource.RLIMIT_FSIZE, cfg.max_file_mb * mb),
                                (resource.RLIMIT_NOFILE, cfg.max_open_files), (resource.RLIMIT_CORE, 0)):
                 resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
-            if uid is not None:
+            nproc = (cfg.max_processes, cfg.max_processes)
+            if uid is not None:  # root: a fresh uid, whose processes are this run's alone
+                resource.setrlimit(resource.RLIMIT_NPROC, nproc)
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
-            if isolate_network and uid is None and libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-                os._exit(NAMESPACE_FAILED)  # unprivileged: a user namespace makes the network namespace possible
+            if isolate_network and uid is None:
+                if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+                    os._exit(NAMESPACE_FAILED)  # unprivileged: a user namespace makes the network one possible
+                # set after the user namespace exists: counted within it, not over all the service user's tasks
+                resource.setrlimit(resource.RLIMIT_NPROC, nproc)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
 
         return preexec

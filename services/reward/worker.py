@@ -36,8 +36,9 @@ def worker_main(conn: Connection, progress: Any, spec: ScorerSpec, sandbox_cfg: 
     os.setpgrp()  # the pool kills this process group: the worker and anything a verifier started in it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the service shuts the pool down; Ctrl-C is not for us
     try:
-        if memory_mb:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 1024 * 1024, memory_mb * 1024 * 1024))
+        if memory_mb:  # soft limit only: the sandbox may set its own (lower or higher) for the programs it runs
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 1024 * 1024, hard))
         sandbox.configure(sandbox_cfg)
         scorer = Scorer(spec)
     except BaseException as exc:  # reported to the pool, which fails start-up with it
