@@ -138,7 +138,7 @@ class Launcher:
             rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server),
                             http=local_http(cfg.rollout.http)),
             inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http)),
-            reward=replace(cfg.reward, server=local(cfg.reward.server)),
+            reward=replace(cfg.reward, server=local(cfg.reward.server), http=local_http(cfg.reward.http)),
             trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http)),
         )
 
@@ -261,7 +261,8 @@ class Launcher:
 
     def _summary(self) -> None:
         """After the services stopped: the accounting identity, in groups (stream entries), written to
-        summary.json and printed: produced = trained + dropped as stale + pending (unacknowledged or unread)."""
+        summary.json and printed: produced = trained + dropped as stale + dropped for reward errors + pending
+        (unacknowledged or unread)."""
         import redis
 
         try:
@@ -284,13 +285,16 @@ class Launcher:
             "stream_length": length,
             "groups_trained": int(last.get("groups_trained", 0)),
             "groups_dropped_stale": int(last.get("groups_dropped_stale", 0)),
+            "groups_dropped_reward_error": int(last.get("groups_dropped_reward_error", 0)),
             "groups_pending": int(group.get("pending", 0)) + int(group.get("lag", length) or 0),
             "episodes_trained": int(last.get("episodes_trained", 0)),
             "episodes_dropped_stale": int(last.get("episodes_dropped_stale", 0)),
+            "episodes_dropped_reward_error": int(last.get("episodes_dropped_reward_error", 0)),
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         self._say(f"relayrl: groups produced {summary['groups_produced']} = trained {summary['groups_trained']}"
-                  f" + dropped as stale {summary['groups_dropped_stale']} + pending {summary['groups_pending']}")
+                  f" + dropped as stale {summary['groups_dropped_stale']} + dropped for reward errors "
+                  f"{summary['groups_dropped_reward_error']} + pending {summary['groups_pending']}")
 
     def shutdown(self) -> None:
         for name in reversed(SERVICE_ORDER):

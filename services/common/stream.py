@@ -118,17 +118,17 @@ class EpisodeStream:
                 log.info("claimed %d pending entries of gone consumer %s", len(ids), name)
         return claimed
 
-    @property
-    def dropped_key(self) -> str:
-        return f"{self.stream}:dropped_stale"
+    def dropped_key(self, reason: str = "stale") -> str:
+        return f"{self.stream}:dropped_{reason}"
 
-    async def record_dropped(self, group_id: str, episodes: int) -> None:
-        """Record a group dropped as too stale (idempotent: a group dropped again after a restart counts once)."""
-        await self._redis.hset(self.dropped_key, group_id, episodes)
+    async def record_dropped(self, group_id: str, episodes: int, reason: str = "stale") -> None:
+        """Record a group dropped by the trainer, as too stale (``stale``) or because every episode of it failed
+        scoring (``reward_error``). Idempotent: a group dropped again after a restart counts once."""
+        await self._redis.hset(self.dropped_key(reason), group_id, episodes)
 
-    async def dropped(self) -> tuple[int, int]:
-        """(groups, episodes) dropped as too stale, over every rank and restart."""
-        values: Any = await self._redis.hvals(self.dropped_key)
+    async def dropped(self, reason: str = "stale") -> tuple[int, int]:
+        """(groups, episodes) dropped for ``reason``, over every rank and restart."""
+        values: Any = await self._redis.hvals(self.dropped_key(reason))
         return len(values), sum(int(v) for v in values)
 
     async def _group_entry(self) -> dict[Any, Any] | None:

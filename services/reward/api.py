@@ -1,12 +1,19 @@
-"""The typed interface of reward functions, and loading one from ``module:function``.
+"""The typed interface of reward functions, and loading one from ``module:function`` or an entry point.
 
 A reward function takes a :class:`RewardInput` and returns a float or a :class:`RewardResult`; it may be
-sync or async. Raising, or returning a non-finite score, is an error result, never a 0.
+sync or async. Raising, or returning a non-finite score, is an error result, never a 0. Configured keyword
+parameters are bound after the input: ``fn(inp, **params)``.
+
+Plugins: a package registers functions under the entry-point group ``relayrl.rewards``
+(``[project.entry-points."relayrl.rewards"] my_reward = "my_pkg.rewards:score"``); the config then names them
+by their entry-point name (``reward.function: my_reward``). relayrl's own verifiers are registered the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,8 +45,23 @@ class RewardFunctionError(RuntimeError):
     """The reward function returned something that is not a valid score."""
 
 
+ENTRY_POINT_GROUP = "relayrl.rewards"
+
+
+def registered_rewards() -> dict[str, str]:
+    """Entry-point name -> ``module:function`` of every reward function registered by installed packages."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def load_reward_function(spec: str, field_name: str = "reward.function") -> RewardFn:
-    """Import ``module:function``; errors name the config field."""
+    """Import ``module:function``, or the entry point ``spec`` of group ``relayrl.rewards``; errors name the
+    config field."""
+    if ":" not in spec:
+        registered = registered_rewards()
+        if spec not in registered:
+            raise ConfigError(field_name, spec, "must look like package.module:function or be a registered reward "
+                                                f"({', '.join(sorted(registered)) or 'none installed'})")
+        spec = registered[spec]
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(field_name, spec, "must look like package.module:function")
@@ -53,20 +75,43 @@ def load_reward_function(spec: str, field_name: str = "reward.function") -> Rewa
     return fn  # type: ignore[no-any-return]
 
 
+def bind_params(fn: RewardFn, params: Mapping[str, Any], field_name: str = "reward.params") -> RewardFn:
+    """``fn`` with keyword ``params`` bound after the input; a parameter it does not take is a ConfigError."""
+    if not params:
+        return fn
+    try:
+        inspect.signature(fn).bind(None, **params)
+    except TypeError as exc:
+        raise ConfigError(field_name, dict(params), f"{getattr(fn, '__name__', fn)} does not accept them ({exc})") \
+            from None
+    except ValueError:  # no signature (a builtin): let the call decide
+        pass
+    bound = functools.partial(fn, **params)
+    functools.update_wrapper(bound, fn)
+    return bound  # type: ignore[return-value]
+
+
 def normalize_result(value: Any) -> RewardResult:
+    """A valid result with plain float components and string details, or RewardFunctionError."""
     if isinstance(value, RewardResult):
         result = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
         result = RewardResult(score=float(value))
     else:
         raise RewardFunctionError(f"reward function returned {type(value).__name__}, expected float or RewardResult")
-    if not math.isfinite(result.score):
-        raise RewardFunctionError(f"reward function returned a non-finite score {result.score}")
-    for name, v in result.components.items():
-        if not math.isfinite(float(v)):
+    try:
+        score = float(result.score)
+        components = {str(k): float(v) for k, v in result.components.items()}
+    except (TypeError, ValueError) as exc:
+        raise RewardFunctionError(f"reward function returned a non-numeric score or component: {exc}") from None
+    if not math.isfinite(score):
+        raise RewardFunctionError(f"reward function returned a non-finite score {score}")
+    for name, v in components.items():
+        if not math.isfinite(v):
             raise RewardFunctionError(f"component {name!r} is not finite: {v}")
-    return result
+    return RewardResult(score=score, components=components, details=str(result.details))
 
 
 def is_async(fn: RewardFn) -> bool:
-    return inspect.iscoroutinefunction(fn)
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return inspect.iscoroutinefunction(target)

@@ -1,27 +1,34 @@
-"""The reward gRPC service: scores completions; failures are explicit error results."""
+"""The reward gRPC service: scores completions in the verifier pool; failures are explicit error results."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from relayrl.common.grpc_utils import ServerHandle, create_server
-from relayrl.common.logging import bind_log_context
+from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
+from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.service import StatusHeader
-from relayrl.reward.api import RewardFn, RewardInput, is_async, normalize_result
+from relayrl.reward.api import RewardInput
 from relayrl.reward.config import RewardConfig
+from relayrl.reward.pool import Outcome, Status, VerifierPool
+from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)
 
+PB_STATUS = {Status.OK: pb.SCORE_STATUS_OK, Status.ERROR: pb.SCORE_STATUS_ERROR,
+             Status.TIMEOUT: pb.SCORE_STATUS_TIMEOUT}
 
-def _metadata(raw: Any) -> dict[str, Any]:
+
+def decode_metadata(raw: Mapping[str, str]) -> dict[str, Any]:
+    """gRPC metadata values are JSON-encoded; a value that is not JSON is kept as the string."""
     out: dict[str, Any] = {}
     for key, value in raw.items():
         try:
@@ -31,67 +38,108 @@ def _metadata(raw: Any) -> dict[str, Any]:
     return out
 
 
+class RewardMetrics:
+    """Prometheus metrics of one reward service (its own registry: several services may share a process)."""
+
+    def __init__(self, pool: VerifierPool) -> None:
+        self.registry = CollectorRegistry()
+        self.scores = Counter("relayrl_reward_scores", "Requests scored, by result status.", ["status"],
+                              registry=self.registry)
+        for status in Status:
+            self.scores.labels(status.value)
+        self.restarts = Counter("relayrl_reward_worker_restarts", "Verifier workers killed and replaced.",
+                                ["reason"], registry=self.registry)
+        for reason in ("timeout", "crash"):
+            self.restarts.labels(reason)
+        self.seconds = Histogram("relayrl_reward_verify_seconds", "Time a verifier took on one request.",
+                                 buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
+                                 registry=self.registry)
+        Gauge("relayrl_reward_workers_ready", "Verifier workers alive and ready.",
+              registry=self.registry).set_function(lambda: pool.ready_workers)
+        Gauge("relayrl_reward_workers_busy", "Verifier workers scoring now.",
+              registry=self.registry).set_function(lambda: pool.busy_workers)
+        Gauge("relayrl_reward_queued", "Requests waiting for a worker.",
+              registry=self.registry).set_function(lambda: pool.queued)
+
+
 class RewardServicer(pb_grpc.RewardServiceServicer):
-    def __init__(self, cfg: RewardConfig, fn: RewardFn) -> None:
+    def __init__(self, cfg: RewardConfig) -> None:
         self.cfg = cfg
-        self.fn = fn
-        self._async = is_async(fn)
+        self.spec = ScorerSpec.from_config(cfg)
+        Scorer(self.spec)  # import and check the functions here: a bad config fails start-up naming the field
         self.header = StatusHeader("reward")
-        self._executor = ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="verifier")
+        self.pool = VerifierPool(self.spec, cfg.sandbox, cfg.workers, cfg.timeout_s, cfg.chunk_size,
+                                 cfg.start_method, cfg.worker_memory_mb, on_restart=self._restarted)
+        self.metrics = RewardMetrics(self.pool)
         self.scored = 0
         self.errors = 0
         self.timeouts = 0
 
-    async def _call(self, inp: RewardInput) -> Any:
-        if self._async:
-            return await self.fn(inp)  # type: ignore[misc]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.fn, inp)
+    def _restarted(self, reason: str) -> None:
+        self.metrics.restarts.labels(reason).inc()
 
-    async def score_one(self, req: pb.ScoreRequest) -> pb.ScoreResponse:
-        bind_log_context(episode_id=req.episode_id)  # one task per episode (the RPC's, or ScoreBatch's gather)
-        inp = RewardInput(prompt=req.prompt, completion=req.completion, reference=req.reference,
-                          metadata=_metadata(req.metadata))
-        try:
-            value = await asyncio.wait_for(self._call(inp), timeout=self.cfg.timeout_s)
-            result = normalize_result(value)
-        except TimeoutError:
-            self.timeouts += 1
-            log.warning("verifier timed out after %.1fs (episode %s)", self.cfg.timeout_s, req.episode_id)
-            return pb.ScoreResponse(episode_id=req.episode_id, status=pb.SCORE_STATUS_TIMEOUT,
-                                    error=f"verifier did not finish within {self.cfg.timeout_s}s")
-        except Exception as exc:  # a broken verifier is an error result, never a 0
-            self.errors += 1
-            log.warning("verifier failed (episode %s): %s: %s", req.episode_id, type(exc).__name__, exc)
-            return pb.ScoreResponse(episode_id=req.episode_id, status=pb.SCORE_STATUS_ERROR,
-                                    error=f"{type(exc).__name__}: {exc}")
-        self.scored += 1
-        return pb.ScoreResponse(episode_id=req.episode_id, status=pb.SCORE_STATUS_OK, score=result.score,
-                                components={k: float(v) for k, v in result.components.items()},
-                                details=result.details)
+    async def start(self) -> None:
+        await self.pool.start()
+        self.header.state = ServingState.SERVING_STATE_SERVING
+
+    async def close(self) -> None:
+        self.header.state = ServingState.SERVING_STATE_STOPPED
+        await self.pool.close()
+
+    async def score(self, inputs: list[RewardInput], ids: list[str] | None = None) -> list[Outcome]:
+        outcomes = await self.pool.score_many(inputs)
+        for i, outcome in enumerate(outcomes):
+            self.metrics.scores.labels(outcome.status.value).inc()
+            if outcome.status is Status.OK:
+                self.scored += 1
+                self.metrics.seconds.observe(outcome.seconds)
+                continue
+            if outcome.status is Status.TIMEOUT:
+                self.timeouts += 1
+            else:
+                self.errors += 1
+            with log_context(episode_id=ids[i] if ids else None):
+                log.warning("verifier %s (episode %s): %s", outcome.status.value, ids[i] if ids else "-",
+                            outcome.error)
+        return outcomes
+
+    @staticmethod
+    def to_pb(episode_id: str, outcome: Outcome) -> pb.ScoreResponse:
+        if outcome.status is not Status.OK or outcome.result is None:
+            return pb.ScoreResponse(episode_id=episode_id, status=PB_STATUS[outcome.status], error=outcome.error)
+        r = outcome.result
+        return pb.ScoreResponse(episode_id=episode_id, status=pb.SCORE_STATUS_OK, score=r.score,
+                                components=dict(r.components), details=r.details)
+
+    @staticmethod
+    def to_input(req: pb.ScoreRequest) -> RewardInput:
+        return RewardInput(prompt=req.prompt, completion=req.completion, reference=req.reference,
+                           metadata=decode_metadata(req.metadata))
 
     async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
-        return await self.score_one(request)
+        (outcome,) = await self.score([self.to_input(request)], [request.episode_id])
+        return self.to_pb(request.episode_id, outcome)
 
     async def ScoreBatch(self, request: pb.ScoreBatchRequest,
                          context: grpc.aio.ServicerContext) -> pb.ScoreBatchResponse:
         if len(request.requests) > self.cfg.max_batch:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"batch of {len(request.requests)} exceeds max_batch={self.cfg.max_batch}")
-        responses = await asyncio.gather(*(self.score_one(r) for r in request.requests))
-        return pb.ScoreBatchResponse(responses=responses)
+        ids = [r.episode_id for r in request.requests]
+        outcomes = await self.score([self.to_input(r) for r in request.requests], ids)
+        return pb.ScoreBatchResponse(responses=[self.to_pb(i, o) for i, o in zip(ids, outcomes, strict=True)])
 
     async def GetStatus(self, request: pb.GetRewardStatusRequest,
                         context: grpc.aio.ServicerContext) -> pb.RewardStatus:
-        return pb.RewardStatus(component=self.header.message(), reward_function=self.cfg.function,
-                               scored=self.scored, errors=self.errors, timeouts=self.timeouts)
+        return pb.RewardStatus(component=self.header.message(), reward_function=self.spec.describe(),
+                               scored=self.scored, errors=self.errors, timeouts=self.timeouts,
+                               worker_restarts=sum(self.pool.restarts.values()),
+                               workers_ready=self.pool.ready_workers)
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
-
-def create_reward_server(cfg: RewardConfig, fn: RewardFn) -> tuple[ServerHandle, RewardServicer]:
-    servicer = RewardServicer(cfg, fn)
+def create_reward_server(cfg: RewardConfig) -> tuple[ServerHandle, RewardServicer]:
+    """The gRPC server and its servicer; ``await servicer.start()`` starts the verifier workers."""
+    servicer = RewardServicer(cfg)
     handle = create_server(
         cfg.server,
         [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)],

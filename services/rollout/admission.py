@@ -31,7 +31,7 @@ class TrainerView:
     reachable: bool = False
     serving: bool = False  # false while the trainer starts or runs its supervised warm-up
     publishing: bool = False  # a new version is being pushed to inference
-    groups_dropped: int = 0  # groups the trainer dropped as too stale
+    groups_dropped: int = 0  # groups the trainer dropped (too stale, or every episode's scoring failed)
 
 
 @dataclass

@@ -58,6 +58,7 @@ class RolloutWorker:
         self.episodes_produced = 0
         self.groups_failed = 0
         self.groups_skipped = 0
+        self.episodes_reward_errors = 0  # episodes appended with a failed score (ERROR or TIMEOUT)
         self.running = 0
         self._next_seq = 0
         self._retry: deque[tuple[int, int]] = deque()  # (seq, attempt)
@@ -86,7 +87,8 @@ class RolloutWorker:
             return
         self.trainer_view = TrainerView(
             step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
-            finished=st.finished, reachable=True, publishing=st.publishing, groups_dropped=st.groups_dropped_stale,
+            finished=st.finished, reachable=True, publishing=st.publishing,
+            groups_dropped=st.groups_dropped_stale + st.groups_dropped_reward_error,
             serving=st.component.state == ServingState.SERVING_STATE_SERVING)
 
     async def _poll_trainer(self, stop: asyncio.Event) -> None:
@@ -211,6 +213,7 @@ class RolloutWorker:
         epoch, index = self.cursor.position(self._next_seq)
         return {"groups_produced": self.groups_produced, "episodes_produced": self.episodes_produced,
                 "groups_failed": self.groups_failed, "groups_skipped": self.groups_skipped,
+                "episodes_reward_errors": self.episodes_reward_errors,
                 "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
                 "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index}
 
@@ -235,11 +238,13 @@ class RolloutWorker:
                                     reference=prompt.answer, metadata=meta)
             for eid, s in zip(episode_ids, gen.samples, strict=True)
         ]), timeout=cfg.score_timeout_s)
+        if len(scores.responses) != len(gen.samples):
+            raise GroupFailed(f"reward returned {len(scores.responses)} scores for {len(gen.samples)} samples")
         bad = [r for r in scores.responses if r.status != reward_pb2.SCORE_STATUS_OK]
-        if bad or len(scores.responses) != len(gen.samples):
-            first = bad[0] if bad else None
-            raise GroupFailed(f"reward failed for {len(bad)} of {len(gen.samples)} samples"
-                              + (f": {reward_pb2.ScoreStatus.Name(first.status)} {first.error}" if first else ""))
+        if bad:  # appended all the same, marked: the trainer excludes and counts them (trainer.on_reward_error)
+            self.episodes_reward_errors += len(bad)
+            log.warning("reward failed for %d of %d samples of prompt %s: %s %s", len(bad), len(gen.samples),
+                        prompt.prompt_id, reward_pb2.ScoreStatus.Name(bad[0].status), bad[0].error)
         now = time.time()
         return [
             episode_pb2.Episode(
@@ -247,7 +252,9 @@ class RolloutWorker:
                 group_size=cfg.group_size, prompt_token_ids=gen.prompt_token_ids,
                 completion_token_ids=s.token_ids, behaviour_logprobs=s.logprobs,
                 token_weight_versions=s.weight_versions, loss_mask=[1] * len(s.token_ids),
-                reward=r.score, reward_components=dict(r.components), finish_reason=s.finish_reason,
+                reward=r.score if r.status == reward_pb2.SCORE_STATUS_OK else 0.0,
+                reward_components=dict(r.components), reward_status=r.status, reward_error=r.error,
+                finish_reason=s.finish_reason,
                 producer_id=self.producer_id, created_at=created, enqueued_at=now,
                 prompt_text=prompt.prompt, completion_text=s.text, sampling_temperature=cfg.temperature,
             )

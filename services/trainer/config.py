@@ -19,6 +19,11 @@ class LossAggregation(StrEnum):
     CONSTANT = "constant"  # sum over completion tokens / (episodes x rollout.max_new_tokens) (Dr. GRPO)
 
 
+class RewardErrorPolicy(StrEnum):
+    DROP = "drop"  # exclude errored episodes from the loss and count them
+    FAIL = "fail"  # stop the trainer with an error naming the episode
+
+
 @dataclass
 class TrainerConfig:
     total_steps: int = field(default=100, metadata={"help": "Optimizer steps to run, then stop.", "ge": 1})
@@ -79,6 +84,11 @@ class TrainerConfig:
     record_collectives: bool = field(default=False, metadata={
         "help": "Debug: record every collective per rank under <output_dir>/collectives "
                 "(read with: relayrl debug collectives RUN_DIR)."})
+    on_reward_error: RewardErrorPolicy = field(default=RewardErrorPolicy.DROP, metadata={
+        "help": "Episodes whose scoring failed (reward status ERROR or TIMEOUT): drop = exclude them from the "
+                "loss and count them (episodes_dropped_reward_error); a group is trained on its valid episodes "
+                "(advantages over those only) and dropped whole (groups_dropped_reward_error) when none is valid; "
+                "fail = stop the trainer with an error naming the episode."})
     resume: Literal["never", "auto"] = field(default="never", metadata={
         "help": "auto: restore the newest complete checkpoint under <output_dir>/checkpoints if there is one."})
     linger_s: float = field(default=1.0, metadata={

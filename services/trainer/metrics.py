@@ -28,6 +28,10 @@ class _TrainerCollector(Collector):
                                   "bound (all ranks and restarts).", value=s.episodes_dropped_stale)
         yield CounterMetricFamily("relayrl_trainer_groups_dropped_stale", "Groups dropped beyond the staleness "
                                   "bound.", value=s.groups_dropped_stale)
+        yield CounterMetricFamily("relayrl_trainer_episodes_dropped_reward_error", "Episodes excluded from the loss "
+                                  "because scoring failed.", value=s.episodes_dropped_reward_error)
+        yield CounterMetricFamily("relayrl_trainer_groups_dropped_reward_error", "Groups dropped because every "
+                                  "episode's scoring failed.", value=s.groups_dropped_reward_error)
         yield GaugeMetricFamily("relayrl_trainer_last_checkpoint_step", "Step of the newest durable checkpoint.",
                                 value=s.last_checkpoint_step)
         lag, pending = s.queue_depth

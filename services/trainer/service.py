@@ -6,6 +6,14 @@ produced the sample's oldest token, counted along the version lineage (relayrl.c
 stays right across a resume. Groups with a sample beyond ``rollout.max_staleness`` are dropped, recorded in
 Redis and counted (``groups_dropped_stale``, ``episodes_dropped_stale``); nothing is dropped silently.
 
+Reward errors (an episode whose reward status is ERROR or TIMEOUT: its verifier failed, so its reward means
+nothing): with ``trainer.on_reward_error: drop`` such episodes are excluded from the loss and counted
+(``episodes_dropped_reward_error``). The rest of their group is trained as a smaller group: advantages are
+computed over its valid episodes only, since a failed score is no evidence about the sample. A group with no
+valid episode is dropped like a stale one, recorded in Redis and counted (``groups_dropped_reward_error``).
+With ``fail`` the trainer stops with an error naming the episode, before training its group. Groups produced =
+trained + dropped as stale + dropped for reward errors + pending.
+
 Ranks: every rank reads its own share of groups as the stable Redis consumer ``<consumer>-rank<r>``
 (groups_per_step / world_size groups per step), gradients are all-reduced over the global batch (see
 Learner.rl_gradients), and rank 0 alone allocates and publishes each weight version, serves the status
@@ -39,7 +47,7 @@ from relayrl.common.control_api import control_app
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
 from relayrl.common.logging import log_context
 from relayrl.common.model import load_model, load_tokenizer
-from relayrl.common.pb import inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from relayrl.common.pb import inference_pb2_grpc, reward_pb2, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText, ServingState
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest
@@ -52,6 +60,7 @@ from relayrl.config import RunConfig
 from relayrl.rollout.dataset import load_jsonl
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point, save_checkpoint
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.config import RewardErrorPolicy
 from relayrl.trainer.learner import Learner, StepStats
 from relayrl.trainer.metrics import trainer_metrics
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
@@ -63,6 +72,15 @@ def oldest_version(entry: StreamEntry) -> int:
     return min(min(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
 
 
+def reward_failed(ep: Episode) -> bool:
+    """Whether scoring this episode failed. UNSPECIFIED (written before the field existed) reads as OK."""
+    return ep.reward_status not in (reward_pb2.SCORE_STATUS_UNSPECIFIED, reward_pb2.SCORE_STATUS_OK)
+
+
+class RewardErrorStop(RuntimeError):
+    """An episode's scoring failed and ``trainer.on_reward_error`` is ``fail``."""
+
+
 StalenessFn = Callable[[int], Awaitable[int]]  # token version -> optimizer steps behind the current weights
 
 
@@ -71,8 +89,10 @@ class GroupCollector:
     ones; drops (and counts) groups beyond the staleness bound."""
 
     def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
-                 already_done: set[str], retry_s: float = 60.0) -> None:
+                 already_done: set[str], retry_s: float = 60.0,
+                 on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP) -> None:
         self.retry_s = retry_s
+        self.on_reward_error = on_reward_error
         self.seen: set[str] = set()  # group ids this incarnation took (ready, trained or dropped)
         self.stream = stream
         self.consumer = consumer
@@ -87,6 +107,7 @@ class GroupCollector:
 
     async def collect(self, num_groups: int, staleness: StalenessFn) -> list[StreamEntry]:
         while True:
+            await self._drop_failed()
             await self._drop_stale(staleness)
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
@@ -117,6 +138,27 @@ class GroupCollector:
     def _rescan(self) -> None:
         """After a Redis outage, page through our pending entries again: acks or deliveries may be lost."""
         self._pending_after = "0"
+
+    async def _drop_failed(self) -> None:
+        """Reward errors: stop (policy fail), or drop and count the groups with no valid episode (drop)."""
+        keep: list[StreamEntry] = []
+        for entry in self._ready:
+            failed = [ep for ep in entry.group.episodes if reward_failed(ep)]
+            if failed and self.on_reward_error is RewardErrorPolicy.FAIL:
+                ep = failed[0]
+                raise RewardErrorStop(
+                    f"episode {ep.episode_id} of group {entry.group.group_id} has reward status "
+                    f"{reward_pb2.ScoreStatus.Name(ep.reward_status)}: {ep.reward_error} "
+                    f"({len(failed)} of {len(entry.group.episodes)} failed; trainer.on_reward_error is fail)")
+            if failed and len(failed) == len(entry.group.episodes):
+                await redis_retry(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
+                    e.group.group_id, len(e.group.episodes), "reward_error"), "record drop", self.retry_s)
+                self.consumed(entry)
+                log.warning("dropped group %s: every episode failed scoring (%s)", entry.group.group_id,
+                            failed[0].reward_error)
+            else:
+                keep.append(entry)
+        self._ready = keep
 
     async def _drop_stale(self, staleness: StalenessFn) -> None:
         keep: list[StreamEntry] = []
@@ -194,10 +236,14 @@ class TrainerService:
         self.lineage = 0  # set at the first publication (rank 0)
         self.consumer = f"{tc.consumer}-rank{self.rank}"
         self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness, tc.read_block_ms,
-                                        already_done, cfg.redis.retry_s)
+                                        already_done, cfg.redis.retry_s, tc.on_reward_error)
         # drops over all ranks and restarts, from Redis (refreshed by rank 0 after each step)
         self.groups_dropped_stale = 0
         self.episodes_dropped_stale = 0
+        self.groups_dropped_reward_error = 0  # whole groups, from Redis
+        self.episodes_dropped_reward_error = 0  # their episodes + errored episodes of trained groups
+        # errored episodes excluded from trained groups, over every rank (kept in checkpoints like the others)
+        self.episodes_excluded_reward_error = int(counters.get("episodes_excluded_reward_error", 0))
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
         # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
@@ -214,8 +260,19 @@ class TrainerService:
             component=self.header.message(), step=self.step, weight_version=self.weight_version,
             episodes_trained=self.episodes_trained, episodes_dropped_stale=self.episodes_dropped_stale,
             groups_per_step=self.cfg.trainer.groups_per_step, finished=self.finished, publishing=self.publishing,
-            groups_dropped_stale=self.groups_dropped_stale, checkpoint_pending=self.checkpoint_requested,
-            last_checkpoint_step=self.last_checkpoint_step)
+            groups_dropped_stale=self.groups_dropped_stale,
+            groups_dropped_reward_error=self.groups_dropped_reward_error,
+            episodes_dropped_reward_error=self.episodes_dropped_reward_error,
+            checkpoint_pending=self.checkpoint_requested, last_checkpoint_step=self.last_checkpoint_step)
+
+    async def refresh_drops(self) -> None:
+        """Drop counts over every rank and restart, from Redis."""
+        retry_s = self.cfg.redis.retry_s
+        self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
+            self.stream.dropped, "count drops", retry_s)
+        groups, episodes = await redis_retry(lambda: self.stream.dropped("reward_error"), "count drops", retry_s)
+        self.groups_dropped_reward_error = groups
+        self.episodes_dropped_reward_error = episodes + self.episodes_excluded_reward_error
 
     async def publish(self, policy_step: int) -> int:
         """Rank 0 allocates a fresh version from the durable counter, records its lineage and policy step, and
@@ -356,7 +413,9 @@ class TrainerService:
         per_rank = tc.groups_per_step // self.coll.world_size
         while self.step < tc.total_steps:
             entries = await self.collector.collect(per_rank, self.staleness)
-            episodes = [ep for e in entries for ep in e.group.episodes]
+            # errored episodes never reach the loss; their groups train on the valid ones (see the docstring)
+            episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
+            excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
             staleness = torch.tensor([await self.staleness(min(ep.token_weight_versions, default=0))
                                       for ep in episodes], dtype=torch.float32)
             t_step = time.monotonic()
@@ -373,12 +432,12 @@ class TrainerService:
             self._trained_log.flush()
             await self.publish(self.step + 1)
             self.step += 1
-            summary = await asyncio.to_thread(self._global_summary, episodes, staleness)
+            summary = await asyncio.to_thread(self._global_summary, episodes, staleness, excluded)
             self.episodes_trained += int(summary["episodes"])
+            self.episodes_excluded_reward_error += int(summary["reward_errors"])
             self.groups_trained += tc.groups_per_step
             if self.is_main:
-                self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
-                    self.stream.dropped, "count drops", self.cfg.redis.retry_s)
+                await self.refresh_drops()
             await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
             due = bool(tc.checkpoint_every) and self.step % tc.checkpoint_every == 0
             if (due or self._checkpoint_now) and self.step < tc.total_steps:
@@ -387,14 +446,15 @@ class TrainerService:
         self.finished = True
         self.header.state = ServingState.SERVING_STATE_STOPPED
 
-    def _global_summary(self, episodes: list[Episode], staleness: torch.Tensor) -> dict[str, Any]:
+    def _global_summary(self, episodes: list[Episode], staleness: torch.Tensor, excluded: int = 0) -> dict[str, Any]:
         """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors)."""
         s = self.cfg.rollout.max_staleness
         hist = torch.bincount(staleness.long().clamp(0, s + 1), minlength=s + 2).to(torch.float64)
         rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float64)
         lengths = sum(len(ep.completion_token_ids) for ep in episodes)
         sums = torch.cat([torch.tensor([float(len(episodes)), float(rewards.sum()), float((rewards ** 2).sum()),
-                                        float(staleness.sum()), float(lengths)], dtype=torch.float64), hist])
+                                        float(staleness.sum()), float(lengths), float(excluded)], dtype=torch.float64),
+                          hist])
         self.coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
         maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
         self.coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
@@ -403,12 +463,13 @@ class TrainerService:
         return {"episodes": int(sums[0]), "reward_mean": mean,
                 "reward_std": max(float(sums[2]) / n - mean * mean, 0.0) ** 0.5,
                 "staleness_mean": float(sums[3]) / n, "staleness_max": int(maxima[0]),
-                "completion_len_mean": float(sums[4]) / n,
-                "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[5:].tolist()) if c}}
+                "completion_len_mean": float(sums[4]) / n, "reward_errors": int(sums[5]),
+                "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[6:].tolist()) if c}}
 
     async def checkpoint_and_ack(self) -> None:
         """Save a checkpoint (atomic), and only once it is durable acknowledge the groups it holds."""
-        extra = {"episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained}
+        extra = {"episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained,
+                 "episodes_excluded_reward_error": self.episodes_excluded_reward_error}
         await asyncio.to_thread(
             save_checkpoint, self.cfg.checkpoint_dir, self.step, self.weight_version, self.model, self.tokenizer,
             self.learner.optimizer, self.cfg.trainer.keep_checkpoints, extra, self.coll,
@@ -441,6 +502,9 @@ class TrainerService:
             "staleness_hist": summary["staleness_hist"],
             "episodes_dropped_stale": self.episodes_dropped_stale,
             "groups_dropped_stale": self.groups_dropped_stale,
+            "reward_errors": summary["reward_errors"],
+            "episodes_dropped_reward_error": self.episodes_dropped_reward_error,
+            "groups_dropped_reward_error": self.groups_dropped_reward_error,
             "episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained,
             "loss": stats.loss, "grad_norm": stats.grad_norm, "clip_frac": stats.clip_frac,
             "ratio_mean": stats.ratio_mean, "kl": stats.kl, "lr": stats.lr,
@@ -499,8 +563,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def GetStatus(self, request: trainer_pb2.GetTrainerStatusRequest,
                         context: grpc.aio.ServicerContext) -> trainer_pb2.TrainerStatus:
         # drops are read live: a group dropped by any rank releases rollout's admission at once
-        groups, episodes = await self.service.stream.dropped()
-        self.service.groups_dropped_stale, self.service.episodes_dropped_stale = groups, episodes
+        await self.service.refresh_drops()
         return self.service.status()
 
 

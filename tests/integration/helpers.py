@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -16,8 +16,8 @@ from relayrl.inference.native import NativeEngine
 from relayrl.inference.openai_api import create_app
 from relayrl.inference.server import create_inference_server
 from relayrl.inference.service import InferenceService
-from relayrl.reward.api import RewardFn
 from relayrl.reward.config import RewardConfig
+from relayrl.reward.http import create_app as create_reward_app
 from relayrl.reward.server import RewardServicer, create_reward_server
 
 
@@ -47,16 +47,40 @@ async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | N
         engine.close()
 
 
+def function_spec(function: str | Callable[..., object]) -> str:
+    """``module:function`` of a module-level function (verifier workers import it by that name)."""
+    if isinstance(function, str):
+        return function
+    return f"{function.__module__}:{function.__qualname__}"
+
+
 @asynccontextmanager
-async def reward_server(fn: RewardFn, **overrides: object) -> AsyncIterator[tuple[str, RewardServicer]]:
-    cfg = RewardConfig(server=ServerConfig(port=0), **overrides)  # type: ignore[arg-type]
-    handle, servicer = create_reward_server(cfg, fn)
+async def reward_server(function: str | Callable[..., object] = "relayrl.tasks.arithmetic:reward",
+                        **overrides: object) -> AsyncIterator[tuple[str, RewardServicer]]:
+    """The reward gRPC service on port 0 with its verifier pool (2 workers unless overridden)."""
+    options: dict[str, object] = {"workers": 2, **overrides}
+    cfg = RewardConfig(server=ServerConfig(port=0), http=HttpConfig(host="127.0.0.1", port=0),
+                       function=function_spec(function),
+                       **options)  # type: ignore[arg-type]
+    handle, servicer = create_reward_server(cfg)
+    await servicer.start()
     await handle.start()
     try:
         yield f"127.0.0.1:{handle.port}", servicer
     finally:
         await stop(handle)
-        servicer.close()
+        await servicer.close()
+
+
+@asynccontextmanager
+async def reward_http(servicer: RewardServicer) -> AsyncIterator[str]:
+    """The REST API of ``servicer`` on a free port: yields its base URL."""
+    http = HttpServer(create_reward_app(servicer), HttpConfig(host="127.0.0.1", port=0), "reward")
+    await http.start()
+    try:
+        yield f"http://127.0.0.1:{http.port}"
+    finally:
+        await http.stop()
 
 
 async def stop(handle: ServerHandle) -> None:

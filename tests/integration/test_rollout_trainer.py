@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,8 @@ from relayrl.common.logging import setup_logging
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
-from relayrl.reward.api import RewardFn, RewardInput, RewardResult
 from relayrl.rollout.dataset import PromptCursor, load_jsonl
 from relayrl.rollout.worker import RolloutWorker
-from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.service import TrainerService, create_trainer_server
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server, reward_server
@@ -41,26 +38,34 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
     ])
 
 
-async def _run(cfg: RunConfig, model_dir: Path, reward_fn: RewardFn = reward) -> dict[str, Any]:
+async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmetic") -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes."""
-    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_fn) as (rew_target, _):
+    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
         trainer = TrainerService(replace(cfg, inference=replace(
             cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
         handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
-        async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
-                insecure_channel(f"127.0.0.1:{handle.port}") as c:
-            worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
-                                   inference_pb2_grpc.InferenceServiceStub(a), reward_pb2_grpc.RewardServiceStub(b),
-                                   trainer_pb2_grpc.TrainerServiceStub(c))
-            rollout = asyncio.create_task(worker.run(asyncio.Event()))
-            await asyncio.wait_for(trainer.train(), timeout=120)
-            await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
-        info = await stream.info()
-        await handle.stop(0)
-        await trainer.close()
-        await stream.close()
+        stop = asyncio.Event()
+        try:
+            async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
+                    insecure_channel(f"127.0.0.1:{handle.port}") as c:
+                worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
+                                       inference_pb2_grpc.InferenceServiceStub(a),
+                                       reward_pb2_grpc.RewardServiceStub(b), trainer_pb2_grpc.TrainerServiceStub(c))
+                rollout = asyncio.create_task(worker.run(stop))
+                try:
+                    await asyncio.wait_for(trainer.train(), timeout=120)
+                except BaseException:
+                    stop.set()
+                    await asyncio.wait_for(rollout, timeout=30)
+                    raise
+                await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
+            info = await stream.info()
+        finally:
+            await handle.stop(0)
+            await trainer.close()
+            await stream.close()
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -70,6 +75,9 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_fn: RewardFn = reward) ->
     return {"produced": worker.groups_produced, "trained": trainer.groups_trained,
             "tensorboard": tensorboard,
             "dropped": trainer.groups_dropped_stale, "pending": info.pending + info.lag,
+            "dropped_reward_error": trainer.groups_dropped_reward_error,
+            "episodes_dropped_reward_error": trainer.episodes_dropped_reward_error,
+            "episodes_reward_errors": worker.episodes_reward_errors,
             "length": info.length, "inference_version": inf.engine.version,
             "rows": [r for r in rows if r.get("phase") != "sft"],
             "sft_rows": [r for r in rows if r.get("phase") == "sft"]}
@@ -101,6 +109,7 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert rows[-1]["episodes_trained"] == 4 * 2 * 4
     assert out["produced"] == out["length"]
     assert out["produced"] == out["trained"] + out["dropped"] + out["pending"]
+    assert out["dropped_reward_error"] == out["episodes_reward_errors"] == 0
     assert (tmp_path / "run" / "checkpoints" / "step_000004" / "model" / "config.json").is_file()
     # the default TensorBoard backend got the same steps (x-axis) and values, warm-up steps under sft/
     tb = out["tensorboard"]
@@ -108,6 +117,37 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert [v for _, v in tb["reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows], rel=1e-6, abs=1e-7)
     assert [v for _, v in tb["weight_version"]] == [float(r["weight_version"]) for r in rows]
     assert [s for s, _ in tb.get("sft/loss", [])] == list(range(1, sft_steps + 1))
+
+
+def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups_still_flow(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
+
+    out = asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
+
+    rows = out["rows"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert out["trained"] == 4 * 2
+    # whole groups (prompts 1+x, 2+x) dropped and counted; partly failed groups trained on their valid episodes
+    assert out["dropped_reward_error"] >= 1
+    assert sum(r["reward_errors"] for r in rows) >= 1
+    assert all(r["episodes"] + r["reward_errors"] == 2 * 4 for r in rows)
+    assert out["produced"] == out["trained"] + out["dropped"] + out["dropped_reward_error"] + out["pending"]
+    # every failed score the rollout appended is either excluded from a trained group or in a dropped group
+    assert out["episodes_dropped_reward_error"] == sum(r["reward_errors"] for r in rows) + \
+        4 * out["dropped_reward_error"]
+    assert out["episodes_reward_errors"] >= out["episodes_dropped_reward_error"]
+    assert rows[-1]["episodes_trained"] == sum(r["episodes"] for r in rows)
+
+
+def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    from relayrl.trainer.service import RewardErrorStop
+
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.on_reward_error=fail")
+
+    with pytest.raises(RewardErrorStop, match=r"status SCORE_STATUS_ERROR: ValueError: .*on_reward_error is fail"):
+        asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
 
 
 def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
@@ -163,22 +203,13 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
 def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_its_context(
         tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=4")
-    calls, lock = [0], threading.Lock()
-
-    def first_call_fails(inp: RewardInput) -> RewardResult:  # one verifier failure: a reward warning, a retry
-        with lock:
-            calls[0] += 1
-            if calls[0] == 1:
-                raise ValueError("flaky verifier")
-        return reward(inp)
-
     root, relayrl_logger = logging.getLogger(), logging.getLogger("relayrl")
     saved, level = list(root.handlers), root.level
     log_file = tmp_path / "all.log"
     setup_logging("all", 0, "INFO", log_file=log_file, fmt="json")
     relayrl_logger.setLevel(logging.DEBUG)
-    try:
-        asyncio.run(_run(cfg, tiny_model_dir, first_call_fails))
+    try:  # some verifier calls fail (tests.reward_fns:flaky): each failure is logged by the reward service
+        asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
     finally:
         for handler in list(root.handlers):
             root.removeHandler(handler)
@@ -196,17 +227,16 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
     scoring = where("relayrl.rollout.worker", "scoring group")
     episodes_of = {r["group_id"]: r["message"].split("episodes ")[1].split(", ") for r in scoring}
     assert len(episodes_of) == len(scoring) >= 8
-    # the reward failure names its episode; that episode's group is known, and its failure warning carries it
-    (failed,) = where("relayrl.reward.server", "verifier failed")
-    (group,) = [g for g, eps in episodes_of.items() if failed["episode_id"] in eps]
-    (retry,) = where("relayrl.rollout.worker", "group for prompt")
-    assert retry["group_id"] == group and "will retry" in retry["message"]
-    # the trainer trains groups by the same ids, with the same episodes, and never the failed one
+    # each reward failure names its episode, which belongs to a group rollout scored
+    failures = [r for r in lines if r["logger"] == "relayrl.reward.server" and r["message"].startswith("verifier ")]
+    group_of = {ep: g for g, eps in episodes_of.items() for ep in eps}
+    assert failures and all(r["episode_id"] in group_of for r in failures)
+    # the trainer trains groups by the same ids, with the same episodes (errored ones kept in the group, out of
+    # the loss)
     trained = where("relayrl.trainer.service", "trained group")
-    assert len(trained) == 4 * 2
+    assert trained
     for r in trained:
         assert r["message"].split("episodes: ")[1].rstrip(")").split(", ") == episodes_of[r["group_id"]]
-    assert group not in {r["group_id"] for r in trained}
     # weight versions: every swap in inference and every trainer step line carries the version it names
     swaps = where("relayrl.inference.native", "weights swapped to version")
     assert len(swaps) == 5 and all(r["message"].endswith(f" {r['weight_version']}") for r in swaps)

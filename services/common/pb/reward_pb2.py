@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17relayrl/v1/reward.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xc4\x01\n\x0cScoreRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x38\n\x08metadata\x18\x05 \x03(\x0b\x32&.relayrl.v1.ScoreRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xed\x01\n\rScoreResponse\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.relayrl.v1.ScoreStatus\x12\r\n\x05score\x18\x03 \x01(\x01\x12=\n\ncomponents\x18\x04 \x03(\x0b\x32).relayrl.v1.ScoreResponse.ComponentsEntry\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x06 \x01(\t\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"?\n\x11ScoreBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.relayrl.v1.ScoreRequest\"B\n\x12ScoreBatchResponse\x12,\n\tresponses\x18\x01 \x03(\x0b\x32\x19.relayrl.v1.ScoreResponse\"\x18\n\x16GetRewardStatusRequest\"\x89\x01\n\x0cRewardStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x17\n\x0freward_function\x18\x02 \x01(\t\x12\x0e\n\x06scored\x18\x03 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x04 \x01(\x04\x12\x10\n\x08timeouts\x18\x05 \x01(\x04*r\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORE_STATUS_OK\x10\x01\x12\x16\n\x12SCORE_STATUS_ERROR\x10\x02\x12\x18\n\x14SCORE_STATUS_TIMEOUT\x10\x03\x32\xe5\x01\n\rRewardService\x12<\n\x05Score\x12\x18.relayrl.v1.ScoreRequest\x1a\x19.relayrl.v1.ScoreResponse\x12K\n\nScoreBatch\x12\x1d.relayrl.v1.ScoreBatchRequest\x1a\x1e.relayrl.v1.ScoreBatchResponse\x12I\n\tGetStatus\x12\".relayrl.v1.GetRewardStatusRequest\x1a\x18.relayrl.v1.RewardStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17relayrl/v1/reward.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xc4\x01\n\x0cScoreRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x38\n\x08metadata\x18\x05 \x03(\x0b\x32&.relayrl.v1.ScoreRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xed\x01\n\rScoreResponse\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.relayrl.v1.ScoreStatus\x12\r\n\x05score\x18\x03 \x01(\x01\x12=\n\ncomponents\x18\x04 \x03(\x0b\x32).relayrl.v1.ScoreResponse.ComponentsEntry\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x06 \x01(\t\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"?\n\x11ScoreBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.relayrl.v1.ScoreRequest\"B\n\x12ScoreBatchResponse\x12,\n\tresponses\x18\x01 \x03(\x0b\x32\x19.relayrl.v1.ScoreResponse\"\x18\n\x16GetRewardStatusRequest\"\xb9\x01\n\x0cRewardStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x17\n\x0freward_function\x18\x02 \x01(\t\x12\x0e\n\x06scored\x18\x03 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x04 \x01(\x04\x12\x10\n\x08timeouts\x18\x05 \x01(\x04\x12\x17\n\x0fworker_restarts\x18\x06 \x01(\x04\x12\x15\n\rworkers_ready\x18\x07 \x01(\r*r\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORE_STATUS_OK\x10\x01\x12\x16\n\x12SCORE_STATUS_ERROR\x10\x02\x12\x18\n\x14SCORE_STATUS_TIMEOUT\x10\x03\x32\xe5\x01\n\rRewardService\x12<\n\x05Score\x12\x18.relayrl.v1.ScoreRequest\x1a\x19.relayrl.v1.ScoreResponse\x12K\n\nScoreBatch\x12\x1d.relayrl.v1.ScoreBatchRequest\x1a\x1e.relayrl.v1.ScoreBatchResponse\x12I\n\tGetStatus\x12\".relayrl.v1.GetRewardStatusRequest\x1a\x18.relayrl.v1.RewardStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCOREREQUEST_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_SCORERESPONSE_COMPONENTSENTRY']._loaded_options = None
   _globals['_SCORERESPONSE_COMPONENTSENTRY']._serialized_options = b'8\001'
-  _globals['_SCORESTATUS']._serialized_start=802
-  _globals['_SCORESTATUS']._serialized_end=916
+  _globals['_SCORESTATUS']._serialized_start=850
+  _globals['_SCORESTATUS']._serialized_end=964
   _globals['_SCOREREQUEST']._serialized_start=65
   _globals['_SCOREREQUEST']._serialized_end=261
   _globals['_SCOREREQUEST_METADATAENTRY']._serialized_start=214
@@ -54,7 +54,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREWARDSTATUSREQUEST']._serialized_start=636
   _globals['_GETREWARDSTATUSREQUEST']._serialized_end=660
   _globals['_REWARDSTATUS']._serialized_start=663
-  _globals['_REWARDSTATUS']._serialized_end=800
-  _globals['_REWARDSERVICE']._serialized_start=919
-  _globals['_REWARDSERVICE']._serialized_end=1148
+  _globals['_REWARDSTATUS']._serialized_end=848
+  _globals['_REWARDSERVICE']._serialized_start=967
+  _globals['_REWARDSERVICE']._serialized_end=1196
 # @@protoc_insertion_point(module_scope)

@@ -81,15 +81,19 @@ class GetRewardStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RewardStatus(_message.Message):
-    __slots__ = ("component", "reward_function", "scored", "errors", "timeouts")
+    __slots__ = ("component", "reward_function", "scored", "errors", "timeouts", "worker_restarts", "workers_ready")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     REWARD_FUNCTION_FIELD_NUMBER: _ClassVar[int]
     SCORED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_READY_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     reward_function: str
     scored: int
     errors: int
     timeouts: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., reward_function: _Optional[str] = ..., scored: _Optional[int] = ..., errors: _Optional[int] = ..., timeouts: _Optional[int] = ...) -> None: ...
+    worker_restarts: int
+    workers_ready: int
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., reward_function: _Optional[str] = ..., scored: _Optional[int] = ..., errors: _Optional[int] = ..., timeouts: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., workers_ready: _Optional[int] = ...) -> None: ...

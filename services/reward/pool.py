@@ -1,0 +1,388 @@
+"""A pool of verifier worker processes with a per-call timeout that kills and replaces only the overrunning one.
+
+Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot kill one worker, and a worker that dies breaks the
+whole pool. Here each worker is a process of its own (multiprocessing ``forkserver`` or ``spawn``), talked to over
+its own pipe, read by the asyncio loop (``add_reader``; nothing blocks the loop).
+
+Requests queue; an idle worker takes a chunk of up to ``chunk_size`` of them (ceil(queued / workers), so a batch
+spreads over the pool) and sends back results as it goes (see worker.py). Before each request the worker writes
+its index and start time into shared memory; a timer armed at ``timeout_s`` after the chunk is sent checks it and
+re-arms until a request has run past ``timeout_s``. Then the worker's process group is SIGKILLed, that request is
+a TIMEOUT result, the requests of the chunk whose results had not arrived go back to the front of the queue
+(scored again elsewhere), and a new worker starts in its place. A worker that dies (a verifier calling
+``os._exit``, a segfault) gives an ERROR result for the request it was running, the same requeue and a
+replacement. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from multiprocessing.connection import Connection
+from typing import Any
+
+from relayrl.reward.api import RewardInput, RewardResult
+from relayrl.reward.sandbox import SandboxConfig
+from relayrl.reward.scorer import ScorerSpec
+from relayrl.reward.worker import INDEX, JOB, START, worker_main
+
+log = logging.getLogger(__name__)
+
+
+class Status(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one request: a score (OK) or an explicit failure (ERROR / TIMEOUT) with a message."""
+
+    status: Status
+    result: RewardResult | None = None
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class _Item:
+    inp: RewardInput
+    future: asyncio.Future[Outcome]
+
+
+@dataclass
+class _Worker:
+    slot: int
+    process: Any = None  # multiprocessing.process.BaseProcess
+    conn: Connection | None = None
+    ready: bool = False
+    job_id: int = 0
+    job: list[_Item] | None = None
+    received: int = 0  # results of the current job received so far
+    sent_at: float = 0.0
+    progress: Any = None  # shared (start time, index, job id) of the request the worker is on
+    timer: asyncio.TimerHandle | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class PoolStartError(RuntimeError):
+    """The workers could not start (the reward function fails to import in them)."""
+
+
+class VerifierPool:
+    def __init__(self, spec: ScorerSpec, sandbox: SandboxConfig, size: int, timeout_s: float, chunk_size: int = 32,
+                 start_method: str = "forkserver", memory_mb: int = 0,
+                 on_restart: Callable[[str], None] | None = None) -> None:
+        self.memory_mb = memory_mb
+        self.spec = spec
+        self.sandbox = sandbox
+        self.size = size
+        self.timeout_s = timeout_s
+        self.chunk_size = chunk_size
+        self.on_restart = on_restart
+        self._ctx = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":
+            # replacements fork from a server that has these imported already (no import cost after a kill)
+            self._ctx.set_forkserver_preload(["relayrl.reward.worker", *spec.modules()])  # type: ignore[attr-defined]
+        self._workers = [_Worker(slot=i) for i in range(size)]
+        self._queue: deque[_Item] = deque()
+        self._jobs = itertools.count(1)
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._init_error: str | None = None
+        self._ready_changed = asyncio.Event()
+        self._closed = False
+        self._started = False
+        self.restarts: dict[str, int] = {"timeout": 0, "crash": 0}
+
+    # -- status ----------------------------------------------------------------------------------------------
+    @property
+    def ready_workers(self) -> int:
+        return sum(w.ready for w in self._workers)
+
+    @property
+    def busy_workers(self) -> int:
+        return sum(w.job is not None for w in self._workers)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process is not None and w.process.pid is not None]
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    async def start(self, timeout_s: float = 120.0) -> None:
+        """Start every worker and wait until all are ready; PoolStartError if the reward fails to load in them."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.gather(*(self._start_worker(w) for w in self._workers))
+        deadline = time.monotonic() + timeout_s
+        while self.ready_workers < self.size:
+            if self._init_error is not None:
+                await self.close()
+                raise PoolStartError(f"verifier workers failed to start: {self._init_error}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                await self.close()
+                raise PoolStartError(f"only {self.ready_workers} of {self.size} verifier workers ready after "
+                                     f"{timeout_s:.0f}s")
+            self._ready_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready_changed.wait(), timeout=min(left, 1.0))
+        self._started = True
+        log.info("%d verifier workers ready (%s)", self.size, self.spec.describe())
+
+    def _spawn(self) -> tuple[Any, Connection, Any]:
+        parent, child = self._ctx.Pipe(duplex=True)
+        progress = self._ctx.RawArray("d", 3)  # type: ignore[attr-defined]
+        process = self._ctx.Process(  # type: ignore[attr-defined]
+            target=worker_main, args=(child, progress, self.spec, self.sandbox, self.memory_mb), daemon=True,
+            name="relayrl-verifier")
+        process.start()
+        child.close()
+        return process, parent, progress
+
+    async def _start_worker(self, w: _Worker, delay_s: float = 0.0) -> None:
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        loop = asyncio.get_running_loop()
+        process, conn, progress = await loop.run_in_executor(None, self._spawn)
+        if self._closed:
+            self._kill(process)
+            conn.close()
+            return
+        w.process, w.conn, w.progress, w.ready, w.job = process, conn, progress, False, None
+        w.started_at = time.monotonic()
+        loop.add_reader(conn.fileno(), self._on_readable, w, conn)
+
+    async def close(self) -> None:
+        """Stop the workers (politely, then SIGKILL) and fail what is still queued."""
+        self._closed = True
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_result(Outcome(Status.ERROR, error="the reward service is shutting down"))
+        self._queue.clear()
+        processes = []
+        for w in self._workers:
+            if w.conn is not None:
+                self._detach(w)
+                with contextlib.suppress(OSError):
+                    w.conn.send(("stop",))
+                w.conn.close()
+                w.conn = None
+            if w.job is not None:
+                for item in w.job[w.received:]:
+                    if not item.future.done():
+                        item.future.set_result(Outcome(Status.ERROR, error="the reward service is shutting down"))
+                w.job = None
+            if w.process is not None:
+                processes.append(w.process)
+            w.ready = False
+        for task in list(self._tasks):
+            task.cancel()
+
+        def join_all() -> None:
+            for p in processes:
+                p.join(2.0)
+                if p.is_alive():
+                    self._kill(p)
+                    p.join(2.0)
+
+        await asyncio.get_running_loop().run_in_executor(None, join_all)
+
+    # -- scoring ---------------------------------------------------------------------------------------------
+    async def score_many(self, inputs: list[RewardInput]) -> list[Outcome]:
+        """One Outcome per input, in order. Inputs are spread over the workers and scored in parallel."""
+        if self._closed:
+            return [Outcome(Status.ERROR, error="the reward service is shutting down") for _ in inputs]
+        loop = asyncio.get_running_loop()
+        items = [_Item(inp, loop.create_future()) for inp in inputs]
+        self._queue.extend(items)
+        self._dispatch()
+        try:
+            return list(await asyncio.gather(*(i.future for i in items)))
+        except asyncio.CancelledError:
+            for item in items:
+                item.future.cancel()
+            raise
+
+    def _dispatch(self) -> None:
+        if self._closed:
+            return
+        idle = [w for w in self._workers if w.ready and w.job is None]
+        while self._queue and idle:
+            n = min(self.chunk_size, max(1, math.ceil(len(self._queue) / self.size)))
+            items: list[_Item] = []
+            while self._queue and len(items) < n:
+                item = self._queue.popleft()
+                if not item.future.done():  # a cancelled call's requests are not scored
+                    items.append(item)
+            if not items:
+                break
+            w = idle.pop()
+            assert w.conn is not None
+            w.job_id, w.job, w.received, w.sent_at = next(self._jobs), items, 0, time.monotonic()
+            try:
+                w.conn.send(("batch", w.job_id, [i.inp for i in items]))
+            except (OSError, ValueError):  # the worker died just now: its EOF handler has not run yet
+                self._queue.extendleft(reversed(items))
+                w.job = None
+                self._replace(w, "crash")
+                continue
+            self._arm(w, self.timeout_s)
+
+    def _arm(self, w: _Worker, delay_s: float) -> None:
+        assert self._loop is not None
+        if w.timer is not None:
+            w.timer.cancel()
+        w.timer = self._loop.call_later(delay_s, self._on_deadline, w, w.job_id)
+
+    def _current(self, w: _Worker) -> tuple[int, float]:
+        """(index, start time) of the request the worker is on, from shared memory; before it started the job:
+        the first request without a result, since the job was sent."""
+        if w.progress is not None and int(w.progress[JOB]) == w.job_id and int(w.progress[INDEX]) >= w.received:
+            return int(w.progress[INDEX]), float(w.progress[START])
+        return w.received, w.sent_at
+
+    # -- events from workers ---------------------------------------------------------------------------------
+    def _on_readable(self, w: _Worker, conn: Connection) -> None:
+        if w.conn is not conn:
+            return
+        try:
+            while conn.poll():
+                self._handle(w, conn.recv())
+                if w.conn is not conn:
+                    return
+        except (EOFError, OSError):
+            self._on_death(w, conn)
+
+    def _handle(self, w: _Worker, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "ready":
+            w.ready = True
+            self._ready_changed.set()
+            self._dispatch()
+        elif kind == "init_error":
+            self._init_error = str(message[1])
+            log.error("verifier worker failed to start: %s", message[1])
+        elif kind == "results":
+            _, job_id, results = message
+            if job_id != w.job_id or w.job is None:
+                return
+            for index, status, result, error, seconds in results:
+                if index != w.received:
+                    continue
+                item = w.job[index]
+                if not item.future.done():
+                    item.future.set_result(Outcome(Status(status), result, error, seconds))
+                w.received += 1
+            if w.received == len(w.job):
+                w.job = None
+                if w.timer is not None:
+                    w.timer.cancel()
+                    w.timer = None
+                self._dispatch()
+
+    def _on_deadline(self, w: _Worker, job_id: int) -> None:
+        if w.job is None or w.job_id != job_id:
+            return
+        index, started = self._current(w)
+        overrun = time.monotonic() - started
+        if overrun < self.timeout_s:  # the request running now started later: wait for its own deadline
+            self._arm(w, self.timeout_s - overrun)
+            return
+        item = w.job[index]
+        if not item.future.done():
+            item.future.set_result(Outcome(
+                Status.TIMEOUT, error=f"verifier did not finish within {self.timeout_s:g}s; its worker process was "
+                                      "killed and replaced", seconds=overrun))
+        self._requeue_rest(w, index)
+        log.warning("verifier timed out after %.1fs: killing worker pid %s", self.timeout_s,
+                    getattr(w.process, "pid", None))
+        self._replace(w, "timeout")
+
+    def _on_death(self, w: _Worker, conn: Connection) -> None:
+        if w.conn is not conn or self._closed:
+            return
+        process = w.process
+        if process is not None:
+            process.join(0.5)
+        code = getattr(process, "exitcode", None)
+        why = (f"killed by signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
+               else f"exit code {code}")
+        if w.job is not None:
+            index, _ = self._current(w)
+            item = w.job[index]
+            if not item.future.done():
+                item.future.set_result(Outcome(Status.ERROR, error=f"verifier worker process died ({why})"))
+            self._requeue_rest(w, index)
+        if not w.ready:
+            if self._init_error is None:
+                self._init_error = f"a worker died while starting ({why})"
+            if self._loop is not None and not self._started:
+                self._detach(w)
+                return  # start() reports it
+        log.warning("verifier worker pid %s died (%s); replacing it", getattr(process, "pid", None), why)
+        self._replace(w, "crash")
+
+    def _requeue_rest(self, w: _Worker, failed: int) -> None:
+        """Requeue the job's requests without a result but the one at ``failed``: those after it, and those
+        before it whose results were lost with the worker."""
+        if w.job is not None:
+            self._queue.extendleft(reversed(w.job[w.received:failed] + w.job[failed + 1:]))
+            w.job = None
+
+    # -- replacing a worker ----------------------------------------------------------------------------------
+    def _detach(self, w: _Worker) -> None:
+        if w.timer is not None:
+            w.timer.cancel()
+            w.timer = None
+        if w.conn is not None and self._loop is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(w.conn.fileno())
+
+    @staticmethod
+    def _kill(process: Any) -> None:
+        pid = process.pid
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # the worker's own process group (it called setpgrp)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+    def _replace(self, w: _Worker, reason: str) -> None:
+        self._detach(w)
+        old = w.process
+        if old is not None:
+            self._kill(old)
+        if w.conn is not None:
+            w.conn.close()
+        was_ready = w.ready
+        w.conn, w.process, w.ready, w.job = None, None, False, None
+        self.restarts[reason] = self.restarts.get(reason, 0) + 1
+        if self.on_restart is not None:
+            self.on_restart(reason)
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        if old is not None:  # reap it without blocking the loop
+            self._track(loop.run_in_executor(None, old.join, 5.0))
+        # a worker that died before it was ready is restarted after a pause, not in a tight loop
+        self._track(asyncio.ensure_future(self._start_worker(w, 0.0 if was_ready else 1.0)))
+
+    def _track(self, fut: asyncio.Future[Any]) -> None:
+        self._tasks.add(fut)
+        fut.add_done_callback(self._tasks.discard)

@@ -1,0 +1,104 @@
+"""The configured reward as one callable: a single function, or weighted components reported by name."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.reward.api import (
+    RewardFn,
+    RewardFunctionError,
+    RewardInput,
+    RewardResult,
+    bind_params,
+    load_reward_function,
+    normalize_result,
+    registered_rewards,
+)
+from relayrl.reward.config import RewardConfig
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    name: str
+    function: str
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    """Picklable description of the reward, sent to each worker process, which imports the functions itself."""
+
+    function: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    components: tuple[ComponentSpec, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: RewardConfig) -> ScorerSpec:
+        if cfg.components:
+            return cls(components=tuple(ComponentSpec(c.name, c.function, c.weight, dict(c.params))
+                                        for c in cfg.components))
+        return cls(function=cfg.function, params=dict(cfg.params))
+
+    def modules(self) -> list[str]:
+        """Modules of the configured ``module:function`` specs (preloaded by the forkserver)."""
+        specs = [c.function for c in self.components] if self.components else [self.function]
+        registered = registered_rewards()
+        return [registered.get(s, s).partition(":")[0] for s in specs if ":" in registered.get(s, s)]
+
+    def describe(self) -> str:
+        if not self.components:
+            return self.function
+        return " + ".join(f"{c.weight:g}*{c.name}({c.function})" for c in self.components)
+
+
+class Scorer:
+    """Loads the functions of a spec (errors are ConfigErrors naming the field) and scores one input.
+
+    The total of a composite reward is sum(weight x score); ``components`` holds each component's unweighted
+    score under its name and its own components as ``name.sub``. A component that fails fails the whole call.
+    Async functions run to completion on this scorer's event loop (one per worker process)."""
+
+    def __init__(self, spec: ScorerSpec) -> None:
+        self.spec = spec
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if spec.components:
+            self.parts: list[tuple[str, float, RewardFn]] = [
+                (c.name, c.weight, bind_params(load_reward_function(c.function, f"reward.components.{c.name}.function"),
+                                               c.params, f"reward.components.{c.name}.params"))
+                for c in spec.components]
+        else:
+            self.parts = [("", 1.0, bind_params(load_reward_function(spec.function), spec.params))]
+
+    def _call(self, fn: RewardFn, inp: RewardInput) -> RewardResult:
+        value = fn(inp)
+        if inspect.isawaitable(value):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            value = self._loop.run_until_complete(value)
+        return normalize_result(value)
+
+    def __call__(self, inp: RewardInput) -> RewardResult:
+        if not self.spec.components:
+            return self._call(self.parts[0][2], inp)
+        total = 0.0
+        components: dict[str, float] = {}
+        details: list[str] = []
+        for name, weight, fn in self.parts:
+            try:
+                result = self._call(fn, inp)
+            except Exception as exc:
+                raise RewardFunctionError(f"component {name!r} failed: {type(exc).__name__}: {exc}") from exc
+            total += weight * result.score
+            components[name] = result.score
+            components.update({f"{name}.{k}": v for k, v in result.components.items()})
+            if result.details:
+                details.append(f"{name}: {result.details}")
+        return RewardResult(score=total, components=components, details="; ".join(details))
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()

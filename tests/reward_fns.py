@@ -1,0 +1,81 @@
+"""Module-level reward functions for the reward tests (verifier workers import them by module:function)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from relayrl.reward.api import RewardInput, RewardResult
+
+
+def broken(inp: RewardInput) -> float:
+    raise ZeroDivisionError("verifier bug")
+
+
+def returns_nan(inp: RewardInput) -> float:
+    return float("nan")
+
+
+def returns_text(inp: RewardInput) -> object:
+    return "1.0"
+
+
+def returns_none(inp: RewardInput) -> object:
+    return None
+
+
+def slow(inp: RewardInput) -> float:
+    """Sleeps for the number of seconds in the completion (a float), then scores 1."""
+    time.sleep(float(inp.completion or 0))
+    return 1.0
+
+
+def spin(inp: RewardInput) -> float:
+    """A verifier that never returns when the completion says so (a busy loop: no sleep to interrupt)."""
+    while inp.completion == "hang":
+        pass
+    return 1.0
+
+
+def crash(inp: RewardInput) -> float:
+    """Kills its own process when the completion says so (like a segfault in a native extension)."""
+    if inp.completion == "crash":
+        os._exit(3)
+    return 1.0
+
+
+def exits(inp: RewardInput) -> float:
+    raise SystemExit(0)
+
+
+def pid(inp: RewardInput) -> RewardResult:
+    """Scores 1 and says which process scored it."""
+    return RewardResult(score=1.0, details=str(os.getpid()))
+
+
+async def async_half(inp: RewardInput) -> RewardResult:
+    await asyncio.sleep(0)
+    return RewardResult(score=0.5, components={"half": 0.5}, details=inp.completion)
+
+
+def length(inp: RewardInput, scale: float = 1.0) -> float:
+    """A parameterised function: scale x len(completion)."""
+    return scale * len(inp.completion)
+
+
+_calls = 0
+
+
+def flaky(inp: RewardInput) -> RewardResult:
+    """The arithmetic reward, except that prompts starting with 1 or 2 fail for every sample (their whole group
+    errors) and every third call in a worker process raises (some samples of other groups error)."""
+    from relayrl.tasks.arithmetic import reward
+
+    global _calls
+    _calls += 1
+    if inp.prompt[:1] in ("1", "2"):
+        raise ValueError("unverifiable prompt")
+    if _calls % 3 == 0:
+        raise ValueError("flaky verifier")
+    return reward(inp)

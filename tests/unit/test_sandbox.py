@@ -1,0 +1,74 @@
+"""The code sandbox used directly: environment, limits, cleanup, and refusing to run when it cannot isolate."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import pytest
+
+from relayrl.reward.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxUnavailable
+
+BACKENDS = [SandboxBackend.BWRAP, SandboxBackend.PROCESS]
+
+
+def _sandbox(backend: SandboxBackend, **overrides: object) -> Sandbox:
+    return Sandbox(SandboxConfig(backend=backend, **overrides))  # type: ignore[arg-type]
+
+
+def _leftover_dirs() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("relayrl-sbx-")}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_program_gets_a_scrubbed_environment_and_a_private_writable_directory(
+        backend: SandboxBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYRL_SECRET_TOKEN", "hunter2")
+    before = _leftover_dirs()
+    program = ("import os\nopen('scratch.txt', 'w').write('x')\nprint(sorted(os.environ))\n"
+               "print(os.getuid() != 0, os.path.exists('scratch.txt'))\nos.write(3, b'result')\n")
+
+    run = _sandbox(backend).run_python("main.py", {"main.py": program})
+
+    assert run.ok, run.stderr
+    lines = run.stdout.decode().splitlines()
+    assert "RELAYRL_SECRET_TOKEN" not in lines[0] and "hunter2" not in run.stdout.decode()
+    assert lines[1] == "True True"  # not root; its files land in its own directory
+    assert run.channel == b"result"
+    assert _leftover_dirs() == before  # the run's directories are removed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_file_size_and_open_file_limits_apply(backend: SandboxBackend) -> None:
+    program = ("import os\ntry:\n    open('big', 'wb').write(b'x' * (3 * 1024 * 1024))\n    print('wrote')\n"
+               "except OSError as e:\n    print('fsize', e.errno)\nfiles = []\ntry:\n    for i in range(100):\n"
+               "        files.append(open('f%d' % i, 'w'))\nexcept OSError as e:\n    print('nofile', len(files))\n")
+
+    run = _sandbox(backend, max_file_mb=1, max_open_files=16).run_python("main.py", {"main.py": program})
+
+    lines = run.stdout.decode().splitlines()
+    assert lines[0] == "fsize 27"  # EFBIG
+    assert lines[1].startswith("nofile ") and int(lines[1].split()[1]) < 16
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cpu_limit_stops_a_busy_program_before_the_wall_clock(backend: SandboxBackend) -> None:
+    t0 = time.monotonic()
+
+    run = _sandbox(backend, cpu_s=1, wall_timeout_s=10.0).run_python("main.py", {"main.py": "while True: pass"})
+
+    assert run.exit_code is not None and run.exit_code < 0 and not run.timed_out  # SIGKILL/SIGXCPU from the kernel
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_missing_bubblewrap_means_no_run_at_all() -> None:
+    sandbox = _sandbox(SandboxBackend.BWRAP, bwrap="/nonexistent/bwrap")
+
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        sandbox.run_python("main.py", {"main.py": "print(1)"})
+
+
+def test_file_names_must_stay_inside_the_source_directory() -> None:
+    with pytest.raises(ValueError, match="plain names"):
+        _sandbox(SandboxBackend.BWRAP).run_python("main.py", {"../main.py": "print(1)"})

@@ -1,0 +1,55 @@
+"""The verifier pool alone: per-request timeouts inside a chunk, attribution, requeueing and replacement."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from relayrl.reward.api import RewardInput
+from relayrl.reward.pool import Outcome, Status, VerifierPool
+from relayrl.reward.sandbox import SandboxConfig
+from relayrl.reward.scorer import ScorerSpec
+
+
+def _score(function: str, completions: list[str], workers: int = 1, timeout_s: float = 1.0,
+           chunk_size: int = 32) -> tuple[list[Outcome], dict[str, int], float]:
+    async def go() -> tuple[list[Outcome], dict[str, int], float]:
+        pool = VerifierPool(ScorerSpec(function=function), SandboxConfig(), workers, timeout_s, chunk_size)
+        await pool.start()
+        try:
+            t0 = time.monotonic()
+            out = await pool.score_many([RewardInput("p", c, "r") for c in completions])
+            return out, dict(pool.restarts), time.monotonic() - t0
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+def test_the_request_that_hangs_is_the_one_that_times_out_even_after_fast_ones_in_its_chunk() -> None:
+    out, restarts, elapsed = _score("tests.reward_fns:spin", ["a", "b", "c", "hang", "d", "e"])
+
+    assert [o.status for o in out] == [Status.OK, Status.OK, Status.OK, Status.TIMEOUT, Status.OK, Status.OK]
+    assert restarts == {"timeout": 1, "crash": 0}
+    assert elapsed < 1.0 + 1.0
+
+
+def test_timeout_is_per_request_not_per_chunk() -> None:
+    out, restarts, elapsed = _score("tests.reward_fns:slow", ["0.4", "0.4", "0.4"], timeout_s=0.7)
+
+    assert [o.status for o in out] == [Status.OK] * 3  # 1.2 s for the chunk, each request under 0.7 s
+    assert restarts == {"timeout": 0, "crash": 0}
+    assert elapsed >= 1.2
+
+
+def test_a_crash_fails_only_its_request_and_the_rest_of_the_chunk_is_scored_by_the_replacement() -> None:
+    out, restarts, _ = _score("tests.reward_fns:crash", ["a", "crash", "b", "c"])
+
+    assert [o.status for o in out] == [Status.OK, Status.ERROR, Status.OK, Status.OK]
+    assert restarts == {"timeout": 0, "crash": 1}
+
+
+def test_requests_spread_over_the_workers() -> None:
+    out, _, _ = _score("tests.reward_fns:pid", ["x"] * 8, workers=2)
+
+    assert len({o.result.details for o in out if o.result is not None}) == 2
