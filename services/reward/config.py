@@ -58,6 +58,9 @@ class RewardConfig:
     start_method: Literal["forkserver", "spawn"] = field(default="forkserver", metadata={
         "help": "How worker processes start: forkserver (fast replacement; modules preloaded) or spawn."})
     max_batch: int = field(default=1024, metadata={"help": "Largest ScoreBatch accepted.", "ge": 1})
+    max_workers: int = field(default=0, metadata={
+        "help": "Former number of verifier threads; when set (> 0) it is used as `workers`.", "ge": 0,
+        "deprecated": "use workers (verifiers now run in worker processes)", "removed_in": "0.3"})
     sandbox: SandboxConfig = field(default_factory=SandboxConfig, metadata={
         "help": "The sandbox that runs model-written code (the `code` verifier)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8002), metadata={
@@ -66,6 +69,8 @@ class RewardConfig:
         "help": "gRPC server of this service."})
 
     def validate(self) -> None:
+        if self.max_workers:
+            self.workers = self.max_workers  # the deprecated spelling still takes effect
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
             raise ConfigError("components", names, "component names must be unique")

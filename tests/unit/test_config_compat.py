@@ -102,3 +102,11 @@ def test_committed_reference_and_schema_snapshot_match_the_code() -> None:
 @pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_committed_config_loads_through_the_real_loader(path: Path) -> None:
     load_run_config(path)
+
+
+def test_deprecated_reward_max_workers_still_sets_the_worker_count(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        cfg = load_run_config(None, ["reward.max_workers=3"])
+
+    assert cfg.reward.workers == 3
+    assert any("reward.max_workers" in r.getMessage() and "use workers" in r.getMessage() for r in caplog.records)
