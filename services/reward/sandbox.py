@@ -254,7 +254,7 @@ class Sandbox:
             elif target.is_dir():
                 cmd += ["--ro-bind", str(target), f"/{link}"]
         prefix = self.python.parent.parent
-        if not str(prefix).startswith("/usr/"):
+        if not prefix.is_relative_to("/usr"):  # an interpreter outside /usr (pyenv, /opt): its prefix, read-only
             cmd += ["--ro-bind", str(prefix), str(prefix)]
         cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.cfg.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
                 "--ro-bind", str(src), "/src", "--chdir", "/tmp", "--clearenv"]
