@@ -118,10 +118,6 @@ class BatchState:
         self.length += 1
         self.next_tok = tok
 
-    def finished(self) -> torch.Tensor:
-        """[B] bool: the last token is a stop id, or max_new tokens were generated."""
-        hit_stop = (self.next_tok.unsqueeze(1) == self.params.stop_ids).any(dim=1)
-        return hit_stop | (self.length >= self.params.max_new)
-
     def hit_stop(self) -> torch.Tensor:
+        """[B] bool: the last sampled token is one of the row's stop ids."""
         return (self.next_tok.unsqueeze(1) == self.params.stop_ids).any(dim=1)

@@ -313,8 +313,9 @@ class NativeEngine:
         """Move finished rows out of the batch and resolve requests whose samples are all done."""
         batch = self._batch
         assert batch is not None
-        finished = batch.finished()
-        reason = torch.where(batch.hit_stop(), FINISH_REASON_STOP, FINISH_REASON_LENGTH)
+        hit_stop = batch.hit_stop()
+        finished = hit_stop | (batch.length >= batch.params.max_new)
+        reason = torch.where(hit_stop, FINISH_REASON_STOP, FINISH_REASON_LENGTH)
         string_hits = self._stop_string_hits(batch, finished)
         if string_hits:
             idx = torch.tensor(string_hits, dtype=torch.long, device=finished.device)

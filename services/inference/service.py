@@ -56,9 +56,6 @@ class InferenceService:
             raise ValueError(f"n={inp.n} must be in [1, max_samples_per_request={cfg.max_samples_per_request}]")
         if not 1 <= inp.max_new_tokens <= cfg.max_new_tokens_limit:
             raise ValueError(f"max_new_tokens must be in [1, {cfg.max_new_tokens_limit}], got {inp.max_new_tokens}")
-        if len(ids) + inp.max_new_tokens > self.engine.context_length:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) exceeds the "
-                             f"model's context length {self.engine.context_length}")
         if not inp.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {inp.temperature}")
         if not 0 < inp.top_p <= 1:

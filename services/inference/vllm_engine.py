@@ -33,7 +33,7 @@ from relayrl.common.logging import log_context
 from relayrl.common.model import ModelConfig, load_tokenizer
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import check_probe
-from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors
+from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
 from relayrl.inference.config import InferenceConfig, KvOnUpdate
 from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput
 
@@ -75,7 +75,7 @@ def hf_parameter_specs(path: str, dtype: torch.dtype) -> dict[str, TensorSpec]:
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return {name: TensorSpec(dtype, tuple(p.shape)) for name, p in model.named_parameters()}
+    return parameter_specs(model)
 
 
 class VllmEngine:

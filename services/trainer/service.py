@@ -42,15 +42,15 @@ import torch
 import torch.distributed as dist
 from fastapi import FastAPI
 
+from relayrl.client import InferenceClient
 from relayrl.common.control import redacted, redacted_yaml, require_token
 from relayrl.common.control_api import control_app
-from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
+from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import log_context
 from relayrl.common.model import load_model, load_tokenizer
-from relayrl.common.pb import inference_pb2_grpc, reward_pb2, trainer_pb2, trainer_pb2_grpc
+from relayrl.common.pb import reward_pb2, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText, ServingState
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.common.pb.inference_pb2 import GetInferenceStatusRequest
 from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
@@ -341,17 +341,12 @@ class TrainerService:
 
     async def _served_version(self) -> int:
         """The version inference serves now (a floor for the first allocation after a restart)."""
-        async with insecure_channel(self.cfg.inference.server.target) as channel:
-            stub = inference_pb2_grpc.InferenceServiceStub(channel)
-            for attempt in range(1, 6):
-                try:
-                    st = await stub.GetStatus(GetInferenceStatusRequest(), timeout=10.0)
-                    return int(st.weight_version)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 5:
-                        raise RuntimeError(f"inference status unavailable: {exc.code().name}") from exc
-                    await asyncio.sleep(0.5 * attempt)
-        return 0
+        async with InferenceClient(self.cfg.inference.server.target, timeout_s=10.0, retries=4,
+                                   backoff_s=0.5) as inference:
+            try:
+                return int((await inference.status()).weight_version)
+            except grpc.aio.AioRpcError as exc:
+                raise RuntimeError(f"inference status unavailable: {exc.code().name}") from exc
 
     async def push_weights(self, version: int) -> None:
         """Send the current weights as ``version`` and verify them (raises WeightVerificationError)."""
@@ -365,13 +360,9 @@ class TrainerService:
         with self._weights_lock:  # never a half-updated model
             return self.publisher.snapshot()
 
-    def _locked_step(self, episodes: list[Episode]) -> StepStats:
-        with self._weights_lock:
-            return self.learner.rl_step(episodes)
-
-    def _locked_sft_step(self, *args: Any) -> StepStats:
-        with self._weights_lock:
-            return self.learner.sft_step(*args)
+    def _locked(self, step: Callable[..., StepStats], *args: Any) -> StepStats:
+        with self._weights_lock:  # an optimizer step never overlaps a snapshot for publication
+            return step(*args)
 
     def _write_metrics(self, row: dict[str, Any], step: int) -> None:
         """Rank 0: one row to metrics.jsonl and the tracking backends, ``step`` as its x-axis."""
@@ -389,7 +380,7 @@ class TrainerService:
         per_rank = max(1, tc.sft_batch_size // self.coll.world_size)
         for i in range(1, tc.sft_warmup_steps + 1):
             idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
-            stats = await asyncio.to_thread(self._locked_sft_step, [enc[j][0] for j in idx],
+            stats = await asyncio.to_thread(self._locked, self.learner.sft_step, [enc[j][0] for j in idx],
                                             [enc[j][1] for j in idx])
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
                                  "time_s": time.monotonic() - self._t0}, i)
@@ -419,7 +410,7 @@ class TrainerService:
             staleness = torch.tensor([await self.staleness(min(ep.token_weight_versions, default=0))
                                       for ep in episodes], dtype=torch.float32)
             t_step = time.monotonic()
-            stats = await asyncio.to_thread(self._locked_step, episodes)
+            stats = await asyncio.to_thread(self._locked, self.learner.rl_step, episodes)
             for entry in entries:
                 self.collector.consumed(entry)
                 with log_context(group_id=entry.group.group_id):
