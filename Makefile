@@ -60,8 +60,10 @@ check-reference: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
+## ruff, and the import contracts (pyproject's [tool.importlinter]): services never import one another.
 lint: $(STAMP)
 	$(BIN)/ruff check services tests scripts bench
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy services

@@ -110,8 +110,9 @@ def main() -> int:
     parser.add_argument("--only-vllm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    from relayrl.common.model import ModelConfig, load_model, load_tokenizer
-    from relayrl.inference.config import EngineKind, InferenceConfig
+    from relayrl.common.model import load_model, load_tokenizer
+    from relayrl.config.inference import EngineKind, InferenceConfig
+    from relayrl.config.model import ModelConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or make_model(Path(tmp) / "model")

@@ -27,9 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.reward import SandboxBackend, SandboxConfig
 from relayrl.reward.api import RewardInput
 from relayrl.reward.pool import Status, VerifierPool
-from relayrl.reward.sandbox import SandboxBackend, SandboxConfig, configure
+from relayrl.reward.sandbox import configure
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 

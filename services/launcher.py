@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import IO
 
 from relayrl.common.config import ConfigError
-from relayrl.common.grpc_utils import ServerConfig, check_health
-from relayrl.common.http import HttpConfig
+from relayrl.common.grpc_utils import check_health
 from relayrl.config import RunConfig, dump_run_config
+from relayrl.config.endpoints import HttpConfig, ServerConfig
 
 log = logging.getLogger(__name__)
 

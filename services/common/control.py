@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -22,18 +20,6 @@ import yaml
 from relayrl.common.config import to_dict
 
 REDACTED = "***"
-
-
-@dataclass
-class ControlConfig:
-    token_env: str = field(default="RELAYRL_CONTROL_TOKEN", metadata={
-        "help": "Environment variable holding the bearer token required by mutating control calls."})
-    token: str = field(default="", metadata={
-        "help": "Bearer token when the environment variable is unset (empty: control calls are open; keep the "
-                "ports private then).", "secret": "value"})
-
-    def effective_token(self) -> str:
-        return os.environ.get(self.token_env, "") or self.token
 
 
 def authorized(header: str | None, token: str) -> bool:

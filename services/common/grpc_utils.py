@@ -6,13 +6,13 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from relayrl.common.config import ConfigError
+from relayrl.config.endpoints import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -22,35 +22,6 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
-
-
-@dataclass
-class ServerConfig:
-    """Where a service's gRPC server listens, and where clients reach it."""
-
-    host: str = field(default="127.0.0.1", metadata={"help": "Address the gRPC server binds to."})
-    port: int = field(default=0, metadata={"help": "gRPC port (0: any free port).", "ge": 0, "le": 65535})
-    address: str = field(default="", metadata={
-        "help": "host:port that clients use to reach the service; empty means host:port."})
-    shutdown_grace_s: float = field(default=5.0, metadata={
-        "help": "Grace period for in-flight calls at shutdown.", "ge": 0})
-
-    def validate(self) -> None:
-        if not self.host:
-            raise ConfigError("host", self.host, "must not be empty")
-
-    @property
-    def target(self) -> str:
-        """Where clients connect: ``address`` when set, else host:port (wildcard hosts -> loopback)."""
-        if self.address:
-            return self.address
-        connect = "127.0.0.1" if self.host in ("0.0.0.0", "::", "[::]") else self.host
-        return f"{connect}:{self.port}"
-
-
-def server_config(port: int) -> ServerConfig:
-    """Default factory for a service's ``server`` section with its conventional port."""
-    return ServerConfig(port=port)
 
 
 @dataclass

@@ -6,22 +6,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.config.endpoints import HttpConfig
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class HttpConfig:
-    enabled: bool = field(default=True, metadata={"help": "Serve the HTTP API (REST, /healthz, /metrics)."})
-    host: str = field(default="0.0.0.0", metadata={"help": "Interface the HTTP server binds."})
-    port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port).", "ge": 0, "le": 65535})
-
-
-def http_config(port: int) -> HttpConfig:
-    """Default factory for a service's ``http`` section with its conventional port."""
-    return HttpConfig(port=port)
 
 
 def _server_class() -> Any:

@@ -11,7 +11,7 @@ from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.config import RunConfig
-from relayrl.inference.config import EngineKind
+from relayrl.config.inference import EngineKind
 from relayrl.inference.engine import Engine
 from relayrl.inference.openai_api import create_app
 from relayrl.inference.server import create_inference_server

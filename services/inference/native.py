@@ -26,8 +26,8 @@ from relayrl.common.logging import log_context
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import probe_logprobs
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
+from relayrl.config.inference import KvOnUpdate
 from relayrl.inference.batch import KV, BatchState, RowParams
-from relayrl.inference.config import KvOnUpdate
 from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput, cut_at_stop, sample_tokens
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from relayrl.common.service import StatusHeader
-from relayrl.inference.config import InferenceConfig
+from relayrl.config.inference import InferenceConfig
 from relayrl.inference.engine import Engine, GenerationInput, SampleOutput
 from relayrl.inference.metrics import InferenceMetrics
 

@@ -30,11 +30,12 @@ from typing import Any
 import torch
 
 from relayrl.common.logging import log_context
-from relayrl.common.model import ModelConfig, load_tokenizer
+from relayrl.common.model import load_tokenizer, torch_dtype
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
-from relayrl.inference.config import InferenceConfig, KvOnUpdate
+from relayrl.config.inference import InferenceConfig, KvOnUpdate
+from relayrl.config.model import ModelConfig
 from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class VllmEngine:
         self._llm = LLM(**kwargs)
         self._engine = self._llm.llm_engine
         self.tokenizer = load_tokenizer(model_cfg.path)
-        self._specs = hf_parameter_specs(path, model_cfg.torch_dtype)
+        self._specs = hf_parameter_specs(path, torch_dtype(model_cfg))
         self._context = int(self._engine.model_config.max_model_len)
         self._vocab = int(self._engine.model_config.get_vocab_size())
         self._version = version

@@ -32,8 +32,8 @@ from enum import StrEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
+from relayrl.config.reward import SandboxConfig
 from relayrl.reward.api import RewardInput, RewardResult
-from relayrl.reward.sandbox import SandboxConfig
 from relayrl.reward.scorer import ScorerSpec
 from relayrl.reward.worker import INDEX, JOB, START, worker_main
 

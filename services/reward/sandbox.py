@@ -48,66 +48,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from pathlib import Path
 
-from relayrl.common.config import ConfigError
+from relayrl.config.reward import UID_RANGE, SandboxBackend, SandboxConfig
 
 log = logging.getLogger(__name__)
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
-UID_RANGE = 65536
 PRLIMIT = "/usr/bin/prlimit"  # util-linux
 NAMESPACE_FAILED = 121  # exit status of a child whose network namespace could not be created
 # the environment every program gets: nothing from the service's own
 SCRUBBED_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONUNBUFFERED": "1"}
-
-
-class SandboxBackend(StrEnum):
-    BWRAP = "bwrap"
-    PROCESS = "process"
-
-
-@dataclass
-class SandboxConfig:
-    backend: SandboxBackend = field(default=SandboxBackend.BWRAP, metadata={
-        "help": "bwrap: bubblewrap namespaces (network, PID, mount, read-only /usr, tmpfs /tmp); process: network "
-                "namespace + limits only, for hosts without bubblewrap (no filesystem isolation beyond Unix "
-                "permissions). If the chosen backend cannot be set up, code is never run and scoring it is an "
-                "error."})
-    bwrap: str = field(default="bwrap", metadata={"help": "The bubblewrap binary (apt-get install bubblewrap)."})
-    python: str = field(default="", metadata={
-        "help": "Interpreter that runs Python programs; empty: the first of this Python's base interpreter, "
-                "/usr/bin/python3, /usr/local/bin/python3 that the sandbox user can reach."})
-    wall_timeout_s: float = field(default=4.0, metadata={
-        "help": "Wall-clock limit of one program run; then everything it started is killed.", "gt": 0})
-    total_timeout_s: float = field(default=8.0, metadata={
-        "help": "Budget of one code verification over all its test runs; cases left when it is spent fail.",
-        "gt": 0})
-    cpu_s: int = field(default=4, metadata={"help": "RLIMIT_CPU of a run (CPU seconds).", "ge": 1})
-    memory_mb: int = field(default=512, metadata={
-        "help": "RLIMIT_AS of each process of a run (address space, MiB).", "ge": 64})
-    max_processes: int = field(default=8, metadata={
-        "help": "RLIMIT_NPROC: processes (and threads) a run may have at once.", "ge": 2})
-    max_file_mb: int = field(default=8, metadata={"help": "RLIMIT_FSIZE: largest file a run may write (MiB).",
-                                                  "ge": 1})
-    max_open_files: int = field(default=64, metadata={"help": "RLIMIT_NOFILE of a run.", "ge": 16})
-    tmp_mb: int = field(default=64, metadata={"help": "Size of the run's private tmpfs /tmp (bwrap; MiB).",
-                                              "ge": 1})
-    max_output_bytes: int = field(default=64 * 1024, metadata={
-        "help": "stdout + stderr a run may write; a run that writes more is killed.", "ge": 1024})
-    uid_base: int = field(default=200_000, metadata={
-        "help": "When the service is root, each run gets a fresh uid in [uid_base, uid_base + 65536).",
-        "ge": 1000, "le": 2**31 - UID_RANGE - 1})
-
-    def validate(self) -> None:
-        if self.total_timeout_s < self.wall_timeout_s:
-            raise ConfigError("total_timeout_s", self.total_timeout_s,
-                              f"must be >= wall_timeout_s ({self.wall_timeout_s})")
 
 
 class SandboxUnavailable(RuntimeError):

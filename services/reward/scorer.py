@@ -7,6 +7,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.config.reward import RewardConfig
 from relayrl.reward.api import (
     RewardFn,
     RewardFunctionError,
@@ -17,7 +18,6 @@ from relayrl.reward.api import (
     normalize_result,
     registered_rewards,
 )
-from relayrl.reward.config import RewardConfig
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.service import StatusHeader
+from relayrl.config.reward import RewardConfig
 from relayrl.reward.api import RewardInput
-from relayrl.reward.config import RewardConfig
 from relayrl.reward.pool import Outcome, Status, VerifierPool
 from relayrl.reward.scorer import Scorer, ScorerSpec
 

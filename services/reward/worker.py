@@ -20,8 +20,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from relayrl.config.reward import SandboxConfig
 from relayrl.reward import sandbox
-from relayrl.reward.sandbox import SandboxConfig
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from relayrl.common.control import redacted_yaml, require_token
 from relayrl.common.control_api import control_app
+from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.grpc_utils import create_server, insecure_channel
 from relayrl.common.http import HttpServer
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc, trainer_pb2_grpc
@@ -19,7 +20,6 @@ from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText, Servin
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig
-from relayrl.rollout.dataset import PromptCursor, load_jsonl
 from relayrl.rollout.metrics import rollout_metrics
 from relayrl.rollout.worker import RolloutWorker
 

@@ -13,6 +13,7 @@ from collections import deque
 
 import grpc
 
+from relayrl.common.dataset import Prompt, PromptCursor
 from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import (
     episode_pb2,
@@ -26,9 +27,8 @@ from relayrl.common.pb import (
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
+from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.admission import Admission, TrainerView
-from relayrl.rollout.config import RolloutConfig
-from relayrl.rollout.dataset import Prompt, PromptCursor
 from relayrl.rollout.progress import Progress, ProgressStore
 
 log = logging.getLogger(__name__)

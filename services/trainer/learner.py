@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.trainer import LossAggregation, OffPolicyCorrection, TrainerConfig
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.config import LossAggregation, TrainerConfig
-from relayrl.trainer.loss import LossTerms, OffPolicyCorrection, advantages, ppo_clip_loss, tis_loss, token_logprobs
+from relayrl.trainer.loss import LossTerms, advantages, ppo_clip_loss, tis_loss, token_logprobs
 
 log = logging.getLogger(__name__)
 

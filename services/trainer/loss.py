@@ -8,21 +8,10 @@ the weights that generated the token). With one optimizer step per batch, prox e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
-
-class AdvantageEstimator(StrEnum):
-    GRPO = "grpo"  # (r - group mean) / (group population std + eps)
-    DR_GRPO = "dr_grpo"  # r - group mean (no std normalisation; Dr. GRPO)
-    RLOO = "rloo"  # r - mean of the other members of the group (leave-one-out)
-
-
-class OffPolicyCorrection(StrEnum):
-    NONE = "none"  # PPO-clip against the behaviour logprobs
-    DECOUPLED_PPO = "decoupled_ppo"  # PPO-clip against proximal logprobs, times pi_prox / pi_behav
-    TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
+from relayrl.config.trainer import AdvantageEstimator
 
 
 def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor, num_groups: int

@@ -45,6 +45,7 @@ from fastapi import FastAPI
 from relayrl.client import InferenceClient
 from relayrl.common.control import redacted, redacted_yaml, require_token
 from relayrl.common.control_api import control_app
+from relayrl.common.dataset import load_jsonl
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import log_context
 from relayrl.common.model import load_model, load_tokenizer
@@ -57,10 +58,9 @@ from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.tracking import Tracker, open_tracker
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config import RunConfig
-from relayrl.rollout.dataset import load_jsonl
+from relayrl.config.trainer import RewardErrorPolicy
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point, save_checkpoint
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.config import RewardErrorPolicy
 from relayrl.trainer.learner import Learner, StepStats
 from relayrl.trainer.metrics import trainer_metrics
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher

@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,9 @@ from relayrl.common.pb import inference_pb2_grpc
 from relayrl.common.pb.inference_pb2 import UpdateWeightsResponse, WeightUpdateMessage
 from relayrl.common.probe import compare_probe, probe_logprobs, probe_sequences
 from relayrl.common.weights import iter_update_messages, manifest, write_shared
+from relayrl.config.trainer import WeightTransport
 
 log = logging.getLogger(__name__)
-
-
-class WeightTransport(StrEnum):
-    GRPC_STREAM = "grpc_stream"
-    SHARED_PATH = "shared_path"
 
 
 @dataclass(frozen=True)

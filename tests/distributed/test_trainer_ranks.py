@@ -12,10 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from relayrl.common.model import ModelConfig, load_model
+from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.model import ModelConfig
+from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.config import TrainerConfig
 from relayrl.trainer.learner import Learner
 from tests.conftest import free_port
 

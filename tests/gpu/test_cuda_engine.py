@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.model import ModelConfig, load_model, load_tokenizer
+from relayrl.common.model import load_model, load_tokenizer
+from relayrl.config.model import ModelConfig
 from relayrl.inference.engine import GenerationInput, generate
 from relayrl.inference.native import NativeEngine
 

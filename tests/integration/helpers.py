@@ -8,15 +8,17 @@ from pathlib import Path
 
 import torch
 
-from relayrl.common.grpc_utils import ServerConfig, ServerHandle
-from relayrl.common.http import HttpConfig, HttpServer
-from relayrl.common.model import ModelConfig, load_model, load_tokenizer
-from relayrl.inference.config import InferenceConfig
+from relayrl.common.grpc_utils import ServerHandle
+from relayrl.common.http import HttpServer
+from relayrl.common.model import load_model, load_tokenizer
+from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.config.inference import InferenceConfig
+from relayrl.config.model import ModelConfig
+from relayrl.config.reward import RewardConfig
 from relayrl.inference.native import NativeEngine
 from relayrl.inference.openai_api import create_app
 from relayrl.inference.server import create_inference_server
 from relayrl.inference.service import InferenceService
-from relayrl.reward.config import RewardConfig
 from relayrl.reward.http import create_app as create_reward_app
 from relayrl.reward.server import RewardServicer, create_reward_server
 

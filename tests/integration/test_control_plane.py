@@ -15,12 +15,14 @@ import pytest
 import yaml
 
 from relayrl.client import RolloutClient, TrainerClient
-from relayrl.common.control import ControlConfig, redacted
+from relayrl.common.control import redacted
+from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.grpc_utils import create_server, insecure_channel
-from relayrl.common.http import HttpConfig, HttpServer
+from relayrl.common.http import HttpServer
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
-from relayrl.rollout.dataset import PromptCursor, load_jsonl
+from relayrl.config.control import ControlConfig
+from relayrl.config.endpoints import HttpConfig
 from relayrl.rollout.main import RolloutServicer
 from relayrl.rollout.worker import RolloutWorker
 from relayrl.status import Target, collect, render

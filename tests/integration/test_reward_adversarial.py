@@ -22,7 +22,7 @@ import pytest
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
-from relayrl.reward.sandbox import UID_RANGE, SandboxBackend, SandboxConfig
+from relayrl.config.reward import UID_RANGE, SandboxBackend, SandboxConfig
 from tests.integration.helpers import reward_server
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import pytest
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
-from relayrl.reward.config import ComponentConfig
+from relayrl.config.reward import ComponentConfig
 from tests.integration.helpers import reward_http, reward_server
 
 pytestmark = pytest.mark.integration

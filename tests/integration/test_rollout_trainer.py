@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import torch
 
+from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.logging import setup_logging
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
-from relayrl.rollout.dataset import PromptCursor, load_jsonl
 from relayrl.rollout.worker import RolloutWorker
 from relayrl.trainer.service import TrainerService, create_trainer_server
 from tests.conftest import RedisServer

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from relayrl.common.grpc_utils import insecure_channel
-from relayrl.common.model import ModelConfig, load_model, load_tokenizer
+from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import WeightVerificationError
 from relayrl.common.weights import manifest, write_shared
-from relayrl.trainer.weight_sync import WeightPublisher, WeightTransport
+from relayrl.config.model import ModelConfig
+from relayrl.config.trainer import WeightTransport
+from relayrl.trainer.weight_sync import WeightPublisher
 from tests.integration.helpers import inference_server
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.model import ModelConfig, load_model, load_tokenizer
+from relayrl.common.model import load_model, load_tokenizer
+from relayrl.config.model import ModelConfig
 from relayrl.inference.engine import GenerationInput, SampleOutput, generate
 from relayrl.inference.native import NativeEngine
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.model import ModelConfig, load_model, load_tokenizer
+from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.weights import WeightUpdateError, model_tensors
+from relayrl.config.model import ModelConfig
 from relayrl.inference.engine import GenerationInput, generate, sample_tokens
 from relayrl.inference.native import NativeEngine
 

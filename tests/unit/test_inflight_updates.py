@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.model import ModelConfig, load_model, load_tokenizer
+from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.weights import model_tensors
-from relayrl.inference.config import KvOnUpdate
+from relayrl.config.inference import KvOnUpdate
+from relayrl.config.model import ModelConfig
 from relayrl.inference.engine import GenerationInput, SampleOutput, generate
 from relayrl.inference.native import NativeEngine
 

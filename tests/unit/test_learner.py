@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.model import ModelConfig, load_model
+from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.trainer.config import TrainerConfig
+from relayrl.config.model import ModelConfig
+from relayrl.config.trainer import OffPolicyCorrection, TrainerConfig
 from relayrl.trainer.learner import Learner, pack
-from relayrl.trainer.loss import OffPolicyCorrection, token_logprobs
+from relayrl.trainer.loss import token_logprobs
 
 
 def _episodes(model: torch.nn.Module, shift: float) -> list[Episode]:

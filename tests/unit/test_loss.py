@@ -6,15 +6,9 @@ import math
 
 import torch
 
+from relayrl.config.trainer import AdvantageEstimator
 from relayrl.trainer.learner import pack
-from relayrl.trainer.loss import (
-    AdvantageEstimator,
-    advantages,
-    grpo_advantages,
-    ppo_clip_loss,
-    tis_loss,
-    token_logprobs,
-)
+from relayrl.trainer.loss import advantages, grpo_advantages, ppo_clip_loss, tis_loss, token_logprobs
 
 
 def test_grpo_advantages_two_groups_match_hand_computed_values() -> None:

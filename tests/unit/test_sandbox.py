@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from relayrl.reward.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxUnavailable
+from relayrl.config.reward import SandboxBackend, SandboxConfig
+from relayrl.reward.sandbox import Sandbox, SandboxUnavailable
 
 BACKENDS = [SandboxBackend.BWRAP, SandboxBackend.PROCESS]
 

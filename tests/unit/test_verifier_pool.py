@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from relayrl.config.reward import SandboxConfig
 from relayrl.reward.api import RewardInput
 from relayrl.reward.pool import Outcome, Status, VerifierPool
-from relayrl.reward.sandbox import SandboxConfig
 from relayrl.reward.scorer import ScorerSpec
 
 

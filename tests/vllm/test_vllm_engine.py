@@ -10,17 +10,19 @@ import grpc
 import pytest
 import torch
 
-from relayrl.common.grpc_utils import ServerConfig, insecure_channel
-from relayrl.common.http import HttpConfig
-from relayrl.common.model import ModelConfig, load_model, load_tokenizer
+from relayrl.common.grpc_utils import insecure_channel
+from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import PROBE_TOLERANCE, probe_logprobs
-from relayrl.inference.config import EngineKind, InferenceConfig
+from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.config.inference import EngineKind, InferenceConfig
+from relayrl.config.model import ModelConfig
+from relayrl.config.trainer import WeightTransport
 from relayrl.inference.engine import GenerationInput, generate
 from relayrl.inference.server import create_inference_server
 from relayrl.inference.service import InferenceService
-from relayrl.trainer.weight_sync import WeightPublisher, WeightTransport
+from relayrl.trainer.weight_sync import WeightPublisher
 
 pytestmark = pytest.mark.vllm
 

@@ -11,14 +11,14 @@ from typing import Any, Literal
 import yaml
 
 from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
-from relayrl.common.control import ControlConfig
-from relayrl.common.model import ModelConfig
-from relayrl.common.redis_config import RedisConfig
-from relayrl.common.tracking import TrackingConfig
-from relayrl.inference.config import InferenceConfig
-from relayrl.reward.config import RewardConfig
-from relayrl.rollout.config import RolloutConfig
-from relayrl.trainer.config import TrainerConfig
+from relayrl.config.control import ControlConfig
+from relayrl.config.inference import InferenceConfig
+from relayrl.config.model import ModelConfig
+from relayrl.config.redis import RedisConfig
+from relayrl.config.reward import RewardConfig
+from relayrl.config.rollout import RolloutConfig
+from relayrl.config.tracking import TrackingConfig
+from relayrl.config.trainer import TrainerConfig
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relayrl.common.grpc_utils import ServerConfig, server_config
-from relayrl.common.http import HttpConfig, http_config
+from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 
 
 class EngineKind(StrEnum):

@@ -1,4 +1,4 @@
-"""Redis connection and stream names."""
+"""The Redis section: connection, stream and consumer group names, the version counter's key."""
 
 from __future__ import annotations
 

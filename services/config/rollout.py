@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relayrl.common.config import ConfigError
-from relayrl.common.grpc_utils import ServerConfig, server_config
-from relayrl.common.http import HttpConfig, http_config
+from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 
 
 @dataclass

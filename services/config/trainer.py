@@ -7,11 +7,26 @@ from enum import StrEnum
 from typing import Literal
 
 from relayrl.common.config import ConfigError
-from relayrl.common.grpc_utils import ServerConfig, server_config
-from relayrl.common.http import HttpConfig, http_config
-from relayrl.common.weights import DEFAULT_CHUNK_BYTES
-from relayrl.trainer.loss import AdvantageEstimator, OffPolicyCorrection
-from relayrl.trainer.weight_sync import WeightTransport
+from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+
+DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
+
+
+class AdvantageEstimator(StrEnum):
+    GRPO = "grpo"  # (r - group mean) / (group population std + eps)
+    DR_GRPO = "dr_grpo"  # r - group mean (no std normalisation; Dr. GRPO)
+    RLOO = "rloo"  # r - mean of the other members of the group (leave-one-out)
+
+
+class OffPolicyCorrection(StrEnum):
+    NONE = "none"  # PPO-clip against the behaviour logprobs
+    DECOUPLED_PPO = "decoupled_ppo"  # PPO-clip against proximal logprobs, times pi_prox / pi_behav
+    TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
+
+
+class WeightTransport(StrEnum):
+    GRPC_STREAM = "grpc_stream"
+    SHARED_PATH = "shared_path"
 
 
 class LossAggregation(StrEnum):
