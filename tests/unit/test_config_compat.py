@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from relayrl.config import run as run_config
 from relayrl.common.config import ConfigError, from_dict
 from relayrl.common.config_schema import incompatible_changes
 from relayrl.config import SCHEMA_VERSION, load_run_config
+from relayrl.config import run as run_config
 from tests.conftest import REPO
 
 
