@@ -13,9 +13,9 @@ from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.config import RunConfig
 from relayrl.config.inference import EngineKind
 from relayrl.inference.engine import Engine
-from relayrl.inference.openai_api import create_app
+from relayrl.inference.http import create_app
 from relayrl.inference.server import create_inference_server
-from relayrl.inference.service import InferenceService
+from relayrl.inference.serving import InferenceService
 
 
 def build_engine(cfg: RunConfig) -> Engine:

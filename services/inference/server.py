@@ -16,7 +16,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpdateError, read_shared
 from relayrl.inference.engine import GenerationInput
-from relayrl.inference.service import InferenceService
+from relayrl.inference.serving import InferenceService
 
 log = logging.getLogger(__name__)
 

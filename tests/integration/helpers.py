@@ -16,9 +16,9 @@ from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.reward import RewardConfig
 from relayrl.inference.native import NativeEngine
-from relayrl.inference.openai_api import create_app
+from relayrl.inference.http import create_app
 from relayrl.inference.server import create_inference_server
-from relayrl.inference.service import InferenceService
+from relayrl.inference.serving import InferenceService
 from relayrl.reward.http import create_app as create_reward_app
 from relayrl.reward.server import RewardServicer, create_reward_server
 

@@ -21,7 +21,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import WeightTransport
 from relayrl.inference.engine import GenerationInput, generate
 from relayrl.inference.server import create_inference_server
-from relayrl.inference.service import InferenceService
+from relayrl.inference.serving import InferenceService
 from relayrl.trainer.weight_sync import WeightPublisher
 
 pytestmark = pytest.mark.vllm

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
 from relayrl.inference.engine import GenerationInput, SampleOutput
-from relayrl.inference.service import InferenceService
+from relayrl.inference.serving import InferenceService
 
 
 class _Sampling(BaseModel):
@@ -77,22 +77,15 @@ def _finish(s: SampleOutput) -> str:
     return "length" if s.finish_reason == FINISH_REASON_LENGTH else "stop"
 
 
-def create_app(service: InferenceService) -> FastAPI:
-    app = FastAPI(title="relayrl inference", version="1", docs_url=None, redoc_url=None)
+class OpenAiApi:
+    """The handlers of the OpenAI-compatible routes over one :class:`InferenceService`."""
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        service.metrics.request_errors.labels("openai", str(exc.status)).inc()
-        return _error(exc.status, str(exc), exc.param)
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:])
-        service.metrics.request_errors.labels("openai", "400").inc()
-        return _error(400, f"{where}: {first.get('msg', 'invalid request')}", where or None)
-
-    def _input(req: _Sampling, ids: list[int], max_tokens: int | None) -> GenerationInput:
+    def generation_input(self, req: _Sampling, ids: list[int], max_tokens: int | None) -> GenerationInput:
+        """The engine's input for one prompt of a request; ApiError for a request the engine would refuse."""
+        service = self.service
         if req.stream:
             raise ApiError("stream=true is not supported", "stream")
         if req.model not in (None, "", service.model_name):
@@ -110,28 +103,98 @@ def create_app(service: InferenceService) -> FastAPI:
         except ValueError as exc:
             raise ApiError(str(exc)) from exc
 
-    async def _run(inputs: list[GenerationInput]) -> list[list[SampleOutput]]:
+    async def run(self, inputs: list[GenerationInput]) -> list[list[SampleOutput]]:
+        """Submit every input (all or none: a refused one cancels those already queued), then wait for all."""
         submitted = []
         try:
             for inp in inputs:
-                submitted.append(service.submit(inp))
+                submitted.append(self.service.submit(inp))
         except ValueError as exc:
             for future, _ in submitted:
                 future.cancel()
             raise ApiError(str(exc)) from exc
-        return list(await asyncio.gather(*(service.result(s, "openai") for s in submitted)))
+        return list(await asyncio.gather(*(self.service.result(s, "openai") for s in submitted)))
 
-    def _usage(inputs: list[GenerationInput], results: list[list[SampleOutput]]) -> dict[str, int]:
-        prompt = sum(len(i.prompt_ids) for i in inputs)
-        completion = sum(len(s.token_ids) for r in results for s in r)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-    def _oldest(results: list[list[SampleOutput]]) -> int:
+    def oldest(self, results: list[list[SampleOutput]]) -> int:
         versions = [min(s.weight_versions) for r in results for s in r if s.weight_versions]
-        return min(versions) if versions else service.engine.version
+        return min(versions) if versions else self.service.engine.version
 
-    def _pieces(s: SampleOutput) -> list[str]:
-        return [service.tokenizer.decode([t]) for t in s.token_ids]
+    def pieces(self, s: SampleOutput) -> list[str]:
+        return [self.service.tokenizer.decode([t]) for t in s.token_ids]
+
+    async def prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        """A completion request's prompt(s) as token ids."""
+        if isinstance(prompt, str):
+            return [await _tokens(self.service, prompt)]
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return [[int(p) for p in prompt]]  # type: ignore[arg-type]
+        if prompt and all(isinstance(p, str) for p in prompt):
+            return [await _tokens(self.service, str(p)) for p in prompt]
+        if prompt and all(isinstance(p, list) for p in prompt):
+            return [list(p) for p in prompt]  # type: ignore[arg-type]
+        raise ApiError("prompt must be a string, a list of strings, or token ids", "prompt")
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.service.model_name, "object": "model", "created": 0,
+                                            "owned_by": "relayrl", "weight_version": self.service.engine.version}]}
+
+    async def completions(self, req: CompletionRequest) -> dict[str, Any]:
+        if req.echo:
+            raise ApiError("echo=true is not supported", "echo")
+        if req.logprobs:
+            raise ApiError("alternatives are not computed: use logprobs=0 for the sampled tokens' logprobs",
+                           "logprobs")
+        inputs = [self.generation_input(req, ids, req.max_tokens) for ids in await self.prompts(req.prompt)]
+        results = await self.run(inputs)
+        choices: list[dict[str, Any]] = []
+        for samples in results:
+            for s in samples:
+                choice: dict[str, Any] = {"index": len(choices), "text": s.text, "finish_reason": _finish(s),
+                                          "logprobs": None, "weight_versions": s.weight_versions}
+                if req.logprobs is not None:
+                    pieces = self.pieces(s)
+                    offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+                    choice["logprobs"] = {"tokens": pieces, "token_logprobs": s.logprobs, "top_logprobs": None,
+                                          "text_offset": offsets}
+                choices.append(choice)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.service.model_name, "choices": choices, "usage": _usage(inputs, results),
+                "weight_version": self.oldest(results)}
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any]:
+        if req.top_logprobs:
+            raise ApiError("alternatives are not computed: top_logprobs must be 0", "top_logprobs")
+        ids = await _tokens(self.service, _chat_prompt(self.service.tokenizer, req.messages))
+        inp = self.generation_input(req, ids, req.max_completion_tokens or req.max_tokens)
+        [samples] = await self.run([inp])
+        choices: list[dict[str, Any]] = []
+        for i, s in enumerate(samples):
+            logprobs = None
+            if req.logprobs:
+                logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                                        for p, lp in zip(self.pieces(s), s.logprobs, strict=True)]}
+            choices.append({"index": i, "message": {"role": "assistant", "content": s.text},
+                            "finish_reason": _finish(s), "logprobs": logprobs, "weight_versions": s.weight_versions})
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.service.model_name, "choices": choices, "usage": _usage([inp], [samples]),
+                "weight_version": self.oldest([samples])}
+
+
+def create_app(service: InferenceService) -> FastAPI:
+    app = FastAPI(title="relayrl inference", version="1", docs_url=None, redoc_url=None)
+    api = OpenAiApi(service)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        service.metrics.request_errors.labels("openai", str(exc.status)).inc()
+        return _error(exc.status, str(exc), exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:])
+        service.metrics.request_errors.labels("openai", "400").inc()
+        return _error(400, f"{where}: {first.get('msg', 'invalid request')}", where or None)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -143,64 +206,23 @@ def create_app(service: InferenceService) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
-                                            "owned_by": "relayrl", "weight_version": service.engine.version}]}
+        return api.models()
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> dict[str, Any]:
-        if req.echo:
-            raise ApiError("echo=true is not supported", "echo")
-        if req.logprobs:
-            raise ApiError("alternatives are not computed: use logprobs=0 for the sampled tokens' logprobs",
-                           "logprobs")
-        prompts: list[list[int]]
-        if isinstance(req.prompt, str):
-            prompts = [await _tokens(service, req.prompt)]
-        elif req.prompt and all(isinstance(p, int) for p in req.prompt):
-            prompts = [[int(p) for p in req.prompt]]  # type: ignore[arg-type]
-        elif req.prompt and all(isinstance(p, str) for p in req.prompt):
-            prompts = [await _tokens(service, str(p)) for p in req.prompt]
-        elif req.prompt and all(isinstance(p, list) for p in req.prompt):
-            prompts = [list(p) for p in req.prompt]  # type: ignore[arg-type]
-        else:
-            raise ApiError("prompt must be a string, a list of strings, or token ids", "prompt")
-        inputs = [_input(req, ids, req.max_tokens) for ids in prompts]
-        results = await _run(inputs)
-        choices: list[dict[str, Any]] = []
-        for samples in results:
-            for s in samples:
-                choice: dict[str, Any] = {"index": len(choices), "text": s.text, "finish_reason": _finish(s),
-                                          "logprobs": None, "weight_versions": s.weight_versions}
-                if req.logprobs is not None:
-                    pieces = _pieces(s)
-                    offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
-                    choice["logprobs"] = {"tokens": pieces, "token_logprobs": s.logprobs, "top_logprobs": None,
-                                          "text_offset": offsets}
-                choices.append(choice)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": service.model_name, "choices": choices, "usage": _usage(inputs, results),
-                "weight_version": _oldest(results)}
+        return await api.completions(req)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest) -> dict[str, Any]:
-        if req.top_logprobs:
-            raise ApiError("alternatives are not computed: top_logprobs must be 0", "top_logprobs")
-        ids = await _tokens(service, _chat_prompt(service.tokenizer, req.messages))
-        inp = _input(req, ids, req.max_completion_tokens or req.max_tokens)
-        [samples] = await _run([inp])
-        choices: list[dict[str, Any]] = []
-        for i, s in enumerate(samples):
-            logprobs = None
-            if req.logprobs:
-                logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
-                                        for p, lp in zip(_pieces(s), s.logprobs, strict=True)]}
-            choices.append({"index": i, "message": {"role": "assistant", "content": s.text},
-                            "finish_reason": _finish(s), "logprobs": logprobs, "weight_versions": s.weight_versions})
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": service.model_name, "choices": choices, "usage": _usage([inp], [samples]),
-                "weight_version": _oldest([samples])}
+        return await api.chat(req)
 
     return app
+
+
+def _usage(inputs: list[GenerationInput], results: list[list[SampleOutput]]) -> dict[str, int]:
+    prompt = sum(len(i.prompt_ids) for i in inputs)
+    completion = sum(len(s.token_ids) for r in results for s in r)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 async def _tokens(service: InferenceService, text: str) -> list[int]:
