@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+import redis
 
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.stream import EpisodeStream
@@ -59,6 +60,21 @@ def test_queue_depth_counts_unread_and_unacknowledged_groups(redis_server: Redis
     assert asyncio.run(go()) == [(0, 0), (4, 0), (1, 3), (1, 2)]
 
 
+def _until_aof_written(url: str, attempts: int = 200) -> None:
+    """Wait until Redis has written its AOF buffer to the file (``aof_buffer_length`` 0 in INFO persistence):
+    from then on the entries survive a kill of the process (the OS holds the written bytes)."""
+    client = redis.Redis.from_url(url)
+    try:
+        for _ in range(attempts):
+            info = client.info("persistence")
+            if info["aof_enabled"] and info["aof_buffer_length"] == 0 and not info["aof_rewrite_in_progress"]:
+                return
+            time.sleep(0.01)
+    finally:
+        client.close()
+    raise AssertionError("Redis did not write its AOF buffer")
+
+
 def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill(
         redis_server: RedisServer) -> None:
     async def produce_and_read() -> None:
@@ -78,7 +94,7 @@ def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill
         return [e.group.group_id for e in first], [e.group.group_id for e in rest], [e.group.group_id for e in new]
 
     asyncio.run(produce_and_read())
-    time.sleep(1.2)  # appendfsync everysec
+    _until_aof_written(redis_server.url)  # a kill -9 of the process loses nothing written to the AOF file
     redis_server.stop(kill=True)
     redis_server.start()
     first, rest, new = asyncio.run(reread())
