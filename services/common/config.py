@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import math
 import types
 import typing
 from pathlib import Path
@@ -27,17 +28,25 @@ import yaml
 
 T = TypeVar("T")
 
+REDACTED = "***"  # what an error or a view shows instead of a secret value
+
 log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
     """An invalid configuration value: names the field, the value and the rule it breaks."""
 
-    def __init__(self, field: str, value: Any, rule: str) -> None:
+    def __init__(self, field: str, value: Any, rule: str, *, secret: bool = False) -> None:
         self.field = field
-        self.value = value
+        self.value = REDACTED if secret else value
         self.rule = rule
-        super().__init__(f"invalid config: {field} = {value!r}: {rule}")
+        self.secret = secret
+        shown = REDACTED if secret else repr(value)
+        super().__init__(f"invalid config: {field} = {shown}: {rule}")
+
+    def redacted(self) -> ConfigError:
+        """The same error without its value (for a field that holds a secret)."""
+        return ConfigError(self.field, None, self.rule, secret=True)
 
 
 def describe(field: dataclasses.Field[Any]) -> str:
@@ -108,6 +117,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(path, value, "must be a number")
+        if not math.isfinite(value):  # .inf would pass every bound check, .nan fails none
+            raise ConfigError(path, value, "must be a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -141,8 +152,8 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
         where = f"{path}.{key}" if path else key
         if key in removed:
             raise ConfigError(where, data[key], f"this field was removed: {removed[key]}")
-        if key not in fields:
-            raise ConfigError(where, data[key], f"unknown field; known fields: {', '.join(fields)}")
+        if key not in fields:  # the value is not shown: a mistyped key may hold a secret
+            raise ConfigError(where, None, f"unknown field; known fields: {', '.join(fields)}", secret=True)
         note = fields[key].metadata.get("deprecated")
         if note and data[key] != fields[key].default:  # a resolved config.yaml carries the default: no warning
             log.warning("config field %s is deprecated (%s) and will be removed in release %s", where, note,
@@ -151,8 +162,11 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
     for name, field in fields.items():
         where = f"{path}.{name}" if path else name
         if name in data:
-            value = _convert(hints[name], data[name], where)
-            _check_bounds(field, value, where)
+            try:
+                value = _convert(hints[name], data[name], where)
+                _check_bounds(field, value, where)
+            except ConfigError as exc:
+                raise (exc.redacted() if field.metadata.get("secret") else exc) from None
             kwargs[name] = value
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(where, None, "required field is missing")
@@ -172,9 +186,11 @@ def validate_tree(obj: Any, path: str = "") -> None:
         try:
             hook()
         except ConfigError as exc:
+            secrets = {f.name for f in dataclasses.fields(obj) if f.metadata.get("secret")}
+            secret = exc.secret or exc.field.rsplit(".", 1)[-1] in secrets
             if path and not exc.field.startswith(path):
-                raise ConfigError(f"{path}.{exc.field}", exc.value, exc.rule) from None
-            raise
+                raise ConfigError(f"{path}.{exc.field}", exc.value, exc.rule, secret=secret) from None
+            raise (exc.redacted() if secret else exc) from None
 
 
 def to_dict(obj: Any) -> Any:
@@ -206,14 +222,27 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(dotted, raw, f"{key} is not a section")
         node = child
-    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:  # the value is not shown: it may be a secret
+        raise ConfigError(dotted, None, f"the value is not valid YAML ({_yaml_problem(exc)})", secret=True) from None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError("config", str(path), "config file does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", str(path), f"not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError("config", str(path), "the config file must hold a mapping at the top level")
     return data
 
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as "line L, column C: problem" (1-based), without the offending text (it may be a secret)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else str(problem)

@@ -17,9 +17,7 @@ from typing import Any
 import grpc
 import yaml
 
-from relayrl.common.config import to_dict
-
-REDACTED = "***"
+from relayrl.common.config import REDACTED, to_dict
 
 
 def authorized(header: str | None, token: str) -> bool:

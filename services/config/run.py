@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,5 +108,12 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def dump_run_config(cfg: RunConfig, path: Path) -> None:
+    """Write the resolved config readable by its owner only (0600): it may hold secrets (control token, Redis URL
+    password). The file is replaced atomically, so no reader sees it half-written or with wider permissions."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # an existing tmp file keeps its old mode through O_CREAT
+        f.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)

@@ -15,8 +15,8 @@ from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.reward import RewardConfig
-from relayrl.inference.native import NativeEngine
 from relayrl.inference.http import create_app
+from relayrl.inference.native import NativeEngine
 from relayrl.inference.server import create_inference_server
 from relayrl.inference.serving import InferenceService
 from relayrl.reward.http import create_app as create_reward_app
