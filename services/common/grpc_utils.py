@@ -49,9 +49,13 @@ def create_server(
     register: Sequence[Callable[[grpc.aio.Server], None]],
     service_names: Sequence[str],
 ) -> ServerHandle:
-    """Create an aio server with the given servicers and the standard health service, bound to host:port."""
+    """Create an aio server with the given servicers and the standard health service, bound to host:port, with the
+    section's limits on inbound message size and concurrent calls."""
     host, port = cfg.host, cfg.port
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024)]
+    # beyond max_concurrent_rpcs grpc answers RESOURCE_EXHAUSTED at once instead of queueing without bound
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
     for add in register:
         add(server)
     health = health_aio.HealthServicer()

@@ -4,13 +4,71 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 from relayrl.config.endpoints import HttpConfig
 
 log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets 413 (in OpenAI's error shape) before the app sees
+    it: at once from ``Content-Length``, or as soon as a chunked body passes the limit. The body is read here, up
+    to the limit (memory bounded by it), and replayed to the app."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: the disconnect message
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps({"error": {"message": f"request body is larger than {self.max_bytes} bytes",
+                                     "type": "invalid_request_error", "param": None, "code": "body_too_large"}})
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body.encode()})
 
 
 def _server_class() -> Any:
@@ -34,7 +92,8 @@ class HttpServer:
 
         self.cfg = cfg
         self.name = name
-        self._server = _server_class()(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None,
+        limited = BodyLimit(app, cfg.max_body_mib * 1024 * 1024)
+        self._server = _server_class()(uvicorn.Config(limited, host=cfg.host, port=cfg.port, log_config=None,
                                                       access_log=False, lifespan="off"))
         self._task: asyncio.Task[None] | None = None
         self.port = 0

@@ -17,6 +17,12 @@ class ServerConfig:
         "help": "host:port that clients use to reach the service; empty means host:port."})
     shutdown_grace_s: float = field(default=5.0, metadata={
         "help": "Grace period for in-flight calls at shutdown.", "ge": 0})
+    max_receive_mib: int = field(default=1, metadata={
+        "help": "Largest inbound gRPC message (MiB); a larger one is refused with RESOURCE_EXHAUSTED before it "
+                "is buffered. Sized per service to what its callers send.", "ge": 1, "le": 1024})
+    max_concurrent_rpcs: int = field(default=32, metadata={
+        "help": "Calls (and streams) served at once; one more is refused at once with RESOURCE_EXHAUSTED.",
+        "ge": 1})
 
     def validate(self) -> None:
         if not self.host:
@@ -31,9 +37,10 @@ class ServerConfig:
         return f"{connect}:{self.port}"
 
 
-def server_config(port: int) -> ServerConfig:
-    """Default factory for a service's ``server`` section with its conventional port."""
-    return ServerConfig(port=port)
+def server_config(port: int, max_receive_mib: int = 1, max_concurrent_rpcs: int = 32) -> ServerConfig:
+    """Default factory for a service's ``server`` section: its conventional port and the limits its callers need
+    (the defaults fit control-plane servers: status, pause, checkpoint)."""
+    return ServerConfig(port=port, max_receive_mib=max_receive_mib, max_concurrent_rpcs=max_concurrent_rpcs)
 
 
 @dataclass
@@ -41,8 +48,10 @@ class HttpConfig:
     enabled: bool = field(default=True, metadata={"help": "Serve the HTTP API (REST, /healthz, /metrics)."})
     host: str = field(default="0.0.0.0", metadata={"help": "Interface the HTTP server binds."})
     port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port).", "ge": 0, "le": 65535})
+    max_body_mib: int = field(default=1, metadata={
+        "help": "Largest request body (MiB); a larger one gets 413 before it is read.", "ge": 1, "le": 1024})
 
 
-def http_config(port: int) -> HttpConfig:
-    """Default factory for a service's ``http`` section with its conventional port."""
-    return HttpConfig(port=port)
+def http_config(port: int, max_body_mib: int = 1) -> HttpConfig:
+    """Default factory for a service's ``http`` section with its conventional port and body limit."""
+    return HttpConfig(port=port, max_body_mib=max_body_mib)

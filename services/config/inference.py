@@ -46,16 +46,23 @@ class InferenceConfig:
         "help": "Most prompt tokens prefilled in one step when requests join the running batch (one request is "
                 "always admitted).", "ge": 1})
     max_prompt_tokens: int = field(default=2048, metadata={"help": "Longest accepted prompt.", "ge": 1})
+    max_prompt_chars: int = field(default=65536, metadata={
+        "help": "Longest accepted prompt text in characters, checked before tokenising (tokenising a huge text "
+                "costs memory and time before max_prompt_tokens can refuse it).", "ge": 1})
+    max_queued_requests: int = field(default=1024, metadata={
+        "help": "Requests waiting for the engine at most; one more is refused at once (RESOURCE_EXHAUSTED / 429).",
+        "ge": 1})
     max_new_tokens_limit: int = field(default=2048, metadata={
         "help": "Largest max_new_tokens a request may ask for.", "ge": 1})
     max_samples_per_request: int = field(default=256, metadata={"help": "Largest n per request.", "ge": 1})
     model_name: str = field(default="", metadata={
         "help": "Model id in the OpenAI-compatible API (empty: the model directory's name)."})
-    http: HttpConfig = field(default_factory=lambda: http_config(8000), metadata={
+    http: HttpConfig = field(default_factory=lambda: http_config(8000, max_body_mib=8), metadata={
         "help": "OpenAI-compatible REST API, /healthz and /metrics."})
     vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "vLLM engine settings."})
-    server: ServerConfig = field(default_factory=lambda: server_config(50051), metadata={
-        "help": "gRPC server of this service."})
+    server: ServerConfig = field(  # Generate calls are small; weight chunks stay under 4 MiB
+        default_factory=lambda: server_config(50051, max_receive_mib=8, max_concurrent_rpcs=512),
+        metadata={"help": "gRPC server of this service."})
     batch_wait_ms: float = field(default=0.0, metadata={
         "help": "Ignored: requests join the running batch between decode steps (continuous batching).", "ge": 0,
         "deprecated": "ignored since continuous batching; delete it", "removed_in": "0.3"})

@@ -107,10 +107,11 @@ class RewardConfig:
         "deprecated": "use workers (verifiers now run in worker processes)", "removed_in": "0.3"})
     sandbox: SandboxConfig = field(default_factory=SandboxConfig, metadata={
         "help": "The sandbox that runs model-written code (the `code` verifier)."})
-    http: HttpConfig = field(default_factory=lambda: http_config(8002), metadata={
+    http: HttpConfig = field(default_factory=lambda: http_config(8002, max_body_mib=16), metadata={
         "help": "REST API (POST /score), /healthz and /metrics."})
-    server: ServerConfig = field(default_factory=lambda: server_config(50052), metadata={
-        "help": "gRPC server of this service."})
+    server: ServerConfig = field(  # a ScoreBatch of max_batch completions with their references
+        default_factory=lambda: server_config(50052, max_receive_mib=16, max_concurrent_rpcs=128),
+        metadata={"help": "gRPC server of this service."})
 
     def validate(self) -> None:
         if self.max_workers:

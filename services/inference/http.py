@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
 from relayrl.inference.engine import GenerationInput, SampleOutput
-from relayrl.inference.serving import InferenceService
+from relayrl.inference.serving import InferenceService, LimitExceeded
 
 
 class _Sampling(BaseModel):
@@ -66,6 +66,11 @@ class ApiError(Exception):
         self.param = param
         self.status = status
 
+    @classmethod
+    def refused(cls, exc: ValueError, param: str | None = None) -> ApiError:
+        """The service's refusal as an API error: 400, or the limit's own status (413, 429)."""
+        return cls(str(exc), param, exc.http_status if isinstance(exc, LimitExceeded) else 400)
+
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
@@ -101,7 +106,7 @@ class OpenAiApi:
         try:
             return service.check(inp)
         except ValueError as exc:
-            raise ApiError(str(exc)) from exc
+            raise ApiError.refused(exc) from exc
 
     async def run(self, inputs: list[GenerationInput]) -> list[list[SampleOutput]]:
         """Submit every input (all or none: a refused one cancels those already queued), then wait for all."""
@@ -112,7 +117,7 @@ class OpenAiApi:
         except ValueError as exc:
             for future, _ in submitted:
                 future.cancel()
-            raise ApiError(str(exc)) from exc
+            raise ApiError.refused(exc) from exc
         return list(await asyncio.gather(*(self.service.result(s, "openai") for s in submitted)))
 
     def oldest(self, results: list[list[SampleOutput]]) -> int:
@@ -144,6 +149,11 @@ class OpenAiApi:
         if req.logprobs:
             raise ApiError("alternatives are not computed: use logprobs=0 for the sampled tokens' logprobs",
                            "logprobs")
+        count = len(req.prompt) if isinstance(req.prompt, list) and not all(
+            isinstance(p, int) for p in req.prompt) else 1  # checked before any prompt is tokenised
+        if count * req.n > self.service.cfg.max_samples_per_request:
+            raise ApiError(f"{count} prompts x n={req.n} is over max_samples_per_request="
+                           f"{self.service.cfg.max_samples_per_request}", "prompt", 413)
         inputs = [self.generation_input(req, ids, req.max_tokens) for ids in await self.prompts(req.prompt)]
         results = await self.run(inputs)
         choices: list[dict[str, Any]] = []
@@ -229,7 +239,7 @@ async def _tokens(service: InferenceService, text: str) -> list[int]:
     try:
         return await asyncio.to_thread(service.tokenize, text)  # CPU work: off the event loop
     except ValueError as exc:
-        raise ApiError(str(exc), "prompt") from exc
+        raise ApiError.refused(exc, "prompt") from exc
 
 
 def _chat_prompt(tokenizer: Any, messages: list[ChatMessage]) -> str:

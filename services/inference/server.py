@@ -16,7 +16,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpdateError, read_shared
 from relayrl.inference.engine import GenerationInput
-from relayrl.inference.serving import InferenceService
+from relayrl.inference.serving import InferenceService, LimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             inp = await generation_input(self.service, request)
             submitted = self.service.submit(inp)
         except ValueError as exc:
-            self.service.metrics.request_errors.labels("grpc", "INVALID_ARGUMENT").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) \
+                else grpc.StatusCode.INVALID_ARGUMENT
+            self.service.metrics.request_errors.labels("grpc", code.name).inc()
+            await context.abort(code, str(exc))
         samples = await self.service.result(submitted, "grpc")
         return pb.GenerateResponse(
             request_id=request.request_id,

@@ -21,6 +21,15 @@ from relayrl.inference.metrics import InferenceMetrics
 log = logging.getLogger(__name__)
 
 
+class LimitExceeded(ValueError):
+    """A request over one of the service's size or load limits: RESOURCE_EXHAUSTED over gRPC, ``http_status`` (413
+    too large, 429 too many waiting) over REST. Refused before any work is done."""
+
+    def __init__(self, message: str, http_status: int = 413) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+
+
 class InferenceService:
     def __init__(self, cfg: InferenceConfig, engine: Engine, tokenizer: Any, model_path: str,
                  weights_dir: Path | None = None) -> None:
@@ -40,7 +49,13 @@ class InferenceService:
     def tokenize(self, text: str) -> list[int]:
         if not text:
             raise ValueError("the prompt is empty")
+        self.check_prompt_chars(len(text))
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def check_prompt_chars(self, chars: int) -> None:
+        """LimitExceeded for a prompt text longer than max_prompt_chars: checked before tokenising it."""
+        if chars > self.cfg.max_prompt_chars:
+            raise LimitExceeded(f"prompt has {chars} characters, limit is max_prompt_chars={self.cfg.max_prompt_chars}")
 
     def check(self, inp: GenerationInput) -> GenerationInput:
         """Raise ValueError (→ INVALID_ARGUMENT / HTTP 400) for a request the engine must not see."""
@@ -48,12 +63,14 @@ class InferenceService:
         if not ids:
             raise ValueError("the prompt has no tokens")
         if len(ids) > cfg.max_prompt_tokens:
-            raise ValueError(f"prompt has {len(ids)} tokens, limit is max_prompt_tokens={cfg.max_prompt_tokens}")
+            raise LimitExceeded(f"prompt has {len(ids)} tokens, limit is max_prompt_tokens={cfg.max_prompt_tokens}")
         vocab = self.engine.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if not 1 <= inp.n <= cfg.max_samples_per_request:
-            raise ValueError(f"n={inp.n} must be in [1, max_samples_per_request={cfg.max_samples_per_request}]")
+        if inp.n < 1:
+            raise ValueError(f"n={inp.n} must be >= 1")
+        if inp.n > cfg.max_samples_per_request:
+            raise LimitExceeded(f"n={inp.n} is over max_samples_per_request={cfg.max_samples_per_request}")
         if not 1 <= inp.max_new_tokens <= cfg.max_new_tokens_limit:
             raise ValueError(f"max_new_tokens must be in [1, {cfg.max_new_tokens_limit}], got {inp.max_new_tokens}")
         if not inp.temperature > 0:
@@ -71,6 +88,11 @@ class InferenceService:
     def submit(self, inp: GenerationInput) -> tuple[Future[list[SampleOutput]], float]:
         """Hand a checked request to the engine; ValueError when the engine refuses it (→ INVALID_ARGUMENT / HTTP
         400) before anything runs. Returns the future and the submission time."""
+        queued = self.engine.stats().queued_requests
+        if queued >= self.cfg.max_queued_requests:
+            self.metrics.request_errors.labels("engine", "RESOURCE_EXHAUSTED").inc()
+            raise LimitExceeded(f"{queued} requests are waiting for the engine (max_queued_requests="
+                                f"{self.cfg.max_queued_requests}); retry later", http_status=429)
         return self.engine.submit(inp), time.perf_counter()
 
     async def result(self, submitted: tuple[Future[list[SampleOutput]], float], api: str) -> list[SampleOutput]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -11,7 +12,6 @@ import torch
 from relayrl.common.grpc_utils import ServerHandle
 from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
-from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.reward import RewardConfig
@@ -25,10 +25,13 @@ from relayrl.reward.server import RewardServicer, create_reward_server
 
 @asynccontextmanager
 async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | None = None, http: bool = False,
+                           server_limits: dict[str, int] | None = None,
                            **overrides: object) -> AsyncIterator[tuple[str, InferenceService]]:
-    """A native-engine inference server on loopback; with ``http`` its REST API too (``service.http_port``)."""
-    cfg = InferenceConfig(server=ServerConfig(port=port), http=HttpConfig(host="127.0.0.1", port=0),
-                          **overrides)  # type: ignore[arg-type]
+    """A native-engine inference server on loopback; with ``http`` its REST API too (``service.http_port``);
+    ``server_limits`` overrides fields of its gRPC server section (max_receive_mib, max_concurrent_rpcs)."""
+    defaults = InferenceConfig()  # the service's own limits, on loopback and free ports
+    cfg = InferenceConfig(server=replace(defaults.server, port=port, **(server_limits or {})),
+                          http=replace(defaults.http, host="127.0.0.1", port=0), **overrides)  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
     engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"),
                           kv_on_update=cfg.kv_on_update, max_batch_sequences=cfg.max_batch_sequences,
@@ -61,7 +64,8 @@ async def reward_server(function: str | Callable[..., object] = "relayrl.tasks.a
                         **overrides: object) -> AsyncIterator[tuple[str, RewardServicer]]:
     """The reward gRPC service on port 0 with its verifier pool (2 workers unless overridden)."""
     options: dict[str, object] = {"workers": 2, **overrides}
-    cfg = RewardConfig(server=ServerConfig(port=0), http=HttpConfig(host="127.0.0.1", port=0),
+    defaults = RewardConfig()
+    cfg = RewardConfig(server=replace(defaults.server, port=0), http=replace(defaults.http, host="127.0.0.1", port=0),
                        function=function_spec(function),
                        **options)  # type: ignore[arg-type]
     handle, servicer = create_reward_server(cfg)
@@ -77,7 +81,7 @@ async def reward_server(function: str | Callable[..., object] = "relayrl.tasks.a
 @asynccontextmanager
 async def reward_http(servicer: RewardServicer) -> AsyncIterator[str]:
     """The REST API of ``servicer`` on a free port: yields its base URL."""
-    http = HttpServer(create_reward_app(servicer), HttpConfig(host="127.0.0.1", port=0), "reward")
+    http = HttpServer(create_reward_app(servicer), replace(RewardConfig().http, host="127.0.0.1", port=0), "reward")
     await http.start()
     try:
         yield f"http://127.0.0.1:{http.port}"

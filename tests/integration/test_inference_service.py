@@ -66,7 +66,6 @@ def test_concurrent_requests_are_batched_and_all_answered(tiny_model_dir: Path) 
         (_request(max_new_tokens=0), "max_new_tokens"),
         (_request(temperature=-1.0), "temperature"),
         (_request(top_p=1.5), "top_p"),
-        (_request(n=100000), "max_samples_per_request"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[10**6]),
                             sampling=pb.SamplingParams(n=1, max_new_tokens=2)), "token ids"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[3] * 250),  # the tiny model's context is 256

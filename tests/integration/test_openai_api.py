@@ -65,7 +65,6 @@ def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [
-    ({"n": 10_000}, "n"),
     ({"max_tokens": 100_000}, "max_new_tokens"),
     ({"logprobs": 3}, "logprobs"),
     ({"prompt": "1" * 300}, "context"),

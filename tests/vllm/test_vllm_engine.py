@@ -15,7 +15,6 @@ from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import PROBE_TOLERANCE, probe_logprobs
-from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.inference import EngineKind, InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import WeightTransport
@@ -108,7 +107,8 @@ def test_update_through_the_extension_serves_exactly_the_new_weights(engine, mod
 
 def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(engine, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     async def go() -> None:
-        cfg = InferenceConfig(engine=EngineKind.VLLM, server=ServerConfig(port=0), http=HttpConfig(port=0))
+        cfg = InferenceConfig(engine=EngineKind.VLLM)
+        cfg.server.port = cfg.http.port = 0
         service = InferenceService(cfg, engine, load_tokenizer(model_dir), str(model_dir))
         handle, _ = create_inference_server(service)
         await handle.start()
