@@ -92,7 +92,8 @@ def find_python(configured: str) -> Path:
 
 
 class Sandbox:
-    """Runs programs under one :class:`SandboxConfig`. Blocking; used from verifier worker processes.
+    """Runs programs under one :class:`SandboxConfig`. Blocking. Each verifier process builds one and the scorer
+    passes it to the verifiers that take a ``sandbox`` keyword; there is no process-wide sandbox.
 
     This class decides what runs (the bwrap command or the plain one, files, uid) and the limits the child sets
     before ``exec``; :mod:`relayrl.reward.sandbox_exec` runs it, with the wall-clock kill, and reaps it."""
@@ -227,20 +228,3 @@ class Sandbox:
             os.killpg(pid, signal.SIGKILL)
         if uid is not None and self.cfg.backend is SandboxBackend.PROCESS:
             kill_uid(uid)
-
-
-_default: Sandbox | None = None
-
-
-def configure(cfg: SandboxConfig) -> Sandbox:
-    """Set the sandbox that verifiers in this process use (the pool's workers call it at start)."""
-    global _default
-    _default = Sandbox(cfg)
-    return _default
-
-
-def default_sandbox() -> Sandbox:
-    global _default
-    if _default is None:
-        _default = Sandbox(SandboxConfig())
-    return _default

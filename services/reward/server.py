@@ -19,6 +19,7 @@ from relayrl.common.service import StatusHeader
 from relayrl.config.reward import RewardConfig
 from relayrl.reward.api import RewardInput
 from relayrl.reward.pool import Outcome, Status, VerifierPool
+from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
     def __init__(self, cfg: RewardConfig) -> None:
         self.cfg = cfg
         self.spec = ScorerSpec.from_config(cfg)
-        Scorer(self.spec)  # import and check the functions here: a bad config fails start-up naming the field
+        # import and check the functions here (before serving): a bad config fails start-up naming the field
+        Scorer(self.spec, sandbox=Sandbox(cfg.sandbox))
         self.header = StatusHeader("reward")
         self.pool = VerifierPool(self.spec, cfg.sandbox, cfg.workers, cfg.timeout_s, cfg.chunk_size,
                                  cfg.start_method, cfg.worker_memory_mb, on_restart=self._restarted)

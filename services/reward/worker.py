@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from relayrl.config.reward import SandboxConfig
-from relayrl.reward import sandbox
+from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,7 @@ def worker_main(conn: Connection, progress: Any, spec: ScorerSpec, sandbox_cfg: 
         if memory_mb:  # soft limit only: the sandbox may set its own (lower or higher) for the programs it runs
             _, hard = resource.getrlimit(resource.RLIMIT_AS)
             resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 1024 * 1024, hard))
-        sandbox.configure(sandbox_cfg)
-        scorer = Scorer(spec)
+        scorer = Scorer(spec, sandbox=Sandbox(sandbox_cfg))
     except BaseException as exc:  # reported to the pool, which fails start-up with it
         conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return
