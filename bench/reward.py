@@ -29,7 +29,8 @@ from typing import Any
 
 from relayrl.config.reward import SandboxBackend, SandboxConfig
 from relayrl.reward.api import RewardInput
-from relayrl.reward.pool import Status, VerifierPool
+from relayrl.reward.pool import VerifierPool
+from relayrl.reward.protocol import Status
 from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import Scorer, ScorerSpec
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.common.config import ConfigError
+from relayrl.common.pb import reward_pb2 as pb
 from relayrl.config import load_run_config
 from relayrl.config.reward import SandboxBackend, SandboxConfig
 from relayrl.reward.api import (
@@ -15,6 +16,7 @@ from relayrl.reward.api import (
     load_reward_function,
     normalize_result,
 )
+from relayrl.reward.protocol import Status
 from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import ComponentSpec, Scorer, ScorerSpec
 from relayrl.reward.verifiers.code import code_reward, extract_program
@@ -211,3 +213,8 @@ def test_sandbox_is_not_a_parameter_and_a_sandboxed_verifier_needs_a_scorer_with
     with pytest.raises(ValueError, match="sandbox"):
         Scorer(ScorerSpec(function="code"))
 
+
+def test_one_status_maps_to_the_grpc_status_and_the_rest_string() -> None:
+    assert {s: (s.pb, s.value) for s in Status} == {Status.OK: (pb.SCORE_STATUS_OK, "ok"),
+                                                     Status.ERROR: (pb.SCORE_STATUS_ERROR, "error"),
+                                                     Status.TIMEOUT: (pb.SCORE_STATUS_TIMEOUT, "timeout")}
