@@ -2,8 +2,9 @@
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot kill one worker, and a worker that dies breaks the
 whole pool. Here each worker is a process of its own (multiprocessing ``forkserver`` or ``spawn``), talked to over
-its own pipe (the typed messages of protocol.py), read by the asyncio loop (``add_reader``; nothing blocks the
-loop).
+its own pipe (the typed messages of protocol.py), read by the asyncio loop (``add_reader``). Nothing blocks the
+loop: processes start, are joined and reaped in threads (``run_in_executor`` / ``asyncio.to_thread``); the loop
+only sends a batch to a worker waiting in ``recv`` and reads messages the worker has written.
 
 Requests queue; an idle worker takes a chunk of up to ``chunk_size`` of them (ceil(queued / workers), so a batch
 spreads over the pool) and sends back results as it goes (see verifier_process.py). Before each request the worker
@@ -301,11 +302,20 @@ class VerifierPool:
         self._replace(w, "timeout")
 
     def _on_death(self, w: _Worker, conn: Connection) -> None:
+        """EOF on a worker's pipe: it died. Its exit status is read in a thread (the process may not be reaped
+        yet), then its request fails and it is replaced; meanwhile it takes no work and no deadline fires."""
         if w.conn is not conn or self._closed:
             return
+        self._detach(w)
+        was_ready, w.ready = w.ready, False
+        self._track(asyncio.ensure_future(self._after_death(w, conn, was_ready)))
+
+    async def _after_death(self, w: _Worker, conn: Connection, was_ready: bool) -> None:
         process = w.process
         if process is not None:
-            process.join(0.5)
+            await asyncio.to_thread(process.join, 0.5)
+        if w.conn is not conn or self._closed:  # close() failed its requests meanwhile
+            return
         code = getattr(process, "exitcode", None)
         why = (f"killed by signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
                else f"exit code {code}")
@@ -315,14 +325,14 @@ class VerifierPool:
             if not item.future.done():
                 item.future.set_result(Outcome(Status.ERROR, error=f"verifier worker process died ({why})"))
             self._requeue_rest(w, index)
-        if not w.ready:
+        if not was_ready:
             if self._init_error is None:
                 self._init_error = f"a worker died while starting ({why})"
-            if self._loop is not None and not self._started:
-                self._detach(w)
-                return  # start() reports it
+                self._ready_changed.set()
+            if not self._started:
+                return  # start() reports it (and closes the pool)
         log.warning("verifier process pid %s died (%s); replacing it", getattr(process, "pid", None), why)
-        self._replace(w, "crash")
+        self._replace(w, "crash", restart_delay_s=0.0 if was_ready else 1.0)
 
     def _requeue_rest(self, w: _Worker, failed: int) -> None:
         """Requeue the job's requests without a result but the one at ``failed``: those after it, and those
@@ -350,14 +360,17 @@ class VerifierPool:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
-    def _replace(self, w: _Worker, reason: str) -> None:
+    def _replace(self, w: _Worker, reason: str, restart_delay_s: float | None = None) -> None:
+        """Kill ``w``'s process and start another in its slot (after ``restart_delay_s``; by default none if it
+        was ready, else a pause: a worker that dies before it is ready is not restarted in a tight loop)."""
         self._detach(w)
         old = w.process
         if old is not None:
             self._kill(old)
         if w.conn is not None:
             w.conn.close()
-        was_ready = w.ready
+        if restart_delay_s is None:
+            restart_delay_s = 0.0 if w.ready else 1.0
         w.conn, w.process, w.ready, w.job = None, None, False, None
         self.restarts[reason] = self.restarts.get(reason, 0) + 1
         if self.on_restart is not None:
@@ -367,8 +380,7 @@ class VerifierPool:
         loop = asyncio.get_running_loop()
         if old is not None:  # reap it without blocking the loop
             self._track(loop.run_in_executor(None, old.join, 5.0))
-        # a worker that died before it was ready is restarted after a pause, not in a tight loop
-        self._track(asyncio.ensure_future(self._start_worker(w, 0.0 if was_ready else 1.0)))
+        self._track(asyncio.ensure_future(self._start_worker(w, restart_delay_s)))
 
     def _track(self, fut: asyncio.Future[Any]) -> None:
         self._tasks.add(fut)

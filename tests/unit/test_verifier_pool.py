@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing.process
+import threading
 import time
+
+import pytest
 
 from relayrl.config.reward import SandboxConfig
 from relayrl.reward.api import RewardInput
-from relayrl.reward.pool import Outcome, Status, VerifierPool
+from relayrl.reward.pool import VerifierPool
+from relayrl.reward.protocol import Outcome, Status
 from relayrl.reward.scorer import ScorerSpec
 
 
@@ -53,3 +58,25 @@ def test_requests_spread_over_the_workers() -> None:
     out, _, _ = _score("tests.reward_fns:pid", ["x"] * 8, workers=2)
 
     assert len({o.result.details for o in out if o.result is not None}) == 2
+
+
+def test_no_process_is_joined_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    joins: list[tuple[str, bool]] = []
+    join = multiprocessing.process.BaseProcess.join
+
+    def recording_join(self: multiprocessing.process.BaseProcess, timeout: float | None = None) -> None:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        joins.append((threading.current_thread().name, on_loop))
+        join(self, timeout)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", recording_join)
+
+    crashed, _, _ = _score("tests.reward_fns:crash", ["a", "crash", "b"])  # reaps the dead worker
+    hung, _, _ = _score("tests.reward_fns:spin", ["hang", "a"], timeout_s=0.5)  # reaps the killed worker
+
+    assert [o.status for o in crashed + hung] == [Status.OK, Status.ERROR, Status.OK, Status.TIMEOUT, Status.OK]
+    assert joins and not any(on_loop for _, on_loop in joins), joins
