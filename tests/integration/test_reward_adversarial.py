@@ -67,13 +67,18 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     listener.close()
 
 
-def _leftover_processes(sandbox: SandboxConfig) -> list[str]:
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _leftover_processes(sandbox: SandboxConfig, earlier: set[int]) -> list[str]:
     """Processes a run left: descendants of this process other than multiprocessing's (the pool's workers and
-    the forkserver), and any process whose real uid is in the sandbox's per-run uid range."""
+    the forkserver) and those that ran before the case (``earlier``: e.g. a tracking test's wandb-core), and any
+    process whose real uid is in the sandbox's per-run uid range."""
     left = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "multiprocessing" not in " ".join(proc.cmdline()):
+            if proc.pid not in earlier and "multiprocessing" not in " ".join(proc.cmdline()):
                 left.append(f"{proc.pid} {proc.cmdline()}")
         except psutil.NoSuchProcess:
             continue
@@ -84,12 +89,12 @@ def _leftover_processes(sandbox: SandboxConfig) -> list[str]:
     return left
 
 
-def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: SandboxConfig) -> None:
+def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: SandboxConfig, earlier: set[int]) -> None:
     assert host.snapshot() == before
     with pytest.raises(BlockingIOError):
         host.listener.accept()  # nothing ever connected
     deadline = time.monotonic() + 2.0
-    while (left := _leftover_processes(sandbox)) and time.monotonic() < deadline:
+    while (left := _leftover_processes(sandbox, earlier)) and time.monotonic() < deadline:
         time.sleep(0.05)  # a killed process may take a moment to disappear
     assert left == []
 
@@ -97,7 +102,7 @@ def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: Sandb
 def _score(host: Host, backend: SandboxBackend, completion: str, metadata: dict[str, object],
            function: str = "code", reference: str = "") -> tuple[pb.ScoreResponse, float]:
     sandbox = SandboxConfig(backend=backend, wall_timeout_s=WALL_S, total_timeout_s=WALL_S)
-    before = host.snapshot()
+    before, earlier = host.snapshot(), _descendants()
 
     async def go() -> tuple[pb.ScoreResponse, float]:
         async with reward_server(function, workers=1, timeout_s=VERIFIER_TIMEOUT_S, sandbox=sandbox) as (target, _), \
@@ -110,7 +115,7 @@ def _score(host: Host, backend: SandboxBackend, completion: str, metadata: dict[
             return resp, time.monotonic() - t0
 
     resp, elapsed = asyncio.run(go())
-    _assert_host_unaffected(host, before, sandbox)
+    _assert_host_unaffected(host, before, sandbox, earlier)
     return resp, elapsed
 
 
@@ -241,7 +246,7 @@ CLEAN_SET = [  # (function, completion, reference, metadata): all correct
 
 def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
     sandbox = SandboxConfig(wall_timeout_s=WALL_S, total_timeout_s=2 * WALL_S)
-    before = host.snapshot()
+    before, earlier = host.snapshot(), _descendants()
 
     async def go() -> dict[str, list[pb.ScoreResponse]]:
         out: dict[str, list[pb.ScoreResponse]] = {}
@@ -262,4 +267,4 @@ def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
         for resp in responses:
             assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), (function, resp.details, resp.error)
     assert sum(len(v) for v in results.values()) == len(CLEAN_SET)
-    _assert_host_unaffected(host, before, sandbox)
+    _assert_host_unaffected(host, before, sandbox, earlier)
