@@ -29,8 +29,9 @@ from typing import Any
 
 from relayrl.config.reward import SandboxBackend, SandboxConfig
 from relayrl.reward.api import RewardInput
-from relayrl.reward.pool import Status, VerifierPool
-from relayrl.reward.sandbox import configure
+from relayrl.reward.pool import VerifierPool
+from relayrl.reward.protocol import Status
+from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 
@@ -65,8 +66,7 @@ def arithmetic_items(n: int) -> list[RewardInput]:
 
 
 def serial(function: str, items: list[RewardInput], warm: list[RewardInput], sandbox: SandboxConfig) -> float:
-    configure(sandbox)
-    scorer = Scorer(ScorerSpec(function=function))
+    scorer = Scorer(ScorerSpec(function=function), sandbox=Sandbox(sandbox))
     for inp in warm:  # imports, first parse; other items than the timed ones (sympy caches results)
         scorer(inp)
     t0 = time.perf_counter()

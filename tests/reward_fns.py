@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
+from pathlib import Path
+from typing import Any
 
 from relayrl.reward.api import RewardInput, RewardResult
+from relayrl.reward.sandbox import Sandbox
 
 
 def broken(inp: RewardInput) -> float:
@@ -47,6 +51,28 @@ def crash(inp: RewardInput) -> float:
 
 def exits(inp: RewardInput) -> float:
     raise SystemExit(0)
+
+
+def rendezvous(inp: RewardInput) -> RewardResult:
+    """Records its start as a file in the directory ``metadata["dir"]``, then waits (at most ``metadata["wait_s"]``)
+    until ``metadata["expect"]`` verifiers have started; details: how many had started when it stopped waiting.
+    Verifiers that run at the same time all see ``expect``; run one after another, the first sees 1."""
+    directory, expect = Path(inp.metadata["dir"]), int(inp.metadata["expect"])
+    (directory / f"{os.getpid()}-{uuid.uuid4().hex}").touch()
+    deadline = time.monotonic() + float(inp.metadata.get("wait_s", 5.0))
+    while (started := len(list(directory.iterdir()))) < expect and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return RewardResult(score=1.0, details=str(started))
+
+
+def sandbox_backend(inp: RewardInput, *, sandbox: Sandbox) -> RewardResult:
+    """A verifier that takes the service's sandbox: says which backend it was given."""
+    return RewardResult(score=1.0, details=str(sandbox.cfg.backend))
+
+
+def keywords(inp: RewardInput, **params: Any) -> RewardResult:
+    """A plugin with the plain signature fn(inp, **params): names the keywords it was called with."""
+    return RewardResult(score=1.0, details=",".join(sorted(params)))
 
 
 def pid(inp: RewardInput) -> RewardResult:

@@ -2,7 +2,9 @@
 
 A reward function takes a :class:`RewardInput` and returns a float or a :class:`RewardResult`; it may be
 sync or async. Raising, or returning a non-finite score, is an error result, never a 0. Configured keyword
-parameters are bound after the input: ``fn(inp, **params)``.
+parameters are bound after the input: ``fn(inp, **params)``. A function that runs untrusted code declares a
+keyword-only parameter ``sandbox``: the service passes it its :class:`relayrl.reward.sandbox.Sandbox` (built from
+``reward.sandbox`` in each verifier process): ``fn(inp, *, sandbox, **params)``.
 
 Plugins: a package registers functions under the entry-point group ``relayrl.rewards``
 (``[project.entry-points."relayrl.rewards"] my_reward = "my_pkg.rewards:score"``); the config then names them
@@ -89,6 +91,15 @@ def bind_params(fn: RewardFn, params: Mapping[str, Any], field_name: str = "rewa
     bound = functools.partial(fn, **params)
     functools.update_wrapper(bound, fn)
     return bound  # type: ignore[return-value]
+
+
+def wants_sandbox(fn: RewardFn) -> bool:
+    """Whether ``fn`` takes the service's sandbox: it has a keyword-only parameter named ``sandbox``."""
+    try:
+        param = inspect.signature(fn).parameters.get("sandbox")
+    except (TypeError, ValueError):  # no signature (a builtin)
+        return False
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def normalize_result(value: Any) -> RewardResult:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.reward.api import RewardInput
+from relayrl.reward.protocol import Status
 from relayrl.reward.server import RewardServicer
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class ScoreRequestBody(BaseModel):
 
 class ScoreResponseBody(BaseModel):
     episode_id: str
-    status: str  # ok | error | timeout
+    status: Status  # ok | error | timeout
     score: float | None = None  # null unless status is ok
     components: dict[str, float] = Field(default_factory=dict)
     error: str = ""
@@ -49,7 +50,7 @@ def create_app(servicer: RewardServicer) -> FastAPI:
                           metadata=body.metadata)
         (outcome,) = await servicer.score([inp], [body.episode_id])
         r = outcome.result
-        return ScoreResponseBody(episode_id=body.episode_id, status=outcome.status.value,
+        return ScoreResponseBody(episode_id=body.episode_id, status=outcome.status,
                                  score=r.score if r is not None else None,
                                  components=dict(r.components) if r is not None else {}, error=outcome.error,
                                  details=r.details if r is not None else "")

@@ -1,17 +1,19 @@
-"""A pool of verifier worker processes with a per-call timeout that kills and replaces only the overrunning one.
+"""A pool of verifier processes with a per-call timeout that kills and replaces only the overrunning one.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot kill one worker, and a worker that dies breaks the
 whole pool. Here each worker is a process of its own (multiprocessing ``forkserver`` or ``spawn``), talked to over
-its own pipe, read by the asyncio loop (``add_reader``; nothing blocks the loop).
+its own pipe (the typed messages of protocol.py), read by the asyncio loop (``add_reader``). Nothing blocks the
+loop: processes start, are joined and reaped in threads (``run_in_executor`` / ``asyncio.to_thread``); the loop
+only sends a batch to a worker waiting in ``recv`` and reads messages the worker has written.
 
 Requests queue; an idle worker takes a chunk of up to ``chunk_size`` of them (ceil(queued / workers), so a batch
-spreads over the pool) and sends back results as it goes (see worker.py). Before each request the worker writes
-its index and start time into shared memory; a timer armed at ``timeout_s`` after the chunk is sent checks it and
-re-arms until a request has run past ``timeout_s``. Then the worker's process group is SIGKILLed, that request is
-a TIMEOUT result, the requests of the chunk whose results had not arrived go back to the front of the queue
-(scored again elsewhere), and a new worker starts in its place. A worker that dies (a verifier calling
-``os._exit``, a segfault) gives an ERROR result for the request it was running, the same requeue and a
-replacement. Nothing waits forever.
+spreads over the pool) and sends back results as it goes (see verifier_process.py). Before each request the worker
+writes its index and start time into shared memory; a timer armed at ``timeout_s`` after the chunk is sent checks it
+and re-arms until a request has run past ``timeout_s``. Then the worker's process group is SIGKILLed, that request
+is a TIMEOUT result, the requests of the chunk whose results had not arrived go back to the front of the queue
+(scored again elsewhere), and a new worker starts in its place. A worker that dies (a verifier calling ``os._exit``,
+a segfault) gives an ERROR result for the request it was running, the same requeue and a replacement. Nothing waits
+forever.
 """
 
 from __future__ import annotations
@@ -28,32 +30,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
 from relayrl.config.reward import SandboxConfig
-from relayrl.reward.api import RewardInput, RewardResult
+from relayrl.reward.api import RewardInput
+from relayrl.reward.protocol import Batch, InitError, Outcome, Ready, Results, Status, Stop, ToPool
 from relayrl.reward.scorer import ScorerSpec
-from relayrl.reward.worker import INDEX, JOB, START, worker_main
+from relayrl.reward.verifier_process import INDEX, JOB, START, verifier_main
 
 log = logging.getLogger(__name__)
-
-
-class Status(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result of one request: a score (OK) or an explicit failure (ERROR / TIMEOUT) with a message."""
-
-    status: Status
-    result: RewardResult | None = None
-    error: str = ""
-    seconds: float = 0.0
 
 
 @dataclass
@@ -95,7 +81,7 @@ class VerifierPool:
         self._ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
             # replacements fork from a server that has these imported already (no import cost after a kill)
-            self._ctx.set_forkserver_preload(["relayrl.reward.worker", *spec.modules()])  # type: ignore[attr-defined]
+            self._ctx.set_forkserver_preload(["relayrl.reward.verifier_process", *spec.modules()])  # type: ignore[attr-defined]
         self._workers = [_Worker(slot=i) for i in range(size)]
         self._queue: deque[_Item] = deque()
         self._jobs = itertools.count(1)
@@ -148,7 +134,7 @@ class VerifierPool:
         parent, child = self._ctx.Pipe(duplex=True)
         progress = self._ctx.RawArray("d", 3)  # type: ignore[attr-defined]
         process = self._ctx.Process(  # type: ignore[attr-defined]
-            target=worker_main, args=(child, progress, self.spec, self.sandbox, self.memory_mb), daemon=True,
+            target=verifier_main, args=(child, progress, self.spec, self.sandbox, self.memory_mb), daemon=True,
             name="relayrl-verifier")
         process.start()
         child.close()
@@ -179,7 +165,7 @@ class VerifierPool:
             if w.conn is not None:
                 self._detach(w)
                 with contextlib.suppress(OSError):
-                    w.conn.send(("stop",))
+                    w.conn.send(Stop())
                 w.conn.close()
                 w.conn = None
             if w.job is not None:
@@ -234,8 +220,8 @@ class VerifierPool:
             w = idle.pop()
             assert w.conn is not None
             w.job_id, w.job, w.received, w.sent_at = next(self._jobs), items, 0, time.monotonic()
-            try:
-                w.conn.send(("batch", w.job_id, [i.inp for i in items]))
+            try:  # an idle worker waits in recv(): the send returns as soon as it has read the batch
+                w.conn.send(Batch(w.job_id, tuple(i.inp for i in items)))
             except (OSError, ValueError):  # the worker died just now: its EOF handler has not run yet
                 self._queue.extendleft(reversed(items))
                 w.job = None
@@ -268,32 +254,34 @@ class VerifierPool:
         except (EOFError, OSError):
             self._on_death(w, conn)
 
-    def _handle(self, w: _Worker, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "ready":
+    def _handle(self, w: _Worker, message: ToPool) -> None:
+        if isinstance(message, Ready):
             w.ready = True
             self._ready_changed.set()
             self._dispatch()
-        elif kind == "init_error":
-            self._init_error = str(message[1])
-            log.error("verifier worker failed to start: %s", message[1])
-        elif kind == "results":
-            _, job_id, results = message
-            if job_id != w.job_id or w.job is None:
-                return
-            for index, status, result, error, seconds in results:
-                if index != w.received:
-                    continue
-                item = w.job[index]
-                if not item.future.done():
-                    item.future.set_result(Outcome(Status(status), result, error, seconds))
-                w.received += 1
-            if w.received == len(w.job):
-                w.job = None
-                if w.timer is not None:
-                    w.timer.cancel()
-                    w.timer = None
-                self._dispatch()
+        elif isinstance(message, InitError):
+            self._init_error = message.message
+            self._ready_changed.set()  # start() reports it
+            log.error("verifier process failed to start: %s", message.message)
+        elif isinstance(message, Results):
+            self._on_results(w, message)
+
+    def _on_results(self, w: _Worker, message: Results) -> None:
+        if message.job_id != w.job_id or w.job is None:
+            return
+        for scored in message.scored:
+            if scored.index != w.received:
+                continue
+            item = w.job[scored.index]
+            if not item.future.done():
+                item.future.set_result(scored.outcome)
+            w.received += 1
+        if w.received == len(w.job):
+            w.job = None
+            if w.timer is not None:
+                w.timer.cancel()
+                w.timer = None
+            self._dispatch()
 
     def _on_deadline(self, w: _Worker, job_id: int) -> None:
         if w.job is None or w.job_id != job_id:
@@ -314,11 +302,20 @@ class VerifierPool:
         self._replace(w, "timeout")
 
     def _on_death(self, w: _Worker, conn: Connection) -> None:
+        """EOF on a worker's pipe: it died. Its exit status is read in a thread (the process may not be reaped
+        yet), then its request fails and it is replaced; meanwhile it takes no work and no deadline fires."""
         if w.conn is not conn or self._closed:
             return
+        self._detach(w)
+        was_ready, w.ready = w.ready, False
+        self._track(asyncio.ensure_future(self._after_death(w, conn, was_ready)))
+
+    async def _after_death(self, w: _Worker, conn: Connection, was_ready: bool) -> None:
         process = w.process
         if process is not None:
-            process.join(0.5)
+            await asyncio.to_thread(process.join, 0.5)
+        if w.conn is not conn or self._closed:  # close() failed its requests meanwhile
+            return
         code = getattr(process, "exitcode", None)
         why = (f"killed by signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
                else f"exit code {code}")
@@ -328,14 +325,14 @@ class VerifierPool:
             if not item.future.done():
                 item.future.set_result(Outcome(Status.ERROR, error=f"verifier worker process died ({why})"))
             self._requeue_rest(w, index)
-        if not w.ready:
+        if not was_ready:
             if self._init_error is None:
                 self._init_error = f"a worker died while starting ({why})"
-            if self._loop is not None and not self._started:
-                self._detach(w)
-                return  # start() reports it
-        log.warning("verifier worker pid %s died (%s); replacing it", getattr(process, "pid", None), why)
-        self._replace(w, "crash")
+                self._ready_changed.set()
+            if not self._started:
+                return  # start() reports it (and closes the pool)
+        log.warning("verifier process pid %s died (%s); replacing it", getattr(process, "pid", None), why)
+        self._replace(w, "crash", restart_delay_s=0.0 if was_ready else 1.0)
 
     def _requeue_rest(self, w: _Worker, failed: int) -> None:
         """Requeue the job's requests without a result but the one at ``failed``: those after it, and those
@@ -363,14 +360,17 @@ class VerifierPool:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
-    def _replace(self, w: _Worker, reason: str) -> None:
+    def _replace(self, w: _Worker, reason: str, restart_delay_s: float | None = None) -> None:
+        """Kill ``w``'s process and start another in its slot (after ``restart_delay_s``; by default none if it
+        was ready, else a pause: a worker that dies before it is ready is not restarted in a tight loop)."""
         self._detach(w)
         old = w.process
         if old is not None:
             self._kill(old)
         if w.conn is not None:
             w.conn.close()
-        was_ready = w.ready
+        if restart_delay_s is None:
+            restart_delay_s = 0.0 if w.ready else 1.0
         w.conn, w.process, w.ready, w.job = None, None, False, None
         self.restarts[reason] = self.restarts.get(reason, 0) + 1
         if self.on_restart is not None:
@@ -380,8 +380,7 @@ class VerifierPool:
         loop = asyncio.get_running_loop()
         if old is not None:  # reap it without blocking the loop
             self._track(loop.run_in_executor(None, old.join, 5.0))
-        # a worker that died before it was ready is restarted after a pause, not in a tight loop
-        self._track(asyncio.ensure_future(self._start_worker(w, 0.0 if was_ready else 1.0)))
+        self._track(asyncio.ensure_future(self._start_worker(w, restart_delay_s)))
 
     def _track(self, fut: asyncio.Future[Any]) -> None:
         self._tasks.add(fut)

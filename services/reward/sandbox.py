@@ -39,19 +39,18 @@ import logging
 import os
 import random
 import resource
-import selectors
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from relayrl.config.reward import UID_RANGE, SandboxBackend, SandboxConfig
+from relayrl.reward.sandbox_exec import NAMESPACE_FAILED, Command, SandboxRun, SandboxUnavailable, execute, kill_uid
+
+__all__ = ["Sandbox", "SandboxRun", "SandboxUnavailable", "find_python", "kill_uid"]
 
 log = logging.getLogger(__name__)
 
@@ -59,40 +58,9 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PRLIMIT = "/usr/bin/prlimit"  # util-linux
-NAMESPACE_FAILED = 121  # exit status of a child whose network namespace could not be created
 # the environment every program gets: nothing from the service's own
 SCRUBBED_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONUNBUFFERED": "1"}
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox could not be set up: the program was not run."""
-
-
-@dataclass(frozen=True)
-class SandboxRun:
-    """What a program did. ``exit_code`` is None when the sandbox killed it (timeout or output cap)."""
-
-    exit_code: int | None
-    stdout: bytes
-    stderr: bytes
-    channel: bytes  # what the program wrote to fd 3 (a harness's result channel)
-    timed_out: bool
-    output_exceeded: bool
-    wall_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.output_exceeded
-
-    def describe(self) -> str:
-        if self.timed_out:
-            return f"killed at the wall-clock limit after {self.wall_s:.1f}s"
-        if self.output_exceeded:
-            return "killed: output limit exceeded"
-        if self.exit_code is not None and self.exit_code < 0:
-            return f"killed by signal {signal.Signals(-self.exit_code).name}"
-        return f"exit code {self.exit_code}"
 
 
 def _libc() -> ctypes.CDLL:
@@ -124,7 +92,11 @@ def find_python(configured: str) -> Path:
 
 
 class Sandbox:
-    """Runs programs under one :class:`SandboxConfig`. Blocking; used from verifier worker processes."""
+    """Runs programs under one :class:`SandboxConfig`. Blocking. Each verifier process builds one and the scorer
+    passes it to the verifiers that take a ``sandbox`` keyword; there is no process-wide sandbox.
+
+    This class decides what runs (the bwrap command or the plain one, files, uid) and the limits the child sets
+    before ``exec``; :mod:`relayrl.reward.sandbox_exec` runs it, with the wall-clock kill, and reaps it."""
 
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
@@ -188,7 +160,9 @@ class Sandbox:
                 work.chmod(0o700)
                 command = [a.replace("{src}", str(src)) for a in argv]
                 cwd, env = str(work), dict(SCRUBBED_ENV, HOME=str(work), TMPDIR=str(work))
-            return self._execute(command, cwd, env, stdin, wall_s, uid)
+            return execute(Command(command, cwd, env, stdin, wall_s, self.cfg.max_output_bytes,
+                                   preexec=lambda channel_fd: self._limits(uid, channel_fd),
+                                   kill=lambda pid: self._kill(pid, uid), bwrap=bwrap))
         finally:
             shutil.rmtree(src, ignore_errors=True)
             if work is not None:
@@ -247,143 +221,10 @@ class Sandbox:
 
         return preexec
 
-    def _execute(self, command: list[str], cwd: str, env: dict[str, str], stdin: bytes, wall_s: float,
-                 uid: int | None) -> SandboxRun:
-        cap = self.cfg.max_output_bytes
-        channel_r, channel_w = os.pipe()
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=(3,), start_new_session=True,
-                                    preexec_fn=self._limits(uid, channel_w), close_fds=True)
-        except (OSError, subprocess.SubprocessError) as exc:
-            os.close(channel_r)
-            raise SandboxUnavailable(f"could not start the sandbox: {exc}") from exc
-        finally:
-            os.close(channel_w)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        outputs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(),
-                                         channel_r: bytearray()}
-        pending_in = memoryview(stdin)
-        stdin_fd, stdout_fd, stderr_fd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
-        timed_out = exceeded = False
-        with selectors.DefaultSelector() as sel:
-            for fd in outputs:
-                os.set_blocking(fd, False)
-                sel.register(fd, selectors.EVENT_READ)
-            if pending_in:
-                os.set_blocking(stdin_fd, False)
-                sel.register(stdin_fd, selectors.EVENT_WRITE)
-            else:
-                proc.stdin.close()
-            deadline = t0 + wall_s
-            while len(sel.get_map()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    timed_out = True
-                    break
-                for key, _ in sel.select(min(remaining, 0.5)):
-                    fd = int(key.fd)  # type: ignore[arg-type]
-                    if fd == stdin_fd and key.events & selectors.EVENT_WRITE:
-                        try:
-                            n = os.write(fd, pending_in[:65536])
-                            pending_in = pending_in[n:]
-                        except (BrokenPipeError, BlockingIOError) as exc:
-                            if isinstance(exc, BrokenPipeError):
-                                pending_in = pending_in[:0]
-                        if not pending_in:
-                            sel.unregister(fd)
-                            proc.stdin.close()
-                        continue
-                    try:
-                        chunk = os.read(fd, 65536)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        sel.unregister(fd)
-                        continue
-                    outputs[fd] += chunk
-                if sum(len(v) for v in outputs.values()) > cap:
-                    exceeded = True
-                    break
-                if proc.poll() is not None and not sel.select(0):
-                    break  # exited; a background process it left may hold the pipes open: not waited for
-        if timed_out or exceeded:
-            self._kill(proc, uid)
-        try:
-            code: int | None = proc.wait(timeout=max(0.1, t0 + wall_s - time.monotonic()))
-        except subprocess.TimeoutExpired:  # closed its pipes but still running
-            timed_out = True
-            self._kill(proc, uid)
-            code = proc.wait()
-        if timed_out or exceeded:
-            code = None
-        elif code is not None and code > 128 and self.cfg.backend is SandboxBackend.BWRAP \
-                and code - 128 in signal.valid_signals():
-            code = 128 - code  # bwrap exits 128 + N when the program was killed by signal N
-        self._cleanup(proc, uid)
-        for stream in (proc.stdout, proc.stderr):
-            stream.close()
-        if not proc.stdin.closed:
-            proc.stdin.close()
-        os.close(channel_r)
-        if code == NAMESPACE_FAILED and self.cfg.backend is SandboxBackend.PROCESS and not any(outputs.values()):
-            raise SandboxUnavailable("could not create a network namespace for the process sandbox "
-                                     "(unshare(2) refused); programs are never run without one")
-        stdout, stderr = bytes(outputs[stdout_fd])[:cap], bytes(outputs[stderr_fd])[:cap]
-        return SandboxRun(exit_code=code, stdout=stdout, stderr=stderr, channel=bytes(outputs[channel_r])[:cap],
-                          timed_out=timed_out, output_exceeded=exceeded, wall_s=time.monotonic() - t0)
-
-    def _kill(self, proc: subprocess.Popen[bytes], uid: int | None) -> None:
+    def _kill(self, pid: int, uid: int | None) -> None:
+        """SIGKILL everything a run started: its process group (bwrap, and with it the run's PID namespace, or
+        the program) and, as root with ``process``, every process of its uid."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # bwrap or the program, and its process group
+            os.killpg(pid, signal.SIGKILL)
         if uid is not None and self.cfg.backend is SandboxBackend.PROCESS:
             kill_uid(uid)
-
-    def _cleanup(self, proc: subprocess.Popen[bytes], uid: int | None) -> None:
-        """Nothing a run started outlives it: its process group (and, as root with ``process``, its uid)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        if uid is not None and self.cfg.backend is SandboxBackend.PROCESS:
-            kill_uid(uid)
-
-
-def kill_uid(uid: int) -> int:
-    """SIGKILL every process whose real uid is ``uid`` (a per-run uid: only that run's processes)."""
-    killed = 0
-    for _ in range(3):  # a process may fork while we scan: repeat until none is left
-        found = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:"):
-                            if int(line.split()[1]) == uid:
-                                os.kill(int(entry.name), signal.SIGKILL)
-                                found += 1
-                            break
-            except (OSError, ValueError):
-                continue
-        killed += found
-        if not found:
-            break
-    return killed
-
-
-_default: Sandbox | None = None
-
-
-def configure(cfg: SandboxConfig) -> Sandbox:
-    """Set the sandbox that verifiers in this process use (the pool's workers call it at start)."""
-    global _default
-    _default = Sandbox(cfg)
-    return _default
-
-
-def default_sandbox() -> Sandbox:
-    global _default
-    if _default is None:
-        _default = Sandbox(SandboxConfig())
-    return _default

@@ -7,6 +7,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.common.config import ConfigError
 from relayrl.config.reward import RewardConfig
 from relayrl.reward.api import (
     RewardFn,
@@ -17,7 +18,9 @@ from relayrl.reward.api import (
     load_reward_function,
     normalize_result,
     registered_rewards,
+    wants_sandbox,
 )
+from relayrl.reward.sandbox import Sandbox
 
 
 @dataclass(frozen=True)
@@ -55,23 +58,39 @@ class ScorerSpec:
         return " + ".join(f"{c.weight:g}*{c.name}({c.function})" for c in self.components)
 
 
+def _load(function: str, params: dict[str, Any], field_name: str, sandbox: Sandbox | None) -> RewardFn:
+    """The function of ``function`` with its ``params`` bound, and ``sandbox=`` when it takes one."""
+    fn = load_reward_function(function, f"{field_name}.function")
+    if not wants_sandbox(fn):
+        return bind_params(fn, params, f"{field_name}.params")
+    if "sandbox" in params:
+        raise ConfigError(f"{field_name}.params", dict(params), "`sandbox` is not a parameter: the service gives "
+                                                                "its sandbox (reward.sandbox)")
+    if sandbox is None:
+        raise ValueError(f"{function} runs code in a sandbox: create the Scorer with one")
+    return bind_params(fn, {**params, "sandbox": sandbox}, f"{field_name}.params")
+
+
 class Scorer:
     """Loads the functions of a spec (errors are ConfigErrors naming the field) and scores one input.
 
     The total of a composite reward is sum(weight x score); ``components`` holds each component's unweighted
     score under its name and its own components as ``name.sub``. A component that fails fails the whole call.
-    Async functions run to completion on this scorer's event loop (one per worker process)."""
+    Async functions run to completion on this scorer's event loop (one per verifier process).
 
-    def __init__(self, spec: ScorerSpec) -> None:
+    ``sandbox`` is passed to the functions that take a keyword-only ``sandbox`` parameter (the ``code``
+    verifier); a spec with such a function needs one."""
+
+    def __init__(self, spec: ScorerSpec, sandbox: Sandbox | None = None) -> None:
         self.spec = spec
+        self.sandbox = sandbox
         self._loop: asyncio.AbstractEventLoop | None = None
         if spec.components:
             self.parts: list[tuple[str, float, RewardFn]] = [
-                (c.name, c.weight, bind_params(load_reward_function(c.function, f"reward.components.{c.name}.function"),
-                                               c.params, f"reward.components.{c.name}.params"))
+                (c.name, c.weight, _load(c.function, c.params, f"reward.components.{c.name}", sandbox))
                 for c in spec.components]
         else:
-            self.parts = [("", 1.0, bind_params(load_reward_function(spec.function), spec.params))]
+            self.parts = [("", 1.0, _load(spec.function, spec.params, "reward", sandbox))]
 
     def _call(self, fn: RewardFn, inp: RewardInput) -> RewardResult:
         value = fn(inp)

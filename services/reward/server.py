@@ -18,14 +18,12 @@ from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.service import StatusHeader
 from relayrl.config.reward import RewardConfig
 from relayrl.reward.api import RewardInput
-from relayrl.reward.pool import Outcome, Status, VerifierPool
+from relayrl.reward.pool import VerifierPool
+from relayrl.reward.protocol import Outcome, Status
+from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)
-
-PB_STATUS = {Status.OK: pb.SCORE_STATUS_OK, Status.ERROR: pb.SCORE_STATUS_ERROR,
-             Status.TIMEOUT: pb.SCORE_STATUS_TIMEOUT}
-
 
 def decode_metadata(raw: Mapping[str, str]) -> dict[str, Any]:
     """gRPC metadata values are JSON-encoded; a value that is not JSON is kept as the string."""
@@ -66,7 +64,8 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
     def __init__(self, cfg: RewardConfig) -> None:
         self.cfg = cfg
         self.spec = ScorerSpec.from_config(cfg)
-        Scorer(self.spec)  # import and check the functions here: a bad config fails start-up naming the field
+        # import and check the functions here (before serving): a bad config fails start-up naming the field
+        Scorer(self.spec, sandbox=Sandbox(cfg.sandbox))
         self.header = StatusHeader("reward")
         self.pool = VerifierPool(self.spec, cfg.sandbox, cfg.workers, cfg.timeout_s, cfg.chunk_size,
                                  cfg.start_method, cfg.worker_memory_mb, on_restart=self._restarted)
@@ -106,9 +105,9 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
     @staticmethod
     def to_pb(episode_id: str, outcome: Outcome) -> pb.ScoreResponse:
         if outcome.status is not Status.OK or outcome.result is None:
-            return pb.ScoreResponse(episode_id=episode_id, status=PB_STATUS[outcome.status], error=outcome.error)
+            return pb.ScoreResponse(episode_id=episode_id, status=outcome.status.pb, error=outcome.error)
         r = outcome.result
-        return pb.ScoreResponse(episode_id=episode_id, status=pb.SCORE_STATUS_OK, score=r.score,
+        return pb.ScoreResponse(episode_id=episode_id, status=outcome.status.pb, score=r.score,
                                 components=dict(r.components), details=r.details)
 
     @staticmethod

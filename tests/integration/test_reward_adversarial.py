@@ -1,6 +1,6 @@
 """Adversarial completions and verifiers through the real reward service (gRPC, verifier pool, sandbox).
 
-Each case returns within its timeout + 1 s with the documented result, and leaves the host unaffected: a
+Each case returns within its timeout (+ MARGIN_S) with the documented result, and leaves the host unaffected: a
 sentinel directory outside the sandbox is unchanged, a listening socket on the host accepted no connection, and
 no process of the run is left (no descendant of this process but the verifier pool's, no process of a sandbox
 uid). The last test is the control: a clean set of correct answers scores 1.0 everywhere.
@@ -29,6 +29,10 @@ pytestmark = pytest.mark.integration
 
 WALL_S = 1.0  # the sandbox's wall-clock limit in these tests
 VERIFIER_TIMEOUT_S = 2.0  # the pool's per-call timeout
+# The time bounds prove a kill at the limit (without it a case runs until the 30 s RPC deadline). The margin covers
+# what the call costs besides the limit on a loaded 2-core machine: the sandbox's probe run and the program's
+# start-up (namespaces, an interpreter), the RPC, and a late timer; 1 s was enough only on an idle machine.
+MARGIN_S = 3.0
 SECRET = "relayrl-test-secret-7f3a91"
 
 
@@ -63,13 +67,18 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     listener.close()
 
 
-def _leftover_processes(sandbox: SandboxConfig) -> list[str]:
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _leftover_processes(sandbox: SandboxConfig, earlier: set[int]) -> list[str]:
     """Processes a run left: descendants of this process other than multiprocessing's (the pool's workers and
-    the forkserver), and any process whose real uid is in the sandbox's per-run uid range."""
+    the forkserver) and those that ran before the case (``earlier``: e.g. a tracking test's wandb-core), and any
+    process whose real uid is in the sandbox's per-run uid range."""
     left = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "multiprocessing" not in " ".join(proc.cmdline()):
+            if proc.pid not in earlier and "multiprocessing" not in " ".join(proc.cmdline()):
                 left.append(f"{proc.pid} {proc.cmdline()}")
         except psutil.NoSuchProcess:
             continue
@@ -80,12 +89,12 @@ def _leftover_processes(sandbox: SandboxConfig) -> list[str]:
     return left
 
 
-def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: SandboxConfig) -> None:
+def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: SandboxConfig, earlier: set[int]) -> None:
     assert host.snapshot() == before
     with pytest.raises(BlockingIOError):
         host.listener.accept()  # nothing ever connected
     deadline = time.monotonic() + 2.0
-    while (left := _leftover_processes(sandbox)) and time.monotonic() < deadline:
+    while (left := _leftover_processes(sandbox, earlier)) and time.monotonic() < deadline:
         time.sleep(0.05)  # a killed process may take a moment to disappear
     assert left == []
 
@@ -93,7 +102,7 @@ def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: Sandb
 def _score(host: Host, backend: SandboxBackend, completion: str, metadata: dict[str, object],
            function: str = "code", reference: str = "") -> tuple[pb.ScoreResponse, float]:
     sandbox = SandboxConfig(backend=backend, wall_timeout_s=WALL_S, total_timeout_s=WALL_S)
-    before = host.snapshot()
+    before, earlier = host.snapshot(), _descendants()
 
     async def go() -> tuple[pb.ScoreResponse, float]:
         async with reward_server(function, workers=1, timeout_s=VERIFIER_TIMEOUT_S, sandbox=sandbox) as (target, _), \
@@ -106,7 +115,7 @@ def _score(host: Host, backend: SandboxBackend, completion: str, metadata: dict[
             return resp, time.monotonic() - t0
 
     resp, elapsed = asyncio.run(go())
-    _assert_host_unaffected(host, before, sandbox)
+    _assert_host_unaffected(host, before, sandbox, earlier)
     return resp, elapsed
 
 
@@ -120,7 +129,7 @@ def test_infinite_loop_is_killed_at_the_wall_clock_and_scores_zero(host: Host, b
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
     assert "killed at the wall-clock limit" in resp.details
-    assert elapsed < WALL_S + 1.0
+    assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -131,7 +140,7 @@ def test_fork_bomb_is_contained_and_leaves_no_process(host: Host, backend: Sandb
     resp, elapsed = _score(host, backend, program, ONE_TEST)
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
-    assert elapsed < WALL_S + 1.0
+    assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -142,7 +151,7 @@ def test_ten_gigabyte_allocation_fails_inside_the_sandbox(host: Host, backend: S
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
     assert "MemoryError" in resp.details
-    assert elapsed < WALL_S + 1.0
+    assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -164,7 +173,7 @@ def test_deleting_or_writing_files_outside_its_directory_fails(host: Host, backe
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), resp.details
     assert not Path("/usr/lib/relayrl-owned").exists() and not Path("/etc/relayrl-owned").exists()
-    assert elapsed < WALL_S + 1.0
+    assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -176,7 +185,7 @@ def test_network_connection_is_impossible(host: Host, backend: SandboxBackend) -
     resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "blocked"}]})
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), resp.details
-    assert elapsed < WALL_S + 1.0
+    assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -190,7 +199,7 @@ def test_environment_secrets_are_not_visible(host: Host, backend: SandboxBackend
     resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "clean"}]})
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), resp.details
-    assert elapsed < WALL_S + 1.0
+    assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -201,7 +210,7 @@ def test_megabytes_of_output_are_capped_and_the_program_killed(host: Host, backe
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
     assert "output limit exceeded" in resp.details
-    assert elapsed < WALL_S + 1.0
+    assert elapsed < WALL_S + MARGIN_S
 
 
 def test_sympy_expression_that_never_finishes_is_a_timeout_not_a_zero(host: Host) -> None:
@@ -210,7 +219,7 @@ def test_sympy_expression_that_never_finishes_is_a_timeout_not_a_zero(host: Host
 
     assert resp.status == pb.SCORE_STATUS_TIMEOUT
     assert "killed and replaced" in resp.error
-    assert elapsed < VERIFIER_TIMEOUT_S + 1.0
+    assert elapsed < VERIFIER_TIMEOUT_S + MARGIN_S
 
 
 def test_verifier_that_raises_is_an_error_not_a_zero(host: Host) -> None:
@@ -218,7 +227,7 @@ def test_verifier_that_raises_is_an_error_not_a_zero(host: Host) -> None:
 
     assert resp.status == pb.SCORE_STATUS_ERROR
     assert "ZeroDivisionError" in resp.error
-    assert elapsed < VERIFIER_TIMEOUT_S + 1.0
+    assert elapsed < VERIFIER_TIMEOUT_S + MARGIN_S
 
 
 CLEAN_SET = [  # (function, completion, reference, metadata): all correct
@@ -237,7 +246,7 @@ CLEAN_SET = [  # (function, completion, reference, metadata): all correct
 
 def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
     sandbox = SandboxConfig(wall_timeout_s=WALL_S, total_timeout_s=2 * WALL_S)
-    before = host.snapshot()
+    before, earlier = host.snapshot(), _descendants()
 
     async def go() -> dict[str, list[pb.ScoreResponse]]:
         out: dict[str, list[pb.ScoreResponse]] = {}
@@ -258,4 +267,4 @@ def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
         for resp in responses:
             assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), (function, resp.details, resp.error)
     assert sum(len(v) for v in results.values()) == len(CLEAN_SET)
-    _assert_host_unaffected(host, before, sandbox)
+    _assert_host_unaffected(host, before, sandbox, earlier)

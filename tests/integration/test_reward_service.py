@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import json
+from pathlib import Path
 
 import grpc
 import httpx
@@ -70,10 +71,8 @@ def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:spin", timeout_s=1.0) as (target, servicer), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
-            t0 = time.monotonic()
             resp = await stub.ScoreBatch(pb.ScoreBatchRequest(requests=[
                 _req("ok"), _req("hang"), _req("ok"), _req("ok")]), timeout=20)
-            elapsed = time.monotonic() - t0
             for _ in range(100):  # the replacement starts in the background
                 if servicer.pool.ready_workers == 2:
                     break
@@ -84,7 +83,8 @@ def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
             assert [r.status for r in resp.responses] == [pb.SCORE_STATUS_OK, pb.SCORE_STATUS_TIMEOUT,
                                                           pb.SCORE_STATUS_OK, pb.SCORE_STATUS_OK]
             assert "did not finish within 1s" in resp.responses[1].error
-            assert elapsed < 1.0 + 1.0
+            # one kill (the hung request's worker), no other: the rest of the batch was scored, not killed
+            assert servicer.pool.restarts == {"timeout": 1, "crash": 0}
             assert (status.timeouts, status.worker_restarts, status.workers_ready) == (1, 1, 2)
             assert after.status == pb.SCORE_STATUS_OK
 
@@ -105,16 +105,19 @@ def test_crashing_verifier_is_an_error_and_the_rest_of_the_batch_is_scored() -> 
     asyncio.run(go())
 
 
-def test_batch_is_scored_in_parallel_across_the_pool() -> None:
+def test_batch_is_scored_in_parallel_across_the_pool(tmp_path: Path) -> None:
+    # each verifier records its start in tmp_path and waits (at most 5 s) until all four have started
+    metadata = {"dir": json.dumps(str(tmp_path)), "expect": "4", "wait_s": "5"}
+
     async def go() -> None:
-        async with reward_server(f"{FNS}:slow", workers=4) as (target, _), insecure_channel(target) as ch:
+        async with reward_server(f"{FNS}:rendezvous", workers=4) as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
-            t0 = time.monotonic()
-            resp = await stub.ScoreBatch(pb.ScoreBatchRequest(requests=[_req("0.5")] * 4), timeout=20)
-            elapsed = time.monotonic() - t0
+            resp = await stub.ScoreBatch(pb.ScoreBatchRequest(requests=[
+                pb.ScoreRequest(episode_id=str(i), completion="x", metadata=metadata) for i in range(4)]), timeout=20)
 
             assert [r.status for r in resp.responses] == [pb.SCORE_STATUS_OK] * 4
-            assert elapsed < 1.5  # serial: 2 s
+            # every verifier saw four started while it ran: the four workers scored at once (serially: 1, 2, ...)
+            assert [r.details for r in resp.responses] == ["4"] * 4
 
     asyncio.run(go())
 

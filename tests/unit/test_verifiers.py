@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from relayrl.common.config import ConfigError
+from relayrl.common.pb import reward_pb2 as pb
 from relayrl.config import load_run_config
+from relayrl.config.reward import SandboxBackend, SandboxConfig
 from relayrl.reward.api import (
     RewardFunctionError,
     RewardInput,
@@ -14,10 +16,14 @@ from relayrl.reward.api import (
     load_reward_function,
     normalize_result,
 )
+from relayrl.reward.protocol import Status
+from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import ComponentSpec, Scorer, ScorerSpec
 from relayrl.reward.verifiers.code import code_reward, extract_program
 from relayrl.reward.verifiers.match import exact_match, format_reward, normalize_answer, regex_match
 from relayrl.reward.verifiers.maths import UnparsableReference, math_reward
+
+SANDBOX = Sandbox(SandboxConfig())  # what a verifier process builds from the default reward.sandbox
 
 
 def _inp(completion: str, reference: str = "", **metadata: object) -> RewardInput:
@@ -117,7 +123,7 @@ def test_code_reward_is_the_fraction_of_assert_tests_passed() -> None:
     program = "```python\ndef add(a, b):\n    return a + b if a < 100 else 0\n```"
     tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(100, 1) == 101", "assert add(0, 0) == 0"]
 
-    result = code_reward(_inp(program, tests=tests))
+    result = code_reward(_inp(program, tests=tests), sandbox=SANDBOX)
 
     assert result.score == 0.75
     assert result.details.startswith("3/4 tests passed; test 2: AssertionError")
@@ -127,14 +133,14 @@ def test_code_reward_runs_io_tests_with_stdin_and_compares_stdout() -> None:
     program = "import sys\nnums = [int(x) for x in sys.stdin.read().split()]\nprint(sum(nums))\n"
     cases = [{"input": "1 2 3", "output": "6"}, {"input": "10", "output": "10\n"}, {"input": "1 1", "output": "3"}]
 
-    result = code_reward(_inp(program, io_tests=cases))
+    result = code_reward(_inp(program, io_tests=cases), sandbox=SANDBOX)
 
     assert result.score == pytest.approx(2 / 3)
     assert "case 2" in result.details
 
 
 def test_code_reward_for_a_program_that_does_not_compile_is_zero_with_the_error() -> None:
-    result = code_reward(_inp("def f(:\n", tests=["assert f() == 1"]))
+    result = code_reward(_inp("def f(:\n", tests=["assert f() == 1"]), sandbox=SANDBOX)
 
     assert result.score == 0.0
     assert "SyntaxError" in result.details
@@ -142,7 +148,7 @@ def test_code_reward_for_a_program_that_does_not_compile_is_zero_with_the_error(
 
 def test_code_reward_without_tests_raises() -> None:
     with pytest.raises(ValueError, match="needs `tests`"):
-        code_reward(_inp("print(1)"))
+        code_reward(_inp("print(1)"), sandbox=SANDBOX)
 
 
 def test_registered_reward_names_load_and_unknown_names_are_config_errors() -> None:
@@ -187,3 +193,28 @@ def test_reward_config_timeout_must_exceed_the_code_budget_and_names_must_be_uni
     cfg = load_run_config(None, ["reward.components=[{name: a, function: math, weight: 0.5, params: {strict: false}}]",
                                  "reward.sandbox.backend=process"])
     assert cfg.reward.components[0].params == {"strict": False}
+
+
+def test_the_scorer_gives_its_sandbox_to_verifiers_that_take_one_and_only_to_them() -> None:
+    sandbox = Sandbox(SandboxConfig(backend=SandboxBackend.PROCESS))
+    scorer = Scorer(ScorerSpec(components=(
+        ComponentSpec("sandboxed", "tests.reward_fns:sandbox_backend"),
+        ComponentSpec("plugin", "tests.reward_fns:keywords", params={"scale": 2.0}))), sandbox=sandbox)
+
+    result = scorer(_inp("x"))
+
+    assert result.details == "sandboxed: process; plugin: scale"  # fn(inp, **params) gets its params alone
+    assert result.components["plugin"] == 1.0
+
+
+def test_sandbox_is_not_a_parameter_and_a_sandboxed_verifier_needs_a_scorer_with_one() -> None:
+    with pytest.raises(ConfigError, match=r"reward\.params.*sandbox"):
+        Scorer(ScorerSpec(function="code", params={"sandbox": "none"}), sandbox=SANDBOX)
+    with pytest.raises(ValueError, match="sandbox"):
+        Scorer(ScorerSpec(function="code"))
+
+
+def test_one_status_maps_to_the_grpc_status_and_the_rest_string() -> None:
+    assert {s: (s.pb, s.value) for s in Status} == {Status.OK: (pb.SCORE_STATUS_OK, "ok"),
+                                                     Status.ERROR: (pb.SCORE_STATUS_ERROR, "error"),
+                                                     Status.TIMEOUT: (pb.SCORE_STATUS_TIMEOUT, "timeout")}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.reward.api import RewardInput, RewardResult
-from relayrl.reward.sandbox import Sandbox, default_sandbox
+from relayrl.reward.sandbox import Sandbox
 
 HARNESS = (Path(__file__).parent / "code_harness.py").read_text()
 _FENCE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)```", flags=re.S)
@@ -83,13 +83,14 @@ def _io_tests(sandbox: Sandbox, program: str, cases: list[dict[str, Any]]) -> tu
     return passed, first_error
 
 
-def code_reward(inp: RewardInput) -> RewardResult:
+def code_reward(inp: RewardInput, *, sandbox: Sandbox) -> RewardResult:
+    """The fraction of the row's tests the completion's program passes, run in ``sandbox`` (the service's,
+    passed by the scorer)."""
     tests = inp.metadata.get("tests")
     cases = inp.metadata.get("io_tests")
     if tests is None and cases is None:
         raise ValueError("code_reward needs `tests` (Python statements) or `io_tests` (input/output pairs) "
                          "in the row's metadata")
-    sandbox = default_sandbox()
     program = extract_program(inp.completion)
     if tests is not None:
         if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
