@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.integration
 
 WALL_S = 1.0  # the sandbox's wall-clock limit in these tests
 VERIFIER_TIMEOUT_S = 2.0  # the pool's per-call timeout
+# this test session's own range of sandbox uids: a leftover process in it is ours, whatever else runs on the machine
+UID_BASE = 300_000 + (os.getpid() % 4096) * UID_RANGE
 # The time bounds prove a kill at the limit (without it a case runs until the 30 s RPC deadline). The margin covers
 # what the call costs besides the limit on a loaded 2-core machine: the sandbox's probe run and the program's
 # start-up (namespaces, an interpreter), the RPC, and a late timer; 1 s was enough only on an idle machine.
@@ -101,7 +104,7 @@ def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: Sandb
 
 def _score(host: Host, backend: SandboxBackend, completion: str, metadata: dict[str, object],
            function: str = "code", reference: str = "") -> tuple[pb.ScoreResponse, float]:
-    sandbox = SandboxConfig(backend=backend, wall_timeout_s=WALL_S, total_timeout_s=WALL_S)
+    sandbox = SandboxConfig(backend=backend, wall_timeout_s=WALL_S, total_timeout_s=WALL_S, uid_base=UID_BASE)
     before, earlier = host.snapshot(), _descendants()
 
     async def go() -> tuple[pb.ScoreResponse, float]:
@@ -245,7 +248,7 @@ CLEAN_SET = [  # (function, completion, reference, metadata): all correct
 
 
 def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
-    sandbox = SandboxConfig(wall_timeout_s=WALL_S, total_timeout_s=2 * WALL_S)
+    sandbox = SandboxConfig(wall_timeout_s=WALL_S, total_timeout_s=2 * WALL_S, uid_base=UID_BASE)
     before, earlier = host.snapshot(), _descendants()
 
     async def go() -> dict[str, list[pb.ScoreResponse]]:
