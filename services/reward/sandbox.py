@@ -13,8 +13,9 @@ Backends (``reward.sandbox.backend``):
   under ``/src`` and a size-capped tmpfs as ``/tmp`` (its working directory). It has no network interface but
   a down loopback, so every connection fails. Killing bwrap kills the whole PID namespace, so nothing it
   started survives. No capabilities inside.
-- ``process``: for hosts without bubblewrap. A new network namespace (``unshare(2)``; a user namespace too when
-  the service is not root), the same limits, session and environment, cwd in a private directory. No mount
+- ``process``: for hosts without bubblewrap, and only when the service runs as root (refused otherwise: the
+  program would run as the service's own user). A new network namespace (``unshare(2)``), the same limits,
+  session and environment, cwd in a private directory, and a fresh unprivileged uid per run. No mount
   namespace: the filesystem is protected only by Unix permissions, as the unprivileged uid the program runs as.
 
 When the service runs as root, programs run as a fresh unprivileged uid per run (``uid_base`` + a random
@@ -27,8 +28,7 @@ allowed), runs raise :class:`SandboxUnavailable`; nothing ever runs unisolated.
 
 Not protected against (documented in the README): kernel exploits and side channels; CPU and memory use within
 the limits (the address-space limit is per process: up to ``max_processes`` x ``memory_mb`` in all); reading the
-world-readable files of ``/usr`` (and, with ``process``, of the whole filesystem); a program forging the result
-of an in-process test harness (see relayrl.reward.verifiers.code).
+world-readable files of ``/usr`` (and, with ``process``, of the whole filesystem).
 """
 
 from __future__ import annotations
@@ -114,6 +114,11 @@ class Sandbox:
     # -- set-up ----------------------------------------------------------------------------------------------
     def check(self) -> None:
         """Run a trivial program once (cached); raise SandboxUnavailable saying why it cannot run."""
+        if self.cfg.backend is SandboxBackend.PROCESS and not self.root:
+            raise SandboxUnavailable(
+                "the process sandbox backend isolates programs only when the reward service runs as root (a fresh "
+                "uid per run); as another user the program would run as the service's own user, with its files "
+                "and its processes in reach: use the bwrap backend (bubblewrap) instead")
         if self._checked is None:
             try:
                 run = self._run([str(self.python), "-I", "-S", "-c", "print(6 * 7)"], {}, b"", 10.0)
