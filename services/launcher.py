@@ -22,6 +22,7 @@ from typing import IO
 
 from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import check_health
+from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
 
@@ -265,17 +266,18 @@ class Launcher:
         (unacknowledged or unread)."""
         import redis
 
+        keys = RedisKeys.from_config(self.cfg.redis)
         try:
             client = redis.Redis.from_url(self.cfg.redis.url, socket_timeout=5.0)
-            length = int(client.xlen(self.cfg.redis.stream))
+            length = int(client.xlen(keys.stream))
             groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
-                      for g in client.xinfo_groups(self.cfg.redis.stream)} if length else {}
-            appended = int(client.hget(f"{self.cfg.redis.stream}:rollout:progress", "appended") or 0)
+                      for g in client.xinfo_groups(keys.stream)} if length else {}
+            appended = int(client.hget(keys.rollout_progress, PROGRESS_APPENDED) or 0)
             client.close()
         except redis.exceptions.RedisError as exc:
             log.warning("could not read the stream for the run summary: %s", exc)
             return
-        group = groups.get(self.cfg.redis.group, {})
+        group = groups.get(keys.group, {})
         rows = [json.loads(line) for line in self.cfg.metrics_path.read_text().splitlines()] \
             if self.cfg.metrics_path.exists() else []
         rl = [r for r in rows if r.get("phase", "rl") == "rl"]

@@ -56,7 +56,7 @@ async def _identify(address: str, timeout_s: float) -> tuple[str, dict[str, Any]
 
 
 async def _queue(cfg: RunConfig) -> dict[str, Any]:
-    stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+    stream = EpisodeStream.from_config(cfg.redis)
     try:
         info = await asyncio.wait_for(stream.info(), timeout=5)
     except Exception as exc:  # status must report what it can, whatever is down

@@ -52,7 +52,7 @@ class RolloutWorker:
         self.producer_id = cfg.producer_id or f"{socket.gethostname()}:{os.getpid()}"
         self.trainer_view = TrainerView()
         self.admission = Admission(cfg.max_staleness)
-        self.store = ProgressStore(stream.client, stream.stream)
+        self.store = ProgressStore(stream.client, stream.keys)
         self.progress = Progress()
         self.groups_produced = 0  # by this process
         self.episodes_produced = 0

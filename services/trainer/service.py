@@ -52,6 +52,7 @@ from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import reward_pb2, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText, ServingState
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.common.redis_keys import trainer_consumer
 from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
@@ -230,11 +231,11 @@ class TrainerService:
                      len(already_done))
         self.episodes_trained = int(counters.get("episodes_trained", 0))
         self.groups_trained = int(counters.get("groups_trained", 0))
-        self.stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
-        self.versions = VersionSource(self.stream.client, cfg.redis.version_key)
-        self.lineage_db = VersionLineage(self.stream.client, cfg.redis.version_key)
+        self.stream = EpisodeStream.from_config(cfg.redis)
+        self.versions = VersionSource(self.stream.client, self.stream.keys)
+        self.lineage_db = VersionLineage(self.stream.client, self.stream.keys)
         self.lineage = 0  # set at the first publication (rank 0)
-        self.consumer = f"{tc.consumer}-rank{self.rank}"
+        self.consumer = trainer_consumer(tc.consumer, self.rank)
         self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness, tc.read_block_ms,
                                         already_done, cfg.redis.retry_s, tc.on_reward_error)
         # drops over all ranks and restarts, from Redis (refreshed by rank 0 after each step)
@@ -391,7 +392,7 @@ class TrainerService:
         tc = self.cfg.trainer
         await self.stream.ensure_group()
         if self.is_main:
-            live = {f"{tc.consumer}-rank{r}" for r in range(self.coll.world_size)}
+            live = {trainer_consumer(tc.consumer, r) for r in range(self.coll.world_size)}
             await self.stream.claim_from_gone_consumers(self.consumer, live)
         # identical starting weights on every rank, whatever each loaded
         await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.model.parameters()), 0, "initial_weights")
