@@ -15,6 +15,7 @@ import torch
 from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.logging import setup_logging
+from relayrl.common.metrics_row import SftRow, parse_row
 from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
@@ -99,6 +100,9 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["weight_version"] for r in rows] == [first_version + i for i in (1, 2, 3, 4)]
     assert all(set(r) >= REQUIRED_METRICS for r in rows)
+    # the trainer writes the typed row (relayrl.common.metrics_row): every line reads back as itself
+    assert all(parse_row(r).to_json() == r for r in rows + out["sft_rows"])  # type: ignore[union-attr]
+    assert all(isinstance(parse_row(r), SftRow) for r in out["sft_rows"])
     assert all(r["episodes"] == 2 * 4 for r in rows)
     assert all(r["staleness_max"] <= max_staleness for r in rows)
     assert all(sum(r["staleness_hist"].values()) == r["episodes"] for r in rows)
