@@ -10,11 +10,12 @@ Runs `relayrl run examples/quickstart.yaml` twice for the same number of steps, 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from relayrl.common.metrics_row import read_rows, rl_rows
 
 
 def run(max_staleness: int, args: argparse.Namespace) -> dict[str, float]:
@@ -23,14 +24,13 @@ def run(max_staleness: int, args: argparse.Namespace) -> dict[str, float]:
            "--set", f"rollout.max_staleness={max_staleness}", "--set", f"trainer.total_steps={args.steps}",
            "--set", f"model.path={args.model}", *[x for o in args.overrides for x in ("--set", o)]]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if r.get("phase", "rl") == "rl"]
+    rows = rl_rows(read_rows(out / "metrics.jsonl"))
     # throughput over the steady part: from the end of step 1 (start-up excluded) to the last step
-    episodes = sum(r["episodes"] for r in rows[1:])
-    seconds = rows[-1]["time_s"] - rows[0]["time_s"]
+    episodes = sum(r.episodes for r in rows[1:])
+    seconds = rows[-1].time_s - rows[0].time_s
     return {"episodes_per_s": episodes / seconds, "seconds": seconds,
-            "reward_last10": statistics.mean(r["reward_mean"] for r in rows[-10:]),
-            "staleness_mean": statistics.mean(r["staleness_mean"] for r in rows)}
+            "reward_last10": statistics.mean(r.reward_mean for r in rows[-10:]),
+            "staleness_mean": statistics.mean(r.staleness_mean for r in rows)}
 
 
 def main() -> int:

@@ -22,6 +22,8 @@ from typing import IO
 
 from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import check_health
+from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, read_rows, rl_rows
+from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
 
@@ -64,6 +66,34 @@ def local(server: ServerConfig) -> ServerConfig:
 def local_http(http: HttpConfig) -> HttpConfig:
     """An HTTP API on loopback and a free port."""
     return replace(http, host="127.0.0.1", port=free_port())
+
+
+def progress_line(row: MetricsRow | None, total: int) -> str | None:
+    """The launcher's line for one metrics row (every 10th warm-up step, every training step)."""
+    if isinstance(row, SftRow):
+        return f"  warm-up {row.sft_step:>4}  loss {row.loss:.3f}" if row.sft_step % 10 == 0 else None
+    if isinstance(row, RlRow):
+        return (f"  step {row.step:>4}/{total}  reward {row.reward_mean:.3f}  "
+                f"staleness {row.staleness_mean:.2f} (max {row.staleness_max})  "
+                f"episodes/s {row.episodes_per_s:.1f}  {row.time_s:.0f}s")
+    return None
+
+
+def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int) -> dict[str, int]:
+    """summary.json: the run's totals from its last training step and the stream's books."""
+    rl = rl_rows(rows)
+    last = rl[-1] if rl else RlRow(step=0)
+    return {
+        "groups_produced": produced,
+        "stream_length": stream_length,
+        "groups_trained": last.groups_trained,
+        "groups_dropped_stale": last.groups_dropped_stale,
+        "groups_dropped_reward_error": last.groups_dropped_reward_error,
+        "groups_pending": pending,
+        "episodes_trained": last.episodes_trained,
+        "episodes_dropped_stale": last.episodes_dropped_stale,
+        "episodes_dropped_reward_error": last.episodes_dropped_reward_error,
+    }
 
 
 @dataclass
@@ -249,14 +279,9 @@ class Launcher:
                 if not line or not line.endswith("\n"):
                     break
                 offset += len(line.encode())
-                row = json.loads(line)
-                if row.get("phase") == "sft":
-                    if row["sft_step"] % 10 == 0:
-                        self._say(f"  warm-up {row['sft_step']:>4}  loss {row['loss']:.3f}")
-                    continue
-                self._say(f"  step {row['step']:>4}/{total}  reward {row['reward_mean']:.3f}  "
-                          f"staleness {row['staleness_mean']:.2f} (max {row['staleness_max']})  "
-                          f"episodes/s {row['episodes_per_s']:.1f}  {row['time_s']:.0f}s")
+                text = progress_line(parse_line(line), total)
+                if text is not None:
+                    self._say(text)
         return offset
 
     def _summary(self) -> None:
@@ -265,32 +290,21 @@ class Launcher:
         (unacknowledged or unread)."""
         import redis
 
+        keys = RedisKeys.from_config(self.cfg.redis)
         try:
             client = redis.Redis.from_url(self.cfg.redis.url, socket_timeout=5.0)
-            length = int(client.xlen(self.cfg.redis.stream))
+            length = int(client.xlen(keys.stream))
             groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
-                      for g in client.xinfo_groups(self.cfg.redis.stream)} if length else {}
-            appended = int(client.hget(f"{self.cfg.redis.stream}:rollout:progress", "appended") or 0)
+                      for g in client.xinfo_groups(keys.stream)} if length else {}
+            appended = int(client.hget(keys.rollout_progress, PROGRESS_APPENDED) or 0)
             client.close()
         except redis.exceptions.RedisError as exc:
             log.warning("could not read the stream for the run summary: %s", exc)
             return
-        group = groups.get(self.cfg.redis.group, {})
-        rows = [json.loads(line) for line in self.cfg.metrics_path.read_text().splitlines()] \
-            if self.cfg.metrics_path.exists() else []
-        rl = [r for r in rows if r.get("phase", "rl") == "rl"]
-        last = rl[-1] if rl else {}
-        summary = {
-            "groups_produced": appended,
-            "stream_length": length,
-            "groups_trained": int(last.get("groups_trained", 0)),
-            "groups_dropped_stale": int(last.get("groups_dropped_stale", 0)),
-            "groups_dropped_reward_error": int(last.get("groups_dropped_reward_error", 0)),
-            "groups_pending": int(group.get("pending", 0)) + int(group.get("lag", length) or 0),
-            "episodes_trained": int(last.get("episodes_trained", 0)),
-            "episodes_dropped_stale": int(last.get("episodes_dropped_stale", 0)),
-            "episodes_dropped_reward_error": int(last.get("episodes_dropped_reward_error", 0)),
-        }
+        group = groups.get(keys.group, {})
+        rows = read_rows(self.cfg.metrics_path) if self.cfg.metrics_path.exists() else []
+        pending = int(group.get("pending", 0)) + int(group.get("lag", length) or 0)
+        summary = run_summary(rows, appended, length, pending)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         self._say(f"relayrl: groups produced {summary['groups_produced']} = trained {summary['groups_trained']}"
                   f" + dropped as stale {summary['groups_dropped_stale']} + dropped for reward errors "

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
+from relayrl.common.metrics_row import RlRow, read_rows, rl_rows
 
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if row.get("phase", "rl") != "sft":
-                rows.append(row)
-    return rows
+
+def read_metrics(path: Path) -> list[RlRow]:
+    """The training steps of a metrics.jsonl file (warm-up rows left out)."""
+    return rl_rows(read_rows(path))
 
 
 def rolling_mean(values: list[float], window: int) -> list[float]:
@@ -46,22 +43,22 @@ def plot_metrics(path: Path, out: Path, window: int = 10) -> None:
     rows = read_metrics(path)
     if not rows:
         raise ValueError(f"{path} holds no training steps")
-    steps = [r["step"] for r in rows]
+    steps = [r.step for r in rows]
     fig, (ax_r, ax_s) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[2, 1])
-    reward = [r["reward_mean"] for r in rows]
+    reward = [r.reward_mean for r in rows]
     ax_r.plot(steps, reward, color="tab:blue", alpha=0.25, linewidth=0.8)
     ax_r.plot(steps, rolling_mean(reward, window), label=f"reward (mean, {window}-step average)", color="tab:blue")
-    if "reward/exact" in rows[0]:
-        exact = rolling_mean([r["reward/exact"] for r in rows], window)
+    if "exact" in rows[0].reward_components:
+        exact = rolling_mean([r.reward_components.get("exact", math.nan) for r in rows], window)
         ax_r.plot(steps, exact, label="exact answers (fraction)", color="tab:green", linestyle=":")
     ax_r.set_ylabel("reward")
     ax_r.set_ylim(-0.02, 1.02)
     ax_r.grid(alpha=0.3)
     ax_r.legend(loc="lower right")
-    ax_r.set_title(f"{path.parent.name}: {len(rows)} steps, {rows[-1]['time_s']:.0f} s")
-    ax_s.plot(steps, rolling_mean([r["staleness_mean"] for r in rows], window),
+    ax_r.set_title(f"{path.parent.name}: {len(rows)} steps, {rows[-1].time_s:.0f} s")
+    ax_s.plot(steps, rolling_mean([r.staleness_mean for r in rows], window),
               label=f"mean ({window}-step average)", color="tab:orange")
-    maxes = [float(r["staleness_max"]) for r in rows]
+    maxes = [float(r.staleness_max) for r in rows]
     ax_s.plot(steps, [max(maxes[max(0, i - window + 1): i + 1]) for i in range(len(maxes))],
               label=f"max ({window}-step window)", color="tab:red")
     bound = _max_staleness(path.parent / "config.yaml")

@@ -7,7 +7,6 @@ figures), a run config file, or one service's HOST:PORT (its kind is found by as
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import grpc
 
 from relayrl.client import InferenceClient, RewardClient, RolloutClient, ServiceClient, TrainerClient
+from relayrl.common.metrics_row import read_rows, rl_rows
 from relayrl.common.service import as_dict
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
@@ -56,7 +56,7 @@ async def _identify(address: str, timeout_s: float) -> tuple[str, dict[str, Any]
 
 
 async def _queue(cfg: RunConfig) -> dict[str, Any]:
-    stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+    stream = EpisodeStream.from_config(cfg.redis)
     try:
         info = await asyncio.wait_for(stream.info(), timeout=5)
     except Exception as exc:  # status must report what it can, whatever is down
@@ -70,21 +70,14 @@ def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return {}
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line being written
-            continue
-        if row.get("phase", "rl") == "rl":
-            rows.append(row)
-    recent = rows[-window:]
+    recent = rl_rows(read_rows(path))[-window:]  # a line being written is not a row yet
     if not recent:
         return {}
-    mean = lambda key: sum(r.get(key, 0.0) for r in recent) / len(recent)  # noqa: E731
-    return {"step": recent[-1]["step"], "reward_mean": mean("reward_mean"), "staleness_mean": mean("staleness_mean"),
-            "staleness_max": max(r.get("staleness_max", 0) for r in recent),
-            "episodes_per_s": mean("episodes_per_s"), "window_steps": len(recent)}
+    mean = lambda values: sum(values) / len(recent)  # noqa: E731
+    return {"step": recent[-1].step, "reward_mean": mean(r.reward_mean for r in recent),
+            "staleness_mean": mean(r.staleness_mean for r in recent),
+            "staleness_max": max(r.staleness_max for r in recent),
+            "episodes_per_s": mean(r.episodes_per_s for r in recent), "window_steps": len(recent)}
 
 
 async def collect(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:

@@ -1,8 +1,20 @@
-"""Typed Python clients of relayrl's services (what the CLI uses).
+"""Typed Python clients of relayrl's services: what the CLI uses and how services call one another.
 
-Every call has a deadline; only UNAVAILABLE (a transient fault) is retried, with exponential back-off, and every
-service call that can be repeated is idempotent on the server side. Mutating control calls send the bearer token
-(``authorization`` metadata) when one is given.
+Every call has a deadline (per attempt: ``timeout_s`` of the call, else the client's) and a retry policy
+(:class:`RetryPolicy`) chosen per method. By default only UNAVAILABLE (the server was not reached, or is
+restarting) is retried, with exponential back-off; DEADLINE_EXCEEDED never is (the budget is spent and the server
+may still be working on the call). Retrying is safe for every unary method relayrl has; the handlers show why:
+
+- GetStatus, GetConfig: read-only.
+- Generate: no server-side state; a repeated call only samples again, and the caller uses one reply (its
+  samples carry the weight versions that produced them, so an answer from either attempt is as good).
+- Score, ScoreBatch: verifiers are pure functions of the request; only the service's counters see a repeat.
+- Pause, Resume, RequestCheckpoint: set a state (paused or not, a checkpoint after the next step), so a repeat
+  has the same effect as one call.
+
+A client's default policy comes from ``retries`` and ``backoff_s``; ``policies`` overrides it per RPC name
+(``{"Generate": RetryPolicy(attempts=3)}``, ``{"GetStatus": NO_RETRY}``). Mutating control calls send the
+bearer token (``authorization`` metadata) when one is given.
 
     async with TrainerClient("localhost:50054", token="...") as trainer:
         status = await trainer.status()
@@ -12,7 +24,9 @@ service call that can be repeated is idempotent on the server side. Mutating con
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -33,21 +47,51 @@ from relayrl.common.pb import (
 
 R = TypeVar("R")
 
-__all__ = ["InferenceClient", "RewardClient", "RolloutClient", "ServiceClient", "TrainerClient"]
+log = logging.getLogger(__name__)
+
+__all__ = ["NO_RETRY", "InferenceClient", "RetryPolicy", "RewardClient", "RolloutClient", "ServiceClient",
+           "TrainerClient"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Up to ``attempts`` tries in all, repeated only after a status code in ``retry_on``, sleeping
+    ``backoff_s * 2**(n - 1)`` (at most ``max_backoff_s``) after the n-th failed try."""
+
+    attempts: int = 4
+    backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+    retry_on: frozenset[grpc.StatusCode] = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("a retry policy needs at least one attempt")
+
+    def delay(self, failed: int) -> float:
+        """Seconds to wait after the ``failed``-th failed try (1-based)."""
+        return float(min(self.backoff_s * 2 ** (failed - 1), self.max_backoff_s))
+
+    def retries(self, exc: grpc.aio.AioRpcError, failed: int) -> bool:
+        return exc.code() in self.retry_on and failed < self.attempts
+
+
+NO_RETRY = RetryPolicy(attempts=1)
 
 
 class ServiceClient:
-    """A channel to one service, with a default deadline and retries on UNAVAILABLE only."""
+    """A channel to one service, with a default deadline and a retry policy per method."""
 
     stub_class: Any = None
 
     def __init__(self, target: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.2,
-                 token: str = "") -> None:
+                 token: str = "", policies: Mapping[str, RetryPolicy] | None = None) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.token = token
+        self.policy = RetryPolicy(attempts=retries + 1, backoff_s=backoff_s)
+        self.policies = dict(policies or {})
         self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = self.stub_class(self.channel)
 
@@ -61,68 +105,94 @@ class ServiceClient:
     async def close(self) -> None:
         await self.channel.close()
 
+    def policy_for(self, rpc: str) -> RetryPolicy:
+        """The retry policy of the RPC named ``rpc`` (``policies`` given to the client, else its default)."""
+        return self.policies.get(rpc, self.policy)
+
     async def call(self, method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None = None,
-                   mutating: bool = False) -> R:
+                   mutating: bool = False, policy: RetryPolicy | None = None) -> R:
+        """One call: each try with the deadline ``timeout_s`` (else the client's), retried by ``policy``
+        (else the client's default)."""
+        policy = policy or self.policy
         metadata = (("authorization", f"Bearer {self.token}"),) if mutating and self.token else None
-        for attempt in range(self.retries + 1):
+        failed = 0
+        while True:
             try:
                 return await method(request, timeout=timeout_s or self.timeout_s, metadata=metadata)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
+                failed += 1
+                if not policy.retries(exc, failed):
                     raise
-                await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+                delay = policy.delay(failed)
+                log.info("%s: %s (try %d of %d); retrying in %.1fs", self.target, exc.code().name, failed,
+                         policy.attempts, delay)
+                await asyncio.sleep(delay)
 
 
 class InferenceClient(ServiceClient):
     stub_class = inference_pb2_grpc.InferenceServiceStub
 
     async def status(self) -> inference_pb2.InferenceStatus:
-        return await self.call(self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest())
+        return await self.call(self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(),
+                               policy=self.policy_for("GetStatus"))
 
     async def generate(self, prompt: str | list[int], sampling: inference_pb2.SamplingParams,
-                       timeout_s: float = 120.0) -> inference_pb2.GenerateResponse:
+                       timeout_s: float = 120.0, request_id: str = "") -> inference_pb2.GenerateResponse:
         request = (inference_pb2.GenerateRequest(prompt_text=prompt, sampling=sampling) if isinstance(prompt, str)
                    else inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=prompt),
                                                       sampling=sampling))
-        return await self.call(self.stub.Generate, request, timeout_s)
+        request.request_id = request_id
+        return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
 
 
 class RewardClient(ServiceClient):
     stub_class = reward_pb2_grpc.RewardServiceStub
 
     async def status(self) -> reward_pb2.RewardStatus:
-        return await self.call(self.stub.GetStatus, reward_pb2.GetRewardStatusRequest())
+        return await self.call(self.stub.GetStatus, reward_pb2.GetRewardStatusRequest(),
+                               policy=self.policy_for("GetStatus"))
 
     async def score(self, request: reward_pb2.ScoreRequest, timeout_s: float = 60.0) -> reward_pb2.ScoreResponse:
-        return await self.call(self.stub.Score, request, timeout_s)
+        return await self.call(self.stub.Score, request, timeout_s, policy=self.policy_for("Score"))
+
+    async def score_batch(self, requests: Sequence[reward_pb2.ScoreRequest],
+                          timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
+        """Score several episodes in one call; the responses come in the order of ``requests``."""
+        return await self.call(self.stub.ScoreBatch, reward_pb2.ScoreBatchRequest(requests=requests), timeout_s,
+                               policy=self.policy_for("ScoreBatch"))
 
 
 class RolloutClient(ServiceClient):
     stub_class = rollout_pb2_grpc.RolloutServiceStub
 
     async def status(self) -> rollout_pb2.RolloutStatus:
-        return await self.call(self.stub.GetStatus, rollout_pb2.GetRolloutStatusRequest())
+        return await self.call(self.stub.GetStatus, rollout_pb2.GetRolloutStatusRequest(),
+                               policy=self.policy_for("GetStatus"))
 
     async def pause(self, reason: str = "") -> rollout_pb2.RolloutStatus:
-        return await self.call(self.stub.Pause, rollout_pb2.PauseRequest(reason=reason), mutating=True)
+        return await self.call(self.stub.Pause, rollout_pb2.PauseRequest(reason=reason), mutating=True,
+                               policy=self.policy_for("Pause"))
 
     async def resume(self) -> rollout_pb2.RolloutStatus:
-        return await self.call(self.stub.Resume, rollout_pb2.ResumeRequest(), mutating=True)
+        return await self.call(self.stub.Resume, rollout_pb2.ResumeRequest(), mutating=True,
+                               policy=self.policy_for("Resume"))
 
     async def config(self) -> str:
-        return (await self.call(self.stub.GetConfig, common_pb2.GetConfigRequest())).yaml
+        return (await self.call(self.stub.GetConfig, common_pb2.GetConfigRequest(),
+                                 policy=self.policy_for("GetConfig"))).yaml
 
 
 class TrainerClient(ServiceClient):
     stub_class = trainer_pb2_grpc.TrainerServiceStub
 
     async def status(self) -> trainer_pb2.TrainerStatus:
-        return await self.call(self.stub.GetStatus, trainer_pb2.GetTrainerStatusRequest())
+        return await self.call(self.stub.GetStatus, trainer_pb2.GetTrainerStatusRequest(),
+                               policy=self.policy_for("GetStatus"))
 
     async def request_checkpoint(self, reason: str = "") -> trainer_pb2.CheckpointReply:
         return await self.call(self.stub.RequestCheckpoint, trainer_pb2.CheckpointRequest(reason=reason),
-                               mutating=True)
+                               mutating=True, policy=self.policy_for("RequestCheckpoint"))
 
     async def config(self) -> str:
-        return (await self.call(self.stub.GetConfig, common_pb2.GetConfigRequest())).yaml
+        return (await self.call(self.stub.GetConfig, common_pb2.GetConfigRequest(),
+                                 policy=self.policy_for("GetConfig"))).yaml

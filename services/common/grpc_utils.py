@@ -66,12 +66,19 @@ def create_server(
     return ServerHandle(server=server, port=bound, health=health, service_names=list(service_names))
 
 
-async def run_until_signal(handle: ServerHandle, grace_s: float, stop: asyncio.Event | None = None) -> None:
-    """Start ``handle`` and serve until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully."""
+def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
+    """The event that SIGTERM and SIGINT set (``stop`` when given, else a new one): how a service's ``serve``
+    learns to shut down. Call it from the running event loop."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def run_until_signal(handle: ServerHandle, grace_s: float, stop: asyncio.Event | None = None) -> None:
+    """Start ``handle`` and serve until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully."""
+    stop = stop_on_signals(stop)
     await handle.start()
     log.info("serving on port %d", handle.port)
     await stop.wait()

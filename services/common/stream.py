@@ -1,10 +1,11 @@
 """The Redis stream that carries episode groups from rollout to the trainer.
 
 Each stream entry holds one serialized :class:`EpisodeGroup` (the n samples of one prompt) under the field
-``group``: a group is delivered, acknowledged and normalised as a whole, so no consumer holds part of one.
-The trainer reads through a consumer group (at-least-once delivery): entries stay pending until
-acknowledged, and it acknowledges only once a checkpoint holding their effect is durable. The stream is
-never trimmed; backpressure comes from admission control, not from deleting entries.
+``group`` (every key and field name: relayrl.common.redis_keys): a group is delivered, acknowledged and
+normalised as a whole, so no consumer holds part of one. The trainer reads through a consumer group
+(at-least-once delivery): entries stay pending until acknowledged, and it acknowledges only once a checkpoint
+holding their effect is durable. The stream is never trimmed; backpressure comes from admission control, not
+from deleting entries.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from relayrl.common.pb.episode_pb2 import EpisodeGroup
+from relayrl.common.redis_keys import STREAM_FIELD, DropReason, RedisKeys
+from relayrl.config.redis import RedisConfig
 
 log = logging.getLogger(__name__)
-
-FIELD = b"group"
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,20 @@ def _text(value: Any) -> str:
 
 
 class EpisodeStream:
-    def __init__(self, client: aioredis.Redis, stream: str, group: str) -> None:
+    def __init__(self, client: aioredis.Redis, keys: RedisKeys) -> None:
         self._redis = client
-        self.stream = stream
-        self.group = group
+        self.keys = keys
+        self.stream = keys.stream
+        self.group = keys.group
+
+    @classmethod
+    def from_config(cls, cfg: RedisConfig) -> EpisodeStream:
+        """The run's stream (``redis.url``, its keys named by the ``redis`` section)."""
+        return cls(aioredis.Redis.from_url(cfg.require_url(), decode_responses=False), RedisKeys.from_config(cfg))
 
     @classmethod
     def from_url(cls, url: str, stream: str, group: str) -> EpisodeStream:
-        return cls(aioredis.Redis.from_url(url, decode_responses=False), stream, group)
+        return cls(aioredis.Redis.from_url(url, decode_responses=False), RedisKeys(stream=stream, group=group))
 
     @property
     def client(self) -> aioredis.Redis:
@@ -71,17 +78,17 @@ class EpisodeStream:
     async def append(self, group: EpisodeGroup, pipe: Any = None) -> None:
         """Append one group. With ``pipe`` (a MULTI pipeline), the XADD joins the caller's transaction."""
         if pipe is not None:
-            pipe.xadd(self.stream, {FIELD: group.SerializeToString()})
+            pipe.xadd(self.stream, {STREAM_FIELD: group.SerializeToString()})
             return
-        await self._redis.xadd(self.stream, {FIELD: group.SerializeToString()})
+        await self._redis.xadd(self.stream, {STREAM_FIELD: group.SerializeToString()})
 
     def _parse(self, items: Any) -> list[StreamEntry]:
         entries: list[StreamEntry] = []
         for entry_id, fields in items or []:
-            if not fields or FIELD not in fields:
+            if not fields or STREAM_FIELD not in fields:
                 log.warning("stream entry %s has no episode group payload; skipping it", _text(entry_id))
                 continue
-            entries.append(StreamEntry(_text(entry_id), EpisodeGroup.FromString(fields[FIELD])))
+            entries.append(StreamEntry(_text(entry_id), EpisodeGroup.FromString(fields[STREAM_FIELD])))
         return entries
 
     async def read(self, consumer: str, count: int, block_ms: int, pending_after: str | None = None
@@ -118,17 +125,14 @@ class EpisodeStream:
                 log.info("claimed %d pending entries of gone consumer %s", len(ids), name)
         return claimed
 
-    def dropped_key(self, reason: str = "stale") -> str:
-        return f"{self.stream}:dropped_{reason}"
-
-    async def record_dropped(self, group_id: str, episodes: int, reason: str = "stale") -> None:
+    async def record_dropped(self, group_id: str, episodes: int, reason: DropReason = "stale") -> None:
         """Record a group dropped by the trainer, as too stale (``stale``) or because every episode of it failed
         scoring (``reward_error``). Idempotent: a group dropped again after a restart counts once."""
-        await self._redis.hset(self.dropped_key(reason), group_id, episodes)
+        await self._redis.hset(self.keys.dropped(reason), group_id, episodes)
 
-    async def dropped(self, reason: str = "stale") -> tuple[int, int]:
+    async def dropped(self, reason: DropReason = "stale") -> tuple[int, int]:
         """(groups, episodes) dropped for ``reason``, over every rank and restart."""
-        values: Any = await self._redis.hvals(self.dropped_key(reason))
+        values: Any = await self._redis.hvals(self.keys.dropped(reason))
         return len(values), sum(int(v) for v in values)
 
     async def _group_entry(self) -> dict[Any, Any] | None:

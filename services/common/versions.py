@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from relayrl.common.redis_keys import RedisKeys
+
 _ALLOCATE = """
 local v = redis.call('INCR', KEYS[1])
 local floor = tonumber(ARGV[1])
@@ -30,9 +32,9 @@ return v
 
 
 class VersionSource:
-    def __init__(self, client: aioredis.Redis, key: str) -> None:
+    def __init__(self, client: aioredis.Redis, keys: RedisKeys) -> None:
         self._redis = client
-        self.key = key
+        self.key = keys.version_counter
 
     async def allocate(self, floor: int = 0) -> int:
         """A new version, greater than every version allocated before and than ``floor`` (the caller's last
@@ -63,12 +65,13 @@ class VersionLineage:
     a restart: a trainer resumed from a checkpoint at step N publishes the restored weights under a fresh
     version, whose lineage forks from the old one at N. The policy distance from version a to version b is
     the number of optimizer steps on the path between them in that tree (weights of a lost lineage beyond
-    the fork count both ways). Stored in Redis hashes next to the version counter."""
+    the fork count both ways). Stored in Redis hashes next to the version counter (RedisKeys.versions and
+    .lineages)."""
 
-    def __init__(self, client: aioredis.Redis, key: str) -> None:
+    def __init__(self, client: aioredis.Redis, keys: RedisKeys) -> None:
         self._redis = client
-        self.versions_key = f"{key}:versions"
-        self.lineages_key = f"{key}:lineages"
+        self.versions_key = keys.versions
+        self.lineages_key = keys.lineages
         self._versions: dict[int, VersionInfo] = {}
         self._lineages: dict[int, LineageInfo] = {}
 

@@ -12,6 +12,7 @@ same folder) or a shorter one sends everything again with ``reset`` set.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -27,11 +28,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from relayrl.common.metrics_row import RlRow, parse_row
+
 log = logging.getLogger(__name__)
 
-# The keys of a metrics.jsonl row that the page draws or shows; the rest of a row is not sent.
+# The fields of a training-step row (relayrl.common.metrics_row.RlRow) that the page draws or shows; the rest of
+# a row is not sent, nor a field the row lacks (written by an older version, or null).
 FIELDS = ("step", "time_s", "weight_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max",
           "episodes_per_s", "tokens", "step_time_s", "episodes_dropped_stale", "queue_lag", "queue_pending")
+assert set(FIELDS) <= {f.name for f in dataclasses.fields(RlRow)}, "FIELDS names a field RlRow does not have"
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
@@ -81,11 +86,18 @@ def read_metrics_chunk(path: Path, offset: int = 0, file_id: str = "") -> Metric
             continue
         if not isinstance(row, dict):
             bad += 1
-        elif row.get("phase", "rl") != "sft" and "step" in row:
-            rows.append({k: _json_safe(row[k]) for k in FIELDS if k in row})
+            continue
+        step = parse_row(row)
+        if isinstance(step, RlRow):  # warm-up rows and rows without a step are not drawn
+            rows.append(page_row(step))
     if bad:
         log.warning("%s: skipped %d lines that are not JSON objects", path, bad)
     return MetricsChunk(rows, start + end, current, reset, bad)
+
+
+def page_row(row: RlRow) -> dict[str, Any]:
+    """The part of a row the page gets: FIELDS the row has, non-finite numbers as null."""
+    return {k: _json_safe(getattr(row, k)) for k in FIELDS if k not in row.missing}
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from relayrl.common.redis_keys import PROGRESS_APPENDED, PROGRESS_SKIPPED, PROGRESS_WATERMARK, RedisKeys
+
 
 @dataclass
 class Progress:
@@ -48,17 +50,17 @@ class Progress:
 
 
 class ProgressStore:
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: aioredis.Redis, keys: RedisKeys) -> None:
         self._redis = client
-        self.hash_key = f"{prefix}:rollout:progress"
-        self.set_key = f"{prefix}:rollout:done"
+        self.hash_key = keys.rollout_progress
+        self.set_key = keys.rollout_done
 
     async def load(self) -> Progress:
         raw: Any = await self._redis.hgetall(self.hash_key)
         values = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
         done: Any = await self._redis.smembers(self.set_key)
-        return Progress(watermark=values.get("watermark", 0), done={int(x) for x in done},
-                        appended=values.get("appended", 0), skipped=values.get("skipped", 0))
+        return Progress(watermark=values.get(PROGRESS_WATERMARK, 0), done={int(x) for x in done},
+                        appended=values.get(PROGRESS_APPENDED, 0), skipped=values.get(PROGRESS_SKIPPED, 0))
 
     def queue(self, pipe: Any, progress: Progress, seq: int, appended: bool) -> None:
         """Queue the commands that record ``seq`` into ``pipe`` (the caller's MULTI); ``progress`` is unchanged
@@ -67,8 +69,8 @@ class ProgressStore:
         pipe.sadd(self.set_key, seq)
         if below:
             pipe.srem(self.set_key, *below)
-        pipe.hset(self.hash_key, "watermark", watermark)
-        pipe.hincrby(self.hash_key, "appended" if appended else "skipped", 1)
+        pipe.hset(self.hash_key, PROGRESS_WATERMARK, watermark)
+        pipe.hincrby(self.hash_key, PROGRESS_APPENDED if appended else PROGRESS_SKIPPED, 1)
 
     @staticmethod
     def applied(progress: Progress, seq: int, appended: bool) -> None:

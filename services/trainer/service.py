@@ -48,10 +48,12 @@ from relayrl.common.control_api import control_app
 from relayrl.common.dataset import load_jsonl
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import log_context
+from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import reward_pb2, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText, ServingState
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.common.redis_keys import trainer_consumer
 from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
@@ -230,11 +232,11 @@ class TrainerService:
                      len(already_done))
         self.episodes_trained = int(counters.get("episodes_trained", 0))
         self.groups_trained = int(counters.get("groups_trained", 0))
-        self.stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
-        self.versions = VersionSource(self.stream.client, cfg.redis.version_key)
-        self.lineage_db = VersionLineage(self.stream.client, cfg.redis.version_key)
+        self.stream = EpisodeStream.from_config(cfg.redis)
+        self.versions = VersionSource(self.stream.client, self.stream.keys)
+        self.lineage_db = VersionLineage(self.stream.client, self.stream.keys)
         self.lineage = 0  # set at the first publication (rank 0)
-        self.consumer = f"{tc.consumer}-rank{self.rank}"
+        self.consumer = trainer_consumer(tc.consumer, self.rank)
         self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness, tc.read_block_ms,
                                         already_done, cfg.redis.retry_s, tc.on_reward_error)
         # drops over all ranks and restarts, from Redis (refreshed by rank 0 after each step)
@@ -364,10 +366,10 @@ class TrainerService:
         with self._weights_lock:  # an optimizer step never overlaps a snapshot for publication
             return step(*args)
 
-    def _write_metrics(self, row: dict[str, Any], step: int) -> None:
+    def _write_metrics(self, row: MetricsRow, step: int) -> None:
         """Rank 0: one row to metrics.jsonl and the tracking backends, ``step`` as its x-axis."""
         if self.tracker is not None:
-            self.tracker.log(row, step)
+            self.tracker.log(row.to_json(), step)
 
     # -- training ------------------------------------------------------------------------------------------
     async def sft_warmup(self) -> None:
@@ -382,8 +384,8 @@ class TrainerService:
             idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
             stats = await asyncio.to_thread(self._locked, self.learner.sft_step, [enc[j][0] for j in idx],
                                             [enc[j][1] for j in idx])
-            self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
-                                 "time_s": time.monotonic() - self._t0}, i)
+            self._write_metrics(SftRow(sft_step=i, loss=stats.loss, grad_norm=stats.grad_norm,
+                                       time_s=time.monotonic() - self._t0), i)
         log.info("supervised warm-up done (%d steps)", tc.sft_warmup_steps)
         await self.publish(self.step)
 
@@ -391,7 +393,7 @@ class TrainerService:
         tc = self.cfg.trainer
         await self.stream.ensure_group()
         if self.is_main:
-            live = {f"{tc.consumer}-rank{r}" for r in range(self.coll.world_size)}
+            live = {trainer_consumer(tc.consumer, r) for r in range(self.coll.world_size)}
             await self.stream.claim_from_gone_consumers(self.consumer, live)
         # identical starting weights on every rank, whatever each loaded
         await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.model.parameters()), 0, "initial_weights")
@@ -484,38 +486,38 @@ class TrainerService:
         for ep in episodes:  # components of rank 0's share (names may differ between ranks)
             for k, v in ep.reward_components.items():
                 components.setdefault(k, []).append(v)
-        row = {
-            "step": self.step, "weight_version": self.weight_version,
-            "reward_mean": summary["reward_mean"], "reward_std": summary["reward_std"],
-            **{f"reward/{k}": sum(v) / len(v) for k, v in sorted(components.items())},
-            "episodes": summary["episodes"], "tokens": stats.tokens,
-            "staleness_mean": summary["staleness_mean"], "staleness_max": summary["staleness_max"],
-            "staleness_hist": summary["staleness_hist"],
-            "episodes_dropped_stale": self.episodes_dropped_stale,
-            "groups_dropped_stale": self.groups_dropped_stale,
-            "reward_errors": summary["reward_errors"],
-            "episodes_dropped_reward_error": self.episodes_dropped_reward_error,
-            "groups_dropped_reward_error": self.groups_dropped_reward_error,
-            "episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained,
-            "loss": stats.loss, "grad_norm": stats.grad_norm, "clip_frac": stats.clip_frac,
-            "ratio_mean": stats.ratio_mean, "kl": stats.kl, "lr": stats.lr,
-            "importance_mean": stats.importance_mean, "importance_max": stats.importance_max,
-            "logprob_diff_mean": stats.logprob_diff_mean,
-            "completion_len_mean": summary["completion_len_mean"],
-            "episodes_per_s": summary["episodes"] / max(now - self._last_step_t, 1e-9),
-            "step_time_s": step_s, "time_s": now - self._t0, "world_size": self.coll.world_size,
-            "queue_lag": queue_lag, "queue_pending": queue_pending,
-        }
+        row = RlRow(
+            step=self.step, weight_version=self.weight_version,
+            reward_mean=summary["reward_mean"], reward_std=summary["reward_std"],
+            reward_components={k: sum(v) / len(v) for k, v in sorted(components.items())},
+            episodes=summary["episodes"], tokens=stats.tokens,
+            staleness_mean=summary["staleness_mean"], staleness_max=summary["staleness_max"],
+            staleness_hist=summary["staleness_hist"],
+            episodes_dropped_stale=self.episodes_dropped_stale,
+            groups_dropped_stale=self.groups_dropped_stale,
+            reward_errors=summary["reward_errors"],
+            episodes_dropped_reward_error=self.episodes_dropped_reward_error,
+            groups_dropped_reward_error=self.groups_dropped_reward_error,
+            episodes_trained=self.episodes_trained, groups_trained=self.groups_trained,
+            loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
+            ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,
+            importance_mean=stats.importance_mean, importance_max=stats.importance_max,
+            logprob_diff_mean=stats.logprob_diff_mean,
+            completion_len_mean=summary["completion_len_mean"],
+            episodes_per_s=summary["episodes"] / max(now - self._last_step_t, 1e-9),
+            step_time_s=step_s, time_s=now - self._t0, world_size=self.coll.world_size,
+            queue_lag=queue_lag, queue_pending=queue_pending,
+        )
         if self.last_push is not None:
-            row |= {"weight_sync_s": self.last_push.seconds, "weight_sync_bytes": self.last_push.bytes_sent,
-                    "probe_max_diff": self.last_push.probe_max_diff}
+            row.weight_sync_s, row.weight_sync_bytes = self.last_push.seconds, self.last_push.bytes_sent
+            row.probe_max_diff = self.last_push.probe_max_diff
         self._last_step_t = now
         for lag, count in summary["staleness_hist"].items():
             self.staleness_counts[int(lag)] = self.staleness_counts.get(int(lag), 0) + count
         self._write_metrics(row, self.step)
         with log_context(weight_version=self.weight_version):
             log.info("step %d version %d reward %.3f staleness max %d loss %.4f", self.step, self.weight_version,
-                     row["reward_mean"], row["staleness_max"], stats.loss)
+                     row.reward_mean, row.staleness_max, stats.loss)
 
     async def close(self) -> None:
         self._trained_log.close()

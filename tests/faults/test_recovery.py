@@ -83,14 +83,16 @@ def _stream_contents(out: Path) -> tuple[list[int], int]:
     import redis
 
     from relayrl.common.pb.episode_pb2 import EpisodeGroup
+    from relayrl.common.redis_keys import PROGRESS_WATERMARK, STREAM_FIELD, RedisKeys
 
+    keys = RedisKeys()  # the runs here keep the default names
     server = RedisServer("redis-server", free_port(), out / "redis")
     server.start()
     try:
         client = redis.Redis(port=server.port)
-        seqs = [EpisodeGroup.FromString(fields[b"group"]).prompt_seq
-                for _, fields in client.xrange("relayrl:episodes")]
-        watermark = int(client.hget("relayrl:episodes:rollout:progress", "watermark") or 0)
+        seqs = [EpisodeGroup.FromString(fields[STREAM_FIELD]).prompt_seq
+                for _, fields in client.xrange(keys.stream)]
+        watermark = int(client.hget(keys.rollout_progress, PROGRESS_WATERMARK) or 0)
         client.close()
     finally:
         server.stop()

@@ -17,14 +17,12 @@ import yaml
 from relayrl.client import RolloutClient, TrainerClient
 from relayrl.common.control import redacted
 from relayrl.common.dataset import PromptCursor, load_jsonl
-from relayrl.common.grpc_utils import create_server, insecure_channel
 from relayrl.common.http import HttpServer
-from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
 from relayrl.config.control import ControlConfig
 from relayrl.config.endpoints import HttpConfig
-from relayrl.rollout.main import RolloutServicer
-from relayrl.rollout.worker import RolloutWorker
+from relayrl.rollout.producer import RolloutClients, RolloutProducer
+from relayrl.rollout.server import create_rollout_server
 from relayrl.status import Target, collect, render
 from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.service import TrainerService, create_trainer_server
@@ -63,16 +61,10 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
             await t_http.start()
             stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
             trainer_target = f"127.0.0.1:{t_handle.port}"
-            async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
-                    insecure_channel(trainer_target) as c:
-                worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
-                                       inference_pb2_grpc.InferenceServiceStub(a),
-                                       reward_pb2_grpc.RewardServiceStub(b), trainer_pb2_grpc.TrainerServiceStub(c))
-                r_servicer = RolloutServicer(worker, cfg)
-                r_handle = create_server(replace(cfg.rollout.server, port=0),
-                                         [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
-                                             r_servicer, s)],
-                                         [rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name])
+            async with RolloutClients.connect(inf_target, rew_target, trainer_target) as clients:
+                worker = RolloutProducer(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
+                                         clients)
+                r_handle, r_servicer = create_rollout_server(worker, cfg, replace(cfg.rollout.server, port=0))
                 r_http = HttpServer(r_servicer.http_app(), http, "rollout")
                 await r_handle.start()
                 await r_http.start()

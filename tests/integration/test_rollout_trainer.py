@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from relayrl.common.dataset import PromptCursor, load_jsonl
-from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.logging import setup_logging
-from relayrl.common.pb import inference_pb2_grpc, reward_pb2_grpc, trainer_pb2_grpc
+from relayrl.common.metrics_row import SftRow, parse_row
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
-from relayrl.rollout.worker import RolloutWorker
+from relayrl.rollout.producer import RolloutClients, RolloutProducer
 from relayrl.trainer.service import TrainerService, create_trainer_server
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server, reward_server
@@ -48,12 +47,10 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
         stop = asyncio.Event()
         try:
-            async with insecure_channel(inf_target) as a, insecure_channel(rew_target) as b, \
-                    insecure_channel(f"127.0.0.1:{handle.port}") as c:
-                worker = RolloutWorker(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
-                                       inference_pb2_grpc.InferenceServiceStub(a),
-                                       reward_pb2_grpc.RewardServiceStub(b), trainer_pb2_grpc.TrainerServiceStub(c))
-                rollout = asyncio.create_task(worker.run(stop))
+            async with RolloutClients.connect(inf_target, rew_target, f"127.0.0.1:{handle.port}") as clients:
+                producer = RolloutProducer(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
+                                           clients)
+                rollout = asyncio.create_task(producer.run(stop))
                 try:
                     await asyncio.wait_for(trainer.train(), timeout=120)
                 except BaseException:
@@ -72,12 +69,12 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
     events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
     events.Reload()
     tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    return {"produced": worker.groups_produced, "trained": trainer.groups_trained,
+    return {"produced": producer.groups_produced, "trained": trainer.groups_trained,
             "tensorboard": tensorboard,
             "dropped": trainer.groups_dropped_stale, "pending": info.pending + info.lag,
             "dropped_reward_error": trainer.groups_dropped_reward_error,
             "episodes_dropped_reward_error": trainer.episodes_dropped_reward_error,
-            "episodes_reward_errors": worker.episodes_reward_errors,
+            "episodes_reward_errors": producer.episodes_reward_errors,
             "length": info.length, "inference_version": inf.engine.version,
             "rows": [r for r in rows if r.get("phase") != "sft"],
             "sft_rows": [r for r in rows if r.get("phase") == "sft"]}
@@ -99,6 +96,9 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["weight_version"] for r in rows] == [first_version + i for i in (1, 2, 3, 4)]
     assert all(set(r) >= REQUIRED_METRICS for r in rows)
+    # the trainer writes the typed row (relayrl.common.metrics_row): every line reads back as itself
+    assert all(parse_row(r).to_json() == r for r in rows + out["sft_rows"])  # type: ignore[union-attr]
+    assert all(isinstance(parse_row(r), SftRow) for r in out["sft_rows"])
     assert all(r["episodes"] == 2 * 4 for r in rows)
     assert all(r["staleness_max"] <= max_staleness for r in rows)
     assert all(sum(r["staleness_hist"].values()) == r["episodes"] for r in rows)
@@ -224,7 +224,7 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
         return [r for r in lines if r["logger"] == logger and r["message"].startswith(prefix)]
 
     # rollout names each group's episodes under the group's id
-    scoring = where("relayrl.rollout.worker", "scoring group")
+    scoring = where("relayrl.rollout.producer", "scoring group")
     episodes_of = {r["group_id"]: r["message"].split("episodes ")[1].split(", ") for r in scoring}
     assert len(episodes_of) == len(scoring) >= 8
     # each reward failure names its episode, which belongs to a group rollout scored

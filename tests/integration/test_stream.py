@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
+from relayrl.common.redis_keys import trainer_consumer
 from relayrl.common.stream import EpisodeStream
 from tests.conftest import RedisServer
 
@@ -109,9 +110,10 @@ def test_pending_entries_of_a_gone_consumer_are_claimed(redis_server: RedisServe
         await stream.ensure_group()
         for name in "ab":
             await stream.append(_group(name, 1))
-        await stream.read("trainer-rank1", count=10, block_ms=100)  # rank 1 of an earlier, larger run
-        claimed = await stream.claim_from_gone_consumers("trainer-rank0", live={"trainer-rank0"})
-        mine = await stream.read("trainer-rank0", count=10, block_ms=100, pending_after="0")
+        rank0, rank1 = trainer_consumer("trainer", 0), trainer_consumer("trainer", 1)
+        await stream.read(rank1, count=10, block_ms=100)  # rank 1 of an earlier, larger run
+        claimed = await stream.claim_from_gone_consumers(rank0, live={rank0})
+        mine = await stream.read(rank0, count=10, block_ms=100, pending_after="0")
         await stream.close()
         return claimed, [e.group.group_id for e in mine]
 
@@ -121,18 +123,19 @@ def test_pending_entries_of_a_gone_consumer_are_claimed(redis_server: RedisServe
 
 
 def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisServer) -> None:
+    from relayrl.common.redis_keys import RedisKeys
     from relayrl.common.versions import VersionLineage
 
     async def go() -> list[int]:
         client = EpisodeStream.from_url(redis_server.url, "s", "g").client
-        db = VersionLineage(client, "v")
+        db = VersionLineage(client, RedisKeys(version_counter="v"))
         await db.register_lineage(1, 0, 0)  # first incarnation: versions 1..5 = steps 0..4
         for v in range(1, 6):
             await db.register(v, 1, v - 1)
         await db.register_lineage(6, 1, 2)  # resumed from the step-2 checkpoint: versions 6, 7 = steps 2, 3
         await db.register(6, 6, 2)
         await db.register(7, 6, 3)
-        fresh = VersionLineage(client, "v")  # another rank: reads everything from Redis
+        fresh = VersionLineage(client, RedisKeys(version_counter="v"))  # another rank: reads everything from Redis
         out = [await fresh.distance(7, 3), await fresh.distance(6, 3), await fresh.distance(7, 5),
                await fresh.distance(5, 2), await fresh.distance(7, 99)]
         await client.aclose()

@@ -1,4 +1,9 @@
-"""The rollout loop: admit groups within the staleness bound (see admission.py), generate, score, append."""
+"""The rollout loop: admit groups within the staleness bound (see admission.py), generate, score, append.
+
+Inference, reward and the trainer are called through the typed clients (relayrl.client) with the retry policies
+of :class:`RolloutClients`: a brief UNAVAILABLE is retried inside the call; a call that still fails fails its
+group, which is tried again up to ``rollout.max_group_attempts`` times (each failure counted), then skipped.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +15,16 @@ import socket
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
 
 import grpc
 
+from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy, RewardClient, TrainerClient
 from relayrl.common.dataset import Prompt, PromptCursor
 from relayrl.common.logging import bind_log_context
-from relayrl.common.pb import (
-    episode_pb2,
-    inference_pb2,
-    inference_pb2_grpc,
-    reward_pb2,
-    reward_pb2_grpc,
-    trainer_pb2,
-    trainer_pb2_grpc,
-)
+from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
@@ -33,26 +34,57 @@ from relayrl.rollout.progress import Progress, ProgressStore
 
 log = logging.getLogger(__name__)
 
+# Generate and ScoreBatch are safe to repeat (relayrl.client says why): a restarting server is retried briefly
+# before the group counts as failed. The trainer's status is polled every status_poll_s anyway: no retry.
+GENERATE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
+SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
+TRAINER_STATUS_POLICY = NO_RETRY
+TRAINER_STATUS_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RolloutClients:
+    """The services rollout calls, each through its typed client with rollout's retry policies."""
+
+    inference: InferenceClient
+    reward: RewardClient
+    trainer: TrainerClient
+
+    @classmethod
+    def connect(cls, inference: str, reward: str, trainer: str) -> RolloutClients:
+        """Clients of the services at these gRPC targets (host:port)."""
+        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY}),
+                   RewardClient(reward, policies={"ScoreBatch": SCORE_POLICY}),
+                   TrainerClient(trainer, timeout_s=TRAINER_STATUS_TIMEOUT_S,
+                                 policies={"GetStatus": TRAINER_STATUS_POLICY}))
+
+    async def close(self) -> None:
+        await asyncio.gather(self.inference.close(), self.reward.close(), self.trainer.close())
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
 
 class GroupFailed(RuntimeError):
     pass
 
 
-class RolloutWorker:
-    def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor,
-                 inference: inference_pb2_grpc.InferenceServiceStub, reward: reward_pb2_grpc.RewardServiceStub,
-                 trainer: trainer_pb2_grpc.TrainerServiceStub, redis_retry_s: float = 60.0) -> None:
+class RolloutProducer:
+    def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor, clients: RolloutClients,
+                 redis_retry_s: float = 60.0) -> None:
         self.cfg = cfg
         self.redis_retry_s = redis_retry_s
         self.stream = stream
         self.cursor = cursor
-        self.inference = inference
-        self.reward = reward
-        self.trainer = trainer
+        self.clients = clients
         self.producer_id = cfg.producer_id or f"{socket.gethostname()}:{os.getpid()}"
         self.trainer_view = TrainerView()
         self.admission = Admission(cfg.max_staleness)
-        self.store = ProgressStore(stream.client, stream.stream)
+        self.store = ProgressStore(stream.client, stream.keys)
         self.progress = Progress()
         self.groups_produced = 0  # by this process
         self.episodes_produced = 0
@@ -79,7 +111,7 @@ class RolloutWorker:
 
     async def refresh_trainer(self) -> None:
         try:
-            st = await self.trainer.GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=5.0)
+            st = await self.clients.trainer.status()
         except grpc.aio.AioRpcError as exc:
             if self.trainer_view.reachable:
                 log.warning("trainer status unavailable: %s", exc.code().name)
@@ -174,7 +206,7 @@ class RolloutWorker:
         except asyncio.CancelledError:
             self.admission.release()
             raise
-        except Exception:  # one failed group never kills the worker
+        except Exception:  # one failed group never kills the loop
             self.admission.release()
             self.groups_failed += 1
             self.groups_skipped += 1
@@ -222,22 +254,21 @@ class RolloutWorker:
         created = time.time()
         group_id = uuid.uuid4().hex
         bind_log_context(group_id=group_id)  # the rest of this group's task (_group), its failure warnings too
-        gen = await self.inference.Generate(inference_pb2.GenerateRequest(
-            prompt_text=prompt.prompt, request_id=group_id,
-            sampling=inference_pb2.SamplingParams(
+        gen = await self.clients.inference.generate(
+            prompt.prompt, inference_pb2.SamplingParams(
                 n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 max_new_tokens=cfg.max_new_tokens, stop=cfg.stop),
-        ), timeout=cfg.generate_timeout_s)
+            timeout_s=cfg.generate_timeout_s, request_id=group_id)
         if len(gen.samples) != cfg.group_size:
             raise GroupFailed(f"inference returned {len(gen.samples)} samples, expected {cfg.group_size}")
         episode_ids = [uuid.uuid4().hex for _ in gen.samples]
         log.debug("scoring group for prompt %s: episodes %s", prompt.prompt_id, ", ".join(episode_ids))
         meta = {k: json.dumps(v) for k, v in prompt.metadata.items()}
-        scores = await self.reward.ScoreBatch(reward_pb2.ScoreBatchRequest(requests=[
+        scores = await self.clients.reward.score_batch([
             reward_pb2.ScoreRequest(episode_id=eid, prompt=prompt.prompt, completion=s.text,
                                     reference=prompt.answer, metadata=meta)
             for eid, s in zip(episode_ids, gen.samples, strict=True)
-        ]), timeout=cfg.score_timeout_s)
+        ], timeout_s=cfg.score_timeout_s)
         if len(scores.responses) != len(gen.samples):
             raise GroupFailed(f"reward returned {len(scores.responses)} scores for {len(gen.samples)} samples")
         bad = [r for r in scores.responses if r.status != reward_pb2.SCORE_STATUS_OK]

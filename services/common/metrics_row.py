@@ -1,0 +1,174 @@
+"""One row of ``metrics.jsonl``: the one definition the trainer writes and every reader parses.
+
+The trainer's rank 0 writes one :class:`RlRow` per optimizer step and, during the supervised warm-up, one
+:class:`SftRow` per warm-up step (``"phase": "sft"``; an RL row carries no ``phase`` key, and a row without one
+is an RL row). Readers (the launcher's progress line and summary, ``relayrl status``, the dashboard,
+``relayrl plot``) parse each line with :func:`parse_row` and use the typed fields, never string keys.
+
+Rows written by older or newer versions parse too: a field the row lacks (or gives as ``null``, or as something
+that is not a number) takes its default and is listed in ``missing``; keys this version does not know are
+ignored. Only a row's step is required: a line without it (or not a JSON object, or of an unknown phase) is not
+a row. The JSON form (:meth:`RlRow.to_json`) is the file format, so ``parse_row(row.to_json()) == row``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+REWARD_COMPONENT_PREFIX = "reward/"  # a reward component ``exact`` is written as the key ``reward/exact``
+
+
+@dataclass
+class RlRow:
+    """One optimizer step (rank 0; counts are over every rank unless noted)."""
+
+    phase: ClassVar[Literal["rl"]] = "rl"
+
+    step: int  # optimizer steps done (the x-axis)
+    weight_version: int = 0  # version published with this step's weights
+    reward_mean: float = 0.0  # over the step's trained episodes
+    reward_std: float = 0.0
+    # mean of each named reward component over rank 0's episodes; written as ``reward/<name>`` keys
+    reward_components: dict[str, float] = field(default_factory=dict)
+    episodes: int = 0  # episodes trained in this step
+    tokens: int = 0  # completion tokens in the loss (rank 0)
+    staleness_mean: float = 0.0  # optimizer steps between the sample's weights and the trainer's
+    staleness_max: int = 0
+    staleness_hist: dict[str, int] = field(default_factory=dict)  # staleness (as a string) -> episodes
+    episodes_dropped_stale: int = 0  # run totals: beyond rollout.max_staleness
+    groups_dropped_stale: int = 0
+    reward_errors: int = 0  # episodes of this step's groups whose scoring failed (excluded from the loss)
+    episodes_dropped_reward_error: int = 0  # run totals
+    groups_dropped_reward_error: int = 0
+    episodes_trained: int = 0  # run totals
+    groups_trained: int = 0
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    clip_frac: float = 0.0  # fraction of tokens whose ratio was clipped
+    ratio_mean: float = 0.0
+    kl: float = 0.0
+    lr: float = 0.0
+    importance_mean: float = 0.0  # off-policy importance weights
+    importance_max: float = 0.0
+    logprob_diff_mean: float = 0.0  # trainer vs behaviour logprobs of the sampled tokens
+    completion_len_mean: float = 0.0
+    episodes_per_s: float = 0.0  # since the previous step
+    step_time_s: float = 0.0
+    time_s: float = 0.0  # since the trainer started
+    world_size: int = 1
+    queue_lag: int | None = None  # stream entries not yet delivered (None: Redis cannot tell)
+    queue_pending: int = 0  # delivered, not yet acknowledged
+    # the last weight publication; absent (None) before the first
+    weight_sync_s: float | None = None
+    weight_sync_bytes: int | None = None
+    probe_max_diff: float | None = None
+    missing: frozenset[str] = field(default=frozenset(), compare=False, repr=False)  # when parsed: see module
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in _fields(RlRow):
+            value = getattr(self, f.name)
+            if f.name == "reward_components":
+                out |= {f"{REWARD_COMPONENT_PREFIX}{k}": v for k, v in sorted(value.items())}
+            elif f.name in _OMITTED_WHEN_NONE and value is None:
+                continue
+            else:
+                out[f.name] = dict(value) if isinstance(value, dict) else value
+        return out
+
+
+@dataclass
+class SftRow:
+    """One supervised warm-up step (``trainer.sft_warmup_steps``)."""
+
+    phase: ClassVar[Literal["sft"]] = "sft"
+
+    sft_step: int  # warm-up steps done (its own x-axis)
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    time_s: float = 0.0  # since the trainer started
+    missing: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"phase": self.phase, **{f.name: getattr(self, f.name) for f in _fields(SftRow)}}
+
+
+MetricsRow = RlRow | SftRow
+_OMITTED_WHEN_NONE = frozenset({"weight_sync_s", "weight_sync_bytes", "probe_max_diff"})
+_STEP = {RlRow: "step", SftRow: "sft_step"}
+
+
+def _fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if f.name != "missing"]
+
+
+def _number(value: Any, kind: str) -> int | float | None:
+    """``value`` as the field's number type, or None when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if "float" in kind:
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value)
+
+
+def _parse(cls: type[RlRow] | type[SftRow], data: Mapping[str, Any]) -> MetricsRow | None:
+    values: dict[str, Any] = {}
+    missing: set[str] = set()
+    for f in _fields(cls):
+        kind = str(f.type)
+        raw = data.get(f.name)
+        if f.name == "reward_components":
+            comps = {k.removeprefix(REWARD_COMPONENT_PREFIX): _number(v, "float") for k, v in data.items()
+                     if k.startswith(REWARD_COMPONENT_PREFIX)}
+            values[f.name] = {k: v for k, v in comps.items() if v is not None}
+        elif f.name == "staleness_hist":
+            if isinstance(raw, Mapping):
+                hist = {str(k): _number(v, "int") for k, v in raw.items()}
+                values[f.name] = {k: int(v) for k, v in hist.items() if v is not None}
+            else:
+                missing.add(f.name)
+        else:
+            number = _number(raw, kind)
+            if number is None:
+                missing.add(f.name)
+            else:
+                values[f.name] = number
+    if _STEP[cls] in missing:
+        return None
+    return cls(**values, missing=frozenset(missing))
+
+
+def parse_row(data: Any) -> MetricsRow | None:
+    """A decoded line as a row; None when it is not one (not a JSON object, an unknown phase, no step)."""
+    if not isinstance(data, Mapping):
+        return None
+    phase = data.get("phase", RlRow.phase)
+    cls = {RlRow.phase: RlRow, SftRow.phase: SftRow}.get(phase) if isinstance(phase, str) else None
+    return _parse(cls, data) if cls is not None else None
+
+
+def parse_line(line: str | bytes) -> MetricsRow | None:
+    """One line of metrics.jsonl as a row; None for a blank, torn or invalid line, or one that is not a row."""
+    try:
+        return parse_row(json.loads(line))
+    except ValueError:
+        return None
+
+
+def read_rows(path: Path) -> list[MetricsRow]:
+    """Every row of a metrics.jsonl file (lines that are not rows, such as a torn last line, are skipped)."""
+    rows = (parse_line(line) for line in path.read_text().splitlines() if line.strip())
+    return [r for r in rows if r is not None]
+
+
+def rl_rows(rows: Iterable[MetricsRow | None]) -> list[RlRow]:
+    """The training steps among ``rows`` (warm-up rows left out)."""
+    return [r for r in rows if isinstance(r, RlRow)]
+
