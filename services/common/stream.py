@@ -136,7 +136,14 @@ class EpisodeStream:
         return len(values), sum(int(v) for v in values)
 
     async def _group_entry(self) -> dict[Any, Any] | None:
-        for g in await self._redis.xinfo_groups(self.stream):
+        """The consumer group's XINFO GROUPS entry; None before the stream or the group exists."""
+        try:
+            groups = await self._redis.xinfo_groups(self.stream)
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return None  # nothing appended and no group created yet: an empty queue, not an error
+            raise
+        for g in groups:
             if _text(g["name"]) == self.group:
                 return dict(g)
         return None

@@ -148,3 +148,13 @@ def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisS
     assert lost_branch == (3 - 2) + (4 - 2)  # version 5 (step 4) lies on the branch the resume discarded
     assert same_lineage == 3
     assert unknown == 7 - 99  # no record: plain version difference
+
+
+def test_queue_info_before_anything_was_appended_is_an_empty_queue(redis_server: RedisServer) -> None:
+    async def go() -> tuple[int, int, int]:
+        stream = EpisodeStream.from_url(redis_server.url, "never-written", "g")
+        info = await stream.info()
+        await stream.close()
+        return info.length, info.lag, info.pending
+
+    assert asyncio.run(go()) == (0, 0, 0)
