@@ -2,7 +2,9 @@
 
 Starts redis-server (unless redis.url is set), then reward, inference, trainer and rollout as child
 processes running `relayrl serve`, waits for their health, shows progress from metrics.jsonl, and stops
-everything at the end, on Ctrl-C, or as soon as any service dies (exit code 1, naming the service).
+everything at the end, on Ctrl-C, SIGTERM or SIGHUP (exit code 128 + the signal), or as soon as any service dies
+(exit code 1, naming the service). Every child dies with the launcher, also when it is SIGKILLed
+(relayrl.common.lifecycle).
 """
 
 from __future__ import annotations
@@ -20,8 +22,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
+from relayrl.common.checkpoints import checkpoint_step, latest_checkpoint
 from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import check_health
+from relayrl.common.lifecycle import (
+    StopRequested,
+    die_with_parent,
+    ignore_stop_signals,
+    raise_on_stop_signals,
+    restore_signals,
+)
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, read_rows, rl_rows
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
@@ -79,20 +89,33 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
     return None
 
 
-def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int) -> dict[str, int]:
-    """summary.json: the run's totals from its last training step and the stream's books."""
+def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int,
+                durable_step: int) -> dict[str, int]:
+    """summary.json: the run's books in groups (stream entries), each group counted once:
+    produced = trained + dropped as stale + dropped for reward errors + pending.
+
+    Trained and dropped count what the last durable checkpoint (step ``durable_step``, 0 for none) holds: only
+    those groups are acknowledged. Groups trained or dropped after it are still pending in the stream (a resumed
+    run reads them again), so they are counted there, and reported apart as ``groups_after_checkpoint``."""
     rl = rl_rows(rows)
+    durable = next((r for r in reversed(rl) if r.step <= durable_step), RlRow(step=0))
     last = rl[-1] if rl else RlRow(step=0)
+
+    def handled(r: RlRow) -> int:
+        return r.groups_trained + r.groups_dropped_stale + r.groups_dropped_reward_error
+
     return {
         "groups_produced": produced,
         "stream_length": stream_length,
-        "groups_trained": last.groups_trained,
-        "groups_dropped_stale": last.groups_dropped_stale,
-        "groups_dropped_reward_error": last.groups_dropped_reward_error,
+        "checkpoint_step": durable.step,
+        "groups_trained": durable.groups_trained,
+        "groups_dropped_stale": durable.groups_dropped_stale,
+        "groups_dropped_reward_error": durable.groups_dropped_reward_error,
         "groups_pending": pending,
-        "episodes_trained": last.episodes_trained,
-        "episodes_dropped_stale": last.episodes_dropped_stale,
-        "episodes_dropped_reward_error": last.episodes_dropped_reward_error,
+        "groups_after_checkpoint": handled(last) - handled(durable),
+        "episodes_trained": durable.episodes_trained,
+        "episodes_dropped_stale": durable.episodes_dropped_stale,
+        "episodes_dropped_reward_error": durable.episodes_dropped_reward_error,
     }
 
 
@@ -119,7 +142,8 @@ class RedisProcess:
         self.proc = subprocess.Popen(
             [*redis_server_args(binary, self.port, data_dir), "--logfile", str(log_path.resolve()),
              "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent())  # no redis-server outlives the launcher
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:
         import redis
@@ -185,7 +209,7 @@ class Launcher:
                        *command[1:]]
         proc = subprocess.Popen(
             command,
-            stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent())
         self.children[name] = Child(name, proc, log_file)
 
     def _dead_child(self) -> Child | None:
@@ -215,6 +239,7 @@ class Launcher:
             for folder in (self.out / "redis", self.out / "checkpoints", self.out / "collectives"):
                 shutil.rmtree(folder, ignore_errors=True)
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        handlers = raise_on_stop_signals()  # SIGTERM and SIGHUP stop the stack as Ctrl-C does
         try:
             if not self.cfg.redis.url:
                 self.redis = RedisProcess(find_redis_server(self.cfg.redis.server_binary), self.out / "redis",
@@ -230,11 +255,17 @@ class Launcher:
             if code is None:
                 code = self._monitor()
             return code
-        except KeyboardInterrupt:
-            self._say("relayrl: interrupted; stopping services")
-            return 130
+        except (KeyboardInterrupt, StopRequested) as stop:
+            ignore_stop_signals()
+            name = str(stop) if isinstance(stop, StopRequested) else "SIGINT"
+            self._say(f"relayrl: {name}; stopping services")
+            return stop.exit_code if isinstance(stop, StopRequested) else 130
         finally:
-            self.shutdown()
+            ignore_stop_signals()
+            try:
+                self.shutdown()
+            finally:
+                restore_signals(handlers)
 
     def _wait_healthy(self) -> int | None:
         pending = list(SERVICE_ORDER)
@@ -285,9 +316,8 @@ class Launcher:
         return offset
 
     def _summary(self) -> None:
-        """After the services stopped: the accounting identity, in groups (stream entries), written to
-        summary.json and printed: produced = trained + dropped as stale + dropped for reward errors + pending
-        (unacknowledged or unread)."""
+        """After the services stopped: the accounting identity (see run_summary), written to summary.json and
+        printed."""
         import redis
 
         keys = RedisKeys.from_config(self.cfg.redis)
@@ -304,11 +334,15 @@ class Launcher:
         group = groups.get(keys.group, {})
         rows = read_rows(self.cfg.metrics_path) if self.cfg.metrics_path.exists() else []
         pending = int(group.get("pending", 0)) + int(group.get("lag", length) or 0)
-        summary = run_summary(rows, appended, length, pending)
+        latest = latest_checkpoint(self.out / "checkpoints")
+        summary = run_summary(rows, appended, length, pending, checkpoint_step(latest) if latest else 0)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        after = summary["groups_after_checkpoint"]
         self._say(f"relayrl: groups produced {summary['groups_produced']} = trained {summary['groups_trained']}"
                   f" + dropped as stale {summary['groups_dropped_stale']} + dropped for reward errors "
-                  f"{summary['groups_dropped_reward_error']} + pending {summary['groups_pending']}")
+                  f"{summary['groups_dropped_reward_error']} + pending {summary['groups_pending']}"
+                  + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
+                     "again)" if after else ""))
 
     def shutdown(self) -> None:
         for name in reversed(SERVICE_ORDER):

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy
-from relayrl.common.metrics_row import RlRow, SftRow, parse_line, parse_row, read_rows
+from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, parse_row, read_rows
 from relayrl.common.redis_keys import RedisKeys, trainer_consumer
 from relayrl.common.tracking import JsonlTracker
 from relayrl.config import load_run_config
@@ -112,7 +112,8 @@ def test_each_reader_consumes_rows_built_from_the_definition(tmp_path: Path) -> 
     assert progress_line(rows[0], 6) == "  warm-up   10  loss 2.000"
     assert progress_line(rows[1], 6) == ("  step    1/6  reward 0.100  staleness 0.50 (max 1)  episodes/s 101.0  "
                                          "0s")
-    summary = run_summary(read_rows(tmp_path / "metrics.jsonl"), produced=14, stream_length=14, pending=2)
+    summary = run_summary(read_rows(tmp_path / "metrics.jsonl"), produced=14, stream_length=14, pending=2,
+                          durable_step=6)
     assert summary["groups_trained"] == 12 and summary["episodes_dropped_stale"] == 2
     # relayrl status
     training = _training(tmp_path, window=2)
@@ -138,7 +139,7 @@ def test_readers_tolerate_a_row_of_an_older_version(tmp_path: Path) -> None:
     row = read_rows(tmp_path / "metrics.jsonl")
 
     assert progress_line(row[0], 1) == "  step    1/1  reward 0.500  staleness 0.00 (max 0)  episodes/s 0.0  2s"
-    assert run_summary(row, 1, 1, 0)["groups_trained"] == 0
+    assert run_summary(row, 1, 1, 0, durable_step=1)["groups_trained"] == 0
     assert _training(tmp_path)["reward_mean"] == 0.5
     assert read_metrics_chunk(tmp_path / "metrics.jsonl").rows == [{"step": 1, "time_s": 2.0, "reward_mean": 0.5}]
 
@@ -199,3 +200,18 @@ def test_rollout_calls_generate_and_score_through_the_typed_clients() -> None:
 
     assert "Stub(" not in source and "_pb2_grpc" not in source
     assert ".generate(" in source and ".score_batch(" in source and ".trainer.status()" in source
+
+
+def test_summary_counts_groups_handled_after_the_last_checkpoint_once_as_pending() -> None:
+    from relayrl.launcher import run_summary
+
+    # 6 steps of 2 groups (+1 stale drop per step); the checkpoint holds step 4; the run stopped after step 6.
+    rows: list[MetricsRow] = [_rl(s, groups_dropped_stale=s) for s in range(1, 7)]
+    produced, unacked = 20, 20 - (8 + 4)  # acknowledged: what checkpoint 4 holds
+
+    summary = run_summary(rows, produced=produced, stream_length=produced, pending=unacked, durable_step=4)
+
+    assert (summary["groups_trained"], summary["groups_dropped_stale"], summary["checkpoint_step"]) == (8, 4, 4)
+    assert summary["groups_after_checkpoint"] == (12 + 6) - (8 + 4)
+    assert summary["groups_produced"] == summary["groups_trained"] + summary["groups_dropped_stale"] \
+        + summary["groups_dropped_reward_error"] + summary["groups_pending"]

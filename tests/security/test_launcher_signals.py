@@ -1,0 +1,91 @@
+"""However `relayrl run` ends short of a power cut, no process of its stack survives it, and its summary adds up:
+SIGTERM, SIGHUP and SIGINT stop the stack in order; after a SIGKILL of the launcher its children get SIGTERM from
+the kernel (parent-death signal) and stop by themselves."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
+
+
+def _start(out: Path, model: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
+         "--set", f"model.path={model}", "--set", "trainer.total_steps=100000", "--set", "trainer.checkpoint_every=3",
+         "--set", "rollout.max_new_tokens=2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _until_training(out: Path, proc: subprocess.Popen[str], steps: int = 4, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    metrics = out / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, "the run did not start training"
+        time.sleep(0.2)
+
+
+def _stack(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    stack = psutil.Process(proc.pid).children(recursive=True)
+    names = " ".join(" ".join(p.cmdline()) for p in stack)
+    assert "redis-server" in names and all(f"serve {s}" in names for s in ("inference", "reward", "rollout", "trainer"))
+    return stack
+
+
+def _survivors(stack: list[psutil.Process], timeout_s: float) -> list[str]:
+    """The processes of ``stack`` still running after ``timeout_s`` (zombies count as gone)."""
+    _, alive = psutil.wait_procs(stack, timeout=timeout_s)
+    return [f"{p.pid} {' '.join(p.cmdline())}" for p in alive
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_stop_signal_to_the_launcher_stops_every_process_and_the_summary_adds_up(
+        tmp_path: Path, demo_model: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "run"
+    proc = _start(out, demo_model)
+    try:
+        _until_training(out, proc)
+        stack = _stack(proc)
+
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    assert proc.returncode == (130 if sig is signal.SIGINT else 128 + sig), output[-2000:]
+    assert _survivors(stack, timeout_s=5) == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
+                                          + summary["groups_dropped_reward_error"] + summary["groups_pending"])
+    assert "groups produced" in output
+
+
+def test_services_stop_by_themselves_when_the_launcher_is_killed(tmp_path: Path, demo_model: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(out, demo_model)
+    try:
+        _until_training(out, proc, steps=1)
+        stack = _stack(proc)
+
+        proc.kill()
+        proc.wait(timeout=10)
+        survivors = _survivors(stack, timeout_s=30)  # each stops gracefully on its parent-death SIGTERM
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            if p.pid != proc.pid and "relayrl" in " ".join(p.cmdline()):
+                p.kill()
+
+    assert survivors == []
