@@ -46,8 +46,9 @@ fi
 
 echo "system-deps: ${MISSING[*]} missing; installing ${PACKAGES[*]} from Debian's packages"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq || { echo "system-deps: apt-get update failed; cannot install ${PACKAGES[*]}" >&2; exit 1; }
-apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" \
+lock_wait=(-o DPkg::Lock::Timeout=600)  # another apt-get (unattended upgrades, a parallel job): wait, not fail
+apt-get "${lock_wait[@]}" update -qq || { echo "system-deps: apt-get update failed; cannot install ${PACKAGES[*]}" >&2; exit 1; }
+apt-get "${lock_wait[@]}" install -y -qq --no-install-recommends "${PACKAGES[@]}" \
   || { echo "system-deps: could not install ${PACKAGES[*]}; run: $install" >&2; exit 1; }
 
 check
