@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     control.add_argument("target", help="run folder or run config file (gives the service addresses)")
     control.add_argument("--reason", default="", help="free text for the services' logs")
     control.add_argument("--token-env", default="RELAYRL_CONTROL_TOKEN", metavar="VAR",
-                         help="environment variable with the bearer token (when the stack requires one)")
+                         help="environment variable with the bearer token (default: the run folder's control_token, "
+                              "which `relayrl run` writes)")
 
     plot = sub.add_parser("plot", help="draw metrics.jsonl (reward and staleness against step) as a PNG")
     plot.add_argument("metrics", type=Path, help="metrics.jsonl or a run folder")
@@ -203,6 +204,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_control(args: argparse.Namespace) -> int:
     from relayrl.client import RolloutClient, TrainerClient
     from relayrl.common.service import as_dict
+    from relayrl.launcher import CONTROL_TOKEN_FILE
     from relayrl.status import resolve
 
     target = resolve(args.target)
@@ -210,6 +212,9 @@ def _cmd_control(args: argparse.Namespace) -> int:
         print(f"relayrl: {args.target} is not a run folder or config file", file=sys.stderr)
         return EXIT_CONFIG
     token = os.environ.get(args.token_env, "")
+    token_file = target.run_dir / CONTROL_TOKEN_FILE if target.run_dir is not None else None
+    if not token and token_file is not None and token_file.is_file():  # the run's own, written by `relayrl run`
+        token = token_file.read_text().strip()
 
     async def act() -> object:
         if args.action == "checkpoint":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -40,6 +41,7 @@ from relayrl.config.endpoints import HttpConfig, ServerConfig
 log = logging.getLogger(__name__)
 
 SERVICE_ORDER = ("reward", "inference", "trainer", "rollout")
+CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what `relayrl control RUN_DIR` presents
 
 
 def free_port() -> int:
@@ -180,6 +182,7 @@ class Launcher:
         self.progress = progress if progress is not None else sys.stdout
         self.children: dict[str, Child] = {}
         self.redis: RedisProcess | None = None
+        self.credentials: dict[str, str] = {}
         self.cfg = self._resolve(cfg)
 
     def _resolve(self, cfg: RunConfig) -> RunConfig:
@@ -199,9 +202,23 @@ class Launcher:
     def _target(self, name: str) -> str:
         return str(getattr(self.cfg, name).server.target)
 
+    def _credentials(self) -> dict[str, str]:
+        """The run's credentials, given to the services through their environment (never a command line or a
+        world-readable file): the caller's own when set in the environment, else fresh random ones. The control
+        token is also written, readable by its owner only, to ``<run>/control_token`` for `relayrl control`."""
+        control = self.cfg.control
+        creds = {control.token_env: control.effective_token() or secrets.token_urlsafe(32),
+                 control.weights_token_env: control.effective_weights_token() or secrets.token_urlsafe(32)}
+        path = self.out / CONTROL_TOKEN_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(creds[control.token_env] + "\n")
+        return creds
+
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.credentials, "PYTHONUNBUFFERED": "1"}
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
         world = self.cfg.trainer.world_size
         if name == "trainer" and world > 1:
@@ -248,6 +265,7 @@ class Launcher:
                 self.cfg = replace(self.cfg, redis=replace(self.cfg.redis, url=self.redis.url))
             config_path = self.out / "config.yaml"
             dump_run_config(self.cfg, config_path)
+            self.credentials = self._credentials()
             self._say(f"relayrl: run folder {self.out}")
             for name in SERVICE_ORDER:
                 self._start_child(name, config_path)

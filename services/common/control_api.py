@@ -1,8 +1,9 @@
 """The REST face of a service's control plane (FastAPI), built from the same calls as its gRPC servicer.
 
 GET /status (the status message as JSON), GET /config (secrets redacted), GET /healthz, GET /metrics
-(Prometheus), and the service's mutating POST routes, which need ``Authorization: Bearer <token>`` when a
-control token is configured (401 otherwise).
+(Prometheus), and the service's mutating POST routes, which need ``Authorization: Bearer <token>`` (401
+otherwise; 403 when the service has no control token, so nobody can call them). A browser cannot add that header
+to a cross-origin form post, so a page on another origin cannot trigger them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def control_app(name: str, status: Callable[[], Message], config_yaml: Callable[
 
     def route(action: Action) -> Callable[..., Awaitable[dict[str, Any]]]:
         async def handler(authorization: str | None = Header(default=None)) -> dict[str, Any]:
+            if not token:
+                raise HTTPException(status_code=403, detail="control calls are disabled: no control token is "
+                                                            "configured")
             if not authorized(authorization, token):
                 raise HTTPException(status_code=401, detail="this control call needs Authorization: Bearer <token>",
                                     headers={"WWW-Authenticate": "Bearer"})

@@ -46,7 +46,9 @@ def server_config(port: int, max_receive_mib: int = 1, max_concurrent_rpcs: int 
 @dataclass
 class HttpConfig:
     enabled: bool = field(default=True, metadata={"help": "Serve the HTTP API (REST, /healthz, /metrics)."})
-    host: str = field(default="0.0.0.0", metadata={"help": "Interface the HTTP server binds."})
+    host: str = field(default="127.0.0.1", metadata={
+        "help": "Interface the HTTP server binds (loopback by default; beyond loopback, a service with mutating "
+                "calls needs its credential)."})
     port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port).", "ge": 0, "le": 65535})
     max_body_mib: int = field(default=1, metadata={
         "help": "Largest request body (MiB); a larger one gets 413 before it is read.", "ge": 1, "le": 1024})

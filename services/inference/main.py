@@ -6,6 +6,7 @@ import asyncio
 
 import torch
 
+from relayrl.common.control import require_credential
 from relayrl.common.grpc_utils import run_until_signal
 from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
@@ -32,6 +33,8 @@ def build_engine(cfg: RunConfig) -> Engine:
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
+    require_credential(cfg.control.effective_weights_token(), {"inference.server.host": cfg.inference.server.host},
+                       "a weights token (control.weights_token_env): it decides who may change the served weights")
     cfg.model.check_exists()
     engine = await asyncio.to_thread(build_engine, cfg)
     service = InferenceService(cfg.inference, engine, load_tokenizer(cfg.model.path), str(cfg.model.path),

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 
+from relayrl.common.control import require_credential
 from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.grpc_utils import stop_on_signals
 from relayrl.common.http import HttpServer
@@ -22,6 +23,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     """Produce groups until the trainer finishes (then wait) or until SIGTERM/SIGINT (or ``stop``)."""
     rc = cfg.rollout
     cfg.redis.require_url()
+    hosts = {"rollout.server.host": rc.server.host, **({"rollout.http.host": rc.http.host} if rc.http.enabled else {})}
+    require_credential(cfg.control.effective_token(), hosts, "a control token (control.token_env)")
     rows = load_jsonl(rc.dataset)
     stop = stop_on_signals(stop)
     stream = EpisodeStream.from_config(cfg.redis)

@@ -490,3 +490,30 @@ def test_disruption_budgets_protect_the_trainer_and_replicated_rewards_only(name
     assert bool(hpa) == reward["autoscaling"]["enabled"]
     if hpa:
         assert "replicas" not in workload(docs, "reward")["spec"]
+
+
+def _secret_env(container: Manifest) -> dict[str, tuple[str, str]]:
+    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+
+
+def test_credentials_come_from_a_secret_and_reach_only_the_services_that_need_them() -> None:
+    docs = render({})
+    (secret,) = [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]
+    assert set(secret["data"]) == {"control-token", "weights-token"}
+    name = secret["metadata"]["name"]
+
+    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"}, "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN"},
+              "rollout": {"RELAYRL_CONTROL_TOKEN"}, "reward": set()}
+    for svc, names in wanted.items():
+        env = _secret_env(main_container(docs, svc))
+        assert {k for k in env if k.endswith("_TOKEN")} == names, svc
+        assert all(env[k][0] == name for k in names)
+    assert all("token" not in " ".join(main_container(docs, svc).get("args", [])).lower() for svc in wanted)
+
+
+def test_an_existing_credentials_secret_replaces_the_generated_one() -> None:
+    docs = render({"credentials": {"existingSecret": "my-tokens"}})
+
+    assert not [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]
+    assert _secret_env(main_container(docs, "trainer"))["RELAYRL_WEIGHTS_TOKEN"] == ("my-tokens", "weights-token")

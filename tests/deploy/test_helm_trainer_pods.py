@@ -11,6 +11,7 @@ training runs to the end with checkpoints.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -114,8 +115,11 @@ def test_two_trainer_pods_rendezvous_at_pod_zero_and_train_to_the_end(
     hosts.write_text(f"127.0.0.1 localhost {' '.join(services)}\n"
                      f"127.0.0.1 {name}-0.{headless}\n"
                      f"127.0.0.2 {name}-1.{headless}\n")
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-credentials"))
+    tokens = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1",  # the credentials the chart's Secret gives its pods (secretKeyRef)
+           "RELAYRL_CONTROL_TOKEN": tokens["control-token"], "RELAYRL_WEIGHTS_TOKEN": tokens["weights-token"]}
     for svc in ("inference", "reward"):
         pods.start(svc, _in_pod(hosts, [sys.executable, "-m", "relayrl.cli", "serve", svc, str(config)]), env)
     runs.mkdir()

@@ -5,6 +5,7 @@ the kernel (parent-death signal) and stop by themselves."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -89,3 +90,29 @@ def test_services_stop_by_themselves_when_the_launcher_is_killed(tmp_path: Path,
                 p.kill()
 
     assert survivors == []
+
+
+def test_run_credentials_reach_the_services_only_through_their_environment(tmp_path: Path, demo_model: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(out, demo_model)
+    try:
+        _until_training(out, proc, steps=1)
+        token = (out / "control_token").read_text().strip()
+        stack = _stack(proc)
+        argv = [" ".join(p.cmdline()) for p in stack]
+        environments = [p.environ() for p in stack if "serve rollout" in " ".join(p.cmdline())]
+
+        paused = subprocess.run([sys.executable, "-m", "relayrl.cli", "control", "pause", str(out)], cwd=REPO,
+                                capture_output=True, text=True, timeout=60, env={
+                                    k: v for k, v in os.environ.items() if "RELAYRL_" not in k})
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    assert paused.returncode == 0, paused.stdout + paused.stderr  # with the run folder's token
+    assert all(token not in a for a in argv)
+    assert environments and environments[0]["RELAYRL_CONTROL_TOKEN"] == token
+    assert token not in (out / "config.yaml").read_text()
+    assert all(token not in p.read_text(errors="replace") for p in (out / "logs").glob("*.log"))

@@ -202,6 +202,21 @@ seccompProfile:
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- $creds := default (printf "%s-credentials" (include "relayrl.fullname" $)) $.Values.credentials.existingSecret }}
+{{- if has $svc (list "rollout" "trainer") }}
+- name: RELAYRL_CONTROL_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $creds }}
+      key: control-token
+{{- end }}
+{{- if has $svc (list "inference" "trainer") }}
+- name: RELAYRL_WEIGHTS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $creds }}
+      key: weights-token
+{{- end }}
 {{- if $.Values.redis.external.existingSecret }}
 - name: RELAYRL_REDIS_URL
   valueFrom:
