@@ -24,24 +24,24 @@ def init_collectives(cfg: RunConfig) -> Collectives:
     """Create the process group explicitly (gloo on CPU, NCCL on CUDA) when torchrun started several ranks."""
     tc = cfg.trainer
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    record = cfg.output_dir / "collectives" if tc.record_collectives else None
-    if world != tc.world_size:
+    record = cfg.output_dir / "collectives" if tc.distributed.record_collectives else None
+    if world != tc.distributed.world_size:
         from relayrl.common.config import ConfigError
 
-        raise ConfigError("trainer.world_size", tc.world_size,
+        raise ConfigError("trainer.distributed.world_size", tc.distributed.world_size,
                           f"must equal the number of processes started (WORLD_SIZE={world}); use torchrun")
     if world == 1:
-        return Collectives(None, tc.collective_timeout_s, record)
+        return Collectives(None, tc.distributed.collective_timeout_s, record)
     backend = "gloo"
     if cfg.model.device.startswith("cuda"):
         # each rank drives the GPU of its local rank; CPU tensors (step statistics, object collectives) go over
         # gloo, CUDA tensors (gradients, weights) over NCCL
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend, timeout=timedelta(seconds=tc.collective_timeout_s))
+    dist.init_process_group(backend, timeout=timedelta(seconds=tc.distributed.collective_timeout_s))
     group = dist.group.WORLD
     assert group is not None
-    return Collectives(group, tc.collective_timeout_s, record, group_name="world")
+    return Collectives(group, tc.distributed.collective_timeout_s, record, group_name="world")
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:

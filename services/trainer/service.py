@@ -186,13 +186,13 @@ class TrainerService:
     def __init__(self, cfg: RunConfig, collectives: Collectives | None = None) -> None:
         self.cfg = cfg
         tc = cfg.trainer
-        self.coll = collectives or Collectives(None, tc.collective_timeout_s)
+        self.coll = collectives or Collectives(None, tc.distributed.collective_timeout_s)
         self.rank = self.coll.rank
         self.is_main = self.rank == 0
         self.device = torch.device(cfg.model.device)
         self.tokenizer = load_tokenizer(cfg.model.path)
-        self.resumed_from: Path | None = resume_point(cfg.checkpoint_dir, self.coll) if tc.resume == "auto" \
-            else None
+        self.resumed_from: Path | None = resume_point(cfg.checkpoint_dir, self.coll) \
+            if tc.checkpoint.resume == "auto" else None
         # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
         model_path = self.resumed_from / "model" if self.resumed_from and self.is_main else None
         self.model = load_model(cfg.model, model_path)
@@ -209,10 +209,11 @@ class TrainerService:
         self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
         self._weights_lock = threading.Lock()  # a snapshot for publication never sees half an optimizer step
         self.publisher = WeightPublisher(
-            self.model, self.device, cfg.inference.server.target, tc.weight_transport, cfg.weights_dir,
-            tc.weight_chunk_bytes, tc.weight_push_timeout_s,
-            WeightPublisher.default_probe(self.model, self.tokenizer, tc.probe_sequences, tc.probe_tokens, cfg.seed),
-            tc.probe_tolerance or None)
+            self.model, self.device, cfg.inference.server.target, tc.publication.transport, cfg.weights_dir,
+            tc.publication.chunk_bytes, tc.publication.push_timeout_s,
+            WeightPublisher.default_probe(self.model, self.tokenizer, tc.publication.probe_sequences,
+                                          tc.publication.probe_tokens, cfg.seed),
+            tc.publication.probe_tolerance or None)
         self.last_push: PushResult | None = None
         self.checkpoint_requested = False  # rank 0, by the control plane; all ranks learn it with the next version
         self._checkpoint_now = False
@@ -234,9 +235,9 @@ class TrainerService:
         self.versions = VersionSource(self.stream.client, cfg.redis.version_key)
         self.lineage_db = VersionLineage(self.stream.client, cfg.redis.version_key)
         self.lineage = 0  # set at the first publication (rank 0)
-        self.consumer = f"{tc.consumer}-rank{self.rank}"
-        self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness, tc.read_block_ms,
-                                        already_done, cfg.redis.retry_s, tc.on_reward_error)
+        self.consumer = f"{tc.stream.consumer}-rank{self.rank}"
+        self.collector = GroupCollector(self.stream, self.consumer, cfg.rollout.max_staleness,
+                                        tc.stream.read_block_ms, already_done, cfg.redis.retry_s, tc.on_reward_error)
         # drops over all ranks and restarts, from Redis (refreshed by rank 0 after each step)
         self.groups_dropped_stale = 0
         self.episodes_dropped_stale = 0
@@ -377,28 +378,28 @@ class TrainerService:
         enc = [(self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"],
                 [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos]) for r in rows]
         gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.rank)
-        per_rank = max(1, tc.sft_batch_size // self.coll.world_size)
-        for i in range(1, tc.sft_warmup_steps + 1):
+        per_rank = max(1, tc.sft.batch_size // self.coll.world_size)
+        for i in range(1, tc.sft.warmup_steps + 1):
             idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
             stats = await asyncio.to_thread(self._locked, self.learner.sft_step, [enc[j][0] for j in idx],
                                             [enc[j][1] for j in idx])
             self._write_metrics({"phase": "sft", "sft_step": i, "loss": stats.loss, "grad_norm": stats.grad_norm,
                                  "time_s": time.monotonic() - self._t0}, i)
-        log.info("supervised warm-up done (%d steps)", tc.sft_warmup_steps)
+        log.info("supervised warm-up done (%d steps)", tc.sft.warmup_steps)
         await self.publish(self.step)
 
     async def train(self) -> None:
         tc = self.cfg.trainer
         await self.stream.ensure_group()
         if self.is_main:
-            live = {f"{tc.consumer}-rank{r}" for r in range(self.coll.world_size)}
+            live = {f"{tc.stream.consumer}-rank{r}" for r in range(self.coll.world_size)}
             await self.stream.claim_from_gone_consumers(self.consumer, live)
         # identical starting weights on every rank, whatever each loaded
         await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.model.parameters()), 0, "initial_weights")
         # The weights we start from get a fresh version too: inference and trainer agree on what is served,
         # and a restarted trainer never reuses a version.
         await self.publish(self.step)
-        if tc.sft_warmup_steps > 0 and self.resumed_from is None:
+        if tc.sft.warmup_steps > 0 and self.resumed_from is None:
             await self.sft_warmup()
         self.header.state = ServingState.SERVING_STATE_SERVING
         per_rank = tc.groups_per_step // self.coll.world_size
@@ -430,7 +431,7 @@ class TrainerService:
             if self.is_main:
                 await self.refresh_drops()
             await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
-            due = bool(tc.checkpoint_every) and self.step % tc.checkpoint_every == 0
+            due = bool(tc.checkpoint.every) and self.step % tc.checkpoint.every == 0
             if (due or self._checkpoint_now) and self.step < tc.total_steps:
                 await self.checkpoint_and_ack()
         await self.checkpoint_and_ack()
@@ -463,7 +464,7 @@ class TrainerService:
                  "episodes_excluded_reward_error": self.episodes_excluded_reward_error}
         await asyncio.to_thread(
             save_checkpoint, self.cfg.checkpoint_dir, self.step, self.weight_version, self.model, self.tokenizer,
-            self.learner.optimizer, self.cfg.trainer.keep_checkpoints, extra, self.coll,
+            self.learner.optimizer, self.cfg.trainer.checkpoint.keep, extra, self.coll,
             self.collector.consumed_ids)
         ids = self.collector.unacked + self.collector.done_on_resume
         acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.cfg.redis.retry_s)

@@ -50,7 +50,7 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", TOKEN)
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.total_steps=500",
-                  "trainer.checkpoint_every=0", "rollout.max_concurrent_groups=2")
+                  "trainer.checkpoint.every=0", "rollout.max_concurrent_groups=2")
     http = HttpConfig(host="127.0.0.1", port=0)
 
     async def go() -> None:

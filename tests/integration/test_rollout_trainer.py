@@ -33,7 +33,7 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
     return load_run_config(None, [
         f"model.path={model}", f"rollout.dataset={data}", f"redis.url={redis_url}", f"output_dir={tmp}",
         "trainer.total_steps=4", "trainer.groups_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
-        "trainer.server.port=0", "trainer.checkpoint_every=2", "trainer.linger_s=0", "trainer.sft_batch_size=8",
+        "trainer.server.port=0", "trainer.checkpoint.every=2", "trainer.linger_s=0", "trainer.sft.batch_size=8",
         *overrides,
     ])
 
@@ -88,7 +88,7 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
         tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
         max_staleness: int, sft_steps: int) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                  f"rollout.max_staleness={max_staleness}", f"trainer.sft_warmup_steps={sft_steps}")
+                  f"rollout.max_staleness={max_staleness}", f"trainer.sft.warmup_steps={sft_steps}")
 
     out = asyncio.run(_run(cfg, tiny_model_dir))
 
@@ -153,7 +153,7 @@ def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
 def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
         tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
     first = asyncio.run(_run(_config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url,
-                                     "trainer.keep_checkpoints=5"), tiny_model_dir))
+                                     "trainer.checkpoint.keep=5"), tiny_model_dir))
     older = tmp_path / "a" / "checkpoints" / "step_000002" / "model"  # older than the last published version
 
     second = asyncio.run(_run(_config(tmp_path / "b", older, dataset_path, redis_server.url,
