@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("config", type=Path, help="run config YAML")
     serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     serve.add_argument("--resume", choices=("never", "auto"), default=None,
-                       help="trainer: auto restores the newest complete checkpoint (same as trainer.resume)")
+                       help="trainer: auto restores the newest complete checkpoint (same as trainer.checkpoint.resume)")
 
     init = sub.add_parser("init-model", help="create the tiny demo model and tokenizer (random init)")
     init.add_argument("--out", type=Path, default=Path("models/tiny"), help="model directory to write")
@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     debug = sub.add_parser("debug", help="debugging tools")
     debug_sub = debug.add_subparsers(dest="debug_command", required=True)
     coll = debug_sub.add_parser("collectives", help="compare the ranks' recorded collectives; name the first "
-                                                    "divergence (record with trainer.record_collectives=true)")
+                                                    "divergence (record with "
+                                                    "trainer.distributed.record_collectives=true)")
     coll.add_argument("run_dir", help="run folder (or its collectives/ folder)")
 
     health = sub.add_parser("health", help="one grpc.health.v1 Check of a service; exit 0 when SERVING, else 1")
@@ -101,7 +102,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from relayrl.config import load_run_config
     from relayrl.launcher import Launcher
 
-    overrides = [*args.overrides, *([f"trainer.resume={args.resume}"] if args.resume else [])]
+    overrides = [*args.overrides, *([f"trainer.checkpoint.resume={args.resume}"] if args.resume else [])]
     with records_held():  # config warnings are written once the config chose the log format
         cfg = load_run_config(args.config, overrides)
     setup_logging("launcher", 0, cfg.log_level, fmt=cfg.log_format)
@@ -110,7 +111,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         explicit = any(o.startswith("output_dir=") for o in args.overrides)
         out = cfg.output_dir if explicit or "output_dir" in _raw_keys(args.config) else \
             Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    return Launcher(cfg, out, startup_timeout_s=args.startup_timeout, fresh=cfg.trainer.resume != "auto").run()
+    return Launcher(cfg, out, startup_timeout_s=args.startup_timeout,
+                    fresh=cfg.trainer.checkpoint.resume != "auto").run()
 
 
 def _raw_keys(path: Path) -> set[str]:
@@ -122,7 +124,7 @@ def _raw_keys(path: Path) -> set[str]:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from relayrl.config import load_run_config
 
-    overrides = [*args.overrides, *([f"trainer.resume={args.resume}"] if args.resume else [])]
+    overrides = [*args.overrides, *([f"trainer.checkpoint.resume={args.resume}"] if args.resume else [])]
     with records_held():  # config warnings are written once the config chose the log format
         cfg = load_run_config(args.config, overrides)
     setup_logging(args.service, int(os.environ.get("RANK", "0")), cfg.log_level, fmt=cfg.log_format)

@@ -220,7 +220,7 @@ class Launcher:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
         env = {**os.environ, **self.credentials, "PYTHONUNBUFFERED": "1"}
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
-        world = self.cfg.trainer.world_size
+        world = self.cfg.trainer.distributed.world_size
         if name == "trainer" and world > 1:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                        *command[1:]]

@@ -144,6 +144,39 @@ class InferenceClient(ServiceClient):
         request.request_id = request_id
         return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
 
+    async def update_weights(self, messages: Sequence[inference_pb2.WeightUpdateMessage], version: int,
+                             timeout_s: float, attempts: int = 5) -> inference_pb2.UpdateWeightsResponse | None:
+        """Push one weight update (its chunks, then the manifest, on the UpdateWeights client stream) with a
+        deadline of ``timeout_s`` per attempt.
+
+        A push that timed out (DEADLINE_EXCEEDED) or met UNAVAILABLE may still have been applied, so before
+        retrying it asks the served version: when inference serves ``version`` the push landed and this returns
+        None (applied; its answer, with the probe logprobs, was lost). A retry refused as stale
+        (FAILED_PRECONDITION) because ``version`` is served reads the same. Any other failure, or the last
+        attempt's, raises grpc.aio.AioRpcError. Back-off between attempts: ``backoff_s`` x attempt."""
+        retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        for attempt in range(1, attempts + 1):
+            try:
+                response: inference_pb2.UpdateWeightsResponse = await self.stub.UpdateWeights(
+                    iter(messages), timeout=timeout_s)
+                return response
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (*retryable, grpc.StatusCode.FAILED_PRECONDITION):
+                    raise
+                if await self._serves(version):
+                    return None
+                if exc.code() not in retryable or attempt == attempts:
+                    raise
+                await asyncio.sleep(self.backoff_s * attempt)
+        raise AssertionError("unreachable")
+
+    async def _serves(self, version: int) -> bool:
+        """Whether inference serves ``version`` now (False when it cannot tell)."""
+        try:
+            return int((await self.status()).weight_version) == version
+        except grpc.aio.AioRpcError:
+            return False
+
 
 class RewardClient(ServiceClient):
     stub_class = reward_pb2_grpc.RewardServiceStub

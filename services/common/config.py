@@ -9,8 +9,11 @@ Field constraints live in ``dataclasses.field(metadata=...)``: ``help`` (documen
 
 Compatibility: a field being phased out keeps loading and carries ``deprecated`` (what to use instead) and
 ``removed_in`` (the release that removes it) in its metadata; setting it logs a warning naming both. A removed
-field is listed in the dataclass's ``REMOVED_FIELDS`` (name → migration hint) and fails with that hint. Any
-other unknown key fails (no silent typos).
+field is listed in the dataclass's ``REMOVED_FIELDS`` (name → migration hint) and fails with that hint. A field
+that moved into a nested section is listed in ``MOVED_FIELDS`` (old name → dotted path of its field now, below
+the same dataclass; ``MOVED_REMOVED_IN`` names the release that stops accepting the old name): the old key keeps
+loading onto the new field with a warning naming the new key, and setting both is an error. Any other unknown
+key fails (no silent typos).
 """
 
 from __future__ import annotations
@@ -141,10 +144,51 @@ def _check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> None:
             raise ConfigError(path, value, f"must be {word} {meta[key]}")
 
 
+def field_at(cls: type, dotted: str) -> dataclasses.Field[Any]:
+    """The field of a dataclass tree at a dotted path below ``cls``."""
+    *sections, leaf = dotted.split(".")
+    for name in sections:
+        cls = get_type_hints(cls)[name]
+    return {f.name: f for f in dataclasses.fields(cls)}[leaf]
+
+
+def _field_default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def _move_fields(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
+    """Put each old key of ``cls.MOVED_FIELDS`` found in ``data`` at its nested path (warning; both: an error)."""
+    moved: dict[str, str] = getattr(cls, "MOVED_FIELDS", {})
+    if not any(key in moved for key in data):
+        return data
+    data = dict(data)
+    for key in [k for k in data if k in moved]:
+        value = data.pop(key)
+        where = f"{path}.{key}" if path else key
+        new = f"{path}.{moved[key]}" if path else moved[key]
+        *sections, leaf = moved[key].split(".")
+        node = data
+        for name in sections:
+            child = node.get(name, {})
+            if not isinstance(child, dict):
+                raise ConfigError(new.rsplit(".", 1)[0], child, "must be a mapping (a config section)")
+            node[name] = node = dict(child)
+        if leaf in node:
+            raise ConfigError(where, value, f"set twice: {where} is the deprecated spelling of {new}; keep only {new}")
+        node[leaf] = value
+        if value != _field_default(field_at(cls, moved[key])):  # a resolved old config.yaml: defaults, no warning
+            log.warning("config field %s is deprecated (use %s) and will be removed in release %s", where, new,
+                        getattr(cls, "MOVED_REMOVED_IN", "?"))
+    return data
+
+
 def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
     """Build and validate ``cls`` from a mapping; unknown keys are errors (no silent typos)."""
     if not isinstance(data, dict):
         raise ConfigError(path or "<root>", data, "must be a mapping")
+    data = _move_fields(cls, data, path)
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     removed: dict[str, str] = getattr(cls, "REMOVED_FIELDS", {})
@@ -208,14 +252,64 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def apply_override(data: dict[str, Any], override: str) -> None:
-    """Apply one ``section.key=value`` override; the value is parsed as YAML (``3`` is an int)."""
+def spellings(cls: type, dotted: str) -> tuple[str, list[str]]:
+    """The current dotted path of a (possibly former) key below ``cls``, and the former spellings of that path
+    (``MOVED_FIELDS`` at any level). Paths that name no field come back unchanged."""
+    keys, current, canonical = dotted.split("."), cls, []
+    while keys:
+        key = keys.pop(0)
+        moved: dict[str, str] = getattr(current, "MOVED_FIELDS", {})
+        if key in moved:
+            key, *rest = moved[key].split(".")
+            keys = [*rest, *keys]
+        canonical.append(key)
+        hints = get_type_hints(current) if dataclasses.is_dataclass(current) else {}
+        nxt = hints.get(key)
+        if not keys or nxt is None or not dataclasses.is_dataclass(nxt):
+            canonical += keys
+            break
+        current = typing.cast(type, nxt)
+    path = ".".join(canonical)
+    former: list[str] = []
+    current = cls
+    for i, key in enumerate(canonical):
+        remainder = ".".join(canonical[i:])
+        moved_here: dict[str, str] = getattr(current, "MOVED_FIELDS", {})
+        former += [".".join([*canonical[:i], old]) for old, new in moved_here.items() if new == remainder]
+        nxt = get_type_hints(current).get(key) if dataclasses.is_dataclass(current) else None
+        if nxt is None or not dataclasses.is_dataclass(nxt):
+            break
+        current = typing.cast(type, nxt)
+    return path, former
+
+
+def _pop_path(data: dict[str, Any], dotted: str) -> None:
+    *sections, leaf = dotted.split(".")
+    node: Any = data
+    for key in sections:
+        node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(leaf, None)
+
+
+def apply_override(data: dict[str, Any], override: str, cls: type | None = None) -> None:
+    """Apply one ``section.key=value`` override; the value is parsed as YAML (``3`` is an int). With ``cls`` (the
+    config's dataclass) a former spelling of a moved field sets its current path (with a warning), and the
+    override replaces the field whichever spelling the file used."""
     if "=" not in override:
         raise ConfigError(override, override, "an override must look like section.key=value")
     dotted, raw = override.split("=", 1)
-    keys = dotted.strip().split(".")
+    dotted = dotted.strip()
+    keys = dotted.split(".")
     if not all(keys):
-        raise ConfigError(dotted, raw, "an override key must be a dotted path such as trainer.lr")
+        raise ConfigError(dotted, raw, "an override key must be a dotted path such as trainer.total_steps")
+    if cls is not None:
+        path, former = spellings(cls, dotted)
+        if path != dotted:
+            log.warning("config field %s is deprecated (use %s)", dotted, path)
+        for alias in former:
+            _pop_path(data, alias)
+        keys = path.split(".")
     node = data
     for key in keys[:-1]:
         child = node.setdefault(key, {})

@@ -1,9 +1,11 @@
 """The public config schema as plain data, its Markdown reference, and compatibility between two schemas.
 
 ``schema(RunConfig)`` flattens the dataclasses into ``{"section.field": {"type", "default", "choices", "help",
-...}}``. :func:`incompatible_changes` lists what would break an existing user config between an old and a new
-schema: a removed field (even one listed in ``REMOVED_FIELDS``: its hint helps, but the config no longer
-loads), a changed type, narrowed choices, a tightened bound. Adding fields, widening choices, changing defaults
+...}}``; a key listed in a dataclass's ``MOVED_FIELDS`` appears as its own entry with ``moved_to`` (the field
+it now sets) and the target's type, choices and bounds, so moving a key with its deprecation is compatible.
+:func:`incompatible_changes` lists what would break an existing user config between an old and a new schema: a
+removed field (even one listed in ``REMOVED_FIELDS``: its hint helps, but the config no longer loads), a changed
+type, narrowed choices, a tightened bound. Adding fields, widening choices, changing defaults
 or help are compatible. ``scripts/gen_reference.py --check`` compares the committed snapshot
 (docs/reference/config-schema.json) with the code and fails on any difference, naming the incompatible ones.
 """
@@ -67,6 +69,12 @@ def schema(cls: type, prefix: str = "") -> dict[str, dict[str, Any]]:
             if key in f.metadata:
                 entry[key] = f.metadata[key]
         out[path] = entry
+    removed_in = getattr(cls, "MOVED_REMOVED_IN", "?")
+    for old, new in getattr(cls, "MOVED_FIELDS", {}).items():
+        target = out[f"{prefix}{new}"]
+        out[f"{prefix}{old}"] = {**{k: v for k, v in target.items() if k not in ("help", "deprecated")},
+                                 "help": f"Former spelling of {prefix}{new}.", "moved_to": f"{prefix}{new}",
+                                 "deprecated": f"use {prefix}{new}", "removed_in": removed_in}
     return out
 
 
@@ -77,6 +85,9 @@ def incompatible_changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str
         after = new.get(path)
         if after is None:
             problems.append(f"{path}: removed")
+            continue
+        if "moved_to" in after and after["moved_to"] not in new:
+            problems.append(f"{path}: moved to {after['moved_to']}, which does not exist")
             continue
         if after["type"] != before["type"]:
             problems.append(f"{path}: type changed from {before['type']} to {after['type']}")
@@ -94,7 +105,10 @@ def markdown(cls: type, title: str) -> str:
     """The configuration reference: one table per section."""
     rows = schema(cls)
     sections: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    moved = {path: e for path, e in rows.items() if "moved_to" in e}
     for path, entry in rows.items():
+        if path in moved:
+            continue
         section = path.rsplit(".", 1)[0] if "." in path else "(top level)"
         sections.setdefault(section, []).append((path, entry))
     lines = [f"# {title}", "", "Generated from the config dataclasses by `scripts/gen_reference.py`; do not edit.",
@@ -110,5 +124,10 @@ def markdown(cls: type, title: str) -> str:
                 help_text = f"**Deprecated** ({e['deprecated']}; removed in {e.get('removed_in', '?')}). {help_text}"
             default = repr(e["default"]).replace("|", "\\|")
             lines.append(f"| `{path}` | {kind} | `{default}` | {help_text} |")
+        lines.append("")
+    if moved:
+        lines += ["## Moved keys", "", "Former spellings that still load onto their new field, with a warning naming "
+                  "it; setting both is an error.", "", "| former key | now | removed in |", "|---|---|---|"]
+        lines += [f"| `{path}` | `{e['moved_to']}` | {e['removed_in']} |" for path, e in moved.items()]
         lines.append("")
     return "\n".join(lines)

@@ -86,7 +86,7 @@ def load_run_config(path: Path | None, overrides: list[str] | None = None) -> Ru
     """Load a YAML run config, apply ``section.key=value`` overrides, validate. Raises ConfigError."""
     data: dict[str, Any] = load_yaml(path) if path is not None else {}
     for override in overrides or []:
-        apply_override(data, override)
+        apply_override(data, override, RunConfig)
     return from_dict(RunConfig, migrate(data))
 
 

@@ -1,15 +1,23 @@
-"""Configuration of the trainer service."""
+"""Configuration of the trainer service.
+
+Sections, in order of how often they are set: the run's length and batch at the top, then ``optimizer``,
+``loss``, ``sft``, ``checkpoint``, ``publication`` (weights to inference), ``distributed`` (ranks), ``stream``
+(reading groups from Redis), and the servers. The flat keys of schema 1 (``trainer.lr``,
+``trainer.checkpoint_every``, ...) still load: ``MOVED_FIELDS`` maps each onto its nested field, with a warning
+naming the new key (see :mod:`relayrl.common.config`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import ClassVar, Literal
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
+FLAT_KEYS_REMOVED_IN = "0.3"  # the release that stops accepting the flat keys of MOVED_FIELDS
 
 
 class AdvantageEstimator(StrEnum):
@@ -25,6 +33,8 @@ class OffPolicyCorrection(StrEnum):
 
 
 class WeightTransport(StrEnum):
+    """The config's choice of transport; the implementations are relayrl.trainer.transports.Transport."""
+
     GRPC_STREAM = "grpc_stream"
     SHARED_PATH = "shared_path"
 
@@ -40,17 +50,17 @@ class RewardErrorPolicy(StrEnum):
 
 
 @dataclass
-class TrainerConfig:
-    total_steps: int = field(default=100, metadata={"help": "Optimizer steps to run, then stop.", "ge": 1})
-    groups_per_step: int = field(default=8, metadata={
-        "help": "Complete groups (prompts) per optimizer step: the batch is groups_per_step x group_size "
-                "episodes.", "ge": 1})
+class OptimizerConfig:
     lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate.", "gt": 0})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay.", "ge": 0})
     beta1: float = field(default=0.9, metadata={"help": "AdamW beta1.", "ge": 0, "lt": 1})
     beta2: float = field(default=0.99, metadata={"help": "AdamW beta2.", "ge": 0, "lt": 1})
     warmup_steps: int = field(default=0, metadata={"help": "Linear learning-rate warm-up steps.", "ge": 0})
     grad_clip: float = field(default=1.0, metadata={"help": "Max gradient norm (0: no clipping).", "ge": 0})
+
+
+@dataclass
+class LossConfig:
     clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip range epsilon.", "gt": 0})
     advantage: AdvantageEstimator = field(default=AdvantageEstimator.GRPO, metadata={
         "help": "Advantage estimator: grpo = (r - group mean) / (group population std + eps); dr_grpo = "
@@ -65,32 +75,50 @@ class TrainerConfig:
     loss_aggregation: LossAggregation = field(default=LossAggregation.TOKEN_MEAN, metadata={
         "help": "How token losses are normalised over the global batch: token_mean or constant."})
     advantage_eps: float = field(default=1e-6, metadata={"help": "Epsilon of the std normalisation.", "gt": 0})
-    micro_batch_size: int = field(default=64, metadata={"help": "Sequences per forward/backward.", "ge": 1})
-    sft_warmup_steps: int = field(default=0, metadata={
+
+    def validate(self) -> None:
+        if self.off_policy is OffPolicyCorrection.TIS and self.importance_cap <= 0:
+            raise ConfigError("importance_cap", self.importance_cap, "must be > 0 when off_policy is tis")
+
+
+@dataclass
+class SftConfig:
+    warmup_steps: int = field(default=0, metadata={
         "help": "Supervised steps on (prompt, answer) pairs of the rollout dataset before RL (0: none). They "
                 "are logged with phase=sft and do not publish weight versions until the first RL step."})
-    sft_batch_size: int = field(default=64, metadata={"help": "Rows per supervised warm-up step.", "ge": 1})
-    checkpoint_every: int = field(default=50, metadata={
+    batch_size: int = field(default=64, metadata={"help": "Rows per supervised warm-up step.", "ge": 1})
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = field(default=50, metadata={
         "help": "Save a checkpoint every N steps (0: only at the end).", "ge": 0})
-    keep_checkpoints: int = field(default=2, metadata={"help": "Checkpoints kept on disk.", "ge": 1})
-    weight_chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={
-        "help": "Bytes per weight-update chunk (under gRPC's 4 MiB message limit).", "ge": 1024,
-        "le": 4 * 1024 * 1024 - 4096})
-    weight_push_timeout_s: float = field(default=60.0, metadata={
-        "help": "Deadline of one weight push to inference.", "gt": 0})
-    weight_transport: WeightTransport = field(default=WeightTransport.GRPC_STREAM, metadata={
+    keep: int = field(default=2, metadata={"help": "Checkpoints kept on disk.", "ge": 1})
+    resume: Literal["never", "auto"] = field(default="never", metadata={
+        "help": "auto: restore the newest complete checkpoint under <output_dir>/checkpoints if there is one."})
+
+
+@dataclass
+class PublicationConfig:
+    transport: WeightTransport = field(default=WeightTransport.GRPC_STREAM, metadata={
         "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream) or shared_path "
                 "(a safetensors file under <output_dir>/weights that inference reads; needs a shared "
                 "filesystem)."})
+    chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={
+        "help": "Bytes per weight-update chunk (under gRPC's 4 MiB message limit).", "ge": 1024,
+        "le": 4 * 1024 * 1024 - 4096})
+    push_timeout_s: float = field(default=60.0, metadata={
+        "help": "Deadline of one weight push to inference.", "gt": 0})
     probe_sequences: int = field(default=4, metadata={
         "help": "Sequences of the probe batch inference scores after every weight swap (verification).", "ge": 1})
     probe_tokens: int = field(default=32, metadata={"help": "Tokens per probe sequence.", "ge": 2})
     probe_tolerance: float = field(default=0.0, metadata={
         "help": "Largest accepted |logprob difference| between trainer and inference on the probe (0: by dtype: "
                 "float32 1e-3, float16 2e-2, bfloat16 1e-1). Above it the trainer stops.", "ge": 0})
-    read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
-    consumer: str = field(default="trainer", metadata={
-        "help": "Redis consumer name prefix: rank r reads as <consumer>-rank<r> (stable across restarts)."})
+
+
+@dataclass
+class DistributedConfig:
     world_size: int = field(default=1, metadata={
         "help": "Trainer ranks. `relayrl run` starts them with torchrun; `relayrl serve trainer` must run under "
                 "torchrun with this many processes. groups_per_step must be divisible by it.", "ge": 1})
@@ -99,13 +127,55 @@ class TrainerConfig:
     record_collectives: bool = field(default=False, metadata={
         "help": "Debug: record every collective per rank under <output_dir>/collectives "
                 "(read with: relayrl debug collectives RUN_DIR)."})
+
+
+@dataclass
+class StreamReadConfig:
+    consumer: str = field(default="trainer", metadata={
+        "help": "Redis consumer name prefix: rank r reads as <consumer>-rank<r> (stable across restarts)."})
+    read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
+
+
+@dataclass
+class TrainerConfig:
+    # schema-1 flat key -> its field now (dotted, under trainer); each loads with a deprecation warning
+    MOVED_FIELDS: ClassVar[dict[str, str]] = {
+        **{k: f"optimizer.{k}" for k in ("lr", "weight_decay", "beta1", "beta2", "warmup_steps", "grad_clip")},
+        **{k: f"loss.{k}" for k in ("clip_eps", "advantage", "off_policy", "importance_cap", "loss_aggregation",
+                                    "advantage_eps")},
+        "sft_warmup_steps": "sft.warmup_steps", "sft_batch_size": "sft.batch_size",
+        "checkpoint_every": "checkpoint.every", "keep_checkpoints": "checkpoint.keep", "resume": "checkpoint.resume",
+        "weight_transport": "publication.transport", "weight_chunk_bytes": "publication.chunk_bytes",
+        "weight_push_timeout_s": "publication.push_timeout_s",
+        **{k: f"publication.{k}" for k in ("probe_sequences", "probe_tokens", "probe_tolerance")},
+        **{k: f"distributed.{k}" for k in ("world_size", "collective_timeout_s", "record_collectives")},
+        "consumer": "stream.consumer", "read_block_ms": "stream.read_block_ms",
+    }
+    MOVED_REMOVED_IN: ClassVar[str] = FLAT_KEYS_REMOVED_IN
+
+    total_steps: int = field(default=100, metadata={"help": "Optimizer steps to run, then stop.", "ge": 1})
+    groups_per_step: int = field(default=8, metadata={
+        "help": "Complete groups (prompts) per optimizer step: the batch is groups_per_step x group_size "
+                "episodes.", "ge": 1})
+    micro_batch_size: int = field(default=64, metadata={"help": "Sequences per forward/backward.", "ge": 1})
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig, metadata={
+        "help": "AdamW and its learning-rate schedule."})
+    loss: LossConfig = field(default_factory=LossConfig, metadata={
+        "help": "Advantages, the policy loss and its off-policy correction."})
     on_reward_error: RewardErrorPolicy = field(default=RewardErrorPolicy.DROP, metadata={
         "help": "Episodes whose scoring failed (reward status ERROR or TIMEOUT): drop = exclude them from the "
                 "loss and count them (episodes_dropped_reward_error); a group is trained on its valid episodes "
                 "(advantages over those only) and dropped whole (groups_dropped_reward_error) when none is valid; "
                 "fail = stop the trainer with an error naming the episode."})
-    resume: Literal["never", "auto"] = field(default="never", metadata={
-        "help": "auto: restore the newest complete checkpoint under <output_dir>/checkpoints if there is one."})
+    sft: SftConfig = field(default_factory=SftConfig, metadata={"help": "Supervised warm-up before RL."})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={
+        "help": "Checkpoints under <output_dir>/checkpoints, and resuming from them."})
+    publication: PublicationConfig = field(default_factory=PublicationConfig, metadata={
+        "help": "Publishing weight versions to inference and verifying them by the probe."})
+    distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={
+        "help": "Trainer ranks and their collectives."})
+    stream: StreamReadConfig = field(default_factory=StreamReadConfig, metadata={
+        "help": "Reading groups from the Redis stream."})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
     http: HttpConfig = field(default_factory=lambda: http_config(8004), metadata={
@@ -114,10 +184,9 @@ class TrainerConfig:
         "help": "gRPC server of this service."})
 
     def validate(self) -> None:
-        if self.off_policy is OffPolicyCorrection.TIS and self.importance_cap <= 0:
-            raise ConfigError("importance_cap", self.importance_cap, "must be > 0 when off_policy is tis")
-        if self.groups_per_step % self.world_size:
+        if self.groups_per_step % self.distributed.world_size:
             raise ConfigError("groups_per_step", self.groups_per_step,
-                              f"must be divisible by world_size ({self.world_size})")
-        if self.warmup_steps > self.total_steps:
-            raise ConfigError("warmup_steps", self.warmup_steps, f"must be <= total_steps ({self.total_steps})")
+                              f"must be divisible by distributed.world_size ({self.distributed.world_size})")
+        if self.optimizer.warmup_steps > self.total_steps:
+            raise ConfigError("optimizer.warmup_steps", self.optimizer.warmup_steps,
+                              f"must be <= total_steps ({self.total_steps})")

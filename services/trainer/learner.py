@@ -78,6 +78,14 @@ class StepStats:
     logprob_diff_mean: float = 0.0  # mean |log pi_prox - log pi_behav|: trainer vs inference mismatch
 
 
+def agreed_micro_batches(coll: Collectives, episodes: int, micro_batch_size: int) -> int:
+    """Micro-batches every rank runs this step: the most any rank needs (all-reduce MAX); a rank with fewer
+    pads with zero-weight ones, so every rank issues the same collectives."""
+    n_micro = torch.tensor([math.ceil(episodes / micro_batch_size)], dtype=torch.int64)
+    coll.all_reduce(n_micro, dist.ReduceOp.MAX, "micro_batch_count")
+    return int(n_micro.item())
+
+
 class Learner:
     """Owns the model and optimizer; computes advantages and the loss and steps AdamW."""
 
@@ -89,21 +97,23 @@ class Learner:
         self.cfg = cfg
         self.pad_id = pad_id
         self.device = device
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                           weight_decay=cfg.weight_decay)
+        opt = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
+                                           weight_decay=opt.weight_decay)
         self.steps_done = 0
 
     def _lr(self) -> float:
-        if self.cfg.warmup_steps <= 0:
-            return self.cfg.lr
-        return self.cfg.lr * min(1.0, (self.steps_done + 1) / self.cfg.warmup_steps)
+        opt = self.cfg.optimizer
+        if opt.warmup_steps <= 0:
+            return opt.lr
+        return opt.lr * min(1.0, (self.steps_done + 1) / opt.warmup_steps)
 
     def _optimizer_step(self) -> tuple[float, float]:
         lr = self._lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        max_norm = self.cfg.optimizer.grad_clip if self.cfg.optimizer.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -112,15 +122,15 @@ class Learner:
 
     def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor) -> LossTerms:
         prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
-        correction = self.cfg.off_policy
-        if correction is OffPolicyCorrection.NONE:
-            return ppo_clip_loss(logp, mb.behaviour_logprobs, adv, mb.mask, self.cfg.clip_eps)
-        if correction is OffPolicyCorrection.DECOUPLED_PPO:
+        lc = self.cfg.loss
+        if lc.off_policy is OffPolicyCorrection.NONE:
+            return ppo_clip_loss(logp, mb.behaviour_logprobs, adv, mb.mask, lc.clip_eps)
+        if lc.off_policy is OffPolicyCorrection.DECOUPLED_PPO:
             weights = torch.exp(prox - mb.behaviour_logprobs)
-            if self.cfg.importance_cap > 0:
-                weights = weights.clamp(max=self.cfg.importance_cap)
-            return ppo_clip_loss(logp, prox, adv, mb.mask, self.cfg.clip_eps, weights=weights)
-        return tis_loss(logp, prox, mb.behaviour_logprobs, adv, mb.mask, self.cfg.importance_cap)
+            if lc.importance_cap > 0:
+                weights = weights.clamp(max=lc.importance_cap)
+            return ppo_clip_loss(logp, prox, adv, mb.mask, lc.clip_eps, weights=weights)
+        return tis_loss(logp, prox, mb.behaviour_logprobs, adv, mb.mask, lc.importance_cap)
 
     def rl_step(self, episodes: Sequence[Episode]) -> StepStats:
         """Gradients over the global batch (all ranks), then one AdamW step."""
@@ -142,7 +152,7 @@ class Learner:
         group_ids = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in episodes))}
         rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=self.device)
         gidx = torch.tensor([group_ids[e.group_id] for e in episodes], dtype=torch.long, device=self.device)
-        adv = advantages(self.cfg.advantage, rewards, gidx, len(group_ids), self.cfg.advantage_eps)
+        adv = advantages(self.cfg.loss.advantage, rewards, gidx, len(group_ids), self.cfg.loss.advantage_eps)
         batch = pack([e.prompt_token_ids for e in episodes], [e.completion_token_ids for e in episodes],
                      [e.behaviour_logprobs for e in episodes], [e.loss_mask for e in episodes],
                      [e.sampling_temperature or 1.0 for e in episodes], self.pad_id, self.device)
@@ -150,16 +160,15 @@ class Learner:
         counts = torch.tensor([batch.mask.sum().item(), float(len(episodes))], dtype=torch.float64)
         coll.all_reduce(counts, dist.ReduceOp.SUM, "global_tokens_and_episodes")
         global_tokens = max(float(counts[0]), 1.0)
-        if self.cfg.loss_aggregation is LossAggregation.TOKEN_MEAN:
+        if self.cfg.loss.loss_aggregation is LossAggregation.TOKEN_MEAN:
             denominator = global_tokens
         else:
             denominator = float(counts[1]) * self.max_completion_tokens
-        n_micro = torch.tensor([math.ceil(len(episodes) / mbs)], dtype=torch.int64)
-        coll.all_reduce(n_micro, dist.ReduceOp.MAX, "micro_batch_count")
+        n_micro = agreed_micro_batches(coll, len(episodes), mbs)
         # loss, clipped, ratio, kl, importance sum, |prox - behav| sum
         sums = torch.zeros(6, dtype=torch.float64, device=self.device)
         importance_max = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for i in range(int(n_micro.item())):
+        for i in range(n_micro):
             start = i * mbs
             if start < len(episodes):
                 sl = slice(start, start + mbs)

@@ -15,7 +15,8 @@ from relayrl.common.http import HttpServer
 from relayrl.common.probe import WeightVerificationError
 from relayrl.config import RunConfig
 from relayrl.trainer.collectives import Collectives, CollectiveTimeout
-from relayrl.trainer.service import TrainerService, create_trainer_server
+from relayrl.trainer.runtime import Trainer
+from relayrl.trainer.server import create_trainer_server
 
 log = logging.getLogger(__name__)
 
@@ -24,24 +25,24 @@ def init_collectives(cfg: RunConfig) -> Collectives:
     """Create the process group explicitly (gloo on CPU, NCCL on CUDA) when torchrun started several ranks."""
     tc = cfg.trainer
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    record = cfg.output_dir / "collectives" if tc.record_collectives else None
-    if world != tc.world_size:
+    record = cfg.output_dir / "collectives" if tc.distributed.record_collectives else None
+    if world != tc.distributed.world_size:
         from relayrl.common.config import ConfigError
 
-        raise ConfigError("trainer.world_size", tc.world_size,
+        raise ConfigError("trainer.distributed.world_size", tc.distributed.world_size,
                           f"must equal the number of processes started (WORLD_SIZE={world}); use torchrun")
     if world == 1:
-        return Collectives(None, tc.collective_timeout_s, record)
+        return Collectives(None, tc.distributed.collective_timeout_s, record)
     backend = "gloo"
     if cfg.model.device.startswith("cuda"):
         # each rank drives the GPU of its local rank; CPU tensors (step statistics, object collectives) go over
         # gloo, CUDA tensors (gradients, weights) over NCCL
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend, timeout=timedelta(seconds=tc.collective_timeout_s))
+    dist.init_process_group(backend, timeout=timedelta(seconds=tc.distributed.collective_timeout_s))
     group = dist.group.WORLD
     assert group is not None
-    return Collectives(group, tc.collective_timeout_s, record, group_name="world")
+    return Collectives(group, tc.distributed.collective_timeout_s, record, group_name="world")
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
@@ -53,8 +54,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     coll = init_collectives(cfg)
-    service = TrainerService(cfg, coll)
-    handle, servicer = create_trainer_server(service) if coll.rank == 0 else (None, None)
+    trainer = Trainer(cfg, coll)
+    handle, servicer = create_trainer_server(trainer) if coll.rank == 0 else (None, None)
     tc = cfg.trainer
     http = HttpServer(servicer.http_app(), tc.http, "trainer") if servicer is not None and tc.http.enabled else None
     if handle is not None:
@@ -62,8 +63,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
         log.info("trainer status on port %d (world size %d)", handle.port, coll.world_size)
     if http is not None:
         await http.start()
-    train = asyncio.create_task(service.train())
-    watchdog = asyncio.create_task(service.watch_inference()) if coll.rank == 0 else None
+    train = asyncio.create_task(trainer.train())
+    watchdog = asyncio.create_task(trainer.watch_inference()) if coll.rank == 0 else None
     stopper = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({train, stopper} | ({watchdog} if watchdog else set()),
@@ -83,10 +84,10 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
                 log.critical("%s", exc)
                 logging.shutdown()
                 os._exit(3)
-            log.info("training finished after %d steps", service.step)
+            log.info("training finished after %d steps", trainer.progress.step)
             await asyncio.sleep(cfg.trainer.linger_s)  # let rollout see `finished`
         else:
-            log.info("stopping before the end of training (step %d)", service.step)
+            log.info("stopping before the end of training (step %d)", trainer.progress.step)
             train.cancel()
             await asyncio.gather(train, return_exceptions=True)
     finally:
@@ -97,6 +98,6 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
             await http.stop()
         if handle is not None:
             await handle.stop(cfg.trainer.server.shutdown_grace_s)
-        await service.close()
+        await trainer.close()
         if dist.is_initialized():
             dist.destroy_process_group()

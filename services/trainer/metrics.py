@@ -1,4 +1,4 @@
-"""Prometheus series of the trainer (rank 0), read from the service's state at scrape time."""
+"""Prometheus series of the trainer (rank 0), read from the trainer's state at scrape time."""
 
 from __future__ import annotations
 
@@ -10,18 +10,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from relayrl.trainer.service import TrainerService
+    from relayrl.trainer.runtime import Trainer
 
 
 class _TrainerCollector(Collector):
-    def __init__(self, service: TrainerService) -> None:
-        self._service = service
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
 
     def collect(self) -> Iterator[Metric]:
-        s = self._service
+        t = self._trainer
+        s, publication = t.progress, t.publication
         yield GaugeMetricFamily("relayrl_trainer_step", "Optimizer steps done.", value=s.step)
         yield GaugeMetricFamily("relayrl_trainer_weight_version", "Weight version of the trainer's latest "
-                                "publication.", value=s.weight_version)
+                                "publication.", value=publication.weight_version)
         yield CounterMetricFamily("relayrl_trainer_episodes_trained", "Episodes trained on.",
                                   value=s.episodes_trained)
         yield CounterMetricFamily("relayrl_trainer_episodes_dropped_stale", "Episodes dropped beyond the staleness "
@@ -33,7 +34,7 @@ class _TrainerCollector(Collector):
         yield CounterMetricFamily("relayrl_trainer_groups_dropped_reward_error", "Groups dropped because every "
                                   "episode's scoring failed.", value=s.groups_dropped_reward_error)
         yield GaugeMetricFamily("relayrl_trainer_last_checkpoint_step", "Step of the newest durable checkpoint.",
-                                value=s.last_checkpoint_step)
+                                value=t.checkpoints.last_step)
         lag, pending = s.queue_depth
         if lag is not None:
             yield GaugeMetricFamily("relayrl_trainer_queue_lag", "Stream entries not yet delivered to the trainer's "
@@ -49,8 +50,8 @@ class _TrainerCollector(Collector):
         yield HistogramMetricFamily("relayrl_trainer_sample_staleness_steps", "Staleness of trained samples in "
                                     "optimizer steps.", buckets=buckets,
                                     sum_value=float(sum(lag * c for lag, c in counts)))
-        push = s.last_push
-        if push is not None:
+        push = publication.last_push
+        if push is not None and push.probe_max_diff is not None:
             yield GaugeMetricFamily("relayrl_trainer_weight_sync_seconds", "Duration of the last weight publication "
                                     "(snapshot, transfer, swap, probe).", value=push.seconds)
             yield GaugeMetricFamily("relayrl_trainer_weight_sync_bytes", "Bytes of the last weight publication.",
@@ -59,7 +60,7 @@ class _TrainerCollector(Collector):
                                     "trainer and inference on the last probe.", value=push.probe_max_diff)
 
 
-def trainer_metrics(service: TrainerService) -> CollectorRegistry:
+def trainer_metrics(trainer: Trainer) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(_TrainerCollector(service))
+    registry.register(_TrainerCollector(trainer))
     return registry

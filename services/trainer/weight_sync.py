@@ -1,14 +1,13 @@
-"""Publishing weights to inference: two transports behind one interface, and probe verification.
+"""Publishing weights to inference through a :class:`~relayrl.trainer.transports.Transport`, verified by the probe.
 
-- ``grpc_stream``: the tensors' bytes in chunks on the UpdateWeights client stream (relayrl.common.weights),
-  then a manifest (version, count, bytes, SHA-256, probe).
-- ``shared_path``: a safetensors file written atomically under ``<output_dir>/weights`` and a manifest naming it
-  (with the same checksum); inference reads the file itself. For machines that share the output root (the
-  local stack, one node); no ReadWriteMany volume is assumed anywhere else. The two newest files are kept.
+Inference validates the whole update before an atomic swap, then returns the logprobs of the probe batch under
+the new weights; :class:`WeightPublisher` compares them with the logprobs of the very snapshot it sent and raises
+:class:`WeightVerificationError` when they differ by more than the dtype's tolerance.
 
-Either way inference validates the whole update before an atomic swap, then returns the logprobs of the probe
-batch under the new weights; :class:`WeightPublisher` compares them with the logprobs of the very snapshot it
-sent and raises :class:`WeightVerificationError` when they differ by more than the dtype's tolerance.
+The push goes through the typed client (``InferenceClient.update_weights``): a push that timed out or met
+UNAVAILABLE may have landed, so the client asks the served version before retrying. A landed push whose answer
+(and so its probe logprobs) was lost comes back unverified (``PushResult.verified`` false): the caller verifies
+the same snapshot by pushing it again as a fresh version (inference refuses a version it already serves).
 """
 
 from __future__ import annotations
@@ -16,23 +15,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 import torch
 from torch.func import functional_call
 
-from relayrl.common.grpc_utils import insecure_channel
-from relayrl.common.pb import inference_pb2_grpc
-from relayrl.common.pb.inference_pb2 import UpdateWeightsResponse, WeightUpdateMessage
+from relayrl.client import InferenceClient
 from relayrl.common.probe import compare_probe, probe_logprobs, probe_sequences
-from relayrl.common.weights import iter_update_messages, manifest, write_shared
-from relayrl.config.trainer import WeightTransport
+from relayrl.trainer.transports import Transport
 
 log = logging.getLogger(__name__)
+
+PUSH_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,11 @@ class PushResult:
     version: int
     bytes_sent: int
     seconds: float
-    probe_max_diff: float
+    probe_max_diff: float | None  # None: the push landed but its answer was lost (not verified yet)
+
+    @property
+    def verified(self) -> bool:
+        return self.probe_max_diff is not None
 
 
 class _Snapshot:
@@ -55,15 +56,12 @@ class _Snapshot:
 
 
 class WeightPublisher:
-    def __init__(self, model: Any, device: torch.device, target: str, transport: WeightTransport,
-                 weights_dir: Path, chunk_bytes: int, timeout_s: float, probe: list[list[int]],
-                 probe_tolerance: float | None) -> None:
+    def __init__(self, model: Any, device: torch.device, target: str, transport: Transport, timeout_s: float,
+                 probe: list[list[int]], probe_tolerance: float | None) -> None:
         self.model = model
         self.device = device
         self.target = target
         self.transport = transport
-        self.weights_dir = weights_dir
-        self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
         self.probe = probe
         self.probe_tolerance = probe_tolerance
@@ -89,44 +87,20 @@ class WeightPublisher:
 
     async def push(self, params: Mapping[str, torch.Tensor], version: int) -> PushResult:
         """Send ``params`` as ``version``; verify the served weights by the probe. Raises RuntimeError when the
-        push fails, WeightVerificationError when inference serves something else."""
+        push fails, WeightVerificationError when inference serves something else; an unverified result when
+        the push landed but its answer was lost."""
         t0 = time.perf_counter()
         expected = await asyncio.to_thread(self.expected_probe, params)
-        messages = await asyncio.to_thread(self._messages, params, version)
-        resp = await self._send(messages, version)
+        messages = await asyncio.to_thread(self.transport.prepare, params, version, self.probe)
+        async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5) as inference:
+            try:
+                resp = await inference.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
+            except grpc.aio.AioRpcError as exc:
+                raise RuntimeError(f"weight push of version {version} failed: "
+                                   f"{exc.code().name}: {exc.details()}") from exc
+        if resp is None:
+            log.warning("weight version %d landed but its answer was lost", version)
+            return PushResult(version, 0, time.perf_counter() - t0, None)
         diff = compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
-        if self.transport is WeightTransport.SHARED_PATH:
-            await asyncio.to_thread(self._prune, version)
+        await asyncio.to_thread(self.transport.after_success, version)
         return PushResult(version, int(resp.bytes_received), time.perf_counter() - t0, diff)
-
-    def _messages(self, params: Mapping[str, torch.Tensor], version: int) -> list[WeightUpdateMessage]:
-        if self.transport is WeightTransport.GRPC_STREAM:
-            return list(iter_update_messages(params, version, self.chunk_bytes, self.probe))
-        path = self.weights_dir / f"v{version:09d}.safetensors"
-        write_shared(params, path)
-        return [WeightUpdateMessage(manifest=manifest(params, version, self.probe, str(path.resolve())))]
-
-    def _prune(self, version: int, keep: int = 2) -> None:
-        files = sorted(self.weights_dir.glob("v*.safetensors"))
-        for old in files[:-keep]:
-            old.unlink(missing_ok=True)
-
-    async def _send(self, messages: list[WeightUpdateMessage], version: int) -> UpdateWeightsResponse:
-        async def gen() -> AsyncIterator[WeightUpdateMessage]:
-            for m in messages:
-                yield m
-
-        async with insecure_channel(self.target) as channel:
-            stub = inference_pb2_grpc.InferenceServiceStub(channel)
-            for attempt in range(1, 6):
-                try:
-                    resp: UpdateWeightsResponse = await stub.UpdateWeights(gen(), timeout=self.timeout_s)
-                    return resp
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
-                            or attempt == 5:
-                        raise RuntimeError(f"weight push of version {version} failed: "
-                                           f"{exc.code().name}: {exc.details()}") from exc
-                    log.warning("weight push attempt %d failed (%s); retrying", attempt, exc.code().name)
-                    await asyncio.sleep(0.5 * attempt)
-        raise AssertionError("unreachable")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import re
 from functools import cache
 from pathlib import Path
@@ -190,7 +191,7 @@ def test_configmap_config_loads_with_service_addresses_and_chart_owned_keys(name
         container = main_container(docs, svc)
         assert server.port in [p["containerPort"] for p in container["ports"]], svc
     assert cfg.output_dir == Path(values["trainer"]["persistence"]["mountPath"])
-    assert cfg.trainer.world_size == values["trainer"]["nodes"] * values["trainer"]["nprocPerNode"]
+    assert cfg.trainer.distributed.world_size == values["trainer"]["nodes"] * values["trainer"]["nprocPerNode"]
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -210,9 +211,26 @@ def test_http_apis_in_the_config_match_their_container_and_service_ports(name: s
 
 def test_small_floats_in_values_load_as_floats(tmp_path: Path) -> None:
     cfg = load_config(rendered("multinode-gpu"), tmp_path)
-    assert cfg.trainer.lr == pytest.approx(1e-6)
-    cfg = load_config(render({"config": {"trainer": {"lr": 1.0e-7, "weight_decay": 2.5e-12}}}), tmp_path)
-    assert cfg.trainer.lr == pytest.approx(1e-7) and cfg.trainer.weight_decay == pytest.approx(2.5e-12)
+    assert cfg.trainer.optimizer.lr == pytest.approx(1e-6)
+    cfg = load_config(render({"config": {"trainer": {"optimizer": {"lr": 1.0e-7, "weight_decay": 2.5e-12}}}}),
+                      tmp_path)
+    assert cfg.trainer.optimizer.lr == pytest.approx(1e-7)
+    assert cfg.trainer.optimizer.weight_decay == pytest.approx(2.5e-12)
+
+
+def test_values_with_the_former_flat_trainer_keys_still_load(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                             ) -> None:
+    flat = {"lr": 1.0e-7, "checkpoint_every": 7, "resume": "never", "weight_transport": "shared_path",
+            "collective_timeout_s": 30}
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config(render({"config": {"trainer": flat}}), tmp_path)
+
+    assert cfg.trainer.optimizer.lr == pytest.approx(1e-7)
+    assert (cfg.trainer.checkpoint.every, cfg.trainer.checkpoint.resume) == (7, "never")
+    assert cfg.trainer.publication.transport.value == "shared_path"
+    assert cfg.trainer.distributed.collective_timeout_s == 30
+    assert cfg.trainer.distributed.world_size == 1  # still the chart's
+    assert any("trainer.lr" in r.getMessage() and "trainer.optimizer.lr" in r.getMessage() for r in caplog.records)
 
 
 def test_stale_config_key_in_values_fails_the_project_loader(tmp_path: Path) -> None:
@@ -231,7 +249,7 @@ def test_redis_url_points_at_the_redis_service(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({"trainer": {"world_size": 3}}, "config.trainer.world_size is set by the chart"),
+    ({"trainer": {"world_size": 3}}, "config.trainer.distributed.world_size is set by the chart"),
     ({"inference": {"server": {"port": 9000}}}, "config.inference.server.port is set by the chart"),
     ({"redis": {"url": "redis://elsewhere:6379/0"}}, "config.redis.url is set by the chart"),
     ({"output_dir": "/elsewhere"}, "config.output_dir is set by the chart"),
@@ -275,7 +293,7 @@ def test_multinode_trainer_runs_torchrun_with_c10d_rendezvous_at_pod_zero(tmp_pa
     script = main_container(docs, "trainer")["args"][0]
     flags = dict(re.findall(r"--([a-z-]+)=(\S+)", script))
     assert int(flags["nnodes"]) == nodes == 2
-    assert cfg.trainer.world_size == nodes * int(flags["nproc-per-node"]) == 8
+    assert cfg.trainer.distributed.world_size == nodes * int(flags["nproc-per-node"]) == 8
     assert flags["rdzv-backend"] == "c10d"
     headless = service(docs, sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
@@ -294,7 +312,7 @@ def test_single_pod_trainer_runs_torchrun_standalone_for_several_ranks(tmp_path:
     assert container["command"] == ["python", "-m", "torch.distributed.run"]
     assert container["args"][:2] == ["--standalone", "--nproc-per-node=2"]
     assert container["args"][-5:] == ["-m", "relayrl.cli", "serve", "trainer", CONFIG_PATH]
-    assert load_config(docs, tmp_path).trainer.world_size == 2
+    assert load_config(docs, tmp_path).trainer.distributed.world_size == 2
     assert workload(docs, "trainer")["spec"]["replicas"] == 1
 
 

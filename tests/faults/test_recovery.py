@@ -23,7 +23,7 @@ from tests.conftest import REPO, RedisServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-BASE = ["--set", "trainer.checkpoint_every=5", "--set", "rollout.max_new_tokens=2"]
+BASE = ["--set", "trainer.checkpoint.every=5", "--set", "rollout.max_new_tokens=2"]
 
 
 def _start(out: Path, model: Path, steps: int, *extra: str) -> subprocess.Popen[str]:
@@ -154,7 +154,7 @@ def test_rollout_killed_mid_run_neither_skips_nor_repeats_prompts(tmp_path: Path
 def test_n_steps_then_resume_for_n_more_consumes_the_same_prompts_as_2n_straight(
         tmp_path: Path, demo_model: Path) -> None:
     # on-policy (max_staleness 0): exactly one step of groups is admitted at a time, so the prompt order is fixed
-    sync = ["--set", "rollout.max_staleness=0", "--set", "trainer.checkpoint_every=10"]
+    sync = ["--set", "rollout.max_staleness=0", "--set", "trainer.checkpoint.every=10"]
     straight = tmp_path / "straight"
     proc = _start(straight, demo_model, 20, *sync)
     _finish(proc)
@@ -190,8 +190,8 @@ def test_killing_one_of_two_ranks_stops_the_run_with_a_clear_error_within_the_ti
         tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "run"
     timeout_s = 20
-    proc = _start(out, demo_model, 10_000, "--set", "trainer.world_size=2",
-                  "--set", f"trainer.collective_timeout_s={timeout_s}")
+    proc = _start(out, demo_model, 10_000, "--set", "trainer.distributed.world_size=2",
+                  "--set", f"trainer.distributed.collective_timeout_s={timeout_s}")
     _wait_for_step(out, 3, proc)
 
     os.kill(_rank_pid(f"serve trainer {out}", 1), signal.SIGKILL)

@@ -25,7 +25,8 @@ from relayrl.rollout.producer import RolloutClients, RolloutProducer
 from relayrl.rollout.server import create_rollout_server
 from relayrl.status import Target, collect, render
 from relayrl.tasks.arithmetic import reward
-from relayrl.trainer.service import TrainerService, create_trainer_server
+from relayrl.trainer.runtime import Trainer
+from relayrl.trainer.server import create_trainer_server
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server, reward_server
 from tests.integration.test_rollout_trainer import _config
@@ -48,12 +49,12 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", TOKEN)
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.total_steps=500",
-                  "trainer.checkpoint_every=0", "rollout.max_concurrent_groups=2")
+                  "trainer.checkpoint.every=0", "rollout.max_concurrent_groups=2")
     http = HttpConfig(host="127.0.0.1", port=0)
 
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (inf_target, _), reward_server(reward) as (rew_target, _):
-            trainer = TrainerService(replace(cfg, inference=replace(
+            trainer = Trainer(replace(cfg, inference=replace(
                 cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
             t_handle, t_servicer = create_trainer_server(trainer)
             t_http = HttpServer(t_servicer.http_app(), http, "trainer")
@@ -72,7 +73,7 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
                 stop = asyncio.Event()
                 tasks = [asyncio.create_task(trainer.train()), asyncio.create_task(worker.run(stop))]
                 try:
-                    await _until(lambda: trainer.step >= 2)
+                    await _until(lambda: trainer.progress.step >= 2)
                     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{r_http.port}", timeout=10) as rest:
                         # pause over REST: refused without the token, then granted
                         assert (await rest.post("/pause")).status_code == 401
@@ -97,10 +98,10 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
                     # a checkpoint on request, though checkpoint_every is 0
                     async with TrainerClient(trainer_target, token=TOKEN) as client:
                         reply = await client.request_checkpoint("test")
-                        await _until(lambda: trainer.last_checkpoint_step >= reply.after_step)
+                        await _until(lambda: trainer.checkpoints.last_step >= reply.after_step)
                         status = await client.status()
                     assert status.last_checkpoint_step >= reply.after_step and not status.checkpoint_pending
-                    assert (cfg.checkpoint_dir / f"step_{trainer.last_checkpoint_step:06d}" / "model").is_dir()
+                    assert (cfg.checkpoint_dir / f"step_{trainer.checkpoints.last_step:06d}" / "model").is_dir()
                     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{t_http.port}", timeout=10) as rest:
                         assert "relayrl_trainer_step" in (await rest.get("/metrics")).text
                         assert (await rest.post("/checkpoint")).status_code == 401

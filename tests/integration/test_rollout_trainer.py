@@ -18,7 +18,8 @@ from relayrl.common.metrics_row import SftRow, parse_row
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
 from relayrl.rollout.producer import RolloutClients, RolloutProducer
-from relayrl.trainer.service import TrainerService, create_trainer_server
+from relayrl.trainer.runtime import Trainer
+from relayrl.trainer.server import create_trainer_server
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server, reward_server
 
@@ -32,7 +33,7 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
     return load_run_config(None, [
         f"model.path={model}", f"rollout.dataset={data}", f"redis.url={redis_url}", f"output_dir={tmp}",
         "trainer.total_steps=4", "trainer.groups_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
-        "trainer.server.port=0", "trainer.checkpoint_every=2", "trainer.linger_s=0", "trainer.sft_batch_size=8",
+        "trainer.server.port=0", "trainer.checkpoint.every=2", "trainer.linger_s=0", "trainer.sft.batch_size=8",
         *overrides,
     ])
 
@@ -40,7 +41,7 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
 async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmetic") -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
-        trainer = TrainerService(replace(cfg, inference=replace(
+        trainer = Trainer(replace(cfg, inference=replace(
             cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
         handle, _ = create_trainer_server(trainer)
         await handle.start()
@@ -69,11 +70,11 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
     events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
     events.Reload()
     tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    return {"produced": producer.groups_produced, "trained": trainer.groups_trained,
+    return {"produced": producer.groups_produced, "trained": trainer.progress.groups_trained,
             "tensorboard": tensorboard,
-            "dropped": trainer.groups_dropped_stale, "pending": info.pending + info.lag,
-            "dropped_reward_error": trainer.groups_dropped_reward_error,
-            "episodes_dropped_reward_error": trainer.episodes_dropped_reward_error,
+            "dropped": trainer.progress.groups_dropped_stale, "pending": info.pending + info.lag,
+            "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
+            "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,
             "episodes_reward_errors": producer.episodes_reward_errors,
             "length": info.length, "inference_version": inf.engine.version,
             "rows": [r for r in rows if r.get("phase") != "sft"],
@@ -85,7 +86,7 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
         tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
         max_staleness: int, sft_steps: int) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                  f"rollout.max_staleness={max_staleness}", f"trainer.sft_warmup_steps={sft_steps}")
+                  f"rollout.max_staleness={max_staleness}", f"trainer.sft.warmup_steps={sft_steps}")
 
     out = asyncio.run(_run(cfg, tiny_model_dir))
 
@@ -142,7 +143,7 @@ def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups
 
 def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
         tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
-    from relayrl.trainer.service import RewardErrorStop
+    from relayrl.trainer.groups import RewardErrorStop
 
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.on_reward_error=fail")
 
@@ -153,7 +154,7 @@ def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
 def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
         tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
     first = asyncio.run(_run(_config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url,
-                                     "trainer.keep_checkpoints=5"), tiny_model_dir))
+                                     "trainer.checkpoint.keep=5"), tiny_model_dir))
     older = tmp_path / "a" / "checkpoints" / "step_000002" / "model"  # older than the last published version
 
     second = asyncio.run(_run(_config(tmp_path / "b", older, dataset_path, redis_server.url,
@@ -162,6 +163,53 @@ def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
     published_before = max(r["weight_version"] for r in first["rows"])
     assert min(r["weight_version"] for r in second["rows"]) > published_before
     assert second["inference_version"] > published_before
+
+
+def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publication(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inference applies the first update but answers past the trainer's deadline: the push landed, so the
+    publication succeeds (verified by the same weights pushed again as a fresh version), never a stale-version
+    stop."""
+    from relayrl.common.weights import model_tensors
+    from relayrl.inference.server import InferenceServicer
+    from tests.conftest import free_port
+
+    applied: list[int] = []
+    update = InferenceServicer.UpdateWeights
+
+    async def late(self: InferenceServicer, request_iterator: Any, context: Any) -> Any:
+        response = await update(self, request_iterator, context)
+        applied.append(response.version)
+        if len(applied) == 1:
+            await asyncio.sleep(4)  # swapped already; the answer comes after the deadline
+        return response
+
+    monkeypatch.setattr(InferenceServicer, "UpdateWeights", late)
+    port = free_port()
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, f"inference.server.port={port}",
+                  "trainer.publication.push_timeout_s=2")
+
+    async def go() -> tuple[int, int, bool, Any]:
+        trainer = Trainer(cfg)
+        try:
+            async with inference_server(tiny_model_dir, port=port) as (_, inference):
+                await trainer.stream.ensure_group()
+                with torch.no_grad():
+                    for p in trainer.model.parameters():
+                        p.add_(0.01)  # the trainer's weights differ from the model on disk
+                version = await trainer.publish(0)
+                same = all(torch.equal(v, model_tensors(trainer.model)[k])
+                           for k, v in model_tensors(inference.engine.model).items())
+                return version, inference.engine.version, same, trainer.publication.last_push
+        finally:
+            await trainer.close()
+
+    version, served, same, push = asyncio.run(go())
+
+    assert served == version and same
+    assert applied == [version - 1, version]  # the landed push, then the same weights again for the probe
+    assert push.version == version and push.verified and push.probe_max_diff <= 1e-3
 
 
 def test_restarted_inference_gets_the_trainers_current_weights_again(
@@ -174,7 +222,7 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
                   f"inference.server.port={port}")
 
     async def go() -> tuple[int, int, bool]:
-        trainer = TrainerService(cfg)
+        trainer = Trainer(cfg)
         async with inference_server(tiny_model_dir, port=port):
             await trainer.stream.ensure_group()
             with torch.no_grad():
@@ -192,7 +240,7 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
                        for k, v in model_tensors(restarted.engine.model).items())
             served = restarted.engine.version
         await trainer.close()
-        return served, trainer.weight_version, same
+        return served, trainer.publication.weight_version, same
 
     served, trainer_version, same = asyncio.run(go())
 
@@ -233,12 +281,12 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
     assert failures and all(r["episode_id"] in group_of for r in failures)
     # the trainer trains groups by the same ids, with the same episodes (errored ones kept in the group, out of
     # the loss)
-    trained = where("relayrl.trainer.service", "trained group")
+    trained = where("relayrl.trainer.loop", "trained group")
     assert trained
     for r in trained:
         assert r["message"].split("episodes: ")[1].rstrip(")").split(", ") == episodes_of[r["group_id"]]
     # weight versions: every swap in inference and every trainer step line carries the version it names
     swaps = where("relayrl.inference.native", "weights swapped to version")
     assert len(swaps) == 5 and all(r["message"].endswith(f" {r['weight_version']}") for r in swaps)
-    steps = where("relayrl.trainer.service", "step ")
+    steps = where("relayrl.trainer.loop", "step ")
     assert [r["weight_version"] for r in steps] == [int(r["message"].split()[3]) for r in steps] != []

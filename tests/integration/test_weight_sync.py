@@ -17,6 +17,7 @@ from relayrl.common.probe import WeightVerificationError
 from relayrl.common.weights import manifest, write_shared
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import WeightTransport
+from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
 from tests.integration.helpers import inference_server
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.integration
 def _publisher(model_dir: Path, target: str, transport: WeightTransport, weights_dir: Path) -> WeightPublisher:
     model = load_model(ModelConfig(path=model_dir))
     probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), sequences=4, tokens=24, seed=0)
-    return WeightPublisher(model, torch.device("cpu"), target, transport, weights_dir, chunk_bytes=16384,
+    return WeightPublisher(model, torch.device("cpu"), target, make_transport(transport, 16384, weights_dir),
                            timeout_s=30, probe=probe, probe_tolerance=None)
 
 

@@ -20,9 +20,9 @@ def test_defaults_load_and_validate() -> None:
 
 
 def test_override_parses_yaml_scalars_into_typed_fields() -> None:
-    cfg = load_run_config(None, ["trainer.lr=0.01", "rollout.max_staleness=0", 'rollout.stop=["\\n", "##"]'])
+    cfg = load_run_config(None, ["trainer.optimizer.lr=0.01", "rollout.max_staleness=0", 'rollout.stop=["\\n", "##"]'])
 
-    assert cfg.trainer.lr == 0.01
+    assert cfg.trainer.optimizer.lr == 0.01
     assert cfg.rollout.max_staleness == 0
     assert cfg.rollout.stop == ["\n", "##"]
 
@@ -31,10 +31,10 @@ def test_override_parses_yaml_scalars_into_typed_fields() -> None:
     ("override", "field", "rule"),
     [
         ("rollout.max_staleness=-1", "rollout.max_staleness", ">= 0"),
-        ("trainer.lr=fast", "trainer.lr", "must be a number"),
+        ("trainer.optimizer.lr=fast", "trainer.optimizer.lr", "must be a number"),
         ("trainer.total_steps=1.5", "trainer.total_steps", "must be an integer"),
         ("model.dtype=float64", "model.dtype", "one of"),
-        ("trainer.advantage=ppo", "trainer.advantage", "one of 'grpo'"),
+        ("trainer.loss.advantage=ppo", "trainer.loss.advantage", "one of 'grpo'"),
         ("trainer.lrr=0.1", "trainer.lrr", "unknown field"),
         ("rollout.max_new_tokens=100000", "rollout.max_new_tokens", "max_new_tokens_limit"),
         ("redis.url=http://x", "redis.url", "redis://"),
@@ -90,6 +90,6 @@ def test_cli_missing_dataset_exits_2_naming_the_field(tmp_path: Path, tiny_model
 
 def test_tis_without_a_cap_is_rejected() -> None:
     with pytest.raises(ConfigError) as info:
-        load_run_config(None, ["trainer.off_policy=tis", "trainer.importance_cap=0"])
+        load_run_config(None, ["trainer.loss.off_policy=tis", "trainer.loss.importance_cap=0"])
 
-    assert info.value.field == "trainer.importance_cap"
+    assert info.value.field == "trainer.loss.importance_cap"

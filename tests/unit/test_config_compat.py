@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import subprocess
 import sys
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import yaml
 
 from relayrl.common.config import ConfigError, from_dict
 from relayrl.common.config_schema import incompatible_changes
@@ -58,7 +61,7 @@ def test_config_from_an_older_schema_is_migrated(monkeypatch: pytest.MonkeyPatch
 
     cfg = load_run_config(None, [f"schema_version={SCHEMA_VERSION}", "trainer.learning_rate=0.25"])
 
-    assert cfg.trainer.lr == 0.25 and cfg.schema_version == SCHEMA_VERSION + 1
+    assert cfg.trainer.optimizer.lr == 0.25 and cfg.schema_version == SCHEMA_VERSION + 1
 
 
 OLD = {
@@ -110,3 +113,89 @@ def test_deprecated_reward_max_workers_still_sets_the_worker_count(caplog: pytes
 
     assert cfg.reward.workers == 3
     assert any("reward.max_workers" in r.getMessage() and "use workers" in r.getMessage() for r in caplog.records)
+
+
+# -- trainer keys that moved into sections (schema 1's flat spelling keeps loading) ----------------------------
+
+def _flat_trainer(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every moved trainer field written in its former flat spelling."""
+    from relayrl.config.trainer import TrainerConfig
+
+    trainer = copy.deepcopy(data.get("trainer", {}))
+    for old, new in TrainerConfig.MOVED_FIELDS.items():
+        section, leaf = new.split(".")
+        if leaf in trainer.get(section, {}):
+            trainer[old] = trainer[section].pop(leaf)
+    for section in [k for k, v in trainer.items() if v == {}]:
+        del trainer[section]
+    return {**data, "trainer": trainer}
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_committed_config_in_the_former_flat_spelling_loads_the_same(path: Path, tmp_path: Path) -> None:
+    data = yaml.safe_load(path.read_text())
+    flat = _flat_trainer(data)
+    assert flat != data or "trainer" not in data  # the examples do set moved keys
+    old = tmp_path / path.name
+    old.write_text(yaml.safe_dump(flat))
+
+    assert load_run_config(old) == load_run_config(path)
+
+
+def test_a_flat_trainer_key_loads_onto_its_section_with_a_warning_naming_the_new_key(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text("trainer:\n  lr: 0.25\n  checkpoint_every: 3\n  weight_transport: shared_path\n")
+
+    with caplog.at_level(logging.WARNING):
+        cfg = load_run_config(path, ["trainer.keep_checkpoints=4"])
+
+    assert cfg.trainer.optimizer.lr == 0.25 and cfg.trainer.checkpoint.every == 3
+    assert cfg.trainer.checkpoint.keep == 4 and cfg.trainer.publication.transport.value == "shared_path"
+    messages = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    for old, new in (("trainer.lr", "trainer.optimizer.lr"), ("trainer.checkpoint_every", "trainer.checkpoint.every"),
+                     ("trainer.keep_checkpoints", "trainer.checkpoint.keep")):
+        assert any(old in m and new in m for m in messages), (old, messages)
+
+
+def test_setting_a_flat_trainer_key_and_its_new_key_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "both.yaml"
+    path.write_text("trainer:\n  lr: 0.25\n  optimizer:\n    lr: 0.5\n")
+
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path)
+
+    assert info.value.field == "trainer.lr" and "trainer.optimizer.lr" in info.value.rule
+
+
+def test_an_override_replaces_the_field_whichever_spelling_the_file_used(tmp_path: Path) -> None:
+    flat, nested = tmp_path / "flat.yaml", tmp_path / "nested.yaml"
+    flat.write_text("trainer:\n  checkpoint_every: 3\n")
+    nested.write_text("trainer:\n  checkpoint:\n    every: 3\n")
+
+    assert load_run_config(flat, ["trainer.checkpoint.every=5"]).trainer.checkpoint.every == 5
+    assert load_run_config(nested, ["trainer.checkpoint_every=5"]).trainer.checkpoint.every == 5
+
+
+def test_moved_keys_are_in_the_schema_and_moving_a_key_is_compatible() -> None:
+    from relayrl.common.config_schema import schema
+    from relayrl.config import RunConfig
+
+    fields = schema(RunConfig)
+    assert fields["trainer.lr"]["moved_to"] == "trainer.optimizer.lr"
+    assert fields["trainer.lr"]["type"] == fields["trainer.optimizer.lr"]["type"]
+    old = {"t.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0}}
+    moved = {"t.opt.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0},
+             "t.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0, "moved_to": "t.opt.lr"}}
+    assert incompatible_changes(old, moved) == []
+    assert incompatible_changes(old, {"t.lr": moved["t.lr"]}) == ["t.lr: moved to t.opt.lr, which does not exist"]
+    assert incompatible_changes(old, {"t.opt.lr": moved["t.opt.lr"]}) == ["t.lr: removed"]
+
+
+def test_the_schema_snapshot_before_the_trainer_sections_is_compatible_with_the_code() -> None:
+    from relayrl.common.config_schema import schema
+    from relayrl.config import RunConfig
+
+    before = json.loads((REPO / "tests" / "unit" / "data" / "config-schema-flat-trainer.json").read_text())["fields"]
+
+    assert incompatible_changes(before, schema(RunConfig)) == []

@@ -10,7 +10,7 @@ import torch
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import OffPolicyCorrection, TrainerConfig
+from relayrl.config.trainer import LossConfig, OffPolicyCorrection, OptimizerConfig, TrainerConfig
 from relayrl.trainer.learner import Learner, pack
 from relayrl.trainer.loss import token_logprobs
 
@@ -36,8 +36,8 @@ def _update(model_dir: Path, correction: OffPolicyCorrection, shift: float) -> d
     torch.manual_seed(0)
     model = load_model(ModelConfig(path=model_dir))
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    learner = Learner(model, TrainerConfig(off_policy=correction, lr=1e-2, grad_clip=0.0), 0, torch.device("cpu"),
-                      max_completion_tokens=3)
+    cfg = TrainerConfig(loss=LossConfig(off_policy=correction), optimizer=OptimizerConfig(lr=1e-2, grad_clip=0.0))
+    learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=3)
     stats = learner.rl_step(_episodes(model, shift))
     assert stats.tokens == 10
     return {k: v.detach() - before[k] for k, v in model.named_parameters()}

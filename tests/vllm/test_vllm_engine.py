@@ -21,6 +21,7 @@ from relayrl.config.trainer import WeightTransport
 from relayrl.inference.engine import GenerationInput, generate
 from relayrl.inference.server import create_inference_server
 from relayrl.inference.serving import InferenceService
+from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
 
 pytestmark = pytest.mark.vllm
@@ -116,8 +117,8 @@ def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(
         try:
             trainer_model = _perturbed(model_dir, 3)
             probe = WeightPublisher.default_probe(trainer_model, load_tokenizer(model_dir), 4, 24, seed=0)
-            pub = WeightPublisher(trainer_model, torch.device("cpu"), target, WeightTransport.GRPC_STREAM,
-                                  model_dir, 1 << 16, 60, probe, None)
+            pub = WeightPublisher(trainer_model, torch.device("cpu"), target,
+                                  make_transport(WeightTransport.GRPC_STREAM, 1 << 16, model_dir), 60, probe, None)
             result = await pub.push(pub.snapshot(), engine.version + 1)
             async with insecure_channel(target) as ch:
                 stub = pb_grpc.InferenceServiceStub(ch)

@@ -102,8 +102,9 @@ message instead of pods crash-looping on a config error.
 {{- end }}
 {{- end }}
 {{- $world := int (include "relayrl.worldSize" .) }}
-{{- if hasKey (default dict $cfg.trainer) "world_size" }}
-{{- fail (printf "config.trainer.world_size is set by the chart to trainer.nodes x trainer.nprocPerNode (%d); remove it" $world) }}
+{{- $trainerCfg := default dict $cfg.trainer }}
+{{- if or (hasKey $trainerCfg "world_size") (hasKey (default dict $trainerCfg.distributed) "world_size") }}
+{{- fail (printf "config.trainer.distributed.world_size is set by the chart to trainer.nodes x trainer.nprocPerNode (%d); remove it" $world) }}
 {{- end }}
 {{- $groups := int (dig "trainer" "groups_per_step" 8 $cfg) }}
 {{- if mod $groups $world }}
@@ -160,7 +161,16 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- end }}
 {{- $_ := set $cfg $svc $section }}
 {{- end }}
-{{- $_ := set $cfg.trainer "world_size" (int (include "relayrl.worldSize" .)) }}
+{{- /* values written for the flat trainer keys of schema 1 keep working: such a key replaces the nested default
+       of this chart's values.yaml (the loader moves it to its new place, with a warning naming that) */}}
+{{- range $old, $new := dict "lr" (list "optimizer" "lr") "checkpoint_every" (list "checkpoint" "every") "resume" (list "checkpoint" "resume") }}
+{{- if and (hasKey $cfg.trainer $old) (hasKey $cfg.trainer (first $new)) }}
+{{- $_ := unset (index $cfg.trainer (first $new)) (last $new) }}
+{{- end }}
+{{- end }}
+{{- $distributed := default dict $cfg.trainer.distributed }}
+{{- $_ := set $distributed "world_size" (int (include "relayrl.worldSize" .)) }}
+{{- $_ := set $cfg.trainer "distributed" $distributed }}
 {{- regexReplaceAll "(?m)^(\\s*[A-Za-z0-9_]+: |\\s*- )(-?[0-9]+)e([-+][0-9]+)$" (toYaml $cfg) "${1}${2}.0e${3}" }}
 {{- end }}
 

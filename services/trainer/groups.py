@@ -1,0 +1,163 @@
+"""Reading this rank's groups from the stream, and dropping (and counting) those that cannot be trained.
+
+Staleness of a sample (one definition, used for filtering and metrics): the number of optimizer steps between
+the weights the trainer computes the gradient with (its latest published version) and the weights that
+produced the sample's oldest token, counted along the version lineage (relayrl.common.versions) so that it
+stays right across a resume. Groups with a sample beyond ``rollout.max_staleness`` are dropped, recorded in
+Redis and counted (``groups_dropped_stale``, ``episodes_dropped_stale``); nothing is dropped silently.
+
+Reward errors (an episode whose reward status is ERROR or TIMEOUT: its verifier failed, so its reward means
+nothing): with ``trainer.on_reward_error: drop`` such episodes are excluded from the loss and counted
+(``episodes_dropped_reward_error``). The rest of their group is trained as a smaller group: advantages are
+computed over its valid episodes only, since a failed score is no evidence about the sample. A group with no
+valid episode is dropped like a stale one, recorded in Redis and counted (``groups_dropped_reward_error``).
+With ``fail`` the trainer stops with an error naming the episode, before training its group. Groups produced =
+trained + dropped as stale + dropped for reward errors + pending.
+
+Ranks: every rank reads its own share of groups as the stable Redis consumer ``<consumer>-rank<r>``
+(groups_per_step / world_size groups per step); pending entries of consumers that no longer exist (a larger
+earlier world size) are claimed by rank 0 (:func:`consumer_name`, :func:`live_consumers`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from relayrl.common.logging import log_context
+from relayrl.common.pb import reward_pb2
+from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.common.redis_keys import trainer_consumer
+from relayrl.common.retry import redis_retry
+from relayrl.common.stream import EpisodeStream, StreamEntry
+from relayrl.config.trainer import RewardErrorPolicy
+
+log = logging.getLogger(__name__)
+
+
+def consumer_name(prefix: str, rank: int) -> str:
+    """The stable Redis consumer of ``rank``: the same name across restarts, so its pending entries come back."""
+    return trainer_consumer(prefix, rank)
+
+
+def live_consumers(prefix: str, world_size: int) -> set[str]:
+    return {consumer_name(prefix, r) for r in range(world_size)}
+
+
+def groups_per_rank(groups_per_step: int, world_size: int) -> int:
+    """Each rank's share of a step's groups (the config guarantees divisibility)."""
+    return groups_per_step // world_size
+
+
+def oldest_version(entry: StreamEntry) -> int:
+    return min(min(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
+
+
+def reward_failed(ep: Episode) -> bool:
+    """Whether scoring this episode failed. UNSPECIFIED (written before the field existed) reads as OK."""
+    return ep.reward_status not in (reward_pb2.SCORE_STATUS_UNSPECIFIED, reward_pb2.SCORE_STATUS_OK)
+
+
+class RewardErrorStop(RuntimeError):
+    """An episode's scoring failed and ``trainer.on_reward_error`` is ``fail``."""
+
+
+StalenessFn = Callable[[int], Awaitable[int]]  # token version -> optimizer steps behind the current weights
+
+
+class GroupCollector:
+    """Reads this rank's groups: pending ones first, skipping groups a checkpoint already holds, then new
+    ones; drops (and counts) groups beyond the staleness bound."""
+
+    def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
+                 already_done: set[str], retry_s: float = 60.0,
+                 on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP) -> None:
+        self.retry_s = retry_s
+        self.on_reward_error = on_reward_error
+        self.seen: set[str] = set()  # group ids this incarnation took (ready, trained or dropped)
+        self.stream = stream
+        self.consumer = consumer
+        self.max_staleness = max_staleness
+        self.block_ms = block_ms
+        self.already_done = already_done  # group ids whose effect the restored checkpoint holds
+        self._ready: list[StreamEntry] = []
+        self._pending_after: str | None = "0"  # page through our own pending entries first, then new ones
+        self.consumed_ids: list[str] = []  # groups trained or dropped since the last checkpoint
+        self.unacked: list[str] = []  # their stream entry ids (acknowledged after the next checkpoint)
+        self.done_on_resume: list[str] = []  # entry ids of groups the restored checkpoint holds
+
+    async def collect(self, num_groups: int, staleness: StalenessFn) -> list[StreamEntry]:
+        while True:
+            await self._drop_failed()
+            await self._drop_stale(staleness)
+            if len(self._ready) >= num_groups:
+                taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
+                return taken
+            # read only the shortfall: a rank that took more than its share could starve the others
+            count, after = num_groups - len(self._ready), self._pending_after
+            entries = await redis_retry(
+                lambda c=count, a=after: self.stream.read(self.consumer, count=c, block_ms=self.block_ms,  # type: ignore[misc]
+                                                          pending_after=a),
+                "read", self.retry_s, on_reconnect=self._rescan)
+            if self._pending_after is not None and after == self._pending_after:
+                self._pending_after = entries[-1].entry_id if entries else None
+            waiting = {e.group.group_id for e in self._ready}
+            for entry in entries:
+                gid = entry.group.group_id
+                if gid in waiting:
+                    continue  # seen again by a rescan, still waiting to be trained
+                if gid in self.already_done:
+                    self.done_on_resume.append(entry.entry_id)  # its effect is in the checkpoint: no retraining
+                elif gid in self.seen:
+                    # trained or dropped already, delivered again (Redis lost a delivery or an ack in a crash):
+                    # never train twice; acknowledge it with the next checkpoint
+                    self.unacked.append(entry.entry_id)
+                else:
+                    self.seen.add(gid)
+                    self._ready.append(entry)
+
+    def _rescan(self) -> None:
+        """After a Redis outage, page through our pending entries again: acks or deliveries may be lost."""
+        self._pending_after = "0"
+
+    async def _drop_failed(self) -> None:
+        """Reward errors: stop (policy fail), or drop and count the groups with no valid episode (drop)."""
+        keep: list[StreamEntry] = []
+        for entry in self._ready:
+            failed = [ep for ep in entry.group.episodes if reward_failed(ep)]
+            if failed and self.on_reward_error is RewardErrorPolicy.FAIL:
+                ep = failed[0]
+                raise RewardErrorStop(
+                    f"episode {ep.episode_id} of group {entry.group.group_id} has reward status "
+                    f"{reward_pb2.ScoreStatus.Name(ep.reward_status)}: {ep.reward_error} "
+                    f"({len(failed)} of {len(entry.group.episodes)} failed; trainer.on_reward_error is fail)")
+            if failed and len(failed) == len(entry.group.episodes):
+                await redis_retry(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
+                    e.group.group_id, len(e.group.episodes), "reward_error"), "record drop", self.retry_s)
+                self.consumed(entry)
+                log.warning("dropped group %s: every episode failed scoring (%s)", entry.group.group_id,
+                            failed[0].reward_error)
+            else:
+                keep.append(entry)
+        self._ready = keep
+
+    async def _drop_stale(self, staleness: StalenessFn) -> None:
+        keep: list[StreamEntry] = []
+        for entry in self._ready:
+            lag = await staleness(oldest_version(entry))
+            if lag > self.max_staleness:
+                with log_context(group_id=entry.group.group_id):
+                    # recorded in Redis at once: rollout's admission releases it without waiting for a step
+                    await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id,
+                                                                                 len(e.group.episodes)),
+                                      "record drop", self.retry_s)
+                    self.consumed(entry)
+                    log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
+                                self.max_staleness)
+            else:
+                keep.append(entry)
+        self._ready = keep
+
+    def consumed(self, entry: StreamEntry) -> None:
+        self.consumed_ids.append(entry.group.group_id)
+        self.unacked.append(entry.entry_id)

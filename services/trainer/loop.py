@@ -1,0 +1,225 @@
+"""The training loop: collect this rank's groups, step, publish the new version, log, checkpoint.
+
+Ranks: gradients are all-reduced over the global batch (see Learner.rl_gradients), and rank 0 alone allocates
+and publishes each weight version and writes metrics (metrics.jsonl and the tracking backends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relayrl.common.dataset import load_jsonl
+from relayrl.common.logging import log_context
+from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
+from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.common.retry import redis_retry
+from relayrl.common.service import StatusHeader
+from relayrl.common.stream import EpisodeStream, StreamEntry
+from relayrl.common.tracking import Tracker
+from relayrl.config import RunConfig
+from relayrl.trainer.checkpoint_ack import CheckpointAck
+from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.groups import GroupCollector, groups_per_rank, live_consumers, reward_failed
+from relayrl.trainer.learner import Learner, StepStats
+from relayrl.trainer.progress import TrainerProgress
+from relayrl.trainer.publication import VersionPublication
+
+log = logging.getLogger(__name__)
+
+
+def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode], staleness: torch.Tensor,
+                   excluded: int = 0) -> dict[str, Any]:
+    """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors)."""
+    s = max_staleness
+    hist = torch.bincount(staleness.long().clamp(0, s + 1), minlength=s + 2).to(torch.float64)
+    rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float64)
+    lengths = sum(len(ep.completion_token_ids) for ep in episodes)
+    sums = torch.cat([torch.tensor([float(len(episodes)), float(rewards.sum()), float((rewards ** 2).sum()),
+                                    float(staleness.sum()), float(lengths), float(excluded)], dtype=torch.float64),
+                      hist])
+    coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
+    maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
+    coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
+    n = max(float(sums[0]), 1.0)
+    mean = float(sums[1]) / n
+    return {"episodes": int(sums[0]), "reward_mean": mean,
+            "reward_std": max(float(sums[2]) / n - mean * mean, 0.0) ** 0.5,
+            "staleness_mean": float(sums[3]) / n, "staleness_max": int(maxima[0]),
+            "completion_len_mean": float(sums[4]) / n, "reward_errors": int(sums[5]),
+            "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[6:].tolist()) if c}}
+
+
+class TrainingLoop:
+    def __init__(self, cfg: RunConfig, learner: Learner, tokenizer: Any, coll: Collectives, stream: EpisodeStream,
+                 collector: GroupCollector, publication: VersionPublication, checkpoints: CheckpointAck,
+                 progress: TrainerProgress, header: StatusHeader, tracker: Tracker | None,
+                 resumed_from: Path | None) -> None:
+        self.cfg = cfg
+        self.learner = learner
+        self.tokenizer = tokenizer
+        self.coll = coll
+        self.stream = stream
+        self.collector = collector
+        self.publication = publication
+        self.checkpoints = checkpoints
+        self.progress = progress
+        self.header = header
+        self.tracker = tracker  # rank 0 only
+        self.resumed_from = resumed_from
+        self.is_main = coll.rank == 0
+        self._t0 = time.monotonic()
+        self._last_step_t = self._t0
+        # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
+        self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
+        (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
+        self._trained_log = (cfg.output_dir / "trained" / f"rank{coll.rank}.jsonl").open("a")
+
+    async def publish(self, policy_step: int) -> int:
+        """Publish the current weights; every rank learns the version and whether to checkpoint after this step."""
+        version, self.checkpoints.now = await self.publication.publish(policy_step, self.checkpoints.requested)
+        return version
+
+    async def staleness(self, token_version: int) -> int:
+        return await self.publication.staleness(token_version)
+
+    async def train(self) -> None:
+        tc = self.cfg.trainer
+        await self.stream.ensure_group()
+        if self.is_main:
+            live = live_consumers(tc.stream.consumer, self.coll.world_size)
+            await self.stream.claim_from_gone_consumers(self.collector.consumer, live)
+        # identical starting weights on every rank, whatever each loaded
+        await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.learner.model.parameters()), 0,
+                                "initial_weights")
+        # The weights we start from get a fresh version too: inference and trainer agree on what is served,
+        # and a restarted trainer never reuses a version.
+        await self.publish(self.progress.step)
+        if tc.sft.warmup_steps > 0 and self.resumed_from is None:
+            await self.sft_warmup()
+        self.header.state = ServingState.SERVING_STATE_SERVING
+        while self.progress.step < tc.total_steps:
+            await self.train_step()
+            if self.checkpoints.due(self.progress.step, tc.total_steps):
+                await self.checkpoint_and_ack()
+        await self.checkpoint_and_ack()
+        self.progress.finished = True
+        self.header.state = ServingState.SERVING_STATE_STOPPED
+
+    async def train_step(self) -> None:
+        """One optimizer step over the global batch, then its publication, counters and metrics."""
+        tc, progress = self.cfg.trainer, self.progress
+        entries = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
+                                               self.staleness)
+        # errored episodes never reach the loss; their groups train on the valid ones (see relayrl.trainer.groups)
+        episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
+        excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
+        staleness = torch.tensor([await self.staleness(min(ep.token_weight_versions, default=0))
+                                  for ep in episodes], dtype=torch.float32)
+        t_step = time.monotonic()
+        stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes)
+        for entry in entries:
+            self.collector.consumed(entry)
+            with log_context(group_id=entry.group.group_id):
+                log.debug("trained group at step %d (%d episodes: %s)", progress.step + 1,
+                          len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
+        self._audit(entries)
+        await self.publish(progress.step + 1)
+        progress.step += 1
+        summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
+                                          staleness, excluded)
+        progress.episodes_trained += int(summary["episodes"])
+        progress.episodes_excluded_reward_error += int(summary["reward_errors"])
+        progress.groups_trained += tc.groups_per_step
+        if self.is_main:
+            await progress.refresh_drops(self.stream, self.cfg.redis.retry_s)
+        await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+
+    def _audit(self, entries: list[StreamEntry]) -> None:
+        self._trained_log.write(json.dumps({
+            "incarnation": self.incarnation, "step": self.progress.step + 1,
+            "resumed_from_step": int(self.resumed_from.name.split("_")[1]) if self.resumed_from else 0,
+            "groups": [[e.group.group_id, e.group.prompt_seq] for e in entries]}) + "\n")
+        self._trained_log.flush()
+
+    async def sft_warmup(self) -> None:
+        sft = self.cfg.trainer.sft
+        rows = load_jsonl(self.cfg.rollout.dataset)
+        eos = int(self.tokenizer.eos_token_id)
+        enc = [(self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"],
+                [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos]) for r in rows]
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.coll.rank)
+        per_rank = max(1, sft.batch_size // self.coll.world_size)
+        for i in range(1, sft.warmup_steps + 1):
+            idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
+            stats = await asyncio.to_thread(self.publication.locked, self.learner.sft_step,
+                                            [enc[j][0] for j in idx], [enc[j][1] for j in idx])
+            self._write_metrics(SftRow(sft_step=i, loss=stats.loss, grad_norm=stats.grad_norm,
+                                       time_s=time.monotonic() - self._t0), i)
+        log.info("supervised warm-up done (%d steps)", sft.warmup_steps)
+        await self.publish(self.progress.step)
+
+    async def checkpoint_and_ack(self) -> None:
+        await self.checkpoints.save_and_ack(self.progress.step, self.publication.weight_version,
+                                            self.progress.checkpoint_counters())
+
+    def _write_metrics(self, row: MetricsRow, step: int) -> None:
+        """Rank 0: one row to metrics.jsonl and the tracking backends, ``step`` as its x-axis."""
+        if self.tracker is not None:
+            self.tracker.log(row.to_json(), step)
+
+    async def _log_step(self, summary: dict[str, Any], episodes: list[Episode], stats: StepStats,
+                        step_s: float) -> None:
+        if not self.is_main:
+            return
+        p, last_push = self.progress, self.publication.last_push
+        now = time.monotonic()
+        queue_lag, queue_pending = await redis_retry(self.stream.queue_depth, "queue depth", self.cfg.redis.retry_s)
+        p.queue_depth = (queue_lag, queue_pending)
+        components: dict[str, list[float]] = {}
+        for ep in episodes:  # components of rank 0's share (names may differ between ranks)
+            for k, v in ep.reward_components.items():
+                components.setdefault(k, []).append(v)
+        row = RlRow(
+            step=p.step, weight_version=self.publication.weight_version,
+            reward_mean=summary["reward_mean"], reward_std=summary["reward_std"],
+            reward_components={k: sum(v) / len(v) for k, v in sorted(components.items())},
+            episodes=summary["episodes"], tokens=stats.tokens,
+            staleness_mean=summary["staleness_mean"], staleness_max=summary["staleness_max"],
+            staleness_hist=summary["staleness_hist"],
+            episodes_dropped_stale=p.episodes_dropped_stale,
+            groups_dropped_stale=p.groups_dropped_stale,
+            reward_errors=summary["reward_errors"],
+            episodes_dropped_reward_error=p.episodes_dropped_reward_error,
+            groups_dropped_reward_error=p.groups_dropped_reward_error,
+            episodes_trained=p.episodes_trained, groups_trained=p.groups_trained,
+            loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
+            ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,
+            importance_mean=stats.importance_mean, importance_max=stats.importance_max,
+            logprob_diff_mean=stats.logprob_diff_mean,
+            completion_len_mean=summary["completion_len_mean"],
+            episodes_per_s=summary["episodes"] / max(now - self._last_step_t, 1e-9),
+            step_time_s=step_s, time_s=now - self._t0, world_size=self.coll.world_size,
+            queue_lag=queue_lag, queue_pending=queue_pending,
+        )
+        if last_push is not None:
+            row.weight_sync_s, row.weight_sync_bytes = last_push.seconds, last_push.bytes_sent
+            row.probe_max_diff = last_push.probe_max_diff
+        self._last_step_t = now
+        for lag, count in summary["staleness_hist"].items():
+            p.staleness_counts[int(lag)] = p.staleness_counts.get(int(lag), 0) + count
+        self._write_metrics(row, p.step)
+        with log_context(weight_version=self.publication.weight_version):
+            log.info("step %d version %d reward %.3f staleness max %d loss %.4f", p.step,
+                     self.publication.weight_version, row.reward_mean, row.staleness_max, stats.loss)
+
+    def close(self) -> None:
+        self._trained_log.close()

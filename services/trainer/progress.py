@@ -1,0 +1,45 @@
+"""The trainer's counters: what it trained and dropped, kept in checkpoints and read by status and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.common.retry import redis_retry
+from relayrl.common.stream import EpisodeStream
+
+
+@dataclass
+class TrainerProgress:
+    step: int = 0
+    episodes_trained: int = 0
+    groups_trained: int = 0
+    finished: bool = False
+    # drops over all ranks and restarts, from Redis (refreshed by rank 0 after each step)
+    groups_dropped_stale: int = 0
+    episodes_dropped_stale: int = 0
+    groups_dropped_reward_error: int = 0  # whole groups, from Redis
+    episodes_dropped_reward_error: int = 0  # their episodes + errored episodes of trained groups
+    # errored episodes excluded from trained groups, over every rank (kept in checkpoints like the others)
+    episodes_excluded_reward_error: int = 0
+    queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending) at the last step (rank 0)
+    staleness_counts: dict[int, int] = field(default_factory=dict)  # samples trained per staleness (rank 0)
+
+    def checkpoint_counters(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the step (``extra`` of relayrl.trainer.checkpoint)."""
+        return {"episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained,
+                "episodes_excluded_reward_error": self.episodes_excluded_reward_error}
+
+    def restore(self, step: int, counters: dict[str, Any]) -> None:
+        self.step = step
+        self.episodes_trained = int(counters.get("episodes_trained", 0))
+        self.groups_trained = int(counters.get("groups_trained", 0))
+        self.episodes_excluded_reward_error = int(counters.get("episodes_excluded_reward_error", 0))
+
+    async def refresh_drops(self, stream: EpisodeStream, retry_s: float) -> None:
+        """Drop counts over every rank and restart, from Redis."""
+        self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
+            stream.dropped, "count drops", retry_s)
+        groups, episodes = await redis_retry(lambda: stream.dropped("reward_error"), "count drops", retry_s)
+        self.groups_dropped_reward_error = groups
+        self.episodes_dropped_reward_error = episodes + self.episodes_excluded_reward_error

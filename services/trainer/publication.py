@@ -1,0 +1,150 @@
+"""Weight versions: allocation, lineage, publication to inference (rank 0), and the inference watchdog.
+
+Rank 0 allocates each version from the durable Redis counter, records its lineage and policy step, and pushes
+the (full, replicated) weights; every rank learns the version by a broadcast from rank 0. A push whose answer
+was lost after it landed is verified by pushing the same snapshot again under a fresh version of the same
+policy step (so a landed push is a success, never a stale-version stop). Staleness of a sample is measured along
+the lineage (relayrl.common.versions), so that it stays right across a resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import torch
+
+from relayrl.client import InferenceClient
+from relayrl.common.logging import log_context
+from relayrl.common.retry import redis_retry
+from relayrl.common.versions import VersionLineage, VersionSource
+from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.weight_sync import PushResult, WeightPublisher
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+VERIFY_ATTEMPTS = 3  # fresh versions tried when a push landed but its answer (the probe) was lost
+
+
+class VersionPublication:
+    """The current weight version, its lineage, and publishing new ones (narrow: what the loop and watchdog use)."""
+
+    def __init__(self, publisher: WeightPublisher, versions: VersionSource, lineage: VersionLineage,
+                 coll: Collectives, inference_target: str, retry_s: float, resumed_version: int = 0) -> None:
+        self.publisher = publisher
+        self.versions = versions
+        self.lineage_db = lineage
+        self.coll = coll
+        self.is_main = coll.rank == 0
+        self.inference_target = inference_target
+        self.retry_s = retry_s
+        self.resumed_version = resumed_version  # version of the restored weights, when resuming
+        self.weight_version = 0
+        self.lineage = 0  # set at the first publication (rank 0)
+        self.publishing = False
+        self.last_push: PushResult | None = None
+        self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
+        self._weights_lock = threading.Lock()  # a snapshot for publication never sees half an optimizer step
+
+    def locked(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` (an optimizer step) so that it never overlaps a snapshot for publication."""
+        with self._weights_lock:
+            return fn(*args)
+
+    async def publish(self, policy_step: int, flag: bool = False) -> tuple[int, bool]:
+        """Rank 0 publishes a fresh version of the current weights; every rank gets it, with rank 0's ``flag``
+        (the operator's checkpoint request), by one broadcast. Returns (version, flag)."""
+        message = torch.zeros(2, dtype=torch.int64)  # [version, flag]
+        if self.is_main:
+            self.publishing = True
+            try:
+                message[0] = await self.allocate_and_push(policy_step,
+                                                          self.weight_version or await self.served_version())
+            finally:
+                self.publishing = False
+            message[1] = int(flag)
+        await asyncio.to_thread(self.coll.broadcast, message, 0, "published_version")
+        self.weight_version = int(message[0])
+        return self.weight_version, bool(message[1])
+
+    async def allocate_and_push(self, policy_step: int, floor: int) -> int:
+        """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push.
+        Serialised: a step's publication and a watchdog re-push never interleave."""
+        async with self._push_lock:
+            params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
+            version = await self._allocate(policy_step, floor)
+            for _ in range(VERIFY_ATTEMPTS):
+                with log_context(weight_version=version):
+                    result = await self.publisher.push(params, version)
+                if result.verified:
+                    break
+                # inference serves this version but its probe answer was lost: the same weights as a fresh version
+                # (a version it serves is refused as stale) bring the probe back; both map to the same policy step
+                version = await self._allocate(policy_step, version)
+                log.info("verifying the landed weights by a push as version %d", version)
+            else:
+                raise RuntimeError(f"weight version {version}: the push landed {VERIFY_ATTEMPTS} times without an "
+                                   "answer; the served weights are unverified")
+            self.last_push = result
+            log.info("published weight version %d (%d bytes, %.3fs, probe max |Δ logprob| %.2e)", version,
+                     result.bytes_sent, result.seconds, result.probe_max_diff)
+            return version
+
+    async def _allocate(self, policy_step: int, floor: int) -> int:
+        version = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version", self.retry_s)
+        with log_context(weight_version=version):
+            await redis_retry(lambda: self._register(version, policy_step), "register version", self.retry_s)
+        return version
+
+    async def _register(self, version: int, policy_step: int) -> None:
+        if self.lineage == 0:  # first publication of this incarnation: a new lineage, forked at resume
+            self.lineage = version
+            parent = 0
+            if self.resumed_version:
+                info = await self.lineage_db.info(self.resumed_version)
+                parent = info.lineage if info is not None else 0
+            await self.lineage_db.register_lineage(self.lineage, parent, policy_step)
+        await self.lineage_db.register(version, self.lineage, policy_step)
+
+    async def staleness(self, token_version: int) -> int:
+        """Optimizer steps between the current weights and those that produced ``token_version``."""
+        return await redis_retry(lambda: self.lineage_db.distance(self.weight_version, token_version), "staleness",
+                                 self.retry_s)
+
+    async def served_version(self) -> int:
+        """The version inference serves now (a floor for the first allocation after a restart)."""
+        async with InferenceClient(self.inference_target, timeout_s=10.0, retries=4, backoff_s=0.5) as inference:
+            try:
+                return int((await inference.status()).weight_version)
+            except grpc.aio.AioRpcError as exc:
+                raise RuntimeError(f"inference status unavailable: {exc.code().name}") from exc
+
+
+async def watch_inference(publication: VersionPublication, current_step: Callable[[], int],
+                          finished: Callable[[], bool], interval_s: float = 2.0) -> None:
+    """Rank 0: if inference serves an older version than the trainer's (it restarted from disk), push the current
+    weights again under a fresh version of the same policy step, so it never serves old weights for long.
+    Rank-local (no collective): other ranks measure staleness through the lineage, where the re-pushed version
+    and the current one are the same step."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if publication.weight_version == 0 or publication.publishing:
+            continue
+        try:
+            served = await publication.served_version()
+        except RuntimeError:
+            continue
+        if served >= publication.weight_version or finished():
+            continue
+        log.warning("inference serves version %d, older than %d: pushing the current weights again",
+                    served, publication.weight_version)
+        try:
+            await publication.allocate_and_push(current_step(), publication.weight_version)
+        except RuntimeError as exc:  # inference went away again: try at the next tick
+            log.warning("re-push failed: %s", exc)

@@ -1,0 +1,132 @@
+"""The trainer's parts, built from the run config and wired together (one per rank).
+
+- :class:`~relayrl.trainer.groups.GroupCollector` reads this rank's groups and drops those it cannot train;
+- :class:`~relayrl.trainer.loop.TrainingLoop` steps, publishes, logs and checkpoints;
+- :class:`~relayrl.trainer.publication.VersionPublication` allocates and publishes weight versions (rank 0) and
+  :func:`~relayrl.trainer.publication.watch_inference` re-pushes them to a restarted inference;
+- :class:`~relayrl.trainer.checkpoint_ack.CheckpointAck` saves checkpoints, then acknowledges their groups;
+- :class:`~relayrl.trainer.progress.TrainerProgress` holds the counters that status and metrics read.
+The gRPC and REST servicer of rank 0 is relayrl.trainer.server; relayrl.trainer.main starts it all.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from relayrl.common.control import redacted
+from relayrl.common.model import load_model, load_tokenizer
+from relayrl.common.pb import trainer_pb2
+from relayrl.common.service import StatusHeader
+from relayrl.common.stream import EpisodeStream
+from relayrl.common.tracking import Tracker, open_tracker
+from relayrl.common.versions import VersionLineage, VersionSource
+from relayrl.config import RunConfig
+from relayrl.trainer.checkpoint import load_trainer_state, resume_point
+from relayrl.trainer.checkpoint_ack import CheckpointAck
+from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.groups import GroupCollector, consumer_name
+from relayrl.trainer.learner import Learner
+from relayrl.trainer.loop import TrainingLoop
+from relayrl.trainer.progress import TrainerProgress
+from relayrl.trainer.publication import VersionPublication, watch_inference
+from relayrl.trainer.transports import make_transport
+from relayrl.trainer.weight_sync import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, collectives: Collectives | None = None) -> None:
+        self.cfg = cfg
+        tc = cfg.trainer
+        self.coll = collectives or Collectives(None, tc.distributed.collective_timeout_s)
+        self.rank = self.coll.rank
+        self.device = torch.device(cfg.model.device)
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.resumed_from: Path | None = resume_point(cfg.checkpoint_dir, self.coll) \
+            if tc.checkpoint.resume == "auto" else None
+        # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
+        model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
+        self.model = load_model(cfg.model, model_path)
+        self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
+                               max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll)
+        self.header = StatusHeader("trainer")
+        self.progress = TrainerProgress()
+        already_done, resumed_version = self._restore()
+        self.stream = EpisodeStream.from_config(cfg.redis)
+        self.collector = GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank),
+                                        cfg.rollout.max_staleness, tc.stream.read_block_ms, already_done,
+                                        cfg.redis.retry_s, tc.on_reward_error)
+        self.publication = VersionPublication(
+            self._publisher(), VersionSource(self.stream.client, self.stream.keys),
+            VersionLineage(self.stream.client, self.stream.keys), self.coll, cfg.inference.server.target,
+            cfg.redis.retry_s, resumed_version)
+        self.checkpoints = CheckpointAck(cfg.checkpoint_dir, tc.checkpoint.every, tc.checkpoint.keep, self.model,
+                                         self.tokenizer, self.learner.optimizer, self.coll, self.collector,
+                                         self.stream, cfg.redis.retry_s)
+        # rank 0: metrics.jsonl and the configured tracking backends (a backend that cannot start fails here)
+        self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) \
+            if self.rank == 0 else None
+        self.loop = TrainingLoop(cfg, self.learner, self.tokenizer, self.coll, self.stream, self.collector,
+                                 self.publication, self.checkpoints, self.progress, self.header, self.tracker,
+                                 self.resumed_from)
+
+    def _restore(self) -> tuple[set[str], int]:
+        """Counters, optimizer and step from the checkpoint resumed from: (groups it holds, its weight version)."""
+        if self.resumed_from is None:
+            return set(), 0
+        state = load_trainer_state(self.resumed_from, self.learner.optimizer, self.coll)
+        self.progress.restore(state.step, state.extra)
+        self.learner.steps_done = state.step
+        log.info("resumed from %s at step %d (%d groups held by it)", self.resumed_from, state.step,
+                 len(state.consumed_ids))
+        return state.consumed_ids, state.weight_version
+
+    def _publisher(self) -> WeightPublisher:
+        pc, cfg = self.cfg.trainer.publication, self.cfg
+        probe = WeightPublisher.default_probe(self.model, self.tokenizer, pc.probe_sequences, pc.probe_tokens,
+                                              cfg.seed)
+        return WeightPublisher(self.model, self.device, cfg.inference.server.target,
+                               make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
+                               probe, pc.probe_tolerance or None)
+
+    async def train(self) -> None:
+        await self.loop.train()
+
+    async def publish(self, policy_step: int) -> int:
+        return await self.loop.publish(policy_step)
+
+    async def watch_inference(self, interval_s: float = 2.0) -> None:
+        """Rank 0: re-push the current weights to an inference that serves older ones (see publication)."""
+        await watch_inference(self.publication, lambda: self.progress.step, lambda: self.progress.finished,
+                              interval_s)
+
+    def request_checkpoint(self) -> int:
+        """Rank 0: checkpoint after the next step (every rank learns it with that step's version)."""
+        self.checkpoints.requested = True
+        return self.progress.step + 1
+
+    async def refresh_drops(self) -> None:
+        await self.progress.refresh_drops(self.stream, self.cfg.redis.retry_s)
+
+    def status(self) -> trainer_pb2.TrainerStatus:
+        p = self.progress
+        return trainer_pb2.TrainerStatus(
+            component=self.header.message(), step=p.step, weight_version=self.publication.weight_version,
+            episodes_trained=p.episodes_trained, episodes_dropped_stale=p.episodes_dropped_stale,
+            groups_per_step=self.cfg.trainer.groups_per_step, finished=p.finished,
+            publishing=self.publication.publishing, groups_dropped_stale=p.groups_dropped_stale,
+            groups_dropped_reward_error=p.groups_dropped_reward_error,
+            episodes_dropped_reward_error=p.episodes_dropped_reward_error,
+            checkpoint_pending=self.checkpoints.requested, last_checkpoint_step=self.checkpoints.last_step)
+
+    async def close(self) -> None:
+        self.loop.close()
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = self.loop.tracker = None
+        await self.stream.close()
+        self.coll.close()

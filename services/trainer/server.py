@@ -1,0 +1,58 @@
+"""The trainer's gRPC servicer and REST control plane (rank 0): status, checkpoint requests, the config."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from fastapi import FastAPI
+
+from relayrl.common.control import redacted_yaml, require_token
+from relayrl.common.control_api import control_app
+from relayrl.common.grpc_utils import ServerHandle, create_server
+from relayrl.common.pb import trainer_pb2, trainer_pb2_grpc
+from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText
+from relayrl.trainer.metrics import trainer_metrics
+from relayrl.trainer.runtime import Trainer
+
+log = logging.getLogger(__name__)
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.token = trainer.cfg.control.effective_token()
+
+    async def request_checkpoint(self, reason: str = "") -> trainer_pb2.CheckpointReply:
+        trainer = self.trainer
+        if not trainer.checkpoints.requested:
+            log.info("checkpoint requested after step %d%s", trainer.progress.step + 1,
+                     f" ({reason})" if reason else "")
+        return trainer_pb2.CheckpointReply(after_step=trainer.request_checkpoint())
+
+    async def RequestCheckpoint(self, request: trainer_pb2.CheckpointRequest,
+                                context: grpc.aio.ServicerContext) -> trainer_pb2.CheckpointReply:
+        await require_token(context, self.token)
+        return await self.request_checkpoint(request.reason)
+
+    async def GetConfig(self, request: GetConfigRequest, context: grpc.aio.ServicerContext) -> RunConfigText:
+        return RunConfigText(yaml=redacted_yaml(self.trainer.cfg))
+
+    def http_app(self) -> FastAPI:
+        trainer = self.trainer
+        return control_app("trainer", trainer.status, lambda: redacted_yaml(trainer.cfg), self.token,
+                           trainer_metrics(trainer), {"/checkpoint": self.request_checkpoint})
+
+    async def GetStatus(self, request: trainer_pb2.GetTrainerStatusRequest,
+                        context: grpc.aio.ServicerContext) -> trainer_pb2.TrainerStatus:
+        # drops are read live: a group dropped by any rank releases rollout's admission at once
+        await self.trainer.refresh_drops()
+        return self.trainer.status()
+
+
+def create_trainer_server(trainer: Trainer) -> tuple[ServerHandle, TrainerServicer]:
+    servicer = TrainerServicer(trainer)
+    handle = create_server(
+        trainer.cfg.trainer.server, [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
+        [trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name])
+    return handle, servicer

@@ -1,0 +1,145 @@
+"""The trainer's per-rank logic that needs no communication, under torch's fake process group.
+
+The fake backend runs every collective in one process as a no-op (each rank sees its own tensors back), so these
+tests check what each rank decides and which collectives it issues, in which order, for ranks with different
+data. Collectives that must move data between ranks are tested over real gloo ranks in tests/distributed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from relayrl.common.model import load_model
+from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.model import ModelConfig
+from relayrl.config.trainer import TrainerConfig
+from relayrl.trainer.collective_debug import find_divergence, load_records
+from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.groups import consumer_name, groups_per_rank, live_consumers
+from relayrl.trainer.learner import Learner, agreed_micro_batches
+from relayrl.trainer.loop import global_summary
+from relayrl.trainer.publication import VersionPublication
+
+WORLD = 2
+
+
+@contextmanager
+def fake_rank(rank: int, world_size: int = WORLD, record_dir: Path | None = None) -> Iterator[Collectives]:
+    """``Collectives`` of one rank of a fake process group (destroyed afterwards)."""
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        group = dist.group.WORLD
+        assert group is not None
+        coll = Collectives(group, timeout_s=10, record_dir=record_dir, group_name="world")
+        yield coll
+        coll.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_rank_reads_its_share_as_its_own_stable_consumer() -> None:
+    assert [groups_per_rank(8, w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert [consumer_name("trainer", r) for r in range(WORLD)] == ["trainer-rank0", "trainer-rank1"]
+    # rank 0 claims the pending entries of consumers outside this set (a larger earlier world size)
+    assert live_consumers("trainer", 2) == {"trainer-rank0", "trainer-rank1"}
+    assert "trainer-rank2" not in live_consumers("trainer", 2)
+
+
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_rank_and_world_size_come_from_the_group(rank: int) -> None:
+    with fake_rank(rank) as coll:
+        assert (coll.rank, coll.world_size) == (rank, WORLD)
+
+
+@pytest.mark.parametrize(("episodes", "micro", "local"), [(6, 2, 3), (6, 5, 2), (0, 4, 0), (1, 64, 1)])
+def test_micro_batch_count_is_agreed_by_one_max_all_reduce(tmp_path: Path, episodes: int, micro: int,
+                                                          local: int) -> None:
+    with fake_rank(1, record_dir=tmp_path) as coll:
+        n = agreed_micro_batches(coll, episodes, micro)
+
+    assert n == local  # the fake all-reduce returns this rank's own count: its part of the MAX
+    [call] = load_records(tmp_path)[1]
+    assert (call.op, call.name, call.reduce_op, call.shapes) == ("all_reduce", "micro_batch_count", "MAX", ((1,),))
+
+
+def _episodes(n: int, seed: int) -> list[Episode]:
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for i in range(n):
+        n_c = 1 + (i * 5 + seed) % 7
+        eps.append(Episode(
+            episode_id=f"{seed}-{i}", group_id=f"g{seed}-{i // 3}", group_size=3,
+            prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
+            completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
+            behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
+            loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g)), sampling_temperature=1.0))
+    return eps
+
+
+def test_ranks_with_different_shares_and_micro_batches_issue_the_same_collectives(tiny_model_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The invariant that keeps real ranks from hanging: whatever a rank's data, the same collective sequence."""
+    shares = {0: (_episodes(6, 0), 2), 1: (_episodes(3, 1), 5)}  # 3 vs 1 local micro-batches, other token counts
+    for rank, (episodes, micro) in shares.items():
+        model = load_model(ModelConfig(path=tiny_model_dir))
+        with fake_rank(rank, record_dir=tmp_path) as coll:
+            Learner(model, TrainerConfig(micro_batch_size=micro), 0, torch.device("cpu"), max_completion_tokens=8,
+                    collectives=coll).rl_step(episodes)
+            global_summary(coll, 1, episodes, torch.zeros(len(episodes)))
+
+    records = load_records(tmp_path)
+    assert find_divergence(records) is None
+    assert [c.name for c in records[0]] == ["global_tokens_and_episodes", "micro_batch_count", "gradients",
+                                            "loss_stats", "importance_max", "step_stats", "step_stats_max"]
+
+
+def test_the_recorder_names_the_first_collective_where_ranks_diverge(tmp_path: Path) -> None:
+    for rank in range(WORLD):
+        with fake_rank(rank, record_dir=tmp_path) as coll:
+            coll.all_reduce(torch.zeros(3), dist.ReduceOp.SUM, "grads")
+            if rank == 0:
+                coll.broadcast(torch.zeros(2, dtype=torch.int64), 0, "published_version")
+            coll.all_reduce(torch.zeros(1), dist.ReduceOp.MAX, "step_stats_max")
+
+    div = find_divergence(load_records(tmp_path))
+
+    assert div is not None and div.index == 1
+    assert div.calls[0] is not None and div.calls[0].name == "published_version"
+    assert div.calls[1] is not None and div.calls[1].name == "step_stats_max"
+
+
+def test_step_statistics_are_two_fixed_size_reductions_whatever_the_rank_saw(tmp_path: Path) -> None:
+    with fake_rank(0, record_dir=tmp_path) as coll:
+        summary = global_summary(coll, 2, _episodes(3, 0), torch.tensor([0.0, 1.0, 5.0]))
+    with fake_rank(1, record_dir=tmp_path) as coll:
+        global_summary(coll, 2, [], torch.zeros(0))
+
+    assert find_divergence(load_records(tmp_path)) is None
+    assert summary["episodes"] == 3 and summary["staleness_max"] == 5
+    assert summary["staleness_hist"] == {"0": 1, "1": 1, "3": 1}  # beyond max_staleness: one overflow bucket
+
+
+class _NoPublisher:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"rank 1 used the publisher ({name})")
+
+
+def test_only_rank_0_publishes_the_others_learn_the_version_by_one_broadcast(tmp_path: Path) -> None:
+    with fake_rank(1, record_dir=tmp_path) as coll:
+        publication = VersionPublication(_NoPublisher(), _NoPublisher(), _NoPublisher(), coll,  # type: ignore[arg-type]
+                                         "unused:0", retry_s=1.0)
+        version, flag = asyncio.run(publication.publish(3, flag=True))
+
+    # with the fake group rank 1 keeps its zeros: a real broadcast brings rank 0's version and flag
+    assert (version, flag) == (0, False)
+    [call] = load_records(tmp_path)[1]
+    assert (call.op, call.name, call.src, call.shapes) == ("broadcast", "published_version", 0, ((2,),))
