@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The weights token every in-process trainer and inference of the tests share (ControlConfig reads it from the
+# environment, as the services do); subprocesses inherit it. Tests about credentials set or clear their own.
+WEIGHTS_TOKEN = "test-weights-token"
+os.environ.setdefault("RELAYRL_WEIGHTS_TOKEN", WEIGHTS_TOKEN)
 
 
 def free_port() -> int:

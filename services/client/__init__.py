@@ -109,12 +109,16 @@ class ServiceClient:
         """The retry policy of the RPC named ``rpc`` (``policies`` given to the client, else its default)."""
         return self.policies.get(rpc, self.policy)
 
+    def _auth(self) -> tuple[tuple[str, str], ...] | None:
+        """The bearer-token metadata of a mutating call (None without a token)."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+
     async def call(self, method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None = None,
                    mutating: bool = False, policy: RetryPolicy | None = None) -> R:
         """One call: each try with the deadline ``timeout_s`` (else the client's), retried by ``policy``
         (else the client's default)."""
         policy = policy or self.policy
-        metadata = (("authorization", f"Bearer {self.token}"),) if mutating and self.token else None
+        metadata = self._auth() if mutating else None
         failed = 0
         while True:
             try:
@@ -158,7 +162,7 @@ class InferenceClient(ServiceClient):
         for attempt in range(1, attempts + 1):
             try:
                 response: inference_pb2.UpdateWeightsResponse = await self.stub.UpdateWeights(
-                    iter(messages), timeout=timeout_s)
+                    iter(messages), timeout=timeout_s, metadata=self._auth())
                 return response
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (*retryable, grpc.StatusCode.FAILED_PRECONDITION):

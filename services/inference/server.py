@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from relayrl.common.control import require_token
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import inference_pb2 as pb
@@ -92,6 +93,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """Validate the whole update, swap atomically between decode steps, score the probe; on error nothing
         changes."""
         service, metrics = self.service, self.service.metrics
+        await require_token(context, service.weights_token, "a weight update")  # only the trainer holds it
         async with service.update_lock:
             t0 = time.perf_counter()
             try:

@@ -32,8 +32,9 @@ class LimitExceeded(ValueError):
 
 class InferenceService:
     def __init__(self, cfg: InferenceConfig, engine: Engine, tokenizer: Any, model_path: str,
-                 weights_dir: Path | None = None) -> None:
+                 weights_dir: Path | None = None, weights_token: str = "") -> None:
         self.cfg = cfg
+        self.weights_token = weights_token  # UpdateWeights needs it (empty: every update is refused)
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path

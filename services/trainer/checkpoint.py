@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from relayrl.common.checkpoints import STATE_FILE, checkpoint_name, latest_checkpoint, list_checkpoints
 from relayrl.trainer.collectives import Collectives
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, toke
     """Collective over ``coll``'s ranks; returns the final path once the checkpoint is durable (on rank 0's
     filesystem)."""
     coll = coll or Collectives(None, timeout_s=60.0)
-    final = root / f"step_{step:06d}"
+    final = root / checkpoint_name(step)
     part = {"consumed_ids": list(consumed_ids or []),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
     parts = coll.all_gather_object(part, "checkpoint_parts")
@@ -91,7 +92,7 @@ def _write(root: Path, final: Path, parts: list[dict[str, Any]], step: int, weig
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp / "model"))
     torch.save({"step": step, "weight_version": weight_version, "optimizer": optimizer.state_dict(),
-                "world_size": world_size, "extra": extra}, tmp / "trainer_state.pt")
+                "world_size": world_size, "extra": extra}, tmp / STATE_FILE)
     _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -100,19 +101,6 @@ def _write(root: Path, final: Path, parts: list[dict[str, Any]], step: int, weig
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("saved checkpoint %s", final)
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
-                  and (p / "trainer_state.pt").is_file())
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
 
 
 def resume_point(root: Path, coll: Collectives) -> Path | None:
@@ -129,11 +117,12 @@ def load_trainer_state(path: Path, optimizer: torch.optim.Optimizer, coll: Colle
     payload: dict[str, Any] | None = None
     rngs: list[Any] = []
     if coll.rank == 0:
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        # weights_only: a checkpoint is data; unpickling arbitrary objects from it could run code
+        state = torch.load(path / STATE_FILE, weights_only=True)
         consumed: set[str] = set()
         by_rank: dict[int, Any] = {}
         for part in sorted(path.glob("rank*.pt")):
-            data = torch.load(part, weights_only=False)
+            data = torch.load(part, weights_only=True)
             consumed.update(data["consumed_ids"])
             by_rank[int(part.stem.removeprefix("rank"))] = data["rng"]
         rngs = [by_rank.get(r) for r in range(coll.world_size)]

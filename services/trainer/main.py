@@ -11,6 +11,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from relayrl.common.config import ConfigError
+from relayrl.common.control import require_credential
 from relayrl.common.http import HttpServer
 from relayrl.common.probe import WeightVerificationError
 from relayrl.config import RunConfig
@@ -49,6 +51,12 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     """Train until trainer.total_steps (then exit 0) or until SIGTERM/SIGINT. Rank 0 serves the status API."""
     cfg.model.check_exists()
     cfg.redis.require_url()
+    tc = cfg.trainer
+    hosts = {"trainer.server.host": tc.server.host, **({"trainer.http.host": tc.http.host} if tc.http.enabled else {})}
+    require_credential(cfg.control.effective_token(), hosts, "a control token (control.token_env)")
+    if not cfg.control.effective_weights_token():
+        raise ConfigError(cfg.control.weights_token_env, "", "the trainer needs the weights token: inference accepts "
+                                                            "weight updates only with it")
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -56,7 +64,6 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     coll = init_collectives(cfg)
     trainer = Trainer(cfg, coll)
     handle, servicer = create_trainer_server(trainer) if coll.rank == 0 else (None, None)
-    tc = cfg.trainer
     http = HttpServer(servicer.http_app(), tc.http, "trainer") if servicer is not None and tc.http.enabled else None
     if handle is not None:
         await handle.start()

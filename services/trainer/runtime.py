@@ -91,7 +91,7 @@ class Trainer:
                                               cfg.seed)
         return WeightPublisher(self.model, self.device, cfg.inference.server.target,
                                make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
-                               probe, pc.probe_tolerance or None)
+                               probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token())
 
     async def train(self) -> None:
         await self.loop.train()

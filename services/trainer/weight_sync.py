@@ -57,8 +57,9 @@ class _Snapshot:
 
 class WeightPublisher:
     def __init__(self, model: Any, device: torch.device, target: str, transport: Transport, timeout_s: float,
-                 probe: list[list[int]], probe_tolerance: float | None) -> None:
+                 probe: list[list[int]], probe_tolerance: float | None, token: str = "") -> None:
         self.model = model
+        self.token = token  # the weights token: inference accepts updates only with it
         self.device = device
         self.target = target
         self.transport = transport
@@ -92,7 +93,8 @@ class WeightPublisher:
         t0 = time.perf_counter()
         expected = await asyncio.to_thread(self.expected_probe, params)
         messages = await asyncio.to_thread(self.transport.prepare, params, version, self.probe)
-        async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5) as inference:
+        async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5,
+                                   token=self.token) as inference:
             try:
                 resp = await inference.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
             except grpc.aio.AioRpcError as exc:

@@ -12,6 +12,7 @@ import torch
 from relayrl.common.grpc_utils import ServerHandle
 from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
+from relayrl.config.control import ControlConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.reward import RewardConfig
@@ -36,7 +37,8 @@ async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | N
     engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"),
                           kv_on_update=cfg.kv_on_update, max_batch_sequences=cfg.max_batch_sequences,
                           max_prefill_tokens=cfg.max_prefill_tokens)
-    service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir)
+    service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
+                               weights_token=ControlConfig().effective_weights_token())
     handle, _ = create_inference_server(service)
     rest = HttpServer(create_app(service), cfg.http, "inference") if http else None
     await handle.start()

@@ -14,8 +14,10 @@ from relayrl.common.grpc_utils import MAX_MESSAGE_BYTES, insecure_channel
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.weights import iter_update_messages, model_tensors
+from tests.conftest import WEIGHTS_TOKEN
 from tests.integration.helpers import inference_server
 
+AUTH = (("authorization", f"Bearer {WEIGHTS_TOKEN}"),)  # the weights token: what the trainer sends
 pytestmark = pytest.mark.integration
 
 
@@ -96,7 +98,8 @@ def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
             stub = pb_grpc.InferenceServiceStub(ch)
             new = {k: torch.randn_like(v) for k, v in model_tensors(servicer.engine.model).items()}
 
-            resp = await stub.UpdateWeights(_stream(list(iter_update_messages(new, 4, chunk_bytes=8192))), timeout=30)
+            resp = await stub.UpdateWeights(_stream(list(iter_update_messages(new, 4, chunk_bytes=8192))),
+                                            timeout=30, metadata=AUTH)
             status = await stub.GetStatus(pb.GetInferenceStatusRequest(), timeout=5)
             gen = await stub.Generate(_request(), timeout=30)
 
@@ -120,7 +123,7 @@ def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(ti
 
             for tensors in (bad, unknown):
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 1))), timeout=30)
+                    await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 1))), timeout=30, metadata=AUTH)
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
             assert servicer.engine.version == 0
@@ -135,10 +138,10 @@ def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) ->
         async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch:
             stub = pb_grpc.InferenceServiceStub(ch)
             tensors = model_tensors(servicer.engine.model)
-            await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30)
+            await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30, metadata=AUTH)
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30)
+                await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert servicer.engine.version == 2
@@ -153,7 +156,7 @@ def test_weight_stream_without_manifest_is_refused(tiny_model_dir: Path) -> None
             chunks = list(iter_update_messages(model_tensors(servicer.engine.model), 1))[:-1]
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_stream(chunks), timeout=30)
+                await stub.UpdateWeights(_stream(chunks), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "manifest" in (info.value.details() or "")

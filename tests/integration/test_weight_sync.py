@@ -19,8 +19,10 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import WeightTransport
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
+from tests.conftest import WEIGHTS_TOKEN
 from tests.integration.helpers import inference_server
 
+AUTH = (("authorization", f"Bearer {WEIGHTS_TOKEN}"),)  # the weights token: what the trainer sends
 pytestmark = pytest.mark.integration
 
 
@@ -28,7 +30,7 @@ def _publisher(model_dir: Path, target: str, transport: WeightTransport, weights
     model = load_model(ModelConfig(path=model_dir))
     probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), sequences=4, tokens=24, seed=0)
     return WeightPublisher(model, torch.device("cpu"), target, make_transport(transport, 16384, weights_dir),
-                           timeout_s=30, probe=probe, probe_tolerance=None)
+                           timeout_s=30, probe=probe, probe_tolerance=None, token=WEIGHTS_TOKEN)
 
 
 def _perturb(pub: WeightPublisher, seed: int) -> None:
@@ -86,7 +88,7 @@ def test_shared_path_outside_the_weights_directory_is_refused(tiny_model_dir: Pa
             write_shared(tensors, outside)
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_one(manifest(tensors, 1, path=str(outside))), timeout=30)
+                await stub.UpdateWeights(_one(manifest(tensors, 1, path=str(outside))), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "outside the weights directory" in (info.value.details() or "")
@@ -110,7 +112,7 @@ def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_
             write_shared({k: v + 2 for k, v in before.items()}, path)  # not what the manifest describes
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_one(m), timeout=30)
+                await stub.UpdateWeights(_one(m), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "checksum" in (info.value.details() or "")

@@ -107,7 +107,10 @@ def test_grpc_control_call_without_a_configured_token_is_permission_denied() -> 
     assert err.value.args[0] is grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_run_credentials_file_is_owner_only(tmp_path: Path) -> None:
+def test_run_credentials_are_fresh_and_the_control_token_file_is_owner_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RELAYRL_WEIGHTS_TOKEN", raising=False)
+    monkeypatch.delenv("RELAYRL_CONTROL_TOKEN", raising=False)
     from relayrl.config import load_run_config
     from relayrl.launcher import CONTROL_TOKEN_FILE, Launcher
 
@@ -124,3 +127,37 @@ def test_run_credentials_file_is_owner_only(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert path.read_text().strip() == creds["RELAYRL_CONTROL_TOKEN"]
     assert len(set(creds.values())) == 2 and all(len(v) >= 32 for v in creds.values())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("token", "served_token", "code"), [
+    (None, "trainer-only", grpc.StatusCode.UNAUTHENTICATED),
+    ("guessed", "trainer-only", grpc.StatusCode.UNAUTHENTICATED),
+    ("", "", grpc.StatusCode.PERMISSION_DENIED),  # no weights token configured: nobody may push
+])
+def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
+        tiny_model_dir: Path, token: str | None, served_token: str, code: grpc.StatusCode) -> None:
+    from relayrl.common.grpc_utils import insecure_channel
+    from relayrl.common.pb import inference_pb2 as pb
+    from relayrl.common.pb import inference_pb2_grpc as pb_grpc
+    from relayrl.common.weights import iter_update_messages
+    from tests.integration.helpers import inference_server
+
+    async def go() -> tuple[grpc.StatusCode, int, int]:
+        async with inference_server(tiny_model_dir) as (target, service):
+            service.weights_token = served_token
+            params = {n: p.detach().clone() + 1.0 for n, p in service.engine.model.named_parameters()}
+            messages = [*iter_update_messages(params, 1, 1 << 20, [])]
+            metadata = None if token is None else (("authorization", f"Bearer {token}"),)
+            async with insecure_channel(target) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await pb_grpc.InferenceServiceStub(channel).UpdateWeights(iter(messages), timeout=30,
+                                                                              metadata=metadata)
+                status = await pb_grpc.InferenceServiceStub(channel).GetStatus(pb.GetInferenceStatusRequest(),
+                                                                               timeout=30)
+            return err.value.code(), service.engine.version, int(status.weight_version)
+
+    got, version, served = asyncio.run(go())
+
+    assert got is code
+    assert version == served == 0

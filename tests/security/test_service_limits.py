@@ -18,6 +18,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.config.inference import InferenceConfig
 from relayrl.inference.engine import EngineStats, GenerationInput
 from relayrl.inference.serving import InferenceService, LimitExceeded
+from tests.conftest import WEIGHTS_TOKEN
 from tests.integration.helpers import inference_server
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
@@ -88,7 +89,8 @@ def test_call_beyond_max_concurrent_rpcs_is_refused_at_once(tiny_model_dir: Path
         async with inference_server(tiny_model_dir, server_limits={"max_concurrent_rpcs": 1}) as (target, _), \
                 insecure_channel(target) as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
-            first = stub.UpdateWeights(held_open(), timeout=30)
+            first = stub.UpdateWeights(held_open(), timeout=30,  # with the weights token: it stays open
+                                       metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),))
             await first.wait_for_connection()
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.Generate(_generate("1+2="), timeout=30)

@@ -23,6 +23,7 @@ from relayrl.inference.server import create_inference_server
 from relayrl.inference.serving import InferenceService
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
+from tests.conftest import WEIGHTS_TOKEN
 
 pytestmark = pytest.mark.vllm
 
@@ -110,7 +111,7 @@ def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(
     async def go() -> None:
         cfg = InferenceConfig(engine=EngineKind.VLLM)
         cfg.server.port = cfg.http.port = 0
-        service = InferenceService(cfg, engine, load_tokenizer(model_dir), str(model_dir))
+        service = InferenceService(cfg, engine, load_tokenizer(model_dir), str(model_dir), weights_token=WEIGHTS_TOKEN)
         handle, _ = create_inference_server(service)
         await handle.start()
         target = f"127.0.0.1:{handle.port}"
@@ -118,7 +119,8 @@ def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(
             trainer_model = _perturbed(model_dir, 3)
             probe = WeightPublisher.default_probe(trainer_model, load_tokenizer(model_dir), 4, 24, seed=0)
             pub = WeightPublisher(trainer_model, torch.device("cpu"), target,
-                                  make_transport(WeightTransport.GRPC_STREAM, 1 << 16, model_dir), 60, probe, None)
+                                  make_transport(WeightTransport.GRPC_STREAM, 1 << 16, model_dir), 60, probe, None,
+                                  token=WEIGHTS_TOKEN)
             result = await pub.push(pub.snapshot(), engine.version + 1)
             async with insecure_channel(target) as ch:
                 stub = pb_grpc.InferenceServiceStub(ch)
