@@ -40,7 +40,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        from relayrl.launcher import redis_server_args
+        from relayrl.local_redis import redis_server_args
 
         self.proc = subprocess.Popen(redis_server_args(self.binary, self.port, self.data_dir),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -98,6 +98,7 @@ class RolloutProducer:
         self._record_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.paused = False  # by an operator: admit no new group
+        self.refused_while_paused = 0  # admission decisions the loop made (and refused) while paused
 
     def can_admit(self) -> bool:
         return (not self.paused and self.running < self.cfg.max_concurrent_groups
@@ -154,6 +155,7 @@ class RolloutProducer:
         try:
             while not stop.is_set() and not self.trainer_view.finished:
                 if not self.can_admit():
+                    self.refused_while_paused += self.paused
                     self._wake.clear()
                     waiter = asyncio.create_task(self._wake.wait())
                     stopper = asyncio.create_task(stop.wait())

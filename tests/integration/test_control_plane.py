@@ -80,8 +80,9 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
                         paused = await rest.post("/pause", headers=AUTH)
                         assert paused.status_code == 200 and paused.json()["paused"] is True
                         await _until(lambda: worker.running == 0)
-                        produced = worker.groups_produced
-                        await asyncio.sleep(1.0)
+                        produced, decided = worker.groups_produced, worker.refused_while_paused
+                        # each trainer status poll wakes the admission loop: three more decisions, all refusals
+                        await _until(lambda: worker.refused_while_paused >= decided + 3)
                         assert worker.groups_produced == produced  # nothing new is admitted while paused
                         metrics = (await rest.get("/metrics")).text
                         assert "relayrl_rollout_paused 1.0" in metrics

@@ -86,12 +86,16 @@ def test_call_beyond_max_concurrent_rpcs_is_refused_at_once(tiny_model_dir: Path
             return
             yield
 
-        async with inference_server(tiny_model_dir, server_limits={"max_concurrent_rpcs": 1}) as (target, _), \
+        async with inference_server(tiny_model_dir, server_limits={"max_concurrent_rpcs": 1}) as (target, service), \
                 insecure_channel(target) as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
             first = stub.UpdateWeights(held_open(), timeout=30,  # with the weights token: it stays open
                                        metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),))
-            await first.wait_for_connection()
+            for _ in range(3000):  # until the server runs it: its handler holds the update lock
+                if service.update_lock.locked():
+                    break
+                await asyncio.sleep(0.01)
+            assert service.update_lock.locked()
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.Generate(_generate("1+2="), timeout=30)
             release.set()
