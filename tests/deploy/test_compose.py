@@ -6,6 +6,7 @@ the rest compares the parsed compose file with the config loaded by the project'
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -66,9 +67,31 @@ def test_compose_file_validates_with_docker_compose_config_exit_zero() -> None:
     if binary is None:
         pytest.fail("docker-compose is not installed; install it to validate docker-compose.yml offline: "
                     "scripts/ensure_system_deps.sh (`make test` runs it; as root: apt-get install docker-compose)")
-    result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO,
+    env = {**os.environ, "RELAYRL_CONTROL_TOKEN": "c" * 32, "RELAYRL_WEIGHTS_TOKEN": "w" * 32}
+    result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_refuses_to_start_without_the_credentials() -> None:
+    binary = shutil.which("docker-compose")
+    assert binary is not None, "docker-compose is not installed: scripts/ensure_system_deps.sh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")}
+
+    result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+
+    assert result.returncode != 0
+    assert "RELAYRL_CONTROL_TOKEN" in result.stderr or "RELAYRL_WEIGHTS_TOKEN" in result.stderr
+
+
+def test_each_service_gets_only_the_credentials_it_needs(services: dict[str, dict[str, Any]]) -> None:
+    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"}, "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN"},
+              "rollout": {"RELAYRL_CONTROL_TOKEN"}, "reward": set(), "init-model": set(), "redis": set()}
+    for name, keys in wanted.items():
+        env = services[name].get("environment") or {}
+        assert {k for k in env if k.endswith("_TOKEN")} == keys, name
+        assert all(str(env[k]).startswith("${" + k + ":?") for k in keys), name  # from the caller's environment
 
 
 def test_run_config_loads_through_project_loader_with_compose_paths(run_cfg: RunConfig) -> None:
