@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,20 @@ def _history_value(item: Any) -> Any:
     return json.loads(item.value_json or item.json)
 
 
+def _wandb_history(path: Path, expected: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """The history records of an offline run file, once ``expected`` of them are there: wandb-core (a process of
+    its own) may still be writing the file when ``run.finish()`` returns (seen here: header only, then complete
+    within seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _wandb_records(path) if path.stat().st_size > 7 else []
+        history = [{(i.key or "/".join(i.nested_key)): _history_value(i) for i in r.history.item}
+                   for r in records if r.WhichOneof("record_type") == "history"]
+        if len(history) >= expected or time.monotonic() > deadline:
+            return history
+        time.sleep(0.1)
+
+
 def test_wandb_offline_run_holds_each_scalar_against_its_step_metric(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -130,10 +145,9 @@ def test_wandb_offline_run_holds_each_scalar_against_its_step_metric(tmp_path: P
 
     files = list((tmp_path / "wandb-dir").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
-    records = _wandb_records(files[0])
-    history = [{(i.key or "/".join(i.nested_key)): _history_value(i) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+    history = _wandb_history(files[0], len(SFT_ROWS) + len(RL_ROWS))
     assert len(history) == len(SFT_ROWS) + len(RL_ROWS)
+    records = _wandb_records(files[0])
     for key in CHECKED:
         step_key = "sft/step" if key.startswith("sft/") else "step"
         got = [(int(h[step_key]), float(h[key])) for h in history if key in h]
