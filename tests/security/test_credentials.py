@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -148,11 +149,19 @@ def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
             service.weights_token = served_token
             params = {n: p.detach().clone() + 1.0 for n, p in service.engine.model.named_parameters()}
             messages = [*iter_update_messages(params, 1, 1 << 20, [])]
+            sent_after_refusal = asyncio.Event()
+
+            async def update() -> AsyncIterator[pb.WeightUpdateMessage]:
+                await sent_after_refusal.wait()  # the refusal must come from the headers alone, before any data
+                for m in messages:
+                    yield m
+
             metadata = None if token is None else (("authorization", f"Bearer {token}"),)
             async with insecure_channel(target) as channel:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await pb_grpc.InferenceServiceStub(channel).UpdateWeights(iter(messages), timeout=30,
+                    await pb_grpc.InferenceServiceStub(channel).UpdateWeights(update(), timeout=30,
                                                                               metadata=metadata)
+                sent_after_refusal.set()
                 status = await pb_grpc.InferenceServiceStub(channel).GetStatus(pb.GetInferenceStatusRequest(),
                                                                                timeout=30)
             return err.value.code(), service.engine.version, int(status.weight_version)
