@@ -24,6 +24,7 @@ from typing import IO
 
 from relayrl.common.checkpoints import checkpoint_step, latest_checkpoint
 from relayrl.common.config import ConfigError
+from relayrl.common.files import write_private
 from relayrl.common.grpc_utils import check_health
 from relayrl.common.lifecycle import (
     StopRequested,
@@ -138,11 +139,7 @@ class Launcher:
         control = self.cfg.control
         creds = {control.token_env: control.effective_token() or secrets.token_urlsafe(32),
                  control.weights_token_env: control.effective_weights_token() or secrets.token_urlsafe(32)}
-        path = self.out / CONTROL_TOKEN_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(creds[control.token_env] + "\n")
+        write_private(self.out / CONTROL_TOKEN_FILE, creds[control.token_env] + "\n")
         return creds
 
     def _start_child(self, name: str, config_path: Path) -> None:

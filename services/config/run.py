@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any, Literal
 import yaml
 
 from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
+from relayrl.common.files import write_private
 from relayrl.config.control import ControlConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
@@ -109,11 +109,5 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
 
 def dump_run_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config readable by its owner only (0600): it may hold secrets (control token, Redis URL
-    password). The file is replaced atomically, so no reader sees it half-written or with wider permissions."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)  # an existing tmp file keeps its old mode through O_CREAT
-        f.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    os.replace(tmp, path)
+    password)."""
+    write_private(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
