@@ -22,6 +22,7 @@ import dataclasses
 import enum
 import logging
 import math
+import operator
 import types
 import typing
 from pathlib import Path
@@ -138,9 +139,10 @@ def _check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> None:
     if value is None:
         return
     meta = field.metadata
-    for key, op, word in (("ge", float.__ge__, ">="), ("gt", float.__gt__, ">"),
-                          ("le", float.__le__, "<="), ("lt", float.__lt__, "<")):
-        if key in meta and not op(float(value), float(meta[key])):
+    # int and float compare exactly in Python, also an int too large for a float (float() would overflow)
+    for key, op, word in (("ge", operator.ge, ">="), ("gt", operator.gt, ">"),
+                          ("le", operator.le, "<="), ("lt", operator.lt, "<")):
+        if key in meta and not op(value, meta[key]):
             raise ConfigError(path, value, f"must be {word} {meta[key]}")
 
 
@@ -297,12 +299,14 @@ def apply_override(data: dict[str, Any], override: str, cls: type | None = None)
     config's dataclass) a former spelling of a moved field sets its current path (with a warning), and the
     override replaces the field whichever spelling the file used."""
     if "=" not in override:
-        raise ConfigError(override, override, "an override must look like section.key=value")
+        # the text is not shown: `control.token:abc` (a typo for `=`) holds a secret
+        raise ConfigError("override", None, "an override must look like section.key=value", secret=True)
     dotted, raw = override.split("=", 1)
     dotted = dotted.strip()
     keys = dotted.split(".")
     if not all(keys):
-        raise ConfigError(dotted, raw, "an override key must be a dotted path such as trainer.total_steps")
+        raise ConfigError(dotted or "override", None,
+                          "an override key must be a dotted path such as trainer.total_steps", secret=True)
     if cls is not None:
         path, former = spellings(cls, dotted)
         if path != dotted:
@@ -314,7 +318,7 @@ def apply_override(data: dict[str, Any], override: str, cls: type | None = None)
     for key in keys[:-1]:
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError(dotted, raw, f"{key} is not a section")
+            raise ConfigError(dotted, None, f"{key} is not a section", secret=True)
         node = child
     try:
         node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else ""
