@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from relayrl.common.grpc_decode import DecodeInHandler
 from relayrl.config.endpoints import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ def create_server(
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024)]
     # beyond max_concurrent_rpcs grpc answers RESOURCE_EXHAUSTED at once instead of queueing without bound
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
+                             interceptors=[DecodeInHandler()])  # undecodable bytes: INVALID_ARGUMENT
     for add in register:
         add(server)
     health = health_aio.HealthServicer()
