@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from relayrl.common.control import authorized
+from relayrl.common.http import refuse_invalid_bodies
 from relayrl.common.service import as_dict
 
 Action = Callable[[], Awaitable[Message]]
@@ -25,6 +26,7 @@ Action = Callable[[], Awaitable[Message]]
 def control_app(name: str, status: Callable[[], Message], config_yaml: Callable[[], str], token: str,
                 registry: CollectorRegistry, actions: dict[str, Action]) -> FastAPI:
     app = FastAPI(title=f"relayrl {name}", docs_url=None, redoc_url=None)
+    refuse_invalid_bodies(app)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

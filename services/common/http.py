@@ -115,3 +115,19 @@ class HttpServer:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(self._task, timeout=5)
         self._task = None
+
+
+def refuse_invalid_bodies(app: Any) -> None:
+    """Answer a request that does not match its model with 422 naming where and why, never echoing the input:
+    it may hold a secret, or a value JSON cannot carry back (Python's parser accepts ``Infinity``, which FastAPI's
+    default handler then fails to render: a 500)."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    async def invalid(_: Any, exc: Exception) -> JSONResponse:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        detail = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
+                   "type": str(e.get("type", ""))} for e in errors]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    app.add_exception_handler(RequestValidationError, invalid)

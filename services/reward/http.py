@@ -16,6 +16,7 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
+from relayrl.common.http import refuse_invalid_bodies
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.reward.api import RewardInput
 from relayrl.reward.protocol import Status
@@ -43,6 +44,7 @@ class ScoreResponseBody(BaseModel):
 
 def create_app(servicer: RewardServicer) -> FastAPI:
     app = FastAPI(title="relayrl reward", docs_url=None, redoc_url=None)
+    refuse_invalid_bodies(app)
 
     @app.post("/score", response_model=ScoreResponseBody)
     async def score(body: ScoreRequestBody) -> ScoreResponseBody:
