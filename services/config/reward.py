@@ -101,7 +101,8 @@ class RewardConfig:
                 "gets MemoryError, which is an error result.", "ge": 0})
     start_method: Literal["forkserver", "spawn"] = field(default="forkserver", metadata={
         "help": "How worker processes start: forkserver (fast replacement; modules preloaded) or spawn."})
-    max_batch: int = field(default=1024, metadata={"help": "Largest ScoreBatch accepted.", "ge": 1})
+    max_batch: int = field(default=1024, metadata={
+        "help": "Largest ScoreBatch accepted; a larger one is RESOURCE_EXHAUSTED.", "ge": 1})
     max_workers: int = field(default=0, metadata={
         "help": "Former number of verifier threads; when set (> 0) it is used as `workers`.", "ge": 0,
         "deprecated": "use workers (verifiers now run in worker processes)", "removed_in": "0.3"})

@@ -122,7 +122,7 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
     async def ScoreBatch(self, request: pb.ScoreBatchRequest,
                          context: grpc.aio.ServicerContext) -> pb.ScoreBatchResponse:
         if len(request.requests) > self.cfg.max_batch:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"batch of {len(request.requests)} exceeds max_batch={self.cfg.max_batch}")
         ids = [r.episode_id for r in request.requests]
         outcomes = await self.score([self.to_input(r) for r in request.requests], ids)

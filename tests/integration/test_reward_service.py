@@ -149,14 +149,14 @@ def test_weighted_components_form_the_total_and_are_reported_by_name() -> None:
     asyncio.run(go())
 
 
-def test_oversized_batch_is_invalid_argument() -> None:
+def test_batch_over_max_batch_is_resource_exhausted() -> None:
     async def go() -> None:
         async with reward_server(max_batch=2, workers=1) as (target, _), insecure_channel(target) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await pb_grpc.RewardServiceStub(ch).ScoreBatch(
                     pb.ScoreBatchRequest(requests=[_req("1")] * 3), timeout=10)
 
-            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
     asyncio.run(go())
 
