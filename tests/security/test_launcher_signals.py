@@ -68,10 +68,36 @@ def test_stop_signal_to_the_launcher_stops_every_process_and_the_summary_adds_up
 
     assert proc.returncode == (130 if sig is signal.SIGINT else 128 + sig), output[-2000:]
     assert _survivors(stack, timeout_s=5) == []
+    _assert_books_add_up(out, output)
+
+
+def _assert_books_add_up(out: Path, output: str) -> None:
+    """summary.json and the printed summary hold the accounting identity, each group counted once."""
     summary = json.loads((out / "summary.json").read_text())
     assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
                                           + summary["groups_dropped_reward_error"] + summary["groups_pending"])
     assert "groups produced" in output
+
+
+def test_a_dead_service_stops_the_whole_stack_with_exit_1_and_the_summary_adds_up(
+        tmp_path: Path, demo_model: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(out, demo_model)
+    try:
+        _until_training(out, proc)
+        stack = _stack(proc)
+        rollout = next(p for p in stack if "serve rollout" in " ".join(p.cmdline()))
+
+        rollout.kill()
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    assert proc.returncode == 1, output[-2000:]
+    assert "service rollout died" in output
+    assert _survivors(stack, timeout_s=5) == []
+    _assert_books_add_up(out, output)
 
 
 def test_services_stop_by_themselves_when_the_launcher_is_killed(tmp_path: Path, demo_model: Path) -> None:
