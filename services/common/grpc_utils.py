@@ -63,13 +63,13 @@ def create_server(
     host, port = cfg.host, cfg.port
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024)]
+    credentials = server_credentials(tls) if tls is not None and tls.enabled else None  # files read now
     # beyond max_concurrent_rpcs grpc answers RESOURCE_EXHAUSTED at once instead of queueing without bound
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
     for add in register:
         add(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    credentials = server_credentials(tls) if tls is not None and tls.enabled else None
     bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
              else server.add_insecure_port(f"{host}:{port}"))
     if bound == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -158,7 +159,10 @@ def test_server_with_tls_on_but_no_certificate_is_refused_at_start_up(ca: Certif
     from relayrl.common.grpc_utils import create_server
     from relayrl.config.endpoints import ServerConfig
 
-    with pytest.raises(ConfigError, match="needs a certificate and its key") as err:
+    async def start() -> None:  # an aio server is made on a running loop, as in the services
         create_server(ServerConfig(port=0), [], [], TlsConfig(ca_file=str(ca.ca_file)))  # a client-only section
+
+    with pytest.raises(ConfigError, match="needs a certificate and its key") as err:
+        asyncio.run(start())
 
     assert err.value.field == "tls.cert_file"
