@@ -1,6 +1,6 @@
 """The whole local stack (`relayrl run`) with mutual TLS from one tls section: the launcher's health checks, the
 services' channels to one another (generation, scores, trainer status, weight pushes), the client library and the
-CLI all speak TLS; a plaintext client, or one without a client certificate, is refused."""
+CLI (health, status, control) all speak TLS; a plaintext client, or one without a client certificate, is refused."""
 
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_c
         plaintext = asyncio.run(_generate(target, None))
         certless = asyncio.run(_generate(target, without_cert))
         status = _cli("status", str(out), "--json")
+        paused = _cli("control", "pause", str(out), "--reason", "tls test")  # the run folder's token and tls
         health_plain = _cli("health", "--target", target, "--timeout", "5")
         health_tls = _cli("health", "--target", target, "--timeout", "5", "--tls-ca", str(ca.ca_file),
                           "--tls-cert", str(svc.cert), "--tls-key", str(svc.key))
@@ -87,6 +88,7 @@ def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_c
     assert certless == grpc.StatusCode.UNAVAILABLE
     services = json.loads(status.stdout)["services"]
     assert status.returncode == 0 and all("error" not in s for s in services.values()), status.stdout
+    assert paused.returncode == 0 and json.loads(paused.stdout)["paused"] is True, paused.stderr
     assert health_plain.returncode == 1 and "UNAVAILABLE" in health_plain.stdout
     assert health_tls.returncode == 0 and health_tls.stdout.strip() == f"{target}: SERVING"
 
