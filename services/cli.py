@@ -15,6 +15,7 @@ from pathlib import Path
 
 from relayrl.common.config import ConfigError, apply_override, from_dict
 from relayrl.common.logging import records_held, setup_logging
+from relayrl.config.tls import TlsConfig
 
 SERVICES = ("inference", "reward", "rollout", "trainer")
 EXIT_CONFIG = 2
@@ -64,12 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="", metavar="NAME",
                         help="health service name, e.g. relayrl.v1.InferenceService (default: the server)")
     health.add_argument("--timeout", type=float, default=3.0, metavar="S", help="deadline of the call in seconds")
+    _tls_arguments(health)
 
     status = sub.add_parser("status", help="live state: versions per service, queue lag, throughput, staleness, "
                                            "reward")
     status.add_argument("target", help="run folder, run config file, or one service's HOST:PORT")
     status.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     status.add_argument("--timeout", type=float, default=3.0, metavar="S", help="deadline of each call")
+    _tls_arguments(status)
 
     control = sub.add_parser("control", help="operate a running stack: pause/resume generation, checkpoint now")
     control.add_argument("action", choices=("pause", "resume", "checkpoint"))
@@ -89,6 +92,27 @@ def _parser() -> argparse.ArgumentParser:
     dash.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
     dash.add_argument("--port", type=_port, default=0, help="TCP port (0: any free port; the URL is printed)")
     return p
+
+
+def _tls_arguments(p: argparse.ArgumentParser) -> None:
+    """TLS of a command that dials a service by address (a run folder or config brings its own ``tls`` section)."""
+    p.add_argument("--tls-ca", default="", metavar="FILE",
+                   help="PEM CA to verify the server against: dial with TLS (a run folder/config: its tls section)")
+    p.add_argument("--tls-cert", default="", metavar="FILE", help="PEM client certificate to present (mutual TLS)")
+    p.add_argument("--tls-key", default="", metavar="FILE", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-server-name", default="", metavar="NAME",
+                   help="name expected in the server certificate instead of the target's host")
+
+
+def _tls(args: argparse.Namespace) -> TlsConfig | None:
+    """The ``tls`` section the ``--tls-*`` flags describe (None when none is given). Raises ConfigError."""
+    values = {"ca_file": args.tls_ca, "client_cert_file": args.tls_cert, "client_key_file": args.tls_key,
+              "server_name": args.tls_server_name}
+    if not any(values.values()):
+        return None
+    tls = from_dict(TlsConfig, {k: v for k, v in values.items() if v}, "tls")
+    tls.read()  # a missing or non-PEM file is a config error naming the field, not a failed handshake
+    return tls
 
 
 def _port(text: str) -> int:
@@ -189,7 +213,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 def _cmd_health(args: argparse.Namespace) -> int:
     from relayrl.common.grpc_utils import health_status
 
-    serving, status = health_status(args.target, args.timeout, args.service)
+    serving, status = health_status(args.target, args.timeout, args.service, _tls(args))
     name = f" {args.service}" if args.service else ""
     print(f"{args.target}{name}: {status}")
     return 0 if serving else 1
@@ -198,7 +222,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from relayrl.status import collect, render, resolve
 
-    state = asyncio.run(collect(resolve(args.target), args.timeout))
+    state = asyncio.run(collect(resolve(args.target), args.timeout, _tls(args)))
     print(json.dumps(state, indent=1) if args.json else render(state))
     return 1 if any("error" in s for s in state["services"].values()) else 0
 
@@ -220,9 +244,9 @@ def _cmd_control(args: argparse.Namespace) -> int:
 
     async def act() -> object:
         if args.action == "checkpoint":
-            async with TrainerClient(target.cfg.trainer.server.target, token=token) as trainer:
+            async with TrainerClient(target.cfg.trainer.server.target, token=token, tls=target.cfg.tls) as trainer:
                 return await trainer.request_checkpoint(args.reason)
-        async with RolloutClient(target.cfg.rollout.server.target, token=token) as rollout:
+        async with RolloutClient(target.cfg.rollout.server.target, token=token, tls=target.cfg.tls) as rollout:
             return await (rollout.pause(args.reason) if args.action == "pause" else rollout.resume())
 
     import grpc

@@ -119,8 +119,9 @@ class Launcher:
         cfg.model.check_exists()
         if not cfg.rollout.dataset.is_file():
             raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
+        cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
         return replace(
-            cfg, output_dir=self.out,
+            cfg, output_dir=self.out, tls=cfg.tls.resolved(),
             model=replace(cfg.model, path=cfg.model.path.resolve()),
             rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server),
                             http=local_http(cfg.rollout.http)),
@@ -221,7 +222,7 @@ class Launcher:
             if time.monotonic() > deadline:
                 self._say(f"relayrl: services not healthy after {self.startup_timeout_s:.0f}s: {', '.join(pending)}")
                 return 1
-            pending = [n for n in pending if not check_health(self._target(n), 1.0)]
+            pending = [n for n in pending if not check_health(self._target(n), 1.0, tls=self.cfg.tls)]
             if pending:
                 time.sleep(0.2)
         self._say("relayrl: all services healthy (" + ", ".join(

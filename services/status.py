@@ -1,7 +1,8 @@
 """`relayrl status`: live state of a running stack, through the typed clients (and Redis, and metrics.jsonl).
 
 TARGET is a run folder (its resolved config.yaml gives every address, its metrics.jsonl the recent training
-figures), a run config file, or one service's HOST:PORT (its kind is found by asking).
+figures), a run config file, or one service's HOST:PORT (its kind is found by asking). Channels use the config's
+``tls`` section, or the one given (the CLI's ``--tls-*`` flags).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from relayrl.common.metrics_row import read_rows, rl_rows
 from relayrl.common.service import as_dict
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
+from relayrl.config.tls import TlsConfig
 
 CLIENTS: dict[str, type[ServiceClient]] = {"inference": InferenceClient, "reward": RewardClient,
                                            "rollout": RolloutClient, "trainer": TrainerClient}
@@ -39,17 +41,17 @@ def resolve(target: str) -> Target:
     return Target(None, None, target)
 
 
-async def _service_status(kind: str, address: str, timeout_s: float) -> dict[str, Any]:
-    async with CLIENTS[kind](address, timeout_s=timeout_s, retries=1) as client:
+async def _service_status(kind: str, address: str, timeout_s: float, tls: TlsConfig | None) -> dict[str, Any]:
+    async with CLIENTS[kind](address, timeout_s=timeout_s, retries=1, tls=tls) as client:
         try:
             return {"address": address, **as_dict(await client.status())}  # type: ignore[attr-defined]
         except grpc.aio.AioRpcError as exc:
             return {"address": address, "error": f"{exc.code().name}: {exc.details()}"}
 
 
-async def _identify(address: str, timeout_s: float) -> tuple[str, dict[str, Any]]:
+async def _identify(address: str, timeout_s: float, tls: TlsConfig | None) -> tuple[str, dict[str, Any]]:
     for kind in CLIENTS:
-        status = await _service_status(kind, address, timeout_s)
+        status = await _service_status(kind, address, timeout_s, tls)
         if not str(status.get("error", "")).startswith("UNIMPLEMENTED"):
             return kind, status
     return "unknown", {"address": address, "error": "no relayrl service answers there"}
@@ -80,14 +82,17 @@ def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
             "episodes_per_s": mean(r.episodes_per_s for r in recent), "window_steps": len(recent)}
 
 
-async def collect(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
+async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None = None) -> dict[str, Any]:
+    """The state of the target's services; channels use ``tls`` when given, else the config's ``tls`` section."""
     if target.address is not None:
-        kind, status = await _identify(target.address, timeout_s)
+        kind, status = await _identify(target.address, timeout_s, tls)
         return {"services": {kind: status}}
     assert target.cfg is not None
     cfg = target.cfg
+    tls = tls if tls is not None else cfg.tls
     kinds = list(CLIENTS)
-    statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s) for k in kinds))
+    statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s, tls)
+                                      for k in kinds))
     out: dict[str, Any] = {"services": dict(zip(kinds, statuses, strict=True))}
     if cfg.redis.url:
         out["queue"] = await _queue(cfg)

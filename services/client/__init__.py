@@ -14,7 +14,8 @@ may still be working on the call). Retrying is safe for every unary method relay
 
 A client's default policy comes from ``retries`` and ``backoff_s``; ``policies`` overrides it per RPC name
 (``{"Generate": RetryPolicy(attempts=3)}``, ``{"GetStatus": NO_RETRY}``). Mutating control calls send the
-bearer token (``authorization`` metadata) when one is given.
+bearer token (``authorization`` metadata) when one is given. With ``tls`` (the run config's ``tls`` section) the
+channel is TLS, verifying the server against its CA and presenting its client certificate (mutual TLS).
 
     async with TrainerClient("localhost:50054", token="...") as trainer:
         status = await trainer.status()
@@ -32,7 +33,7 @@ from typing import Any, Self, TypeVar
 
 import grpc
 
-from relayrl.common.grpc_utils import CHANNEL_OPTIONS
+from relayrl.common.grpc_utils import channel
 from relayrl.common.pb import (
     common_pb2,
     inference_pb2,
@@ -44,6 +45,7 @@ from relayrl.common.pb import (
     trainer_pb2,
     trainer_pb2_grpc,
 )
+from relayrl.config.tls import TlsConfig
 
 R = TypeVar("R")
 
@@ -84,7 +86,8 @@ class ServiceClient:
     stub_class: Any = None
 
     def __init__(self, target: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.2,
-                 token: str = "", policies: Mapping[str, RetryPolicy] | None = None) -> None:
+                 token: str = "", policies: Mapping[str, RetryPolicy] | None = None,
+                 tls: TlsConfig | None = None) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.retries = retries
@@ -92,7 +95,7 @@ class ServiceClient:
         self.token = token
         self.policy = RetryPolicy(attempts=retries + 1, backoff_s=backoff_s)
         self.policies = dict(policies or {})
-        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.channel = channel(target, tls)
         self.stub = self.stub_class(self.channel)
 
     async def __aenter__(self) -> Self:

@@ -1,4 +1,9 @@
-"""gRPC plumbing shared by the services: server creation with health, graceful shutdown, channels."""
+"""gRPC plumbing shared by the services: server creation with health, graceful shutdown, channels.
+
+Every server comes from :func:`create_server` and every channel from :func:`channel` (async) or
+:func:`health_status` (blocking): with a ``tls`` section that is on, servers listen with TLS (mutual TLS with
+``require_client_cert``) and channels verify servers against its CA; without it, plaintext.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from relayrl.common.config import ConfigError
 from relayrl.common.grpc_decode import DecodeInHandler
 from relayrl.config.endpoints import ServerConfig
+from relayrl.config.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +56,15 @@ def create_server(
     cfg: ServerConfig,
     register: Sequence[Callable[[grpc.aio.Server], None]],
     service_names: Sequence[str],
+    tls: TlsConfig | None = None,
 ) -> ServerHandle:
     """Create an aio server with the given servicers and the standard health service, bound to host:port, with the
-    section's limits on inbound message size and concurrent calls."""
+    section's limits on inbound message size and concurrent calls; with ``tls`` on, TLS only (no plaintext port).
+    Raises ConfigError naming the ``tls`` field of a missing or unreadable file."""
     host, port = cfg.host, cfg.port
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024)]
+    credentials = server_credentials(tls) if tls is not None and tls.enabled else None  # files read now
     # beyond max_concurrent_rpcs grpc answers RESOURCE_EXHAUSTED at once instead of queueing without bound
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
                              interceptors=[DecodeInHandler()])  # undecodable bytes: INVALID_ARGUMENT
@@ -62,7 +72,8 @@ def create_server(
         add(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
+             else server.add_insecure_port(f"{host}:{port}"))
     if bound == 0:
         raise OSError(f"could not bind gRPC server to {host}:{port}")
     return ServerHandle(server=server, port=bound, health=health, service_names=list(service_names))
@@ -88,15 +99,55 @@ async def run_until_signal(handle: ServerHandle, grace_s: float, stop: asyncio.E
     await handle.stop(grace_s)
 
 
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    """A server's TLS credentials: its certificate and key; with ``require_client_cert`` the CA that client
+    certificates must chain to, and the demand for one (mutual TLS)."""
+    files = tls.read()
+    if files.cert is None or files.key is None:
+        raise ConfigError("tls.cert_file", tls.cert_file, "a TLS server needs a certificate and its key (TLS is on "
+                                                          "because tls.ca_file or tls.client_cert_file is set)")
+    return grpc.ssl_server_credentials([(files.key, files.cert)],
+                                       root_certificates=files.ca if tls.require_client_cert else None,
+                                       require_client_auth=tls.require_client_cert)
+
+
+def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
+    """A client's TLS credentials: the CA that server certificates must chain to (None: the system's roots) and the
+    certificate it presents (``client_cert_file``, else ``cert_file``; none when neither is set)."""
+    files = tls.read()
+    cert, key = (files.client_cert, files.client_key) if files.client_cert is not None else (files.cert, files.key)
+    return grpc.ssl_channel_credentials(root_certificates=files.ca, private_key=key, certificate_chain=cert)
+
+
+def _tls_options(tls: TlsConfig) -> list[tuple[str, str]]:
+    return [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+
+
+def channel(target: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+    """The async channel to ``target``: TLS when ``tls`` is on (reading its files now), else plaintext."""
+    if tls is None or not tls.enabled:
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(target, channel_credentials(tls), options=[*CHANNEL_OPTIONS, *_tls_options(tls)])
+
+
 def insecure_channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    """A plaintext async channel (tests and tools that mean plaintext; services use :func:`channel`)."""
+    return channel(target, None)
 
 
-def health_status(target: str, timeout_s: float, service: str = "") -> tuple[bool, str]:
-    """One blocking grpc.health.v1 Check of ``target`` with a deadline: (SERVING?, status or error name)."""
-    with grpc.insecure_channel(target) as channel:
+def _blocking_channel(target: str, tls: TlsConfig | None) -> grpc.Channel:
+    if tls is None or not tls.enabled:
+        return grpc.insecure_channel(target)
+    return grpc.secure_channel(target, channel_credentials(tls), options=_tls_options(tls))
+
+
+def health_status(target: str, timeout_s: float, service: str = "",
+                  tls: TlsConfig | None = None) -> tuple[bool, str]:
+    """One blocking grpc.health.v1 Check of ``target`` with a deadline (over TLS when ``tls`` is on): (SERVING?,
+    status or error name)."""
+    with _blocking_channel(target, tls) as ch:
         try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(
+            resp = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
@@ -106,6 +157,6 @@ def health_status(target: str, timeout_s: float, service: str = "") -> tuple[boo
             health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
 
 
-def check_health(target: str, timeout_s: float, service: str = "") -> bool:
+def check_health(target: str, timeout_s: float, service: str = "", tls: TlsConfig | None = None) -> bool:
     """True when ``target`` answers the standard health Check with SERVING within ``timeout_s``."""
-    return health_status(target, timeout_s, service)[0]
+    return health_status(target, timeout_s, service, tls)[0]

@@ -18,6 +18,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.redis import RedisConfig
 from relayrl.config.reward import RewardConfig
 from relayrl.config.rollout import RolloutConfig
+from relayrl.config.tls import TlsConfig
 from relayrl.config.tracking import TrackingConfig
 from relayrl.config.trainer import TrainerConfig
 
@@ -54,6 +55,9 @@ class RunConfig:
         "help": "Where the trainer's metrics go besides metrics.jsonl: TensorBoard, W&B, MLflow."})
     control: ControlConfig = field(default_factory=ControlConfig, metadata={
         "help": "Control plane: the bearer token of mutating calls (pause/resume, checkpoint)."})
+    tls: TlsConfig = field(default_factory=TlsConfig, metadata={
+        "help": "TLS and mutual TLS on every gRPC server and channel of the run, from PEM files (all empty: "
+                "plaintext)."})
 
     def validate(self) -> None:
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:

@@ -39,7 +39,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     engine = await asyncio.to_thread(build_engine, cfg)
     service = InferenceService(cfg.inference, engine, load_tokenizer(cfg.model.path), str(cfg.model.path),
                                weights_dir=cfg.weights_dir, weights_token=cfg.control.effective_weights_token())
-    handle, _ = create_inference_server(service)
+    handle, _ = create_inference_server(service, cfg.tls)
     http = HttpServer(create_app(service), cfg.inference.http, "inference") if cfg.inference.http.enabled else None
     try:
         if http is not None:

@@ -16,6 +16,7 @@ from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpdateError, read_shared
+from relayrl.config.tls import TlsConfig
 from relayrl.inference.engine import GenerationInput
 from relayrl.inference.serving import InferenceService, LimitExceeded
 
@@ -138,12 +139,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         )
 
 
-def create_inference_server(service: InferenceService) -> tuple[ServerHandle, InferenceServicer]:
-    """Build the gRPC server (not started)."""
+def create_inference_server(service: InferenceService,
+                            tls: TlsConfig | None = None) -> tuple[ServerHandle, InferenceServicer]:
+    """Build the gRPC server (not started); TLS when ``tls`` is on."""
     servicer = InferenceServicer(service)
     handle = create_server(
         service.cfg.server,
         [lambda s: pb_grpc.add_InferenceServiceServicer_to_server(servicer, s)],
         [pb.DESCRIPTOR.services_by_name["InferenceService"].full_name],
+        tls,
     )
     return handle, servicer

@@ -17,6 +17,7 @@ from relayrl.common.pb import reward_pb2_grpc as pb_grpc
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.service import StatusHeader
 from relayrl.config.reward import RewardConfig
+from relayrl.config.tls import TlsConfig
 from relayrl.reward.api import RewardInput
 from relayrl.reward.pool import VerifierPool
 from relayrl.reward.protocol import Outcome, Status
@@ -136,12 +137,14 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
                                workers_ready=self.pool.ready_workers)
 
 
-def create_reward_server(cfg: RewardConfig) -> tuple[ServerHandle, RewardServicer]:
-    """The gRPC server and its servicer; ``await servicer.start()`` starts the verifier workers."""
+def create_reward_server(cfg: RewardConfig, tls: TlsConfig | None = None) -> tuple[ServerHandle, RewardServicer]:
+    """The gRPC server (TLS when ``tls`` is on) and its servicer; ``await servicer.start()`` starts the verifier
+    workers."""
     servicer = RewardServicer(cfg)
     handle = create_server(
         cfg.server,
         [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)],
         [pb.DESCRIPTOR.services_by_name["RewardService"].full_name],
+        tls,
     )
     return handle, servicer

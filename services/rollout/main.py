@@ -29,7 +29,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     stop = stop_on_signals(stop)
     stream = EpisodeStream.from_config(cfg.redis)
     async with RolloutClients.connect(cfg.inference.server.target, cfg.reward.server.target,
-                                      cfg.trainer.server.target) as clients:
+                                      cfg.trainer.server.target, cfg.tls) as clients:
         producer = RolloutProducer(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed), clients,
                                    redis_retry_s=cfg.redis.retry_s)
         handle, servicer = create_rollout_server(producer, cfg)

@@ -29,6 +29,7 @@ from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
 from relayrl.config.rollout import RolloutConfig
+from relayrl.config.tls import TlsConfig
 from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.progress import Progress, ProgressStore
 
@@ -51,12 +52,12 @@ class RolloutClients:
     trainer: TrainerClient
 
     @classmethod
-    def connect(cls, inference: str, reward: str, trainer: str) -> RolloutClients:
-        """Clients of the services at these gRPC targets (host:port)."""
-        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY}),
-                   RewardClient(reward, policies={"ScoreBatch": SCORE_POLICY}),
+    def connect(cls, inference: str, reward: str, trainer: str, tls: TlsConfig | None = None) -> RolloutClients:
+        """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on."""
+        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY}, tls=tls),
+                   RewardClient(reward, policies={"ScoreBatch": SCORE_POLICY}, tls=tls),
                    TrainerClient(trainer, timeout_s=TRAINER_STATUS_TIMEOUT_S,
-                                 policies={"GetStatus": TRAINER_STATUS_POLICY}))
+                                 policies={"GetStatus": TRAINER_STATUS_POLICY}, tls=tls))
 
     async def close(self) -> None:
         await asyncio.gather(self.inference.close(), self.reward.close(), self.trainer.close())

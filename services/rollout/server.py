@@ -69,5 +69,5 @@ def create_rollout_server(producer: RolloutProducer, cfg: RunConfig,
     servicer = RolloutServicer(producer, cfg)
     handle = create_server(
         server or cfg.rollout.server, [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)],
-        [rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name])
+        [rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name], cfg.tls)
     return handle, servicer

@@ -22,6 +22,7 @@ from relayrl.client import InferenceClient
 from relayrl.common.logging import log_context
 from relayrl.common.retry import redis_retry
 from relayrl.common.versions import VersionLineage, VersionSource
+from relayrl.config.tls import TlsConfig
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
 
@@ -36,13 +37,15 @@ class VersionPublication:
     """The current weight version, its lineage, and publishing new ones (narrow: what the loop and watchdog use)."""
 
     def __init__(self, publisher: WeightPublisher, versions: VersionSource, lineage: VersionLineage,
-                 coll: Collectives, inference_target: str, retry_s: float, resumed_version: int = 0) -> None:
+                 coll: Collectives, inference_target: str, retry_s: float, resumed_version: int = 0,
+                 tls: TlsConfig | None = None) -> None:
         self.publisher = publisher
         self.versions = versions
         self.lineage_db = lineage
         self.coll = coll
         self.is_main = coll.rank == 0
         self.inference_target = inference_target
+        self.tls = tls
         self.retry_s = retry_s
         self.resumed_version = resumed_version  # version of the restored weights, when resuming
         self.weight_version = 0
@@ -119,7 +122,8 @@ class VersionPublication:
 
     async def served_version(self) -> int:
         """The version inference serves now (a floor for the first allocation after a restart)."""
-        async with InferenceClient(self.inference_target, timeout_s=10.0, retries=4, backoff_s=0.5) as inference:
+        async with InferenceClient(self.inference_target, timeout_s=10.0, retries=4, backoff_s=0.5,
+                                   tls=self.tls) as inference:
             try:
                 return int((await inference.status()).weight_version)
             except grpc.aio.AioRpcError as exc:

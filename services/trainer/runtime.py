@@ -63,7 +63,7 @@ class Trainer:
         self.publication = VersionPublication(
             self._publisher(), VersionSource(self.stream.client, self.stream.keys),
             VersionLineage(self.stream.client, self.stream.keys), self.coll, cfg.inference.server.target,
-            cfg.redis.retry_s, resumed_version)
+            cfg.redis.retry_s, resumed_version, cfg.tls)
         self.checkpoints = CheckpointAck(cfg.checkpoint_dir, tc.checkpoint.every, tc.checkpoint.keep, self.model,
                                          self.tokenizer, self.learner.optimizer, self.coll, self.collector,
                                          self.stream, cfg.redis.retry_s)
@@ -91,7 +91,8 @@ class Trainer:
                                               cfg.seed)
         return WeightPublisher(self.model, self.device, cfg.inference.server.target,
                                make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
-                               probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token())
+                               probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token(),
+                               tls=cfg.tls)
 
     async def train(self) -> None:
         await self.loop.train()

@@ -54,5 +54,5 @@ def create_trainer_server(trainer: Trainer) -> tuple[ServerHandle, TrainerServic
     servicer = TrainerServicer(trainer)
     handle = create_server(
         trainer.cfg.trainer.server, [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
-        [trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name])
+        [trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name], trainer.cfg.tls)
     return handle, servicer

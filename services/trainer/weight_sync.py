@@ -25,6 +25,7 @@ from torch.func import functional_call
 
 from relayrl.client import InferenceClient
 from relayrl.common.probe import compare_probe, probe_logprobs, probe_sequences
+from relayrl.config.tls import TlsConfig
 from relayrl.trainer.transports import Transport
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ class _Snapshot:
 
 class WeightPublisher:
     def __init__(self, model: Any, device: torch.device, target: str, transport: Transport, timeout_s: float,
-                 probe: list[list[int]], probe_tolerance: float | None, token: str = "") -> None:
+                 probe: list[list[int]], probe_tolerance: float | None, token: str = "",
+                 tls: TlsConfig | None = None) -> None:
         self.model = model
+        self.tls = tls  # the run's tls section: the channel to inference is TLS when it is on
         self.token = token  # the weights token: inference accepts updates only with it
         self.device = device
         self.target = target
@@ -94,7 +97,7 @@ class WeightPublisher:
         expected = await asyncio.to_thread(self.expected_probe, params)
         messages = await asyncio.to_thread(self.transport.prepare, params, version, self.probe)
         async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5,
-                                   token=self.token) as inference:
+                                   token=self.token, tls=self.tls) as inference:
             try:
                 resp = await inference.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
             except grpc.aio.AioRpcError as exc:

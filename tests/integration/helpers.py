@@ -16,6 +16,7 @@ from relayrl.config.control import ControlConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.reward import RewardConfig
+from relayrl.config.tls import TlsConfig
 from relayrl.inference.http import create_app
 from relayrl.inference.native import NativeEngine
 from relayrl.inference.server import create_inference_server
@@ -63,14 +64,15 @@ def function_spec(function: str | Callable[..., object]) -> str:
 
 @asynccontextmanager
 async def reward_server(function: str | Callable[..., object] = "relayrl.tasks.arithmetic:reward",
+                        tls: TlsConfig | None = None,
                         **overrides: object) -> AsyncIterator[tuple[str, RewardServicer]]:
-    """The reward gRPC service on port 0 with its verifier pool (2 workers unless overridden)."""
+    """The reward gRPC service on port 0 with its verifier pool (2 workers unless overridden); TLS with ``tls``."""
     options: dict[str, object] = {"workers": 2, **overrides}
     defaults = RewardConfig()
     cfg = RewardConfig(server=replace(defaults.server, port=0), http=replace(defaults.http, host="127.0.0.1", port=0),
                        function=function_spec(function),
                        **options)  # type: ignore[arg-type]
-    handle, servicer = create_reward_server(cfg)
+    handle, servicer = create_reward_server(cfg, tls)
     await servicer.start()
     await handle.start()
     try:
