@@ -258,3 +258,16 @@ def test_services_share_one_image_built_from_repo_dockerfile(services: dict[str,
     for name in (*SERVICES, "init-model"):
         assert services[name]["build"] in (".", {"context": "."}), name
         assert services[name]["image"] == services["inference"]["image"], name
+
+
+def test_sandbox_override_loosens_only_the_reward_container() -> None:
+    override = REPO / "docker-compose.sandbox.yml"
+    data = yaml.safe_load(override.read_text())
+
+    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "-f", str(override), "config", "-q"],
+                            cwd=REPO, env=_with_credentials(), capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    assert data == {"services": {"reward": {"security_opt": ["seccomp=unconfined", "apparmor=unconfined",
+                                                             "systempaths=unconfined"]}}}
+    assert "security_opt" not in yaml.safe_load(COMPOSE_FILE.read_text())["services"]["reward"]
