@@ -131,6 +131,9 @@ message instead of pods crash-looping on a config error.
 {{- if regexMatch "^[a-z]+://[^/@]*@" .Values.redis.external.url }}
 {{- fail "redis.external.url holds credentials, which would be written into the ConfigMap: put the URL in a Secret (redis.external.existingSecret) or the password alone (redis.external.existingSecretPasswordKey)" }}
 {{- end }}
+{{- if has (int .Values.inference.weightsPort) (list (int .Values.inference.port) (int .Values.inference.httpPort)) }}
+{{- fail "inference.weightsPort must differ from inference.port and inference.httpPort (the NetworkPolicy admits only the trainer on it)" }}
+{{- end }}
 {{- $wsrv := dig "inference" "weights_server" dict $cfg }}
 {{- range $key := list "host" "port" "address" }}
 {{- if hasKey $wsrv $key }}
