@@ -120,6 +120,17 @@ def test_password_is_in_no_argument_of_the_running_server(server: Launched) -> N
     assert redis.Redis(port=server.port, password=PASSWORD).config_get("requirepass") == {"requirepass": PASSWORD}
 
 
+def test_data_files_are_readable_by_the_redis_user_only(server: Launched, tmp_path: Path) -> None:
+    client = redis.Redis(port=server.port, password=PASSWORD)
+    client.xadd("relayrl:episodes", {"group": "g1"})
+
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+
+    assert files, "appendonly: the AOF is in the data folder"
+    for path in [*files, *(p for p in tmp_path.rglob("*") if p.is_dir())]:
+        assert path.stat().st_mode & 0o077 == 0, f"{path}: {oct(path.stat().st_mode)}"
+
+
 def test_health_check_fails_without_the_password(server: Launched) -> None:
     line = server.health.replace("redis-cli", f"redis-cli -p {server.port}", 1) if "-p " not in server.health \
         else server.health.replace("-p 6379", f"-p {server.port}")
