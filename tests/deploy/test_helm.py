@@ -253,6 +253,7 @@ def test_redis_url_points_at_the_redis_service(tmp_path: Path) -> None:
     ({"inference": {"server": {"port": 9000}}}, "config.inference.server.port is set by the chart"),
     ({"redis": {"url": "redis://elsewhere:6379/0"}}, "config.redis.url is set by the chart"),
     ({"output_dir": "/elsewhere"}, "config.output_dir is set by the chart"),
+    ({"inference": {"weights_server": {"port": 9000}}}, "config.inference.weights_server.port is set by the chart"),
     ({"trainer": {"groups_per_step": 6}}, "must be divisible by the trainer's world size"),
 ])
 def test_render_refuses_config_keys_the_chart_owns(config: dict[str, Any], message: str) -> None:
@@ -377,15 +378,19 @@ def test_external_redis_url_disables_the_statefulset(tmp_path: Path) -> None:
     assert load_config(docs, tmp_path).redis.url == "rediss://redis.example.com:6380/2"
 
 
-def test_external_redis_secret_passes_the_url_outside_the_configmap(tmp_path: Path) -> None:
+def test_external_redis_secret_passes_url_and_password_in_the_environment_only(tmp_path: Path) -> None:
     docs = rendered("external-redis")
     assert not [d for d in docs if component(d) == "redis"]
-    assert load_config(docs, tmp_path).redis.url == ""
-    for svc in ("rollout", "reward", "inference"):
+    assert load_config(docs, tmp_path).redis.url == ""  # the services read RELAYRL_REDIS_URL (redis.url_env)
+    for svc in ("rollout", "trainer"):
         container = main_container(docs, svc)
         env = {e["name"]: e for e in container["env"]}
         assert env["RELAYRL_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "relayrl-redis", "key": "url"}
-        assert container["args"][-2:] == ["--set", "redis.url=$(RELAYRL_REDIS_URL)"], svc
+        assert env["RELAYRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "relayrl-redis",
+                                                                              "key": "password"}
+        assert "redis" not in " ".join([*container.get("command", []), *container["args"]]).lower(), svc
+    for svc in ("reward", "inference"):  # they never talk to Redis
+        assert not [e for e in main_container(docs, svc)["env"] if e["name"].startswith("RELAYRL_REDIS")], svc
     (policy,) = [p for p in objects(docs, "NetworkPolicy") if component(p) == "rollout"]
     assert {"ipBlock": {"cidr": "10.20.0.0/16"}} in [peer for rule in policy["spec"]["egress"]
                                                        for peer in rule.get("to", [])]
@@ -470,6 +475,15 @@ def _allowed_from(policy: Manifest, port: int) -> set[str]:
             for peer in rule["from"] if "podSelector" in peer}
 
 
+def _reaching(policy: Manifest, port: int) -> set[str]:
+    """Who may reach ``port``: rules naming it and rules naming no port at all (every port); any non-pod peer
+    (a namespace or an IP block) counts as "outside"."""
+    rules = [r for r in policy["spec"]["ingress"] if "ports" not in r or any(p["port"] == port for p in r["ports"])]
+    return {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] if "podSelector" in peer
+            and "namespaceSelector" not in peer else "outside"
+            for rule in rules for peer in rule.get("from", [{"ipBlock": {"cidr": "0.0.0.0/0"}}])}
+
+
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_network_policy_denies_by_default_and_allows_only_the_service_flows(name: str) -> None:
     docs = rendered(name)
@@ -484,6 +498,7 @@ def test_network_policy_denies_by_default_and_allows_only_the_service_flows(name
     by_component = {component(p): p for p in policies if component(p)}
     values = merged(_chart().values, value_set(name))
     assert _allowed_from(by_component["inference"], values["inference"]["port"]) == {"rollout", "trainer", "test"}
+    assert _reaching(by_component["inference"], values["inference"]["weightsPort"]) == {"trainer"}
     assert _allowed_from(by_component["reward"], values["reward"]["port"]) == {"rollout", "test"}
     assert _allowed_from(by_component["trainer"], values["trainer"]["port"]) == {"rollout", "test"}
     assert _allowed_from(by_component["rollout"], values["rollout"]["port"]) == {"test"}
@@ -518,14 +533,15 @@ def _secret_env(container: Manifest) -> dict[str, tuple[str, str]]:
 def test_credentials_come_from_a_secret_and_reach_only_the_services_that_need_them() -> None:
     docs = render({})
     (secret,) = [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]
-    assert set(secret["data"]) == {"control-token", "weights-token"}
+    assert set(secret["data"]) == {"control-token", "weights-token", "redis-password"}
     name = secret["metadata"]["name"]
 
-    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"}, "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN"},
-              "rollout": {"RELAYRL_CONTROL_TOKEN"}, "reward": set()}
+    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"},
+              "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_REDIS_PASSWORD"}, "reward": set()}
     for svc, names in wanted.items():
         env = _secret_env(main_container(docs, svc))
-        assert {k for k in env if k.endswith("_TOKEN")} == names, svc
+        assert set(env) == names, svc
         assert all(env[k][0] == name for k in names)
     assert all("token" not in " ".join(main_container(docs, svc).get("args", [])).lower() for svc in wanted)
 
@@ -535,3 +551,4 @@ def test_an_existing_credentials_secret_replaces_the_generated_one() -> None:
 
     assert not [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]
     assert _secret_env(main_container(docs, "trainer"))["RELAYRL_WEIGHTS_TOKEN"] == ("my-tokens", "weights-token")
+

@@ -92,7 +92,8 @@ def test_two_trainer_pods_rendezvous_at_pod_zero_and_train_to_the_end(
     runs = tmp_path / "runs"
     values = {
         "redis": {"external": {"url": redis_server.url}},
-        **{svc: {"port": free_port()} for svc in ("inference", "reward", "rollout")},
+        **{svc: {"port": free_port()} for svc in ("reward", "rollout")},
+        "inference": {"port": free_port(), "weightsPort": free_port()},
         "trainer": {"port": free_port(), "nodes": 2, "nprocPerNode": 1, "rendezvous": {"port": free_port()},
                     "persistence": {"mountPath": str(runs)}},
         "config": {"model": {"path": str(demo_model)},

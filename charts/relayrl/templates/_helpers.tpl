@@ -128,6 +128,18 @@ message instead of pods crash-looping on a config error.
 {{- if and .Values.redis.external.url .Values.redis.external.existingSecret }}
 {{- fail "set one of redis.external.url and redis.external.existingSecret" }}
 {{- end }}
+{{- if regexMatch "^[a-z]+://[^/@]*@" .Values.redis.external.url }}
+{{- fail "redis.external.url holds credentials, which would be written into the ConfigMap: put the URL in a Secret (redis.external.existingSecret) or the password alone (redis.external.existingSecretPasswordKey)" }}
+{{- end }}
+{{- if has (int .Values.inference.weightsPort) (list (int .Values.inference.port) (int .Values.inference.httpPort)) }}
+{{- fail "inference.weightsPort must differ from inference.port and inference.httpPort (the NetworkPolicy admits only the trainer on it)" }}
+{{- end }}
+{{- $wsrv := dig "inference" "weights_server" dict $cfg }}
+{{- range $key := list "host" "port" "address" }}
+{{- if hasKey $wsrv $key }}
+{{- fail (printf "config.inference.weights_server.%s is set by the chart (inference.weightsPort and the Service name); remove it" $key) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -158,6 +170,14 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- $_ := set $http "host" "0.0.0.0" }}
 {{- $_ := set $http "port" (int .) }}
 {{- $_ := set $section "http" $http }}
+{{- end }}
+{{- if eq $svc "inference" }}
+{{- /* the port that accepts weight updates (UpdateWeights): only trainer pods may reach it (networkpolicy.yaml) */}}
+{{- $wsrv := default dict $section.weights_server }}
+{{- $_ := set $wsrv "host" "0.0.0.0" }}
+{{- $_ := set $wsrv "port" (int $.Values.inference.weightsPort) }}
+{{- $_ := set $wsrv "address" (printf "%s:%d" (include "relayrl.componentName" (list $ "inference")) (int $.Values.inference.weightsPort)) }}
+{{- $_ := set $section "weights_server" $wsrv }}
 {{- end }}
 {{- $_ := set $cfg $svc $section }}
 {{- end }}
@@ -227,26 +247,42 @@ seccompProfile:
       name: {{ $creds }}
       key: weights-token
 {{- end }}
-{{- if $.Values.redis.external.existingSecret }}
+{{- /* Redis: only rollout and trainer use it. The URL (no password) is in the ConfigMap, or, from an external
+       Secret, in RELAYRL_REDIS_URL; the password in RELAYRL_REDIS_PASSWORD (redis.url_env / redis.password_env):
+       environment only, never an argument. */}}
+{{- if has $svc (list "rollout" "trainer") }}
+{{- $ext := $.Values.redis.external }}
+{{- if $ext.existingSecret }}
 - name: RELAYRL_REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ $.Values.redis.external.existingSecret }}
-      key: {{ $.Values.redis.external.existingSecretKey }}
+      name: {{ $ext.existingSecret }}
+      key: {{ $ext.existingSecretKey }}
+{{- end }}
+{{- if not (include "relayrl.redisExternal" $) }}
+- name: RELAYRL_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $creds }}
+      key: redis-password
+{{- else if and $ext.existingSecret $ext.existingSecretPasswordKey }}
+- name: RELAYRL_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ext.existingSecret }}
+      key: {{ $ext.existingSecretPasswordKey }}
+{{- end }}
 {{- end }}
 {{- with (index $.Values $svc).extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
 
-{{/* Arguments after `relayrl`: serve <svc> <config> [--set redis.url=$(RELAYRL_REDIS_URL)]. (list $ svc) */}}
+{{/* Arguments after `relayrl`: serve <svc> <config>. No secret ever goes here (`ps` shows arguments, also
+     after kubelet's $(VAR) expansion): credentials travel in the environment. (list $ svc) */}}
 {{- define "relayrl.serveArgs" -}}
 {{- $ := index . 0 }}{{- $svc := index . 1 -}}
-{{- $args := list "serve" $svc "/config/relayrl.yaml" }}
-{{- if $.Values.redis.external.existingSecret }}
-{{- $args = concat $args (list "--set" "redis.url=$(RELAYRL_REDIS_URL)") }}
-{{- end }}
-{{- toJson $args }}
+{{- toJson (list "serve" $svc "/config/relayrl.yaml") }}
 {{- end }}
 
 {{/* Native gRPC probes of a service on its port, health service name relayrl.v1.<Name>Service. (list $ svc) */}}
