@@ -10,21 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_helm import (
+from tests.deploy.chart import (
     VALUE_SETS,
     Manifest,
     _chart,
-    _reaching,
-    _secret_env,
     component,
     load_config,
     main_container,
     merged,
     objects,
     pod_specs,
+    reaching,
     render,
     render_error,
     rendered,
+    secret_env,
     service,
     value_set,
     workload,
@@ -45,7 +45,7 @@ def test_no_container_argument_holds_or_expands_a_secret(name: str) -> None:
             argv = " ".join([*container.get("command", []), *container.get("args", [])])
             assert not [v for v in values if v in argv], (where, container["name"])
             # kubelet expands $(VAR) in command and args: a secret's variable there would be on the command line
-            secret_vars = _secret_env(container)
+            secret_vars = secret_env(container)
             assert not [v for v in secret_vars if f"$({v})" in argv], (where, container["name"])
             probes = " ".join(str(container.get(p, "")) for p in ("startupProbe", "livenessProbe", "readinessProbe"))
             assert not [v for v in values if v in probes], (where, container["name"])
@@ -56,7 +56,7 @@ def test_redis_requires_the_password_of_the_credentials_secret() -> None:
     (secret,) = [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]
     (container,) = workload(docs, "redis")["spec"]["template"]["spec"]["containers"]
 
-    assert _secret_env(container) == {"REDISCLI_AUTH": (secret["metadata"]["name"], "redis-password")}
+    assert secret_env(container) == {"REDISCLI_AUTH": (secret["metadata"]["name"], "redis-password")}
     script = container["command"][2]
     assert container["command"][:2] == ["sh", "-c"] and 'exec redis-server "$@" -' in script
     assert 'requirepass "$REDISCLI_AUTH"' in script  # config on stdin, from the environment
@@ -69,8 +69,8 @@ def test_an_existing_credentials_secret_also_holds_the_redis_password() -> None:
     docs = render({"credentials": {"existingSecret": "my-tokens"}})
 
     (container,) = workload(docs, "redis")["spec"]["template"]["spec"]["containers"]
-    assert _secret_env(container)["REDISCLI_AUTH"] == ("my-tokens", "redis-password")
-    assert _secret_env(main_container(docs, "rollout"))["RELAYRL_REDIS_PASSWORD"] == ("my-tokens", "redis-password")
+    assert secret_env(container)["REDISCLI_AUTH"] == ("my-tokens", "redis-password")
+    assert secret_env(main_container(docs, "rollout"))["RELAYRL_REDIS_PASSWORD"] == ("my-tokens", "redis-password")
 
 
 def test_external_redis_url_with_credentials_is_refused() -> None:
@@ -109,9 +109,9 @@ def test_extra_inference_ingress_without_ports_does_not_open_the_weights_port() 
     docs = render({"networkPolicy": {"extraIngress": {"inference": [clients]}}})
     (policy,) = [p for p in objects(docs, "NetworkPolicy") if component(p) == "inference"]
 
-    assert _reaching(policy, 50051) == {"rollout", "trainer", "test", "outside"}
-    assert _reaching(policy, 8000) == {"outside"}
-    assert _reaching(policy, 50055) == {"trainer"}
+    assert reaching(policy, 50051) == {"rollout", "trainer", "test", "outside"}
+    assert reaching(policy, 8000) == {"outside"}
+    assert reaching(policy, 50055) == {"trainer"}
 
 
 @pytest.mark.parametrize("port", [50051, 8000])
