@@ -92,6 +92,8 @@ class InferenceService:
             raise ValueError("stop strings must not be empty")
         if any(not 0 <= t < vocab for t in inp.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        if inp.seed is not None and not -(2**63) <= inp.seed < 2**64:  # what a torch generator takes
+            raise ValueError("seed must be in [-2**63, 2**64)")
         return inp
 
     def submit(self, inp: GenerationInput) -> tuple[Future[list[SampleOutput]], float]:
