@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.probe import check_probe
-from relayrl.common.weights import TensorSpec, WeightAssembler, WeightUpdateError, dtype_name, iter_update_messages
+from relayrl.common.weights import (
+    TensorSpec,
+    WeightAssembler,
+    WeightUpdateError,
+    check_finite,
+    dtype_name,
+    iter_update_messages,
+)
 from relayrl.config.control import ControlConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
@@ -90,6 +97,22 @@ def test_a_sent_update_is_assembled_bit_exactly_and_a_dropped_message_is_refused
         got = assemble()
         # bit-exact: bytes compared, so NaN payloads of random float bytes compare equal too
         assert all(got[k].view(-1).view(torch.uint8).equal(t.reshape(-1).view(torch.uint8)) for k, t in tensors.items())
+
+
+@FUZZ
+@given(dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       values=st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([6e4, 3e38, -3e38])),
+                       min_size=1, max_size=40))
+def test_check_finite_refuses_exactly_the_tensors_holding_nan_or_inf(dtype: torch.dtype, values: list[float]) -> None:
+    t = torch.tensor(values, dtype=torch.float64).to(dtype)  # values beyond the dtype's range become inf
+    finite = bool(torch.isfinite(t).all())  # huge finite values whose sum overflows must still pass
+
+    try:
+        check_finite({"w": t})
+    except WeightUpdateError:
+        assert not finite
+    else:
+        assert finite
 
 
 @FUZZ
