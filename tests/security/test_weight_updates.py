@@ -228,6 +228,24 @@ def test_main_port_refuses_weight_updates_naming_the_weights_port_which_accepts_
     assert refused_version == 0 and pushed == 1
 
 
+def test_launcher_gives_the_weights_server_its_own_free_loopback_port(tmp_path: Path) -> None:
+    from relayrl.config import load_run_config
+    from relayrl.launcher import Launcher
+    from tests.conftest import REPO
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = load_run_config(None, [f"model.path={model}", f"rollout.dataset={REPO / 'examples/data/arithmetic.jsonl'}",
+                                 "inference.weights_server.host=0.0.0.0", "inference.weights_server.address=x:1"])
+
+    inference = Launcher(cfg, tmp_path / "run").cfg.inference
+
+    ws = inference.weights_server
+    assert ws.host == "127.0.0.1" and ws.port not in (0, 50055, inference.server.port)
+    assert ws.target == f"127.0.0.1:{ws.port}"  # what the trainer's publisher is given
+
+
 def test_weights_server_on_the_main_servers_port_is_a_config_error() -> None:
     cfg = InferenceConfig(server=server_config(50051), weights_server=server_config(50051))
 
