@@ -125,7 +125,8 @@ class Launcher:
             model=replace(cfg.model, path=cfg.model.path.resolve()),
             rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server),
                             http=local_http(cfg.rollout.http)),
-            inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http)),
+            inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http),
+                              weights_server=local(cfg.inference.weights_server)),
             reward=replace(cfg.reward, server=local(cfg.reward.server), http=local_http(cfg.reward.http)),
             trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http)),
         )

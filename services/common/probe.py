@@ -43,9 +43,19 @@ def probe_sequences(vocab_size: int, num_sequences: int, length: int, seed: int,
     return ids[picks].tolist()  # type: ignore[no-any-return]
 
 
-def check_probe(sequences: Sequence[Sequence[int]]) -> None:
+def check_probe(sequences: Sequence[Sequence[int]], vocab_size: int | None = None, max_length: int | None = None,
+                max_tokens: int | None = None) -> None:
+    """ValueError unless the probe is >= 1 sequence of >= 2 tokens, each id in [0, vocab_size), each sequence at
+    most ``max_length`` tokens and all of them together at most ``max_tokens`` (limits checked when given)."""
     if not sequences or any(len(s) < 2 for s in sequences):
         raise ValueError("probe sequences must be non-empty and have >= 2 tokens each")
+    if max_length is not None and any(len(s) > max_length for s in sequences):
+        raise ValueError(f"a probe sequence is longer than the model's context ({max_length} tokens)")
+    total = sum(len(s) for s in sequences)
+    if max_tokens is not None and total > max_tokens:
+        raise ValueError(f"the probe has {total} tokens, over the limit of {max_tokens}")
+    if vocab_size is not None and any(not 0 <= t < vocab_size for s in sequences for t in s):
+        raise ValueError(f"probe token ids must be in [0, {vocab_size})")
 
 
 @torch.inference_mode()

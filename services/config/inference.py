@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 
 
@@ -62,7 +63,26 @@ class InferenceConfig:
     vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "vLLM engine settings."})
     server: ServerConfig = field(  # Generate calls are small; weight chunks stay under 4 MiB
         default_factory=lambda: server_config(50051, max_receive_mib=8, max_concurrent_rpcs=512),
-        metadata={"help": "gRPC server of this service."})
+        metadata={"help": "gRPC server of this service: Generate and GetStatus (UpdateWeights is refused here with "
+                          "PERMISSION_DENIED: weights arrive on weights_server)."})
+    weights_server: ServerConfig = field(
+        default_factory=lambda: server_config(50055, max_receive_mib=8, max_concurrent_rpcs=2),
+        metadata={"help": "gRPC server that accepts weight updates (UpdateWeights; also GetStatus and health), meant "
+                          "for the trainer alone (a network policy can name this port). Its max_concurrent_rpcs "
+                          "bounds how many updates are assembled in memory at once (each holds up to one copy of "
+                          "the model's weights); max_receive_mib must exceed the trainer's chunk size."})
+    weights_idle_timeout_s: float = field(default=30.0, metadata={
+        "help": "An UpdateWeights stream that sends no message for this long is aborted with DEADLINE_EXCEEDED "
+                "and frees its slot on weights_server (a stuck or hostile sender cannot hold it).", "gt": 0})
+    max_probe_tokens: int = field(default=16384, metadata={
+        "help": "Most tokens in the probe batch of a weight update (all sequences together); each sequence also "
+                "has to fit the model's context. A larger probe is refused before anything changes.", "ge": 2})
     batch_wait_ms: float = field(default=0.0, metadata={
         "help": "Ignored: requests join the running batch between decode steps (continuous batching).", "ge": 0,
         "deprecated": "ignored since continuous batching; delete it", "removed_in": "0.3"})
+
+    def validate(self) -> None:
+        ws, main = self.weights_server, self.server
+        if ws.port != 0 and ws.port == main.port and ws.host == main.host:
+            raise ConfigError("weights_server.port", ws.port, "must differ from server.port (weight updates have "
+                                                              "their own port)")

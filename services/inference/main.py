@@ -15,7 +15,7 @@ from relayrl.config import RunConfig
 from relayrl.config.inference import EngineKind
 from relayrl.inference.engine import Engine
 from relayrl.inference.http import create_app
-from relayrl.inference.server import create_inference_server
+from relayrl.inference.server import create_inference_servers
 from relayrl.inference.serving import InferenceService
 
 
@@ -33,20 +33,24 @@ def build_engine(cfg: RunConfig) -> Engine:
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
-    require_credential(cfg.control.effective_weights_token(), {"inference.server.host": cfg.inference.server.host},
+    ic = cfg.inference
+    hosts = {"inference.server.host": ic.server.host, "inference.weights_server.host": ic.weights_server.host}
+    require_credential(cfg.control.effective_weights_token(), hosts,
                        "a weights token (control.weights_token_env): it decides who may change the served weights")
     cfg.model.check_exists()
     engine = await asyncio.to_thread(build_engine, cfg)
     service = InferenceService(cfg.inference, engine, load_tokenizer(cfg.model.path), str(cfg.model.path),
                                weights_dir=cfg.weights_dir, weights_token=cfg.control.effective_weights_token())
-    handle, _ = create_inference_server(service, cfg.tls)
+    handle, weights = create_inference_servers(service, cfg.tls)
     http = HttpServer(create_app(service), cfg.inference.http, "inference") if cfg.inference.http.enabled else None
     try:
         if http is not None:
             await http.start()
+        await weights.start()  # UpdateWeights (trainer only) on its own port
         service.header.state = ServingState.SERVING_STATE_SERVING  # the engine is loaded
         await run_until_signal(handle, cfg.inference.server.shutdown_grace_s, stop)
     finally:
+        await weights.stop(cfg.inference.weights_server.shutdown_grace_s)
         if http is not None:
             await http.stop()
         await asyncio.to_thread(engine.close)

@@ -202,21 +202,26 @@ class NativeEngine:
         return admitted
 
     def _apply_swap(self, swap: _Swap) -> None:
+        """Swap the staged tensors in by reference, score the probe; on failure restore the old ones (version kept)."""
         try:
             if swap.version <= self._version:
                 raise StaleVersionError(f"version {swap.version} is not newer than the served version "
                                         f"{self._version}")
-            with torch.no_grad():
+            old = {name: p.data for name, p in self._params.items()}
+            try:
                 for name, t in swap.tensors.items():
-                    self._params[name].copy_(t)
+                    self._params[name].data = t
+                result = probe_logprobs(self.model, swap.probe, self.device).tolist() if swap.probe else []
+            except BaseException:
+                for name, t in old.items():
+                    self._params[name].data = t
+                raise
             self._version = swap.version
             with log_context(weight_version=swap.version):
                 log.info("weights swapped to version %d", swap.version)
-            result = probe_logprobs(self.model, swap.probe, self.device).tolist() if swap.probe else []
+            swap.done.set_result(result)
         except Exception as exc:
             swap.done.set_exception(exc)
-        else:
-            swap.done.set_result(result)
 
     def _iteration(self, admitted: list[_Request]) -> None:
         self._drop_cancelled()

@@ -1,4 +1,5 @@
-"""The inference gRPC service: generation, weight updates (streamed or shared path, probe-verified), status."""
+"""The inference gRPC service: generation and status on ``inference.server``; weight updates (streamed or shared
+path, probe-verified) and status on their own ``inference.weights_server``."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import NoReturn
 
 import grpc
+from torch import Tensor
 
 from relayrl.common.control import require_token
 from relayrl.common.grpc_utils import ServerHandle, create_server
@@ -15,10 +19,10 @@ from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import check_probe
-from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpdateError, read_shared
+from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpdateError, check_finite, read_shared
 from relayrl.config.tls import TlsConfig
 from relayrl.inference.engine import GenerationInput
-from relayrl.inference.serving import InferenceService, LimitExceeded
+from relayrl.inference.serving import InferenceService, LimitExceeded, WeightSwapError
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +45,30 @@ async def generation_input(service: InferenceService, request: pb.GenerateReques
     ))
 
 
+class IdleStreamError(Exception):
+    """A weight stream that sent nothing for weights_idle_timeout_s."""
+
+
+# refusal -> (status code, metrics label); any other WeightUpdateError is INVALID_ARGUMENT
+_REFUSALS: dict[type[Exception], tuple[grpc.StatusCode, str]] = {
+    StaleVersionError: (grpc.StatusCode.FAILED_PRECONDITION, "stale"),
+    IdleStreamError: (grpc.StatusCode.DEADLINE_EXCEEDED, "idle"),
+    WeightSwapError: (grpc.StatusCode.FAILED_PRECONDITION, "swap_failed"),
+}
+
+
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, service: InferenceService) -> None:
+    """One servicer class for both ports: the main one (``weights_port`` False) serves Generate and GetStatus and
+    refuses UpdateWeights; the weights one serves UpdateWeights and GetStatus and refuses Generate."""
+
+    def __init__(self, service: InferenceService, weights_port: bool = False) -> None:
         self.service = service
+        self.weights_port = weights_port
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        if self.weights_port:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not "
+                                                                   "on the weights port")
         try:
             inp = await generation_input(self.service, request)
             submitted = self.service.submit(inp)
@@ -62,12 +85,28 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                                finish_reason=s.finish_reason, text=s.text) for s in samples],
         )
 
+    async def _messages(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]
+                        ) -> AsyncIterator[pb.WeightUpdateMessage]:
+        """The stream's messages; IdleStreamError when none arrives within weights_idle_timeout_s."""
+        timeout = self.service.cfg.weights_idle_timeout_s
+        it = aiter(request_iterator)
+        while True:
+            try:
+                msg = await asyncio.wait_for(anext(it), timeout)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise IdleStreamError(f"no message for {timeout:g}s (inference.weights_idle_timeout_s)") from None
+            yield msg
+
     async def _receive(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]
                        ) -> tuple[pb.WeightManifest, WeightAssembler]:
+        """Every message of the stream, each chunk checked against the model's specs as it arrives, then the
+        manifest's own checks (version, transport, probe): nothing here touches the served model."""
         engine = self.service.engine
         assembler = WeightAssembler(engine.specs)
         manifest: pb.WeightManifest | None = None
-        async for msg in request_iterator:
+        async for msg in self._messages(request_iterator):
             if manifest is not None:
                 raise WeightUpdateError("messages after the manifest")
             if msg.HasField("chunk"):
@@ -78,53 +117,67 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 raise WeightUpdateError("empty message in weight stream")
         if manifest is None:
             raise WeightUpdateError("the stream ended without a manifest")
-        if manifest.version <= engine.version:
+        if manifest.version <= engine.version:  # early; checked again under the update lock
             raise StaleVersionError(f"version {manifest.version} is not newer than the served version "
                                     f"{engine.version}")
         if manifest.path and assembler.bytes_received:
             raise WeightUpdateError("an update is either streamed in chunks or read from a shared path, not both")
         try:
-            check_probe([list(p.ids) for p in manifest.probe]) if manifest.probe else None
+            check_probe([list(p.ids) for p in manifest.probe], engine.vocab_size, engine.context_length,
+                        self.service.cfg.max_probe_tokens) if manifest.probe else None
         except ValueError as exc:
             raise WeightUpdateError(str(exc)) from exc
         return manifest, assembler
 
+    def _assemble(self, manifest: pb.WeightManifest, assembler: WeightAssembler) -> tuple[dict[str, Tensor], int]:
+        """The update's tensors, complete and checked (checksum, finite values), and its size (blocking: runs off
+        the event loop, outside the update lock)."""
+        service = self.service
+        if manifest.path:
+            if service.weights_dir is None:
+                raise WeightUpdateError("this server accepts no shared-path updates (no weights directory)")
+            tensors, nbytes = read_shared(manifest, service.weights_dir, service.engine.specs), manifest.total_bytes
+        else:
+            tensors, nbytes = assembler.finish(manifest), assembler.bytes_received
+        check_finite(tensors)
+        return tensors, nbytes
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
+        """Abort a refused update with its deliberate status code; nothing was changed."""
+        code, label = _REFUSALS.get(type(exc), (grpc.StatusCode.INVALID_ARGUMENT, "refused"))
+        log.warning("refused weight update (%s): %s", code.name, exc)
+        self.service.metrics.weight_updates.labels(label).inc()
+        await context.abort(code, f"weight update refused: {exc}")
+        raise AssertionError("unreachable: abort raises")
+
     async def UpdateWeights(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage],
                             context: grpc.aio.ServicerContext) -> pb.UpdateWeightsResponse:
-        """Validate the whole update, swap atomically between decode steps, score the probe; on error nothing
-        changes."""
+        """Receive, assemble and validate the whole update without the update lock; then, under it, re-check the
+        version, swap between decode steps and score the probe. On any error the old weights and version serve."""
         service, metrics = self.service, self.service.metrics
+        if not self.weights_port:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "weight updates are accepted only on the weights "
+                                f"port (inference.weights_server, {service.weights_target or 'see the config'})")
         await require_token(context, service.weights_token, "a weight update")  # only the trainer holds it
-        async with service.update_lock:
-            t0 = time.perf_counter()
-            try:
-                manifest, assembler = await self._receive(request_iterator)
-                bind_log_context(weight_version=manifest.version)  # the rest of this call (its own task)
-                if manifest.path:
-                    if service.weights_dir is None:
-                        raise WeightUpdateError("this server accepts no shared-path updates (no weights directory)")
-                    tensors = await asyncio.to_thread(read_shared, manifest, service.weights_dir,
-                                                      service.engine.specs)
-                    nbytes = manifest.total_bytes
-                else:
-                    tensors = assembler.finish(manifest)
-                    nbytes = assembler.bytes_received
-                probe = [list(p.ids) for p in manifest.probe]
-                probe_lp = await service.apply_update(tensors, manifest.version, probe)
-            except StaleVersionError as exc:
-                metrics.weight_updates.labels("stale").inc()
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            except WeightUpdateError as exc:
-                log.warning("refused weight update: %s", exc)
-                metrics.weight_updates.labels("refused").inc()
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weight update refused: {exc}")
-            elapsed = time.perf_counter() - t0
-            service.weight_updates += 1
-            metrics.weight_updates.labels("applied").inc()
-            metrics.weight_update_seconds.observe(elapsed)
-            metrics.weight_update_bytes.inc(nbytes)
-            return pb.UpdateWeightsResponse(version=manifest.version, apply_s=elapsed, bytes_received=nbytes,
-                                            probe_logprobs=probe_lp)
+        t0 = time.perf_counter()
+        service.weight_streams += 1
+        try:
+            manifest, assembler = await self._receive(request_iterator)
+            bind_log_context(weight_version=manifest.version)  # the rest of this call (its own task)
+            tensors, nbytes = await asyncio.to_thread(self._assemble, manifest, assembler)
+            del assembler  # its buffers now back ``tensors``
+            probe_lp = await service.apply_update(tensors, manifest.version, [list(p.ids) for p in manifest.probe])
+        except (WeightUpdateError, IdleStreamError, WeightSwapError) as exc:
+            await self._refuse(context, exc)
+        finally:
+            service.weight_streams -= 1
+        elapsed = time.perf_counter() - t0
+        service.weight_updates += 1
+        metrics.weight_updates.labels("applied").inc()
+        metrics.weight_update_seconds.observe(elapsed)
+        metrics.weight_update_bytes.inc(nbytes)
+        return pb.UpdateWeightsResponse(version=manifest.version, apply_s=elapsed, bytes_received=nbytes,
+                                        probe_logprobs=probe_lp)
 
     async def GetStatus(self, request: pb.GetInferenceStatusRequest,
                         context: grpc.aio.ServicerContext) -> pb.InferenceStatus:
@@ -139,14 +192,17 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         )
 
 
-def create_inference_server(service: InferenceService,
-                            tls: TlsConfig | None = None) -> tuple[ServerHandle, InferenceServicer]:
-    """Build the gRPC server (not started); TLS when ``tls`` is on."""
-    servicer = InferenceServicer(service)
-    handle = create_server(
-        service.cfg.server,
-        [lambda s: pb_grpc.add_InferenceServiceServicer_to_server(servicer, s)],
-        [pb.DESCRIPTOR.services_by_name["InferenceService"].full_name],
-        tls,
-    )
-    return handle, servicer
+def create_inference_servers(service: InferenceService,
+                             tls: TlsConfig | None = None) -> tuple[ServerHandle, ServerHandle]:
+    """Build the main gRPC server (``inference.server``) and the weights server (``inference.weights_server``),
+    both bound, not started, with TLS when ``tls`` is on. Records the weights server's target in
+    ``service.weights_target``."""
+    name = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
+    add = pb_grpc.add_InferenceServiceServicer_to_server
+    handles = []
+    for cfg, weights_port in ((service.cfg.server, False), (service.cfg.weights_server, True)):
+        servicer = InferenceServicer(service, weights_port)
+        handles.append(create_server(cfg, [lambda s, sv=servicer: add(sv, s)], [name], tls))
+    ws = service.cfg.weights_server
+    service.weights_target = ws.address or replace(ws, port=handles[1].port).target
+    return handles[0], handles[1]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from relayrl.common.service import StatusHeader
+from relayrl.common.weights import StaleVersionError, WeightUpdateError
 from relayrl.config.inference import InferenceConfig
 from relayrl.inference.engine import Engine, GenerationInput, SampleOutput
 from relayrl.inference.metrics import InferenceMetrics
@@ -30,6 +31,11 @@ class LimitExceeded(ValueError):
         self.http_status = http_status
 
 
+class WeightSwapError(Exception):
+    """A validated weight update whose swap (or probe scoring) failed in the engine; the engine restored the old
+    weights, and the served version never moved (FAILED_PRECONDITION over gRPC)."""
+
+
 class InferenceService:
     def __init__(self, cfg: InferenceConfig, engine: Engine, tokenizer: Any, model_path: str,
                  weights_dir: Path | None = None, weights_token: str = "") -> None:
@@ -42,7 +48,9 @@ class InferenceService:
         self.weights_dir = weights_dir
         self.header = StatusHeader("inference")
         self.metrics = InferenceMetrics(engine.stats, lambda: engine.version)
-        self._update_lock = asyncio.Lock()  # one weight update at a time
+        self._update_lock = asyncio.Lock()  # one swap at a time (receiving and assembling happen outside it)
+        self.weights_target = ""  # where UpdateWeights is served (set when the weights server is bound)
+        self.weight_streams = 0  # UpdateWeights calls in progress (receiving, assembling or swapping)
         self.requests_served = 0
         self.tokens_generated = 0
         self.weight_updates = 0
@@ -84,6 +92,8 @@ class InferenceService:
             raise ValueError("stop strings must not be empty")
         if any(not 0 <= t < vocab for t in inp.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        if inp.seed is not None and not -(2**63) <= inp.seed < 2**64:  # what a torch generator takes
+            raise ValueError("seed must be in [-2**63, 2**64)")
         return inp
 
     def submit(self, inp: GenerationInput) -> tuple[Future[list[SampleOutput]], float]:
@@ -110,8 +120,23 @@ class InferenceService:
 
     async def apply_update(self, tensors: Mapping[str, torch.Tensor], version: int,
                            probe: Sequence[Sequence[int]]) -> list[float]:
-        """Swap (on the engine thread, between decode steps) and score the probe; raises WeightUpdateError."""
-        return await asyncio.to_thread(self.engine.update_weights, tensors, version, probe)
+        """Under the update lock: re-check the version (another update may have landed while this one was
+        assembled), then swap (on the engine thread, between decode steps) and score the probe. Raises
+        StaleVersionError / WeightUpdateError for a refused update, WeightSwapError when the engine failed (it
+        restored the old weights); the version moves only after a successful swap and probe."""
+        async with self._update_lock:
+            if version <= self.engine.version:
+                raise StaleVersionError(f"version {version} is not newer than the served version "
+                                        f"{self.engine.version}")
+            try:
+                return await asyncio.to_thread(self.engine.update_weights, tensors, version, probe)
+            except WeightUpdateError:
+                raise
+            except Exception as exc:
+                log.exception("weight swap to version %d failed; version %d keeps serving", version,
+                              self.engine.version)
+                raise WeightSwapError(f"the swap to version {version} failed ({type(exc).__name__}); version "
+                                      f"{self.engine.version} keeps serving") from exc
 
     @property
     def update_lock(self) -> asyncio.Lock:

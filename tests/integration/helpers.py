@@ -19,7 +19,7 @@ from relayrl.config.reward import RewardConfig
 from relayrl.config.tls import TlsConfig
 from relayrl.inference.http import create_app
 from relayrl.inference.native import NativeEngine
-from relayrl.inference.server import create_inference_server
+from relayrl.inference.server import create_inference_servers
 from relayrl.inference.serving import InferenceService
 from relayrl.reward.http import create_app as create_reward_app
 from relayrl.reward.server import RewardServicer, create_reward_server
@@ -27,12 +27,16 @@ from relayrl.reward.server import RewardServicer, create_reward_server
 
 @asynccontextmanager
 async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | None = None, http: bool = False,
-                           server_limits: dict[str, int] | None = None,
+                           server_limits: dict[str, int] | None = None, weights_port: int = 0,
+                           weights_limits: dict[str, int] | None = None,
                            **overrides: object) -> AsyncIterator[tuple[str, InferenceService]]:
-    """A native-engine inference server on loopback; with ``http`` its REST API too (``service.http_port``);
-    ``server_limits`` overrides fields of its gRPC server section (max_receive_mib, max_concurrent_rpcs)."""
+    """A native-engine inference server on loopback: yields the main server's target; the weights server's
+    (UpdateWeights) is ``service.weights_target``. With ``http`` its REST API too (``service.http_port``);
+    ``server_limits`` / ``weights_limits`` override fields of the main / weights gRPC server sections
+    (max_receive_mib, max_concurrent_rpcs)."""
     defaults = InferenceConfig()  # the service's own limits, on loopback and free ports
     cfg = InferenceConfig(server=replace(defaults.server, port=port, **(server_limits or {})),
+                          weights_server=replace(defaults.weights_server, port=weights_port, **(weights_limits or {})),
                           http=replace(defaults.http, host="127.0.0.1", port=0), **overrides)  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
     engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"),
@@ -40,9 +44,10 @@ async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | N
                           max_prefill_tokens=cfg.max_prefill_tokens)
     service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
                                weights_token=ControlConfig().effective_weights_token())
-    handle, _ = create_inference_server(service)
+    handle, weights = create_inference_servers(service)
     rest = HttpServer(create_app(service), cfg.http, "inference") if http else None
     await handle.start()
+    await weights.start()
     if rest is not None:
         await rest.start()
         service.http_port = rest.port  # type: ignore[attr-defined]
@@ -52,6 +57,7 @@ async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | N
         if rest is not None:
             await rest.stop()
         await handle.stop(0)
+        await weights.stop(0)
         engine.close()
 
 

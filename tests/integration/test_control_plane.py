@@ -53,9 +53,10 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
     http = HttpConfig(host="127.0.0.1", port=0)
 
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (inf_target, _), reward_server(reward) as (rew_target, _):
+        async with inference_server(tiny_model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
             trainer = Trainer(replace(cfg, inference=replace(
-                cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
+                cfg.inference, server=replace(cfg.inference.server, address=inf_target),
+                weights_server=replace(cfg.inference.weights_server, address=inf.weights_target))))
             t_handle, t_servicer = create_trainer_server(trainer)
             t_http = HttpServer(t_servicer.http_app(), http, "trainer")
             await t_handle.start()

@@ -94,11 +94,13 @@ def test_malformed_generate_is_invalid_argument(tiny_model_dir: Path, request_: 
 
 def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch:
+        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch, \
+                insecure_channel(servicer.weights_target) as wch:
             stub = pb_grpc.InferenceServiceStub(ch)
+            wstub = pb_grpc.InferenceServiceStub(wch)
             new = {k: torch.randn_like(v) for k, v in model_tensors(servicer.engine.model).items()}
 
-            resp = await stub.UpdateWeights(_stream(list(iter_update_messages(new, 4, chunk_bytes=8192))),
+            resp = await wstub.UpdateWeights(_stream(list(iter_update_messages(new, 4, chunk_bytes=8192))),
                                             timeout=30, metadata=AUTH)
             status = await stub.GetStatus(pb.GetInferenceStatusRequest(), timeout=5)
             gen = await stub.Generate(_request(), timeout=30)
@@ -113,8 +115,10 @@ def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
 
 def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch:
+        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch, \
+                insecure_channel(servicer.weights_target) as wch:
             stub = pb_grpc.InferenceServiceStub(ch)
+            wstub = pb_grpc.InferenceServiceStub(wch)
             before = {k: v.clone() for k, v in model_tensors(servicer.engine.model).items()}
             bad = dict(before)
             name = next(iter(bad))
@@ -123,7 +127,8 @@ def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(ti
 
             for tensors in (bad, unknown):
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 1))), timeout=30, metadata=AUTH)
+                    await wstub.UpdateWeights(_stream(list(iter_update_messages(tensors, 1))), timeout=30,
+                                              metadata=AUTH)
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
             assert servicer.engine.version == 0
@@ -135,13 +140,14 @@ def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(ti
 
 def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch:
-            stub = pb_grpc.InferenceServiceStub(ch)
+        async with inference_server(tiny_model_dir) as (_, servicer), \
+                insecure_channel(servicer.weights_target) as wch:
+            wstub = pb_grpc.InferenceServiceStub(wch)
             tensors = model_tensors(servicer.engine.model)
-            await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30, metadata=AUTH)
+            await wstub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30, metadata=AUTH)
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30, metadata=AUTH)
+                await wstub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert servicer.engine.version == 2
@@ -151,12 +157,13 @@ def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) ->
 
 def test_weight_stream_without_manifest_is_refused(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch:
-            stub = pb_grpc.InferenceServiceStub(ch)
+        async with inference_server(tiny_model_dir) as (_, servicer), \
+                insecure_channel(servicer.weights_target) as wch:
+            wstub = pb_grpc.InferenceServiceStub(wch)
             chunks = list(iter_update_messages(model_tensors(servicer.engine.model), 1))[:-1]
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_stream(chunks), timeout=30, metadata=AUTH)
+                await wstub.UpdateWeights(_stream(chunks), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "manifest" in (info.value.details() or "")

@@ -42,7 +42,8 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
     """Inference, reward, trainer and rollout in this process until the trainer finishes."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
         trainer = Trainer(replace(cfg, inference=replace(
-            cfg.inference, server=replace(cfg.inference.server, address=inf_target))))
+            cfg.inference, server=replace(cfg.inference.server, address=inf_target),
+            weights_server=replace(cfg.inference.weights_server, address=inf.weights_target))))
         handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
@@ -186,14 +187,14 @@ def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publicat
         return response
 
     monkeypatch.setattr(InferenceServicer, "UpdateWeights", late)
-    port = free_port()
+    port, weights_port = free_port(), free_port()
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, f"inference.server.port={port}",
-                  "trainer.publication.push_timeout_s=2")
+                  f"inference.weights_server.port={weights_port}", "trainer.publication.push_timeout_s=2")
 
     async def go() -> tuple[int, int, bool, Any]:
         trainer = Trainer(cfg)
         try:
-            async with inference_server(tiny_model_dir, port=port) as (_, inference):
+            async with inference_server(tiny_model_dir, port=port, weights_port=weights_port) as (_, inference):
                 await trainer.stream.ensure_group()
                 with torch.no_grad():
                     for p in trainer.model.parameters():
@@ -217,19 +218,20 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
     from relayrl.common.weights import model_tensors
     from tests.conftest import free_port
 
-    port = free_port()
+    port, weights_port = free_port(), free_port()
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                  f"inference.server.port={port}")
+                  f"inference.server.port={port}", f"inference.weights_server.port={weights_port}")
 
     async def go() -> tuple[int, int, bool]:
         trainer = Trainer(cfg)
-        async with inference_server(tiny_model_dir, port=port):
+        async with inference_server(tiny_model_dir, port=port, weights_port=weights_port):
             await trainer.stream.ensure_group()
             with torch.no_grad():
                 for p in trainer.model.parameters():
                     p.add_(0.01)  # the trainer's weights differ from the model on disk
             await trainer.publish(0)
-        async with inference_server(tiny_model_dir, port=port) as (_, restarted):  # from disk: version 0
+        async with inference_server(tiny_model_dir, port=port,  # from disk: version 0
+                                    weights_port=weights_port) as (_, restarted):
             watchdog = asyncio.create_task(trainer.watch_inference(interval_s=0.1))
             for _ in range(100):
                 if restarted.engine.version > 0:

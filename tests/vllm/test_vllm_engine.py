@@ -19,7 +19,7 @@ from relayrl.config.inference import EngineKind, InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import WeightTransport
 from relayrl.inference.engine import GenerationInput, generate
-from relayrl.inference.server import create_inference_server
+from relayrl.inference.server import create_inference_servers
 from relayrl.inference.serving import InferenceService
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
@@ -110,15 +110,16 @@ def test_update_through_the_extension_serves_exactly_the_new_weights(engine, mod
 def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(engine, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     async def go() -> None:
         cfg = InferenceConfig(engine=EngineKind.VLLM)
-        cfg.server.port = cfg.http.port = 0
+        cfg.server.port = cfg.http.port = cfg.weights_server.port = 0
         service = InferenceService(cfg, engine, load_tokenizer(model_dir), str(model_dir), weights_token=WEIGHTS_TOKEN)
-        handle, _ = create_inference_server(service)
+        handle, weights = create_inference_servers(service)
         await handle.start()
+        await weights.start()
         target = f"127.0.0.1:{handle.port}"
         try:
             trainer_model = _perturbed(model_dir, 3)
             probe = WeightPublisher.default_probe(trainer_model, load_tokenizer(model_dir), 4, 24, seed=0)
-            pub = WeightPublisher(trainer_model, torch.device("cpu"), target,
+            pub = WeightPublisher(trainer_model, torch.device("cpu"), service.weights_target,
                                   make_transport(WeightTransport.GRPC_STREAM, 1 << 16, model_dir), 60, probe, None,
                                   token=WEIGHTS_TOKEN)
             result = await pub.push(pub.snapshot(), engine.version + 1)
@@ -135,6 +136,7 @@ def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         finally:
             await handle.stop(0)
+            await weights.stop(0)
 
     asyncio.run(go())
 
