@@ -44,9 +44,10 @@ async def redis_retry(op: Callable[[], Awaitable[T]], what: str, budget_s: float
                 raise
             if oom and on_oom is not None:
                 on_oom()
-            if not failed:
-                log.warning("redis %s during %s (%s); retrying for up to %.0fs",
-                            "out of memory" if oom else "unavailable", what, exc, budget_s)
+            if not failed:  # an OOM error's text holds the refused command and its arguments: not logged
+                log.warning("redis %s during %s (%s); retrying for up to %.1fs",
+                            "out of memory" if oom else "unavailable", what,
+                            "maxmemory reached under noeviction" if oom else exc, budget_s)
             failed = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
