@@ -1,7 +1,8 @@
 """`relayrl run`: the whole stack as local processes, with an embedded Redis, on free ports.
 
-Starts redis-server (unless redis.url is set), then reward, inference, trainer and rollout as child
-processes running `relayrl serve`, waits for their health, shows progress from metrics.jsonl, and stops
+Starts redis-server (unless a Redis URL is configured: redis.url or $RELAYRL_REDIS_URL), with a password of
+its own (the caller's $RELAYRL_REDIS_PASSWORD, else a fresh random one), then reward, inference, trainer and
+rollout as child processes running `relayrl serve`, waits for their health, shows progress from metrics.jsonl, and stops
 everything at the end, on Ctrl-C, SIGTERM or SIGHUP (exit code 128 + the signal), or as soon as any service dies
 (exit code 1, naming the service). Every child dies with the launcher, also when it is SIGKILLed
 (relayrl.common.lifecycle).
@@ -34,10 +35,11 @@ from relayrl.common.lifecycle import (
     restore_signals,
 )
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, read_rows, rl_rows
+from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
-from relayrl.local_redis import RedisProcess, find_redis_server, free_port
+from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_port
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ class Launcher:
         self.children: dict[str, Child] = {}
         self.redis: RedisProcess | None = None
         self.credentials: dict[str, str] = {}
+        self.redis_password = ""  # of the embedded server ("" with an external Redis: the environment has it)
         self.cfg = self._resolve(cfg)
 
     def _resolve(self, cfg: RunConfig) -> RunConfig:
@@ -142,7 +145,19 @@ class Launcher:
         creds = {control.token_env: control.effective_token() or secrets.token_urlsafe(32),
                  control.weights_token_env: control.effective_weights_token() or secrets.token_urlsafe(32)}
         write_private(self.out / CONTROL_TOKEN_FILE, creds[control.token_env] + "\n")
+        if self.redis_password:
+            creds[self.cfg.redis.password_env] = self.redis_password
+            write_private(self.out / REDIS_PASSWORD_FILE, self.redis_password + "\n")
         return creds
+
+    def _start_redis(self) -> None:
+        """The embedded redis-server, its password the caller's ``$RELAYRL_REDIS_PASSWORD`` (``redis.password_env``)
+        or a fresh random one; config.yaml gets its URL, which holds no password."""
+        self.redis_password = self.cfg.redis.effective_password() or secrets.token_urlsafe(32)
+        self.redis = RedisProcess(find_redis_server(self.cfg.redis.server_binary), self.out / "redis",
+                                  self.out / "logs" / "redis.log", self.redis_password)
+        self.redis.wait_ready()
+        self.cfg = replace(self.cfg, redis=replace(self.cfg.redis, url=self.redis.url))
 
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
@@ -186,11 +201,9 @@ class Launcher:
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
         handlers = raise_on_stop_signals()  # SIGTERM and SIGHUP stop the stack as Ctrl-C does
         try:
-            if not self.cfg.redis.url:
-                self.redis = RedisProcess(find_redis_server(self.cfg.redis.server_binary), self.out / "redis",
-                                          self.out / "logs" / "redis.log")
-                self.redis.wait_ready()
-                self.cfg = replace(self.cfg, redis=replace(self.cfg.redis, url=self.redis.url))
+            (self.out / REDIS_PASSWORD_FILE).unlink(missing_ok=True)
+            if not self.cfg.redis.effective_url():
+                self._start_redis()
             config_path = self.out / "config.yaml"
             dump_run_config(self.cfg, config_path)
             self.credentials = self._credentials()
@@ -268,7 +281,8 @@ class Launcher:
 
         keys = RedisKeys.from_config(self.cfg.redis)
         try:
-            client = redis.Redis.from_url(self.cfg.redis.url, socket_timeout=5.0)
+            client = sync_client(self.cfg.redis, socket_timeout=5.0,
+                                 **({"password": self.redis_password} if self.redis_password else {}))
             length = int(client.xlen(keys.stream))
             groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
                       for g in client.xinfo_groups(keys.stream)} if length else {}
@@ -304,7 +318,7 @@ class Launcher:
                 child.proc.kill()
                 child.proc.wait()
             child.log_file.close()
-        if self.cfg.redis.url and self.children:
+        if self.cfg.redis.effective_url() and self.children:
             self._summary()
         if self.redis is not None:
             self.redis.stop()

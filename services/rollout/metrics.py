@@ -27,6 +27,10 @@ class _StatusCollector(Collector):
                                 value=s.groups_running)
         yield GaugeMetricFamily("relayrl_rollout_paused", "1 while generation is paused by an operator.",
                                 value=int(s.paused))
+        yield CounterMetricFamily("relayrl_rollout_redis_oom_retries", "Appends refused by a full Redis (maxmemory, "
+                                  "noeviction) and retried after a back-off.", value=s.redis_oom_retries)
+        yield GaugeMetricFamily("relayrl_rollout_append_blocked", "1 while an append waits for Redis memory (no new "
+                                "group is admitted).", value=int(s.append_blocked))
         yield GaugeMetricFamily("relayrl_rollout_trainer_weight_version", "Trainer weight version the admission "
                                 "control last saw.", value=s.trainer_version)
 

@@ -99,10 +99,12 @@ class RolloutProducer:
         self._record_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.paused = False  # by an operator: admit no new group
+        self.append_blocked = False  # Redis refuses the append for lack of memory: admit no new group meanwhile
+        self.redis_oom_retries = 0  # appends refused by a full Redis (maxmemory, noeviction) and retried
         self.refused_while_paused = 0  # admission decisions the loop made (and refused) while paused
 
     def can_admit(self) -> bool:
-        return (not self.paused and self.running < self.cfg.max_concurrent_groups
+        return (not self.paused and not self.append_blocked and self.running < self.cfg.max_concurrent_groups
                 and self.admission.can_admit(self.trainer_view))
 
     def set_paused(self, paused: bool, reason: str = "") -> None:
@@ -240,15 +242,26 @@ class RolloutProducer:
                 await pipe.execute()
 
         async with self._record_lock:
-            await redis_retry(attempt, "append group", self.redis_retry_s)
+            try:
+                await redis_retry(attempt, "append group", self.redis_retry_s, on_oom=self._on_oom)
+            finally:
+                if self.append_blocked:
+                    self.append_blocked = False
+                    self._wake.set()
             self.store.applied(self.progress, seq, appended=group is not None)
+
+    def _on_oom(self) -> None:
+        """A full Redis refused the append (nothing of the MULTI applied): count it, and admit nothing until the
+        append goes through (backpressure: the group waits, it is neither lost nor appended twice)."""
+        self.redis_oom_retries += 1
+        self.append_blocked = True
 
     def state(self) -> dict[str, int]:
         """Counters and the dataset position, written to <output_dir>/rollout_state.json at shutdown."""
         epoch, index = self.cursor.position(self._next_seq)
         return {"groups_produced": self.groups_produced, "episodes_produced": self.episodes_produced,
                 "groups_failed": self.groups_failed, "groups_skipped": self.groups_skipped,
-                "episodes_reward_errors": self.episodes_reward_errors,
+                "episodes_reward_errors": self.episodes_reward_errors, "redis_oom_retries": self.redis_oom_retries,
                 "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
                 "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index}
 

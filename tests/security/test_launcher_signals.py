@@ -124,11 +124,15 @@ def test_run_credentials_reach_the_services_only_through_their_environment(tmp_p
     try:
         _until_training(out, proc, steps=1)
         token = (out / "control_token").read_text().strip()
+        redis_password = (out / "redis_password").read_text().strip()
         stack = _stack(proc)
         argv = [" ".join(p.cmdline()) for p in stack]
         environments = [p.environ() for p in stack if "serve rollout" in " ".join(p.cmdline())]
 
         paused = subprocess.run([sys.executable, "-m", "relayrl.cli", "control", "pause", str(out)], cwd=REPO,
+                                capture_output=True, text=True, timeout=60, env={
+                                    k: v for k, v in os.environ.items() if "RELAYRL_" not in k})
+        status = subprocess.run([sys.executable, "-m", "relayrl.cli", "status", "--json", str(out)], cwd=REPO,
                                 capture_output=True, text=True, timeout=60, env={
                                     k: v for k, v in os.environ.items() if "RELAYRL_" not in k})
         proc.send_signal(signal.SIGTERM)
@@ -142,3 +146,9 @@ def test_run_credentials_reach_the_services_only_through_their_environment(tmp_p
     assert environments and environments[0]["RELAYRL_CONTROL_TOKEN"] == token
     assert token not in (out / "config.yaml").read_text()
     assert all(token not in p.read_text(errors="replace") for p in (out / "logs").glob("*.log"))
+    # the embedded Redis's password: in the services' environment only (and the owner-only file for status)
+    assert len(redis_password) >= 32 and all(redis_password not in a for a in argv)
+    assert environments[0]["RELAYRL_REDIS_PASSWORD"] == redis_password
+    assert redis_password not in (out / "config.yaml").read_text()
+    assert all(redis_password not in p.read_text(errors="replace") for p in (out / "logs").glob("*.log"))
+    assert "length" in json.loads(status.stdout)["queue"], status.stdout + status.stderr

@@ -12,7 +12,7 @@ class GetRolloutStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version", "paused")
+    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version", "paused", "redis_oom_retries", "append_blocked")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     GROUPS_PRODUCED_FIELD_NUMBER: _ClassVar[int]
     EPISODES_PRODUCED_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class RolloutStatus(_message.Message):
     DATASET_INDEX_FIELD_NUMBER: _ClassVar[int]
     TRAINER_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    REDIS_OOM_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    APPEND_BLOCKED_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     groups_produced: int
     episodes_produced: int
@@ -31,7 +33,9 @@ class RolloutStatus(_message.Message):
     dataset_index: int
     trainer_version: int
     paused: bool
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
+    redis_oom_retries: int
+    append_blocked: bool
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ..., paused: _Optional[bool] = ..., redis_oom_retries: _Optional[int] = ..., append_blocked: _Optional[bool] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ("reason",)
