@@ -1,0 +1,86 @@
+"""TRL's GRPOTrainer on a relayrl task: the baseline process of bench/vs_trl.py (which writes its spec).
+
+    python bench/trl_grpo.py SPEC.json
+
+SPEC: ``model`` (a save_pretrained directory), ``dataset`` (relayrl JSONL: prompt, answer), ``reward``
+("module:function", a relayrl reward function), ``rows`` (where to write one JSON line per optimizer step) and
+``kwargs`` (GRPOConfig arguments). Torch threads are left at their defaults, as TRL leaves them. Each row's
+``time_s`` counts from ``on_train_begin`` (model, tokenizer, dataset and TRL already loaded) to the step's
+``on_log``; ``tokens`` is the step's generated tokens (TRL's completions/mean_length x completions per step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def load_reward(spec: str) -> Any:
+    from relayrl.reward.api import RewardInput, RewardResult
+
+    module, name = spec.split(":")
+    fn = getattr(importlib.import_module(module), name)
+
+    def score(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+        out = []
+        for prompt, completion, reference in zip(prompts, completions, answer, strict=True):
+            res = fn(RewardInput(prompt=prompt, completion=completion, reference=reference))
+            if inspect.isawaitable(res):
+                res = asyncio.run(res)  # type: ignore[arg-type]
+            out.append(res.score if isinstance(res, RewardResult) else float(res))
+        return out
+
+    score.__name__ = name
+    return score
+
+
+def main(spec_path: str) -> int:
+    try:
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as exc:
+        print(f"TRL is not installed ({exc}): pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(spec_path).read_text())
+    rows = [json.loads(line) for line in Path(spec["dataset"]).read_text().splitlines() if line.strip()]
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype="float32")
+    args = GRPOConfig(**spec["kwargs"])
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    with Path(spec["rows"]).open("w") as out:
+        _train(GRPOTrainer, model, load_reward(spec["reward"]), args, dataset, tokenizer, per_step, out,
+               TrainerCallback)
+    return 0
+
+
+def _train(trainer_cls: Any, model: Any, reward: Any, args: Any, dataset: Any, tokenizer: Any, per_step: int,
+           out: Any, callback_cls: Any) -> None:
+    class Clock(callback_cls):  # type: ignore[misc,valid-type]
+        t0 = 0.0
+
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            Clock.t0 = time.perf_counter()
+
+        def on_log(self, _args: Any, state: Any, _control: Any, logs: dict[str, float] | None = None,
+                   **__: Any) -> None:
+            if logs and "reward" in logs:
+                row = {"step": state.global_step, "time_s": time.perf_counter() - Clock.t0,
+                       "reward": logs["reward"], "tokens": logs["completions/mean_length"] * per_step}
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+
+    trainer = trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer.train()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

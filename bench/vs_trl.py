@@ -1,0 +1,248 @@
+"""relayrl vs Hugging Face TRL's GRPOTrainer on the same task, model, data and settings, in one invocation.
+
+Builds the task's random-init model once (``save_pretrained``; both load that directory), then runs TRL's
+``GRPOTrainer`` (bench/trl_grpo.py, in a subprocess with TRL's default torch threads) and ``relayrl run`` (the
+launcher, in a subprocess), one after the other, for the same number of optimizer steps. Every shared setting
+comes from ONE place, the task's relayrl run config (plus ``--set`` overrides): :func:`trl_kwargs` maps it onto
+``GRPOConfig``. Prints for each: time and steps to the 10-step-mean reward thresholds (0.8 and 0.9 of the task's
+maximum), steps/s, generated tokens/s, final reward (mean of the last 10 steps), wall time with start-up; then the
+ratios relayrl / TRL. Writes ``<out>/<task>/summary.json``.
+
+Clocks. TRL: from ``on_train_begin`` (model, tokenizer, data and TRL already loaded) to the ``on_log`` of each
+step, so it includes every step's generation, scoring, training and TRL's logging. relayrl: from the start of
+the trainer's first step (``time_s - step_time_s`` of metrics row 1: the first batch is in hand) to the time the
+step's row is written (after the weights are published and verified), so it excludes service start-up and the
+generation of the first batch, and includes everything after. Wall time: from launching the subprocess to its
+exit, for both.
+
+    python bench/vs_trl.py [--task quickstart|sequence] [--steps N] [--out runs/vs_trl] [--set k=v ...]
+                           [--skip-trl] [--skip-relayrl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relayrl.common.metrics_row import read_rows, rl_rows
+from relayrl.config.run import RunConfig, load_run_config
+from relayrl.config.trainer import AdvantageEstimator, LossAggregation, OffPolicyCorrection
+
+REPO = Path(__file__).resolve().parents[1]
+WINDOW = 10  # steps in the trailing mean the thresholds are checked on
+FRACTIONS = (0.8, 0.9)  # thresholds, as fractions of the task's maximum reward
+
+
+@dataclass(frozen=True)
+class Task:
+    config: str  # relayrl run config, relative to the repository
+    model: dict[str, Any]  # TinyModelConfig fields of the random-init model
+    steps: int  # default optimizer steps
+    max_reward: float = 1.0
+    dataset_maker: str = ""  # "module:function(path)" that writes the dataset when it is missing
+
+
+TASKS = {
+    "quickstart": Task("examples/quickstart.yaml", {}, steps=400),
+    "sequence": Task("examples/sequence.yaml", {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3,
+                                                "num_heads": 6, "num_kv_heads": 2}, steps=300,
+                     dataset_maker="relayrl.tasks.sequence:make_dataset"),
+}
+
+
+@dataclass(frozen=True)
+class StepRow:
+    step: int
+    time_s: float  # on the system's training clock (module docstring)
+    reward: float  # mean over the step's episodes
+    tokens: float  # generated tokens of the step's episodes
+
+
+@dataclass
+class Result:
+    system: str
+    steps: int = 0
+    train_s: float = 0.0
+    wall_s: float = 0.0
+    steps_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    final_reward: float = 0.0
+    thresholds: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+
+
+def time_to_threshold(rows: list[StepRow], threshold: float, window: int = WINDOW) -> tuple[int, float] | None:
+    """(step, time) of the first row where the mean reward of the last ``window`` rows is >= threshold."""
+    for i in range(window, len(rows) + 1):
+        if statistics.fmean(r.reward for r in rows[i - window:i]) >= threshold:
+            return rows[i - 1].step, rows[i - 1].time_s
+    return None
+
+
+def summarise(system: str, rows: list[StepRow], wall_s: float, max_reward: float) -> Result:
+    if not rows:
+        raise RuntimeError(f"{system} wrote no training steps")
+    train_s = rows[-1].time_s
+    res = Result(system, steps=rows[-1].step, train_s=train_s, wall_s=wall_s,
+                 steps_per_s=len(rows) / train_s, tokens_per_s=sum(r.tokens for r in rows) / train_s,
+                 final_reward=statistics.fmean(r.reward for r in rows[-WINDOW:]))
+    for frac in FRACTIONS:
+        hit = time_to_threshold(rows, frac * max_reward)
+        res.thresholds[f"{frac:g}"] = {"step": hit[0] if hit else None, "time_s": hit[1] if hit else None}
+    return res
+
+
+def relayrl_step_rows(metrics: Path) -> list[StepRow]:
+    """The RL rows of a relayrl metrics.jsonl on the clock that starts with the first trainer step."""
+    rl = rl_rows(read_rows(metrics))
+    if not rl:
+        return []
+    origin = rl[0].time_s - rl[0].step_time_s
+    return [StepRow(r.step, r.time_s - origin, r.reward_mean, r.episodes * r.completion_len_mean) for r in rl]
+
+
+def run_overrides(task: Task, model_dir: Path, steps: int, user: list[str]) -> list[str]:
+    """The overrides the bench applies to the task's config (the user's last, so they win)."""
+    return [f"model.path={model_dir}", f"trainer.total_steps={steps}", "trainer.checkpoint.every=0", *user]
+
+
+def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
+    """``GRPOConfig`` keyword arguments equivalent to a relayrl run config (ValueError where TRL has none)."""
+    tc, rc, loss = cfg.trainer, cfg.rollout, cfg.trainer.loss
+    if loss.advantage is AdvantageEstimator.RLOO or loss.off_policy is not OffPolicyCorrection.NONE:
+        raise ValueError("TRL's GRPOTrainer has no equivalent of loss.advantage=rloo or an off_policy correction")
+    if cfg.model.dtype != "float32" or cfg.model.device != "cpu":
+        raise ValueError("the comparison runs float32 on the CPU")
+    opt = tc.optimizer
+    return {
+        "output_dir": str(output_dir), "max_steps": steps, "seed": cfg.seed, "data_seed": cfg.rollout.seed,
+        "learning_rate": opt.lr, "adam_beta1": opt.beta1, "adam_beta2": opt.beta2,
+        "weight_decay": opt.weight_decay, "max_grad_norm": opt.grad_clip, "warmup_steps": opt.warmup_steps,
+        "lr_scheduler_type": "constant_with_warmup" if opt.warmup_steps else "constant",
+        # one optimizer step per generation batch of groups_per_step prompts x group_size samples
+        "per_device_train_batch_size": tc.groups_per_step * rc.group_size, "gradient_accumulation_steps": 1,
+        "num_generations": rc.group_size, "max_completion_length": rc.max_new_tokens,
+        "temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k,
+        "epsilon": loss.clip_eps, "beta": 0.0, "num_iterations": 1,
+        "scale_rewards": "group" if loss.advantage is AdvantageEstimator.GRPO else "none",
+        "loss_type": "dapo" if loss.loss_aggregation is LossAggregation.TOKEN_MEAN else "dr_grpo",
+        "bf16": False, "fp16": False, "gradient_checkpointing": False, "use_cpu": True,
+        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+def ensure_inputs(task: Task, cfg_path: Path, model_dir: Path) -> None:
+    """The random-init model (made once, reused by both systems) and the dataset."""
+    from relayrl.common.config import from_dict
+    from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
+
+    if not (model_dir / "config.json").exists():
+        create_tiny_model(model_dir, from_dict(TinyModelConfig, dict(task.model)))
+    dataset = REPO / load_run_config(cfg_path).rollout.dataset
+    if task.dataset_maker and not dataset.exists():
+        module, fn = task.dataset_maker.split(":")
+        getattr(importlib.import_module(module), fn)(dataset)
+
+
+def run_trl(cfg: RunConfig, steps: int, model_dir: Path, out: Path, max_reward: float) -> Result:
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit("TRL is not installed: pip install -e '.[bench]' (pinned TRL, keeps the CPU torch), "
+                         "or pass --skip-trl")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    spec = {"model": str(model_dir), "dataset": str(REPO / cfg.rollout.dataset), "reward": cfg.reward.function,
+            "rows": str(out / "rows.jsonl"), "kwargs": trl_kwargs(cfg, steps, out / "trainer")}
+    (out / "spec.json").write_text(json.dumps(spec, indent=1))
+    t0 = time.perf_counter()
+    with (out / "log.txt").open("w") as log:
+        subprocess.run([sys.executable, str(REPO / "bench" / "trl_grpo.py"), str(out / "spec.json")],
+                       check=True, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    rows = [StepRow(**json.loads(line)) for line in (out / "rows.jsonl").read_text().splitlines()]
+    return summarise("TRL", rows, wall, max_reward)
+
+
+def run_relayrl(cfg_path: Path, overrides: list[str], out: Path, max_reward: float) -> Result:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "relayrl.cli", "run", str(cfg_path), "--out", str(out),
+           *[x for o in overrides for x in ("--set", o)]]
+    t0 = time.perf_counter()
+    with (out / "launcher.txt").open("w") as log:
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    return summarise("relayrl", relayrl_step_rows(out / "metrics.jsonl"), wall, max_reward)
+
+
+def _fmt(x: float | int | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def report(results: list[Result], max_reward: float) -> str:
+    heads = ["system", "steps", "train s", "wall s", "steps/s", "gen tok/s", "final reward"]
+    for frac in FRACTIONS:
+        heads += [f"s to {frac * max_reward:g}", f"step to {frac * max_reward:g}"]
+    lines = ["  ".join(f"{h:>13}" for h in heads)]
+    for r in results:
+        cells = [r.system, str(r.steps), f"{r.train_s:.1f}", f"{r.wall_s:.1f}", f"{r.steps_per_s:.2f}",
+                 f"{r.tokens_per_s:.0f}", f"{r.final_reward:.3f}"]
+        for frac in FRACTIONS:
+            hit = r.thresholds[f"{frac:g}"]
+            cells += [_fmt(hit["time_s"], ".1f"), _fmt(hit["step"], "d")]
+        lines.append("  ".join(f"{c:>13}" for c in cells))
+    if len(results) == 2:
+        trl, ours = results
+        ratio = ["ratio relayrl/TRL: "]
+        for frac in FRACTIONS:
+            a, b = ours.thresholds[f"{frac:g}"]["time_s"], trl.thresholds[f"{frac:g}"]["time_s"]
+            ratio.append(f"time to {frac:g}x max {_fmt(a / b if a and b else None, '.2f')}")
+        ratio += [f"steps/s {ours.steps_per_s / trl.steps_per_s:.2f}",
+                  f"gen tok/s {ours.tokens_per_s / trl.tokens_per_s:.2f}",
+                  f"final reward {ours.final_reward / max(trl.final_reward, 1e-9):.2f}",
+                  f"wall {ours.wall_s / trl.wall_s:.2f}"]
+        lines.append(ratio[0] + ", ".join(ratio[1:]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="quickstart")
+    parser.add_argument("--steps", type=int, default=0, help="optimizer steps (default: the task's)")
+    parser.add_argument("--out", type=Path, default=Path("runs/vs_trl"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="relayrl config override; shared settings (batch, lr, tokens, ...) reach TRL too")
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-relayrl", action="store_true")
+    args = parser.parse_args(argv)
+    task = TASKS[args.task]
+    steps = args.steps or task.steps
+    out = (args.out / args.task).resolve()
+    model_dir = out / "model"
+    cfg_path = REPO / task.config
+    ensure_inputs(task, cfg_path, model_dir)
+    overrides = run_overrides(task, model_dir, steps, args.overrides)
+    cfg = load_run_config(cfg_path, overrides)
+    results = []
+    if not args.skip_trl:
+        results.append(run_trl(cfg, steps, model_dir, out / "trl", task.max_reward))
+    if not args.skip_relayrl:
+        results.append(run_relayrl(cfg_path, overrides, out / "relayrl", task.max_reward))
+    text = report(results, task.max_reward)
+    print(text)
+    (out / "summary.json").write_text(json.dumps({"task": args.task, "steps": steps, "overrides": overrides,
+                                                  "results": [asdict(r) for r in results]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
