@@ -1,13 +1,16 @@
 """The benchmark task with longer answers: continue an arithmetic sequence modulo 10 for ``length`` digits.
 
 Prompt ``"3+2="``, answer ``"35791357"``: the first digit is the start, each next one the previous plus the step,
-modulo 10 (eight digits by default, so every answer needs at least nine generated tokens with the end-of-sequence
-token). Scored like the quickstart (:func:`relayrl.tasks.arithmetic.reward`): the fraction of positions whose
+modulo 10. Scored like the quickstart (:func:`relayrl.tasks.arithmetic.reward`): the fraction of positions whose
 character matches, over the longer of answer and completion, so partial credit grows digit by digit and extra
-characters cost credit. The maximum is 1.0 (the exact answer, then end of sequence).
+characters cost credit. The maximum is 1.0.
 
-It is made for ``bench/vs_trl.py``: a random-init model learns it by RL alone within a few hundred steps, and with
-about ten generated tokens per sample generation dominates each step.
+``bench/vs_trl.py --task sequence`` uses step 0 (``"3+0="`` -> ``"33333333"``, the committed
+examples/data/sequence.jsonl) with ``max_new_tokens: 8``: every sample generates eight tokens, so generation
+dominates each step, and a random-init 4.7 M-parameter model learns it by RL alone within tens of steps. Steps
+1-3 (count up, or by two or three) are far harder from random init: measured with TRL's GRPOTrainer on the same
+model, the reward rose only from 0.08 to 0.14 in 300 steps (steps 1-3) and from 0.10 to 0.17 in 200 steps
+(step 1), too slowly for a benchmark of time to threshold.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def sequence(start: int, step: int, length: int) -> str:
     return "".join(str((start + k * step) % 10) for k in range(length))
 
 
-def make_dataset(path: Path, length: int = 8, steps: tuple[int, ...] = (1, 2, 3), seed: int = 0) -> int:
+def make_dataset(path: Path, length: int = 8, steps: tuple[int, ...] = (0,), seed: int = 0) -> int:
     """Write every ``start+step=`` (start 0-9, each step in ``steps``) with its ``length``-digit answer to ``path``
     (JSONL), shuffled; returns the count."""
     if length < 1 or not steps:
