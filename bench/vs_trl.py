@@ -55,7 +55,7 @@ class Task:
 TASKS = {
     "quickstart": Task("examples/quickstart.yaml", {}, steps=400),
     "sequence": Task("examples/sequence.yaml", {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3,
-                                                "num_heads": 6, "num_kv_heads": 2}, steps=300,
+                                                "num_heads": 6, "num_kv_heads": 2}, steps=100,
                      dataset_maker="relayrl.tasks.sequence:make_dataset"),
 }
 
