@@ -25,6 +25,8 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -154,6 +156,21 @@ def ensure_inputs(task: Task, cfg_path: Path, model_dir: Path) -> None:
         getattr(importlib.import_module(module), fn)(dataset)
 
 
+def _run_logged(cmd: list[str], log_path: Path) -> None:
+    with log_path.open("w") as log:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed with exit code {proc.returncode}; see {log_path}")
+
+
+def model_parameters(model_dir: Path) -> int:
+    """Parameters of the saved model, counted from its safetensors header (no torch load)."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="np") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
+
+
 def run_trl(cfg: RunConfig, steps: int, model_dir: Path, out: Path, max_reward: float) -> Result:
     if importlib.util.find_spec("trl") is None:
         raise SystemExit("TRL is not installed: pip install -e '.[bench]' (pinned TRL, keeps the CPU torch), "
@@ -164,9 +181,7 @@ def run_trl(cfg: RunConfig, steps: int, model_dir: Path, out: Path, max_reward: 
             "rows": str(out / "rows.jsonl"), "kwargs": trl_kwargs(cfg, steps, out / "trainer")}
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
     t0 = time.perf_counter()
-    with (out / "log.txt").open("w") as log:
-        subprocess.run([sys.executable, str(REPO / "bench" / "trl_grpo.py"), str(out / "spec.json")],
-                       check=True, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    _run_logged([sys.executable, str(REPO / "bench" / "trl_grpo.py"), str(out / "spec.json")], out / "log.txt")
     wall = time.perf_counter() - t0
     rows = [StepRow(**json.loads(line)) for line in (out / "rows.jsonl").read_text().splitlines()]
     return summarise("TRL", rows, wall, max_reward)
@@ -178,8 +193,7 @@ def run_relayrl(cfg_path: Path, overrides: list[str], out: Path, max_reward: flo
     cmd = [sys.executable, "-m", "relayrl.cli", "run", str(cfg_path), "--out", str(out),
            *[x for o in overrides for x in ("--set", o)]]
     t0 = time.perf_counter()
-    with (out / "launcher.txt").open("w") as log:
-        subprocess.run(cmd, check=True, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    _run_logged(cmd, out / "launcher.txt")
     wall = time.perf_counter() - t0
     return summarise("relayrl", relayrl_step_rows(out / "metrics.jsonl"), wall, max_reward)
 
@@ -232,15 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     ensure_inputs(task, cfg_path, model_dir)
     overrides = run_overrides(task, model_dir, steps, args.overrides)
     cfg = load_run_config(cfg_path, overrides)
+    rc = cfg.rollout
+    load_before = os.getloadavg()
+    print(f"task {args.task}: {model_parameters(model_dir) / 1e6:.2f} M parameters, {steps} steps of "
+          f"{cfg.trainer.groups_per_step} prompts x {rc.group_size} samples, max_new_tokens {rc.max_new_tokens}, "
+          f"lr {cfg.trainer.optimizer.lr:g}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     results = []
     if not args.skip_trl:
         results.append(run_trl(cfg, steps, model_dir, out / "trl", task.max_reward))
     if not args.skip_relayrl:
         results.append(run_relayrl(cfg_path, overrides, out / "relayrl", task.max_reward))
-    text = report(results, task.max_reward)
-    print(text)
-    (out / "summary.json").write_text(json.dumps({"task": args.task, "steps": steps, "overrides": overrides,
-                                                  "results": [asdict(r) for r in results]}, indent=1))
+    load_after = os.getloadavg()
+    print(report(results, task.max_reward))
+    print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    (out / "summary.json").write_text(json.dumps({
+        "task": args.task, "steps": steps, "overrides": overrides, "load_average": [load_before, load_after],
+        "results": [asdict(r) for r in results]}, indent=1))
     return 0
 
 
