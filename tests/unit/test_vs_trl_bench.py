@@ -177,3 +177,4 @@ def test_sequence_task_model_is_at_least_four_million_parameters(tmp_path: Path)
     params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(tmp_path)).parameters())
 
     assert params >= 4_000_000
+    assert vs.model_parameters(tmp_path) == params  # what the harness prints, read from the safetensors header
