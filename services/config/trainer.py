@@ -37,6 +37,8 @@ class WeightTransport(StrEnum):
 
     GRPC_STREAM = "grpc_stream"
     SHARED_PATH = "shared_path"
+    SHARED_MEMORY = "shared_memory"  # same host: a file in the weights directory, page cache, only the manifest on gRPC
+    AUTO = "auto"  # shared_memory when inference's weights server is a loopback address, else grpc_stream
 
 
 class LossAggregation(StrEnum):
@@ -112,6 +114,10 @@ class PublicationConfig:
     probe_sequences: int = field(default=4, metadata={
         "help": "Sequences of the probe batch inference scores after every weight swap (verification).", "ge": 1})
     probe_tokens: int = field(default=32, metadata={"help": "Tokens per probe sequence.", "ge": 2})
+    overlap: bool = field(default=True, metadata={
+        "help": "Push each step's weights in the background while the trainer reads and trains its next batch "
+                "(the version is allocated before the push, so staleness stays exact; the push is awaited before "
+                "the next publication and every checkpoint). false: the step waits for its push."})
     probe_tolerance: float = field(default=0.0, metadata={
         "help": "Largest accepted |logprob difference| between trainer and inference on the probe (0: by dtype: "
                 "float32 1e-3, float16 2e-2, bfloat16 1e-1). Above it the trainer stops.", "ge": 0})

@@ -90,7 +90,8 @@ class Trainer:
         probe = WeightPublisher.default_probe(self.model, self.tokenizer, pc.probe_sequences, pc.probe_tokens,
                                               cfg.seed)
         return WeightPublisher(self.model, self.device, cfg.inference.weights_server.target,
-                               make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
+                               make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir,
+                                              cfg.inference.weights_server.target), pc.push_timeout_s,
                                probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token(),
                                tls=cfg.tls)
 
@@ -116,7 +117,8 @@ class Trainer:
     def status(self) -> trainer_pb2.TrainerStatus:
         p = self.progress
         return trainer_pb2.TrainerStatus(
-            component=self.header.message(), step=p.step, weight_version=self.publication.weight_version,
+            component=self.header.message(), step=self.publication.admission_step(p.step),
+            weight_version=self.publication.weight_version,
             episodes_trained=p.episodes_trained, episodes_dropped_stale=p.episodes_dropped_stale,
             groups_per_step=self.cfg.trainer.groups_per_step, finished=p.finished,
             publishing=self.publication.publishing, groups_dropped_stale=p.groups_dropped_stale,
