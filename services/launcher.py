@@ -39,6 +39,7 @@ from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_port
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what 
 def local(server: ServerConfig) -> ServerConfig:
     """The same server settings on loopback and a free port (the launcher runs everything locally)."""
     return replace(server, host="127.0.0.1", port=free_port(), address="")
+
+
+def local_publication(pc: PublicationConfig) -> PublicationConfig:
+    """``auto`` becomes ``shared_memory``: trainer and inference run on this host and share the run folder."""
+    return replace(pc, transport=WeightTransport.SHARED_MEMORY) if pc.transport is WeightTransport.AUTO else pc
 
 
 def local_http(http: HttpConfig) -> HttpConfig:
@@ -131,7 +137,8 @@ class Launcher:
             inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http),
                               weights_server=local(cfg.inference.weights_server)),
             reward=replace(cfg.reward, server=local(cfg.reward.server), http=local_http(cfg.reward.http)),
-            trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http)),
+            trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http),
+                            publication=local_publication(cfg.trainer.publication)),
         )
 
     def _target(self, name: str) -> str:

@@ -38,7 +38,7 @@ class WeightTransport(StrEnum):
     GRPC_STREAM = "grpc_stream"
     SHARED_PATH = "shared_path"
     SHARED_MEMORY = "shared_memory"  # same host: a file in the weights directory, page cache, only the manifest on gRPC
-    AUTO = "auto"  # shared_memory when inference's weights server is a loopback address, else grpc_stream
+    AUTO = "auto"  # shared_memory under `relayrl run` (one host, one output folder), else grpc_stream
 
 
 class LossAggregation(StrEnum):
@@ -102,10 +102,13 @@ class CheckpointConfig:
 
 @dataclass
 class PublicationConfig:
-    transport: WeightTransport = field(default=WeightTransport.GRPC_STREAM, metadata={
-        "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream) or shared_path "
+    transport: WeightTransport = field(default=WeightTransport.AUTO, metadata={
+        "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream), shared_path "
                 "(a safetensors file under <output_dir>/weights that inference reads; needs a shared "
-                "filesystem)."})
+                "filesystem), shared_memory (same host: a file in that folder written once without fsync, removed "
+                "once served; only the manifest on gRPC) or auto (shared_memory under `relayrl run`, where every "
+                "service runs on one host with one output folder; grpc_stream for services started on their "
+                "own)."})
     chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={
         "help": "Bytes per weight-update chunk (under gRPC's 4 MiB message limit).", "ge": 1024,
         "le": 4 * 1024 * 1024 - 4096})

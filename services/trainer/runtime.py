@@ -90,8 +90,7 @@ class Trainer:
         probe = WeightPublisher.default_probe(self.model, self.tokenizer, pc.probe_sequences, pc.probe_tokens,
                                               cfg.seed)
         return WeightPublisher(self.model, self.device, cfg.inference.weights_server.target,
-                               make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir,
-                                              cfg.inference.weights_server.target), pc.push_timeout_s,
+                               make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
                                probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token(),
                                tls=cfg.tls)
 

@@ -114,17 +114,12 @@ TRANSPORTS: dict[WeightTransport, Callable[[TransportSettings], Transport]] = {
 }
 
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+def resolve_transport(kind: WeightTransport) -> WeightTransport:
+    """``auto`` left unresolved (a service started on its own, which cannot know that inference shares its
+    filesystem) is ``grpc_stream``; ``relayrl run`` resolves it to ``shared_memory`` before it starts the services
+    (relayrl.launcher). Any other choice stands."""
+    return WeightTransport.GRPC_STREAM if kind is WeightTransport.AUTO else kind
 
 
-def resolve_transport(kind: WeightTransport, inference_target: str) -> WeightTransport:
-    """``auto``: ``shared_memory`` when inference's weights server is on this host (a loopback address, as
-    ``relayrl run`` configures it), else ``grpc_stream``; any other choice stands."""
-    if kind is not WeightTransport.AUTO:
-        return kind
-    host = inference_target.rsplit(":", 1)[0] if ":" in inference_target else inference_target
-    return WeightTransport.SHARED_MEMORY if host in LOOPBACK_HOSTS else WeightTransport.GRPC_STREAM
-
-
-def make_transport(kind: WeightTransport, chunk_bytes: int, weights_dir: Path, inference_target: str = "") -> Transport:
-    return TRANSPORTS[resolve_transport(kind, inference_target)](TransportSettings(chunk_bytes, weights_dir))
+def make_transport(kind: WeightTransport, chunk_bytes: int, weights_dir: Path) -> Transport:
+    return TRANSPORTS[resolve_transport(kind)](TransportSettings(chunk_bytes, weights_dir))
