@@ -160,7 +160,7 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     """Shared-path transport, receiver side: load the named file (which must lie under ``root``) and check it
     against the expected specs and the manifest's checksum."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     path = Path(m.path).resolve()
     if not path.is_relative_to(root.resolve()):
@@ -168,7 +168,11 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     if not path.is_file():
         raise WeightUpdateError(f"shared weights file {m.path} does not exist")
     try:
-        tensors = load_file(str(path))
+        # read into private memory first: tensors from load_file map the file, so a change to it after the
+        # checksum below would reach the served weights
+        with open(path, "rb") as f:
+            data = f.read()
+        tensors = load(data)
     except (SafetensorError, OSError) as exc:
         raise WeightUpdateError(f"shared weights file {m.path} is unreadable: {exc}") from exc
     check_tensors(tensors, expected)

