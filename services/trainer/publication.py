@@ -148,12 +148,14 @@ class VersionPublication:
         else:
             raise RuntimeError(f"weight version {version}: the push landed {VERIFY_ATTEMPTS} times without an "
                                "answer; the served weights are unverified")
-        t = result.timings  # the snapshot is part of serialising
-        self.last_push = replace(result, timings=replace(t, serialise_s=t.serialise_s + snapshot_s,
-                                                         total_s=t.total_s + snapshot_s))
+        pushed = result.timings  # the snapshot is part of serialising
+        self.last_push = replace(result, timings=replace(pushed, serialise_s=pushed.serialise_s + snapshot_s,
+                                                         total_s=pushed.total_s + snapshot_s))
         self.served_step = policy_step
-        log.info("published weight version %d (%d bytes, %.3fs, probe max |Δ logprob| %.2e)", version,
-                 result.bytes_sent, result.seconds, result.probe_max_diff)
+        t = self.last_push.timings
+        log.info("published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; "
+                 "probe max |Δ logprob| %.2e)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s,
+                 t.swap_s, t.probe_s, result.probe_max_diff)
         return version
 
     def admission_step(self, step: int) -> int:
