@@ -67,9 +67,13 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
 
 
 def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int,
-                durable_step: int) -> dict[str, int]:
+                durable_step: int, invalid: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """summary.json: the run's books in groups (stream entries), each group counted once:
-    produced = trained + dropped as stale + dropped for reward errors + pending.
+    produced = trained + dropped as stale + dropped for reward errors + invalid + pending.
+
+    Invalid (``invalid``: groups, episodes, from Redis) counts the entries moved to the dead-letter stream: they
+    are acknowledged when moved, whatever the checkpoints, so they are never pending. The stream's length is not
+    part of the identity: acknowledged entries are trimmed.
 
     Trained and dropped count what the last durable checkpoint (step ``durable_step``, 0 for none) holds: only
     those groups are acknowledged. Groups trained or dropped after it are still pending in the stream (a resumed
@@ -88,11 +92,13 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
         "groups_trained": durable.groups_trained,
         "groups_dropped_stale": durable.groups_dropped_stale,
         "groups_dropped_reward_error": durable.groups_dropped_reward_error,
+        "groups_invalid": invalid[0],
         "groups_pending": pending,
         "groups_after_checkpoint": handled(last) - handled(durable),
         "episodes_trained": durable.episodes_trained,
         "episodes_dropped_stale": durable.episodes_dropped_stale,
         "episodes_dropped_reward_error": durable.episodes_dropped_reward_error,
+        "episodes_invalid": invalid[1],
     }
 
 
@@ -271,6 +277,7 @@ class Launcher:
             groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
                       for g in client.xinfo_groups(keys.stream)} if length else {}
             appended = int(client.hget(keys.rollout_progress, PROGRESS_APPENDED) or 0)
+            invalid = [int(v) for v in client.hvals(keys.invalid)]  # type: ignore[union-attr]
             client.close()
         except redis.exceptions.RedisError as exc:
             log.warning("could not read the stream for the run summary: %s", exc)
@@ -279,12 +286,14 @@ class Launcher:
         rows = read_rows(self.cfg.metrics_path) if self.cfg.metrics_path.exists() else []
         pending = int(group.get("pending", 0)) + int(group.get("lag", length) or 0)
         latest = latest_checkpoint(self.out / "checkpoints")
-        summary = run_summary(rows, appended, length, pending, checkpoint_step(latest) if latest else 0)
+        summary = run_summary(rows, appended, length, pending, checkpoint_step(latest) if latest else 0,
+                              (len(invalid), sum(invalid)))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         after = summary["groups_after_checkpoint"]
         self._say(f"relayrl: groups produced {summary['groups_produced']} = trained {summary['groups_trained']}"
                   f" + dropped as stale {summary['groups_dropped_stale']} + dropped for reward errors "
-                  f"{summary['groups_dropped_reward_error']} + pending {summary['groups_pending']}"
+                  f"{summary['groups_dropped_reward_error']} + invalid {summary['groups_invalid']} + pending "
+                  f"{summary['groups_pending']}"
                   + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
                      "again)" if after else ""))
 
