@@ -110,10 +110,12 @@ def _check_books(out: Path, steps: int, groups_per_step: int = 8) -> dict[str, A
     ids = Counter(g for g, _ in effective)
     assert [g for g, n in ids.items() if n > 1] == []  # trained twice: 0
     assert len(effective) == steps * groups_per_step == summary["groups_trained"]
-    # lost: 0 — every produced group is trained (once), dropped as stale, or still pending
-    assert summary["groups_produced"] == summary["stream_length"]
+    # lost: 0 — every produced group is trained (once), dropped as stale, invalid, or still pending (and still in
+    # the stream: only acknowledged entries are trimmed)
+    assert summary["groups_pending"] <= summary["stream_length"] <= summary["groups_produced"]
     assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_pending"])
+                                          + summary["groups_invalid"] + summary["groups_pending"])
+    assert summary["groups_invalid"] == 0
     return summary
 
 

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
-from relayrl.common.redis_keys import trainer_consumer
+from relayrl.common.redis_keys import STREAM_FIELD, trainer_consumer
 from relayrl.common.stream import EpisodeStream
 from tests.conftest import RedisServer
 
@@ -215,16 +215,16 @@ def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_b
     async def go() -> dict[str, object]:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
-        entry_id = (await stream.client.xadd("s", {b"group": b"\xff\x00garbage", b"extra": b"1"})).decode()
+        entry_id = (await stream.client.xadd("s", {STREAM_FIELD: b"\xff\x00garbage", b"extra": b"1"})).decode()
         [bad] = await stream.read("c1", count=10, block_ms=100)
         await stream.dead_letter(bad.entry_id, bad.fields, "not an EpisodeGroup", 0, maxlen=3)
         await stream.dead_letter(bad.entry_id, bad.fields, "not an EpisodeGroup", 0, maxlen=3)  # a retry
-        out: dict[str, object] = {"dead": await stream.client.xrange("s:dead", "-", "+"),
+        out: dict[str, object] = {"dead": await stream.client.xrange(stream.keys.dead_letter, "-", "+"),
                                   "invalid": await stream.invalid(), "pending": (await stream.info()).pending,
                                   "entry_id": entry_id, "bad": bad}
         for i in range(5):
-            await stream.dead_letter(f"9-{i}", {b"group": b"x"}, "r", 1, maxlen=3)
-        out["dead_length"] = await stream.client.xlen("s:dead")
+            await stream.dead_letter(f"9-{i}", {STREAM_FIELD: b"x"}, "r", 1, maxlen=3)
+        out["dead_length"] = await stream.client.xlen(stream.keys.dead_letter)
         out["invalid_after"] = await stream.invalid()
         await stream.close()
         return out
@@ -232,7 +232,7 @@ def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_b
     out = asyncio.run(go())
 
     [(_, fields)] = out["dead"]  # type: ignore[misc]
-    assert fields == {b"group": b"\xff\x00garbage", b"extra": b"1", b"reason": b"not an EpisodeGroup",
+    assert fields == {STREAM_FIELD: b"\xff\x00garbage", b"extra": b"1", b"reason": b"not an EpisodeGroup",
                       b"entry_id": str(out["entry_id"]).encode()}
     assert out["invalid"] == (1, 0) and out["pending"] == 0
     assert out["dead_length"] == 3  # capped at maxlen; the count is not

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
-from relayrl.common.redis_keys import RedisKeys
+from relayrl.common.redis_keys import STREAM_FIELD, RedisKeys
 from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.trainer.groups import EntryChecks, GroupCollector
@@ -78,7 +78,7 @@ def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps
 
     async def go() -> dict[str, Any]:
         t = await _setup(redis_server.url)
-        await t.stream.client.xadd(KEYS.stream, {b"group": GARBAGE})
+        await t.stream.client.xadd(KEYS.stream, {STREAM_FIELD: GARBAGE})
         await t.stream.client.xadd(KEYS.stream, {b"not-a-group": b"1"})
         await t.stream.append(_group("ok"))
         out = {"trained": await t.collect(1), "dead": await t.dead(), "invalid": await t.stream.invalid(),
@@ -91,7 +91,7 @@ def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps
     assert out["trained"] == ["ok"]
     reasons = [d[b"reason"].split(b":")[0] for d in out["dead"]]
     assert reasons == [b"'group' is not an EpisodeGroup", b"no 'group' field"]
-    assert out["dead"][0][b"group"] == GARBAGE  # the original bytes, for inspection
+    assert out["dead"][0][STREAM_FIELD] == GARBAGE  # the original bytes, for inspection
     assert out["invalid"] == (2, 0)  # counted (groups, episodes); neither entry is pending any more
     assert out["pending"] == 1  # only the good group, acknowledged at the next checkpoint
 
@@ -99,7 +99,7 @@ def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps
 def test_a_trainer_that_died_on_a_bad_entry_restarts_past_it(redis_server: RedisServer) -> None:
     async def go() -> dict[str, Any]:
         t = await _setup(redis_server.url)
-        await t.stream.client.xadd(KEYS.stream, {b"group": GARBAGE})
+        await t.stream.client.xadd(KEYS.stream, {STREAM_FIELD: GARBAGE})
         await t.stream.append(_group("ok"))
         # the previous incarnation received both entries and died decoding the first: both are its pending entries
         await t.stream.client.xreadgroup(KEYS.group, "trainer-rank0", {KEYS.stream: ">"}, count=10)
@@ -164,7 +164,7 @@ def test_a_group_that_breaks_an_invariant_is_never_trained_but_dead_lettered_wit
     assert out["trained"] == ["ok"]
     [dead] = out["dead"]
     assert field in dead[b"reason"]
-    assert EpisodeGroup.FromString(dead[b"group"]).group_id == "bad"
+    assert EpisodeGroup.FromString(dead[STREAM_FIELD]).group_id == "bad"
     assert out["invalid"] == (1, 2)
 
 
@@ -195,7 +195,7 @@ def test_the_collectors_ready_entries_are_only_decoded_valid_groups(redis_server
         t = await _setup(redis_server.url)
         for i in range(6):
             if i % 2:
-                await t.stream.client.xadd(KEYS.stream, {b"group": GARBAGE[: i % 4 + 1]})
+                await t.stream.client.xadd(KEYS.stream, {STREAM_FIELD: GARBAGE[: i % 4 + 1]})
             await t.stream.append(_group(f"g{i}"))
         entries = await asyncio.wait_for(t.collector.collect(6, t.staleness), timeout=10)
         await t.close()

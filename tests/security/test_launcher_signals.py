@@ -70,7 +70,8 @@ def test_stop_signal_to_the_launcher_stops_every_process_and_the_summary_adds_up
     assert _survivors(stack, timeout_s=5) == []
     summary = json.loads((out / "summary.json").read_text())
     assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_dropped_reward_error"] + summary["groups_pending"])
+                                          + summary["groups_dropped_reward_error"] + summary["groups_invalid"]
+                                          + summary["groups_pending"])
     assert "groups produced" in output
 
 
