@@ -18,7 +18,7 @@ Rules (per episode, ``Limits`` from the run config, the model and the version co
 - weight versions are ``>= 0`` and not newer than ``newest_version``, the last version the trainer allocated
   (a version from the future would otherwise count as a negative staleness);
 - ``reward``, every reward component and ``sampling_temperature`` are finite; the temperature is 0 (unset,
-  read as 1) or positive.
+  read as 1) or at least ``TEMPERATURE_MIN``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ from relayrl.common.redis_keys import STREAM_FIELD
 # below -110 was never sampled; above 0 it is not a probability (1e-5 leaves room for rounding of other engines).
 LOGPROB_MIN = -110.0
 LOGPROB_MAX = 1e-5
+# The trainer divides logits by the temperature: a forged subnormal one (1e-40) turns them into inf and the loss into
+# NaN. No useful sampler runs colder than this.
+TEMPERATURE_MIN = 1e-4
 
 
 class EpisodeDecodeError(ValueError):
@@ -101,8 +104,9 @@ def _values(ep: Episode, limits: Limits) -> str | None:
         return "reward: not finite"
     if not _finite(ep.reward_components.values()):
         return "reward_components: not finite"
-    if not math.isfinite(ep.sampling_temperature) or ep.sampling_temperature < 0:
-        return "sampling_temperature: not finite or negative"
+    t = ep.sampling_temperature
+    if not math.isfinite(t) or (t != 0 and t < TEMPERATURE_MIN):
+        return f"sampling_temperature: not finite, or neither 0 (unset) nor >= {TEMPERATURE_MIN}"
     return None
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from relayrl.common.episodes import (
     LOGPROB_MAX,
     LOGPROB_MIN,
+    TEMPERATURE_MIN,
     EpisodeDecodeError,
     Limits,
     decode_group,
@@ -103,6 +104,10 @@ def _negative_temperature(g: EpisodeGroup) -> None:
     g.episodes[0].sampling_temperature = -1.0
 
 
+def _subnormal_temperature(g: EpisodeGroup) -> None:
+    g.episodes[0].sampling_temperature = 1e-40
+
+
 @pytest.mark.parametrize(("mutate", "field"), [
     (_short_logprobs, "behaviour_logprobs"), (_token_outside_vocab, "completion_token_ids"),
     (_negative_token, "prompt_token_ids"), (_version_from_the_future, "token_weight_versions"),
@@ -111,6 +116,7 @@ def _negative_temperature(g: EpisodeGroup) -> None:
     (_empty_completion, "completion_token_ids"), (_empty_prompt, "prompt_token_ids"),
     (_loss_mask_two, "loss_mask"), (_group_size_lies, "group_size"), (_repeated_sample_index, "sample_index"),
     (_foreign_group_id, "group_id"), (_no_episodes, "episodes"), (_negative_temperature, "sampling_temperature"),
+    (_subnormal_temperature, "sampling_temperature"),
 ])
 def test_a_malformed_group_is_refused_with_a_reason_naming_the_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
     group = _group()
@@ -147,7 +153,7 @@ def _invariants_hold(group: EpisodeGroup, limits: Limits) -> bool:
                 and all(0 <= v <= limits.newest_version for v in ep.token_weight_versions)
                 and set(ep.loss_mask) <= {0, 1} and math.isfinite(ep.reward)
                 and all(math.isfinite(x) for x in ep.reward_components.values())
-                and math.isfinite(ep.sampling_temperature) and ep.sampling_temperature >= 0):
+                and (ep.sampling_temperature == 0 or TEMPERATURE_MIN <= ep.sampling_temperature < math.inf)):
             return False
     return True
 
