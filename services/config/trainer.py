@@ -134,6 +134,10 @@ class StreamReadConfig:
     consumer: str = field(default="trainer", metadata={
         "help": "Redis consumer name prefix: rank r reads as <consumer>-rank<r> (stable across restarts)."})
     read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
+    dead_letter_maxlen: int = field(default=10000, metadata={
+        "help": "Entries kept (MAXLEN: the oldest go) in the dead-letter stream <redis.stream>:dead, where the "
+                "trainer moves entries it cannot decode or validate (they are counted in episodes_invalid "
+                "whatever this bound).", "ge": 1})
 
 
 @dataclass

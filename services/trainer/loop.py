@@ -200,6 +200,7 @@ class TrainingLoop:
             reward_errors=summary["reward_errors"],
             episodes_dropped_reward_error=p.episodes_dropped_reward_error,
             groups_dropped_reward_error=p.groups_dropped_reward_error,
+            episodes_invalid=p.episodes_invalid, groups_invalid=p.groups_invalid,
             episodes_trained=p.episodes_trained, groups_trained=p.groups_trained,
             loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
             ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,
