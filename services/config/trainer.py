@@ -172,7 +172,13 @@ class TrainerConfig:
     groups_per_step: int = field(default=8, metadata={
         "help": "Complete groups (prompts) per optimizer step: the batch is groups_per_step x group_size "
                 "episodes.", "ge": 1})
-    micro_batch_size: int = field(default=64, metadata={"help": "Sequences per forward/backward.", "ge": 1})
+    micro_batch_size: int = field(default=64, metadata={
+        "help": "Sequences per forward/backward when micro_batch_tokens is 0 (sequences sorted by length, each "
+                "micro-batch padded to its own longest).", "ge": 1})
+    micro_batch_tokens: int = field(default=0, metadata={
+        "help": "Token budget per forward/backward: sequences sorted by length fill a micro-batch while rows x "
+                "its longest sequence stays within the budget (a longer sequence goes alone); 0: split by "
+                "micro_batch_size. The loss does not depend on the split.", "ge": 0})
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig, metadata={
         "help": "AdamW and its learning-rate schedule."})
     loss: LossConfig = field(default_factory=LossConfig, metadata={

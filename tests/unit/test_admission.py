@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from relayrl.rollout.admission import Admission, TrainerView
 
+LAND = 5  # the action: a push in flight lands (4 is rollout's poll of the trainer)
+
 
 @dataclass
 class Sim:
@@ -39,17 +41,26 @@ class Sim:
     produced: int = 0
     dropped: int = 0
     max_outstanding: int = 0
+    stale_view: bool = False  # rollout sees the trainer only through polls (action 4), as the producer does
+    polled: TrainerView | None = None
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.max_staleness)
+        self.polled = self.view()
 
     def view(self) -> TrainerView:
         step = self.served_step if self.pending else self.step  # what the trainer reports while it publishes
         return TrainerView(step=step, weight_version=self.version, groups_per_step=self.batch,
                            reachable=True, serving=True, groups_dropped=self.dropped, publishing=self.pending)
 
+    def rollout_view(self) -> TrainerView:
+        assert self.polled is not None
+        return self.polled if self.stale_view else self.view()
+
     def act(self, action: int, pick: int) -> None:
-        if action == 0 and len(self.running) < self.max_running and self.admission.can_admit(self.view()):
+        if action == 4:
+            self.polled = self.view()
+        if action == 0 and len(self.running) < self.max_running and self.admission.can_admit(self.rollout_view()):
             self.admission.admit()
             self.running.append(self.served)
         elif action == 1 and self.running:
@@ -61,7 +72,7 @@ class Sim:
             self.admission.release()
         elif action == 3:
             self.train()
-        elif action == 4:
+        elif action == LAND:
             self.land()
         self.max_outstanding = max(self.max_outstanding, len(self.running) + len(self.stream))
 
@@ -90,7 +101,8 @@ class Sim:
             self.served, self.served_step, self.pending = self.version, self.step, False
 
 
-actions = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 1000)), min_size=1, max_size=400)
+actions = st.lists(st.tuples(st.sampled_from([0, 1, 2, 3, LAND]), st.integers(0, 1000)), min_size=1,
+                   max_size=400)
 
 
 @settings(max_examples=150, deadline=None)
@@ -123,7 +135,7 @@ def test_drops_never_starve_the_trainer(s: int, batch: int, max_running: int, st
     while sim.running:
         sim.act(1, 0)
     sim.act(3, 0)
-    sim.act(4, 0)
+    sim.act(LAND, 0)
 
     assert sim.admission.can_admit(sim.view()) or len(sim.stream) >= batch
 
@@ -141,6 +153,45 @@ def test_groups_completing_in_admission_order_are_never_dropped(s: int, batch: i
 
     assert sim.dropped == 0
     assert all(0 <= lag <= s for lag in sim.trained_staleness)
+
+
+@settings(max_examples=150, deadline=None)
+@given(s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions)
+def test_generation_never_waits_while_less_than_the_bound_is_outstanding(s: int, batch: int, max_running: int,
+                                                                         steps: list[tuple[int, int]]) -> None:
+    """Work conservation: with a current view the window closes exactly when (s + 1) * B groups are in flight or
+    waiting in the stream, never earlier, whatever the timings, failures and drops."""
+    sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False)
+
+    for action, pick in steps:
+        sim.act(action, pick)
+        outstanding = len(sim.running) + len(sim.stream)
+        assert sim.admission.can_admit(sim.view()) == (outstanding < (s + 1) * batch)
+
+
+polled_actions = st.lists(st.tuples(st.integers(0, LAND), st.integers(0, 1000)), min_size=1, max_size=400)
+
+
+@settings(max_examples=150, deadline=None)
+@given(s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=polled_actions,
+       overlap=st.booleans())
+def test_a_view_that_lags_the_trainer_only_admits_less_and_a_poll_reopens_the_window(
+        s: int, batch: int, max_running: int, steps: list[tuple[int, int]], overlap: bool) -> None:
+    """Rollout learns the trainer's step by polling (more often while the window is closed): a lagging view never
+    breaks the bound, and the window it shows is the current one minus what the poll has not seen yet."""
+    sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False, stale_view=True,
+              overlap=overlap)
+
+    for action, pick in steps:
+        sim.act(action, pick)
+        assert sim.admission.limit(sim.rollout_view()) <= sim.admission.limit(sim.view())
+
+    assert all(0 <= lag <= s for lag in sim.trained_staleness)
+    assert sim.produced == len(sim.trained_staleness) + sim.dropped + len(sim.stream)
+    assert sim.max_outstanding <= (s + 1) * batch
+    sim.act(LAND, 0)  # a push in flight lands (overlap) ...
+    sim.act(4, 0)  # ... and a poll: the rollout's window is the current one again
+    assert sim.admission.can_admit(sim.rollout_view()) == (len(sim.running) + len(sim.stream) < (s + 1) * batch)
 
 
 def test_groups_dropped_as_stale_are_released_so_the_trainer_never_starves() -> None:
