@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from relayrl.common.checkpoints import checkpoint_step, latest_checkpoint
 from relayrl.common.config import ConfigError
@@ -39,6 +39,7 @@ from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_port
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what 
 def local(server: ServerConfig) -> ServerConfig:
     """The same server settings on loopback and a free port (the launcher runs everything locally)."""
     return replace(server, host="127.0.0.1", port=free_port(), address="")
+
+
+def local_publication(pc: PublicationConfig) -> PublicationConfig:
+    """``auto`` becomes ``shared_memory``: trainer and inference run on this host and share the run folder."""
+    return replace(pc, transport=WeightTransport.SHARED_MEMORY) if pc.transport is WeightTransport.AUTO else pc
 
 
 def local_http(http: HttpConfig) -> HttpConfig:
@@ -69,9 +75,17 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
 
 
 def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int,
-                durable_step: int) -> dict[str, int]:
+                durable_step: int, invalid: tuple[int, int] = (0, 0), foreign: int = 0) -> dict[str, int]:
     """summary.json: the run's books in groups (stream entries), each group counted once:
-    produced = trained + dropped as stale + dropped for reward errors + pending.
+    produced + foreign = trained + dropped as stale + dropped for reward errors + invalid + pending.
+
+    ``foreign``: entries appended to the stream by something other than rollout (Redis's count of entries ever
+    added, less rollout's ``produced``); 0 unless someone else writes to the stream, and then most likely among the
+    invalid ones.
+
+    Invalid (``invalid``: groups, episodes, from Redis) counts the entries moved to the dead-letter stream: they
+    are acknowledged when moved, whatever the checkpoints, so they are never pending. The stream's length is not
+    part of the identity: acknowledged entries are trimmed.
 
     Trained and dropped count what the last durable checkpoint (step ``durable_step``, 0 for none) holds: only
     those groups are acknowledged. Groups trained or dropped after it are still pending in the stream (a resumed
@@ -85,17 +99,32 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
 
     return {
         "groups_produced": produced,
+        "groups_foreign": foreign,
         "stream_length": stream_length,
         "checkpoint_step": durable.step,
         "groups_trained": durable.groups_trained,
         "groups_dropped_stale": durable.groups_dropped_stale,
         "groups_dropped_reward_error": durable.groups_dropped_reward_error,
+        "groups_invalid": invalid[0],
         "groups_pending": pending,
         "groups_after_checkpoint": handled(last) - handled(durable),
         "episodes_trained": durable.episodes_trained,
         "episodes_dropped_stale": durable.episodes_dropped_stale,
         "episodes_dropped_reward_error": durable.episodes_dropped_reward_error,
+        "episodes_invalid": invalid[1],
     }
+
+
+def _entries_added(client: Any, stream: str, fallback: int) -> int:
+    """Entries ever appended to ``stream`` (XINFO STREAM ``entries-added``, Redis >= 7; trimming does not lower it);
+    ``fallback`` where the server does not say or the stream does not exist."""
+    import redis
+
+    try:
+        added = client.xinfo_stream(stream).get("entries-added")
+    except redis.exceptions.ResponseError:
+        return fallback
+    return int(added) if added is not None else fallback
 
 
 @dataclass
@@ -131,7 +160,8 @@ class Launcher:
             inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http),
                               weights_server=local(cfg.inference.weights_server)),
             reward=replace(cfg.reward, server=local(cfg.reward.server), http=local_http(cfg.reward.http)),
-            trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http)),
+            trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http),
+                            publication=local_publication(cfg.trainer.publication)),
         )
 
     def _target(self, name: str) -> str:
@@ -287,6 +317,8 @@ class Launcher:
             groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
                       for g in client.xinfo_groups(keys.stream)} if length else {}
             appended = int(client.hget(keys.rollout_progress, PROGRESS_APPENDED) or 0)
+            invalid = [int(v) for v in client.hvals(keys.invalid)]  # type: ignore[union-attr]
+            added = _entries_added(client, keys.stream, appended)
             client.close()
         except redis.exceptions.RedisError as exc:
             log.warning("could not read the stream for the run summary: %s", exc)
@@ -295,12 +327,16 @@ class Launcher:
         rows = read_rows(self.cfg.metrics_path) if self.cfg.metrics_path.exists() else []
         pending = int(group.get("pending", 0)) + int(group.get("lag", length) or 0)
         latest = latest_checkpoint(self.out / "checkpoints")
-        summary = run_summary(rows, appended, length, pending, checkpoint_step(latest) if latest else 0)
+        summary = run_summary(rows, appended, length, pending, checkpoint_step(latest) if latest else 0,
+                              (len(invalid), sum(invalid)), added - appended)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         after = summary["groups_after_checkpoint"]
-        self._say(f"relayrl: groups produced {summary['groups_produced']} = trained {summary['groups_trained']}"
-                  f" + dropped as stale {summary['groups_dropped_stale']} + dropped for reward errors "
-                  f"{summary['groups_dropped_reward_error']} + pending {summary['groups_pending']}"
+        foreign = f" (+ {summary['groups_foreign']} appended by others)" if summary["groups_foreign"] else ""
+        self._say(f"relayrl: groups produced {summary['groups_produced']}{foreign} = trained "
+                  f"{summary['groups_trained']} + dropped as stale {summary['groups_dropped_stale']} + dropped for "
+                  f"reward errors "
+                  f"{summary['groups_dropped_reward_error']} + invalid {summary['groups_invalid']} + pending "
+                  f"{summary['groups_pending']}"
                   + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
                      "again)" if after else ""))
 

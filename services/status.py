@@ -73,11 +73,13 @@ async def _queue(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any]:
                            RedisKeys.from_config(cfg.redis))
     try:
         info = await asyncio.wait_for(stream.info(), timeout=5)
+        invalid_groups, invalid_episodes = await asyncio.wait_for(stream.invalid(), timeout=5)
     except Exception as exc:  # status must report what it can, whatever is down
         return {"error": str(exc) or type(exc).__name__}
     finally:
         await stream.close()
-    return {"length": info.length, "lag": info.lag, "pending": info.pending}
+    return {"length": info.length, "lag": info.lag, "pending": info.pending, "invalid_groups": invalid_groups,
+            "invalid_episodes": invalid_episodes, "dead_letter": stream.keys.dead_letter}
 
 
 def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
@@ -128,7 +130,8 @@ def render(state: dict[str, Any]) -> str:
             "rollout": lambda s: f"{s.get('groups_produced')} groups produced, {s.get('groups_running')} running"
                                  f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}",
             "trainer": lambda s: f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
-                                 f"episodes trained, {s.get('episodes_dropped_stale')} dropped stale"
+                                 f"episodes trained, {s.get('episodes_dropped_stale')} dropped stale, "
+                                 f"{s.get('episodes_invalid', 0)} invalid"
                                  f"{', FINISHED' if s.get('finished') else ''}",
         }.get(kind, lambda s: "")(st)
         state_name = str(comp.get("state", "")).removeprefix("SERVING_STATE_")
@@ -142,7 +145,9 @@ def render(state: dict[str, Any]) -> str:
     if queue:
         lines.append("queue      " + (f"error: {queue['error']}" if "error" in queue else
                                       f"{queue['length']} entries, consumer lag {queue['lag']}, "
-                                      f"pending (delivered, not yet durable) {queue['pending']}"))
+                                      f"pending (delivered, not yet durable) {queue['pending']}, invalid "
+                                      f"{queue.get('invalid_groups', 0)} groups ({queue.get('invalid_episodes', 0)} "
+                                      f"episodes) in {queue.get('dead_letter', 'the dead-letter stream')}"))
     training = state.get("training")
     if training:
         lines.append(f"training   last {training['window_steps']} steps to step {training['step']}: reward "

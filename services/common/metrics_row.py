@@ -45,6 +45,8 @@ class RlRow:
     reward_errors: int = 0  # episodes of this step's groups whose scoring failed (excluded from the loss)
     episodes_dropped_reward_error: int = 0  # run totals
     groups_dropped_reward_error: int = 0
+    episodes_invalid: int = 0  # run totals: entries moved to the dead-letter stream (undecodable or invalid)
+    groups_invalid: int = 0
     episodes_trained: int = 0  # run totals
     groups_trained: int = 0
     loss: float = 0.0

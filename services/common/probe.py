@@ -17,7 +17,8 @@ Tolerances (max |Δ logprob|), for the same weights computed by two different ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -73,6 +74,14 @@ def probe_logprobs(model: Any, sequences: Sequence[Sequence[int]], device: torch
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:].unsqueeze(2)).squeeze(2)
     return logp[mask[:, 1:].bool()].cpu()
+
+
+def timed_probe_logprobs(score: Callable[[Any, Sequence[Sequence[int]], torch.device], torch.Tensor], model: Any,
+                         sequences: Sequence[Sequence[int]], device: torch.device) -> tuple[list[float], float]:
+    """``score`` (:func:`probe_logprobs`) as a list (empty for no probe) and the seconds it took."""
+    t0 = time.perf_counter()
+    result: list[float] = score(model, sequences, device).tolist() if sequences else []
+    return result, time.perf_counter() - t0
 
 
 def compare_probe(expected: torch.Tensor, served: Sequence[float], dtype: torch.dtype, version: int,

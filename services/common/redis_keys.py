@@ -10,6 +10,9 @@ is typed anywhere else). Names with their defaults (``redis.stream = relayrl:epi
   ``trainer_consumer(prefix, rank)`` (``trainer-rank0``) the consumer of one rank.
 - ``dropped(reason)`` (``relayrl:episodes:dropped_stale``, ``...:dropped_reward_error``): hash group id ->
   episodes of the groups the trainer dropped.
+- ``dead_letter`` (``relayrl:episodes:dead``): the stream of entries the trainer could not decode or refused,
+  each with its original fields plus ``reason`` and ``entry_id``; ``invalid`` (``relayrl:episodes:invalid``):
+  hash entry id -> episodes of those entries (the ``episodes_invalid`` count).
 - ``rollout_progress`` (``relayrl:episodes:rollout:progress``): hash of rollout's ``watermark``, ``appended``
   and ``skipped`` (PROGRESS_* fields); ``rollout_done`` (``relayrl:episodes:rollout:done``): the set of prompt
   seqs recorded at or above the watermark.
@@ -54,6 +57,16 @@ class RedisKeys:
     def dropped(self, reason: DropReason = "stale") -> str:
         """Hash of the groups the trainer dropped for ``reason`` (group id -> its episodes)."""
         return f"{self.stream}:dropped_{reason}"
+
+    @property
+    def dead_letter(self) -> str:
+        """Stream of the entries the trainer could not decode or validate (original fields + ``reason``)."""
+        return f"{self.stream}:dead"
+
+    @property
+    def invalid(self) -> str:
+        """Hash entry id -> episodes of the entries moved to the dead-letter stream."""
+        return f"{self.stream}:invalid"
 
     @property
     def rollout_progress(self) -> str:

@@ -4,20 +4,26 @@ Each stream entry holds one serialized :class:`EpisodeGroup` (the n samples of o
 ``group`` (every key and field name: relayrl.common.redis_keys): a group is delivered, acknowledged and
 normalised as a whole, so no consumer holds part of one. The trainer reads through a consumer group
 (at-least-once delivery): entries stay pending until acknowledged, and it acknowledges only once a checkpoint
-holding their effect is durable. The stream is never trimmed; backpressure comes from admission control, not
-from deleting entries.
+holding their effect is durable. Backpressure comes from admission control, not from deleting entries: the
+stream is trimmed only below the oldest entry some consumer group still needs (:meth:`EpisodeStream.trim_acked`:
+never an unread or unacknowledged entry).
+
+An entry that cannot be decoded (:class:`BadEntry`) or that the trainer refuses is moved by
+:meth:`EpisodeStream.dead_letter` to the dead-letter stream ``<stream>:dead`` (its fields plus ``reason``), counted
+in ``<stream>:invalid`` and acknowledged, in one script: it is never lost, counted twice or read again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from relayrl.common.episodes import EpisodeDecodeError, decode_group
 from relayrl.common.pb.episode_pb2 import EpisodeGroup
 from relayrl.common.redis_conn import async_client
 from relayrl.common.redis_keys import STREAM_FIELD, DropReason, RedisKeys
@@ -30,6 +36,40 @@ log = logging.getLogger(__name__)
 class StreamEntry:
     entry_id: str
     group: EpisodeGroup
+    fields: dict[bytes, bytes] = field(default_factory=dict, compare=False, repr=False)  # as read (dead-letter copy)
+
+
+@dataclass(frozen=True)
+class BadEntry:
+    """A stream entry that does not decode to an episode group: it goes to the dead-letter stream."""
+
+    entry_id: str
+    fields: dict[bytes, bytes]
+    reason: str
+
+
+# Dead-letter one entry, once: count it (HSETNX: a retry after a lost reply counts and copies nothing twice), copy
+# its fields with the reason to the dead-letter stream (capped at ARGV[3] entries, the oldest go), acknowledge it.
+# KEYS: stream, dead-letter stream, invalid hash. ARGV: entry id, episodes, maxlen, group, then field/value pairs.
+_DEAD_LETTER = """
+if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 1 then
+  local args = {'XADD', KEYS[2], 'MAXLEN', ARGV[3], '*'}
+  for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
+  redis.call(unpack(args))
+end
+return redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
+"""
+
+
+def _next_id(entry_id: str) -> str:
+    """The smallest stream id greater than ``entry_id``."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 @dataclass(frozen=True)
@@ -83,20 +123,20 @@ class EpisodeStream:
             return
         await self._redis.xadd(self.stream, {STREAM_FIELD: group.SerializeToString()})
 
-    def _parse(self, items: Any) -> list[StreamEntry]:
-        entries: list[StreamEntry] = []
+    def _parse(self, items: Any) -> list[StreamEntry | BadEntry]:
+        entries: list[StreamEntry | BadEntry] = []
         for entry_id, fields in items or []:
-            if not fields or STREAM_FIELD not in fields:
-                log.warning("stream entry %s has no episode group payload; skipping it", _text(entry_id))
-                continue
-            entries.append(StreamEntry(_text(entry_id), EpisodeGroup.FromString(fields[STREAM_FIELD])))
+            try:
+                entries.append(StreamEntry(_text(entry_id), decode_group(fields), dict(fields)))
+            except EpisodeDecodeError as exc:
+                entries.append(BadEntry(_text(entry_id), dict(fields or {}), str(exc)))
         return entries
 
     async def read(self, consumer: str, count: int, block_ms: int, pending_after: str | None = None
-                   ) -> list[StreamEntry]:
+                   ) -> list[StreamEntry | BadEntry]:
         """Read up to ``count`` entries for ``consumer``: its own pending entries with ids after
         ``pending_after`` (``"0"`` for all), or, when it is None, new entries (id ``>``), blocking up to
-        ``block_ms`` for them."""
+        ``block_ms`` for them. An entry that does not decode comes back as a :class:`BadEntry`."""
         start: str = ">" if pending_after is None else pending_after
         reply: Any = await self._redis.xreadgroup(
             self.group, consumer, {self.stream: start}, count=count,
@@ -107,6 +147,47 @@ class EpisodeStream:
         if not entry_ids:
             return 0
         return int(await self._redis.xack(self.stream, self.group, *entry_ids))
+
+    async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int,
+                          maxlen: int) -> None:
+        """Move one entry to the dead-letter stream (its ``fields`` plus ``reason``), count it as invalid (with its
+        ``episodes``) and acknowledge it: one atomic script, idempotent (a retry copies and counts nothing
+        twice)."""
+        flat: list[Any] = []
+        for key, value in fields.items():
+            flat += [key, value]
+        flat += [b"reason", reason.encode(), b"entry_id", entry_id.encode()]
+        await self._redis.eval(_DEAD_LETTER, 3, self.stream, self.keys.dead_letter, self.keys.invalid,  # type: ignore[misc]
+                               entry_id, episodes, maxlen, self.group, *flat)
+
+    async def invalid(self) -> tuple[int, int]:
+        """(groups, episodes) moved to the dead-letter stream, over every rank and restart."""
+        values: Any = await self._redis.hvals(self.keys.invalid)
+        return len(values), sum(int(v) for v in values)
+
+    async def trim_acked(self) -> str | None:
+        """Trim the stream below the oldest entry any consumer group still needs: its oldest pending
+        (unacknowledged) entry, or, with none pending, the entry after its last delivered one. Never an unread
+        or unacknowledged entry. Exact (``MINID``, not ``~``): it runs once per checkpoint and removes only what
+        was acknowledged since the previous one. Returns the MINID used (None: nothing to trim)."""
+        try:
+            groups: Any = await self._redis.xinfo_groups(self.stream)
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+        bounds: list[str] = []
+        for g in groups:
+            summary: Any = await self._redis.xpending(self.stream, _text(g["name"]))
+            oldest = summary.get("min") if int(summary.get("pending") or 0) else None
+            bounds.append(_text(oldest) if oldest is not None else _next_id(_text(g["last-delivered-id"])))
+        if not bounds:
+            return None  # no consumer group: nobody has read anything
+        minid = min(bounds, key=_id_key)
+        if minid == "0-1":
+            return None
+        await self._redis.xtrim(self.stream, minid=minid, approximate=False)
+        return minid
 
     async def claim_from_gone_consumers(self, consumer: str, live: set[str]) -> int:
         """Move the pending entries of consumers not in ``live`` (e.g. ranks of a larger earlier run) to

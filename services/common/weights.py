@@ -10,7 +10,9 @@ checksum before handing out the tensors. Nothing is applied until everything val
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,11 +119,48 @@ def write_shared(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
     os.replace(tmp, path)
 
 
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]],
+                 path: Path) -> WeightManifest:
+    """Shared-memory transport, sender side: one pass over the tensors writes them into a safetensors file
+    (created 0600, never followed through a symlink, no fsync: it lives in the page cache or a tmpfs for the
+    seconds until inference has copied it) and hashes the same bytes; returns the manifest naming the file."""
+    names = sorted(tensors)
+    views = {name: tensor_bytes(tensors[name]) for name in names}
+    header: dict[str, Any] = {}
+    offset = 0
+    for name in names:
+        t = tensors[name]
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(views[name])]}
+        offset += len(views[name])
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # data starts 8-byte aligned
+    h = hashlib.sha256()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for name in names:
+            t = tensors[name]
+            _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
+            h.update(views[name])
+            f.write(views[name])
+    os.replace(tmp, path)
+    return WeightManifest(version=version, num_tensors=len(names), total_bytes=offset, sha256=h.hexdigest(),
+                          path=str(path.resolve()), probe=[TokenIds(ids=list(seq)) for seq in probe])
+
+
 def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
     """Shared-path transport, receiver side: load the named file (which must lie under ``root``) and check it
     against the expected specs and the manifest's checksum."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     path = Path(m.path).resolve()
     if not path.is_relative_to(root.resolve()):
@@ -129,7 +168,11 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     if not path.is_file():
         raise WeightUpdateError(f"shared weights file {m.path} does not exist")
     try:
-        tensors = load_file(str(path))
+        # read into private memory first: tensors from load_file map the file, so a change to it after the
+        # checksum below would reach the served weights
+        with open(path, "rb") as f:
+            data = f.read()
+        tensors = load(data)
     except (SafetensorError, OSError) as exc:
         raise WeightUpdateError(f"shared weights file {m.path} is unreadable: {exc}") from exc
     check_tensors(tensors, expected)

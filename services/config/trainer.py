@@ -37,6 +37,8 @@ class WeightTransport(StrEnum):
 
     GRPC_STREAM = "grpc_stream"
     SHARED_PATH = "shared_path"
+    SHARED_MEMORY = "shared_memory"  # same host: a file in the weights directory, page cache, only the manifest on gRPC
+    AUTO = "auto"  # shared_memory under `relayrl run` (one host, one output folder), else grpc_stream
 
 
 class LossAggregation(StrEnum):
@@ -100,10 +102,13 @@ class CheckpointConfig:
 
 @dataclass
 class PublicationConfig:
-    transport: WeightTransport = field(default=WeightTransport.GRPC_STREAM, metadata={
-        "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream) or shared_path "
+    transport: WeightTransport = field(default=WeightTransport.AUTO, metadata={
+        "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream), shared_path "
                 "(a safetensors file under <output_dir>/weights that inference reads; needs a shared "
-                "filesystem)."})
+                "filesystem), shared_memory (same host: a file in that folder written once without fsync, removed "
+                "once served; only the manifest on gRPC) or auto (shared_memory under `relayrl run`, where every "
+                "service runs on one host with one output folder; grpc_stream for services started on their "
+                "own)."})
     chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={
         "help": "Bytes per weight-update chunk (under gRPC's 4 MiB message limit).", "ge": 1024,
         "le": 4 * 1024 * 1024 - 4096})
@@ -111,7 +116,13 @@ class PublicationConfig:
         "help": "Deadline of one weight push to inference.", "gt": 0})
     probe_sequences: int = field(default=4, metadata={
         "help": "Sequences of the probe batch inference scores after every weight swap (verification).", "ge": 1})
-    probe_tokens: int = field(default=32, metadata={"help": "Tokens per probe sequence.", "ge": 2})
+    probe_tokens: int = field(default=16, metadata={
+        "help": "Tokens per probe sequence (16 x 4 sequences: every layer and 64 vocabulary rows take part; a reload "
+                "that leaves a layer behind moves every logprob).", "ge": 2})
+    overlap: bool = field(default=True, metadata={
+        "help": "Push each step's weights in the background while the trainer reads and trains its next batch "
+                "(the version is allocated before the push, so staleness stays exact; the push is awaited before "
+                "the next publication and every checkpoint). false: the step waits for its push."})
     probe_tolerance: float = field(default=0.0, metadata={
         "help": "Largest accepted |logprob difference| between trainer and inference on the probe (0: by dtype: "
                 "float32 1e-3, float16 2e-2, bfloat16 1e-1). Above it the trainer stops.", "ge": 0})
@@ -134,6 +145,10 @@ class StreamReadConfig:
     consumer: str = field(default="trainer", metadata={
         "help": "Redis consumer name prefix: rank r reads as <consumer>-rank<r> (stable across restarts)."})
     read_block_ms: int = field(default=500, metadata={"help": "XREADGROUP block time.", "ge": 1})
+    dead_letter_maxlen: int = field(default=10000, metadata={
+        "help": "Entries kept (MAXLEN: the oldest go) in the dead-letter stream <redis.stream>:dead, where the "
+                "trainer moves entries it cannot decode or validate (they are counted in episodes_invalid "
+                "whatever this bound).", "ge": 1})
 
 
 @dataclass
@@ -157,7 +172,13 @@ class TrainerConfig:
     groups_per_step: int = field(default=8, metadata={
         "help": "Complete groups (prompts) per optimizer step: the batch is groups_per_step x group_size "
                 "episodes.", "ge": 1})
-    micro_batch_size: int = field(default=64, metadata={"help": "Sequences per forward/backward.", "ge": 1})
+    micro_batch_size: int = field(default=64, metadata={
+        "help": "Sequences per forward/backward when micro_batch_tokens is 0 (sequences sorted by length, each "
+                "micro-batch padded to its own longest).", "ge": 1})
+    micro_batch_tokens: int = field(default=0, metadata={
+        "help": "Token budget per forward/backward: sequences sorted by length fill a micro-batch while rows x "
+                "its longest sequence stays within the budget (a longer sequence goes alone); 0: split by "
+                "micro_batch_size. The loss does not depend on the split.", "ge": 0})
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig, metadata={
         "help": "AdamW and its learning-rate schedule."})
     loss: LossConfig = field(default_factory=LossConfig, metadata={

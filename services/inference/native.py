@@ -24,7 +24,7 @@ import torch
 
 from relayrl.common.logging import log_context
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
-from relayrl.common.probe import probe_logprobs
+from relayrl.common.probe import probe_logprobs, timed_probe_logprobs
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
 from relayrl.config.inference import KvOnUpdate
 from relayrl.inference.batch import KV, BatchState, RowParams
@@ -68,7 +68,7 @@ class NativeEngine:
         self.kv_on_update = kv_on_update
         self.max_rows = max_batch_sequences
         self.max_prefill_tokens = max_prefill_tokens
-        self.decode_steps = 0  # forward passes run so far (for status and tests)
+        self.decode_steps, self.last_probe_s = 0, 0.0  # forward passes so far; seconds of the last probe
         self._version = version
         self._specs = parameter_specs(model)
         self._params = dict(model.named_parameters())
@@ -211,7 +211,7 @@ class NativeEngine:
             try:
                 for name, t in swap.tensors.items():
                     self._params[name].data = t
-                result = probe_logprobs(self.model, swap.probe, self.device).tolist() if swap.probe else []
+                result, self.last_probe_s = timed_probe_logprobs(probe_logprobs, self.model, swap.probe, self.device)
             except BaseException:
                 for name, t in old.items():
                     self._params[name].data = t

@@ -163,21 +163,27 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         service.weight_streams += 1
         try:
             manifest, assembler = await self._receive(request_iterator)
+            t_received = time.perf_counter()
             bind_log_context(weight_version=manifest.version)  # the rest of this call (its own task)
             tensors, nbytes = await asyncio.to_thread(self._assemble, manifest, assembler)
             del assembler  # its buffers now back ``tensors``
+            t_assembled = time.perf_counter()
             probe_lp = await service.apply_update(tensors, manifest.version, [list(p.ids) for p in manifest.probe])
         except (WeightUpdateError, IdleStreamError, WeightSwapError) as exc:
             await self._refuse(context, exc)
         finally:
             service.weight_streams -= 1
-        elapsed = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        elapsed = t_end - t0
+        probe_s = min(float(getattr(service.engine, "last_probe_s", 0.0)), t_end - t_assembled)
         service.weight_updates += 1
         metrics.weight_updates.labels("applied").inc()
         metrics.weight_update_seconds.observe(elapsed)
         metrics.weight_update_bytes.inc(nbytes)
         return pb.UpdateWeightsResponse(version=manifest.version, apply_s=elapsed, bytes_received=nbytes,
-                                        probe_logprobs=probe_lp)
+                                        probe_logprobs=probe_lp, receive_s=t_received - t0,
+                                        assemble_s=t_assembled - t_received, swap_s=t_end - t_assembled - probe_s,
+                                        probe_s=probe_s)
 
     async def GetStatus(self, request: pb.GetInferenceStatusRequest,
                         context: grpc.aio.ServicerContext) -> pb.InferenceStatus:

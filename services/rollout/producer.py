@@ -8,6 +8,7 @@ group, which is tried again up to ``rollout.max_group_attempts`` times (each fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -41,6 +42,9 @@ GENERATE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
 SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
 TRAINER_STATUS_POLICY = NO_RETRY
 TRAINER_STATUS_TIMEOUT_S = 5.0
+# While admission waits for the trainer, its status is polled this many times as often: the window reopens when a
+# step is published, and a full status_poll_s of lag per step would leave the engine idle meanwhile.
+BLOCKED_POLL_DIVISOR = 5
 
 
 @dataclass
@@ -102,10 +106,24 @@ class RolloutProducer:
         self.append_blocked = False  # Redis refuses the append for lack of memory: admit no new group meanwhile
         self.redis_oom_retries = 0  # appends refused by a full Redis (maxmemory, noeviction) and retried
         self.refused_while_paused = 0  # admission decisions the loop made (and refused) while paused
+        self.wait_s: dict[str, float] = {}  # seconds the loop waited, by blocked_by() reason
+        self._poll_now = asyncio.Event()  # the window is closed: refresh the trainer's view without waiting
 
     def can_admit(self) -> bool:
-        return (not self.paused and not self.append_blocked and self.running < self.cfg.max_concurrent_groups
-                and self.admission.can_admit(self.trainer_view))
+        return self.blocked_by() is None
+
+    def blocked_by(self) -> str | None:
+        """Why no group can be admitted now (None: one can): paused, redis_full, concurrency (max_concurrent_groups
+        running), trainer (not serving, unreachable or publishing) or window (the staleness bound is reached)."""
+        if self.paused:
+            return "paused"
+        if self.append_blocked:
+            return "redis_full"
+        if self.running >= self.cfg.max_concurrent_groups:
+            return "concurrency"
+        if self.admission.can_admit(self.trainer_view):
+            return None
+        return "window" if self.admission.limit(self.trainer_view) > 0 else "trainer"
 
     def set_paused(self, paused: bool, reason: str = "") -> None:
         if paused != self.paused:
@@ -124,16 +142,23 @@ class RolloutProducer:
         self.trainer_view = TrainerView(
             step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
             finished=st.finished, reachable=True, publishing=st.publishing,
-            groups_dropped=st.groups_dropped_stale + st.groups_dropped_reward_error,
+            groups_dropped=st.groups_dropped_stale + st.groups_dropped_reward_error + st.groups_invalid,
             serving=st.component.state == ServingState.SERVING_STATE_SERVING)
 
     async def _poll_trainer(self, stop: asyncio.Event) -> None:
+        """Every status_poll_s; while admission waits for the trainer (window closed, publishing), every
+        status_poll_s / BLOCKED_POLL_DIVISOR, so a finished step reopens the window without a full poll's lag."""
         while not stop.is_set():
             await self.refresh_trainer()
             self._wake.set()
             if self.trainer_view.finished:
                 return
-            await asyncio.sleep(self.cfg.status_poll_s)
+            if self.blocked_by() in ("window", "trainer"):
+                await asyncio.sleep(self.cfg.status_poll_s / BLOCKED_POLL_DIVISOR)
+                continue
+            self._poll_now.clear()
+            with contextlib.suppress(TimeoutError):  # the interval passed: poll as usual
+                await asyncio.wait_for(self._poll_now.wait(), self.cfg.status_poll_s)
 
     @property
     def next_seq(self) -> int:
@@ -157,14 +182,19 @@ class RolloutProducer:
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set() and not self.trainer_view.finished:
-                if not self.can_admit():
+                reason = self.blocked_by()
+                if reason is not None:
                     self.refused_while_paused += self.paused
+                    if reason in ("window", "trainer"):
+                        self._poll_now.set()
                     self._wake.clear()
+                    t0 = time.monotonic()
                     waiter = asyncio.create_task(self._wake.wait())
                     stopper = asyncio.create_task(stop.wait())
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                     waiter.cancel()
                     stopper.cancel()
+                    self.wait_s[reason] = self.wait_s.get(reason, 0.0) + time.monotonic() - t0
                     continue
                 if self._retry:
                     seq, attempt = self._retry.popleft()
@@ -263,7 +293,8 @@ class RolloutProducer:
                 "groups_failed": self.groups_failed, "groups_skipped": self.groups_skipped,
                 "episodes_reward_errors": self.episodes_reward_errors, "redis_oom_retries": self.redis_oom_retries,
                 "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
-                "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index}
+                "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index,
+                **{f"wait_ms_{reason}": round(s * 1000) for reason, s in sorted(self.wait_s.items())}}
 
     async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:
         cfg = self.cfg

@@ -4,6 +4,9 @@ A group's stream entry is acknowledged only after a checkpoint that includes its
 checkpoint records, per rank, the ids of the groups consumed (trained or dropped) since the previous one. On
 restart each rank re-reads its own pending entries first, acknowledges (without training) the groups the
 restored checkpoint already holds, trains the rest, then reads new entries (see relayrl.trainer.groups).
+After each acknowledgement the stream is trimmed below the oldest entry still pending (or, with none pending,
+the last delivered one): Redis memory stays bounded by the entries not yet durable, and an unread or
+unacknowledged entry is never trimmed (EpisodeStream.trim_acked).
 
 An operator's checkpoint request reaches rank 0 (the control plane); every rank learns it with the next weight
 version's broadcast, so all of them checkpoint after the same step.
@@ -58,7 +61,10 @@ class CheckpointAck:
             counters, self.coll, collector.consumed_ids)
         ids = collector.unacked + collector.done_on_resume
         acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.retry_s)
-        log.info("checkpoint at step %d durable; acknowledged %d groups", step, acked)
+        # bounded memory: what every consumer group has acknowledged goes (never an unread or pending entry)
+        minid = await redis_retry(self.stream.trim_acked, "trim", self.retry_s)
+        log.info("checkpoint at step %d durable; acknowledged %d groups; stream trimmed below %s", step, acked,
+                 minid)
         self.last_step = step
         if self.now:  # the operator's request (broadcast with this step's version) is served
             self.requested = self.now = False

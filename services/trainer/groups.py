@@ -11,8 +11,15 @@ nothing): with ``trainer.on_reward_error: drop`` such episodes are excluded from
 (``episodes_dropped_reward_error``). The rest of their group is trained as a smaller group: advantages are
 computed over its valid episodes only, since a failed score is no evidence about the sample. A group with no
 valid episode is dropped like a stale one, recorded in Redis and counted (``groups_dropped_reward_error``).
-With ``fail`` the trainer stops with an error naming the episode, before training its group. Groups produced =
-trained + dropped as stale + dropped for reward errors + pending.
+With ``fail`` the trainer stops with an error naming the episode, before training its group.
+
+Invalid entries: every entry read is decoded and validated (relayrl.common.episodes: lengths agree, ids in the
+vocabulary, versions not newer than the version counter, finite values, ...) before anything else looks at it.
+One that fails, or whose staleness comes out negative (a version the lineage places after the trainer's
+weights), is moved to the dead-letter stream ``<stream>:dead`` with the reason, counted (``groups_invalid``,
+``episodes_invalid``) and acknowledged at once, in one idempotent script (EpisodeStream.dead_letter): it is never
+trained, never read again, and never stops the trainer. Groups produced = trained + dropped as stale + dropped
+for reward errors + invalid + pending.
 
 Ranks: every rank reads its own share of groups as the stable Redis consumer ``<consumer>-rank<r>``
 (groups_per_step / world_size groups per step); pending entries of consumers that no longer exist (a larger
@@ -23,13 +30,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from relayrl.common.episodes import Limits, validate_group
 from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.redis_keys import trainer_consumer
 from relayrl.common.retry import redis_retry
-from relayrl.common.stream import EpisodeStream, StreamEntry
+from relayrl.common.stream import BadEntry, EpisodeStream, StreamEntry
 from relayrl.config.trainer import RewardErrorPolicy
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,10 @@ def oldest_version(entry: StreamEntry) -> int:
     return min(min(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
 
 
+def newest_version(entry: StreamEntry) -> int:
+    return max(max(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
+
+
 def reward_failed(ep: Episode) -> bool:
     """Whether scoring this episode failed. UNSPECIFIED (written before the field existed) reads as OK."""
     return ep.reward_status not in (reward_pb2.SCORE_STATUS_UNSPECIFIED, reward_pb2.SCORE_STATUS_OK)
@@ -65,13 +78,25 @@ class RewardErrorStop(RuntimeError):
 StalenessFn = Callable[[int], Awaitable[int]]  # token version -> optimizer steps behind the current weights
 
 
+@dataclass(frozen=True)
+class EntryChecks:
+    """What the collector checks each entry against (relayrl.common.episodes.Limits) and where refused ones go."""
+
+    vocab_size: int
+    max_completion_tokens: int
+    newest_version: Callable[[], Awaitable[int]]  # the last version allocated (the version counter)
+    dead_letter_maxlen: int = 10000
+
+
 class GroupCollector:
     """Reads this rank's groups: pending ones first, skipping groups a checkpoint already holds, then new
     ones; drops (and counts) groups beyond the staleness bound."""
 
     def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
-                 already_done: set[str], retry_s: float = 60.0,
+                 already_done: set[str], checks: EntryChecks, retry_s: float = 60.0,
                  on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP) -> None:
+        self.checks = checks
+        self._newest_version = 0  # the version counter as last read (re-read when an entry claims a newer one)
         self.retry_s = retry_s
         self.on_reward_error = on_reward_error
         self.seen: set[str] = set()  # group ids this incarnation took (ready, trained or dropped)
@@ -103,6 +128,9 @@ class GroupCollector:
                 self._pending_after = entries[-1].entry_id if entries else None
             waiting = {e.group.group_id for e in self._ready}
             for entry in entries:
+                if isinstance(entry, BadEntry):
+                    await self.dead_letter(entry.entry_id, entry.fields, entry.reason, 0)
+                    continue
                 gid = entry.group.group_id
                 if gid in waiting:
                     continue  # seen again by a rescan, still waiting to be trained
@@ -112,9 +140,25 @@ class GroupCollector:
                     # trained or dropped already, delivered again (Redis lost a delivery or an ack in a crash):
                     # never train twice; acknowledge it with the next checkpoint
                     self.unacked.append(entry.entry_id)
+                elif (reason := await self._invalid(entry)) is not None:
+                    await self.dead_letter(entry.entry_id, entry.fields, reason, len(entry.group.episodes))
                 else:
                     self.seen.add(gid)
                     self._ready.append(entry)
+
+    async def _invalid(self, entry: StreamEntry) -> str | None:
+        """Why the trainer must not train on ``entry`` (relayrl.common.episodes), or None."""
+        claimed = max((v for ep in entry.group.episodes for v in ep.token_weight_versions), default=0)
+        if claimed > self._newest_version:  # allocated since we last looked, or from the future: ask the counter
+            self._newest_version = await redis_retry(self.checks.newest_version, "newest version", self.retry_s)
+        return validate_group(entry.group, Limits(self.checks.vocab_size, self.checks.max_completion_tokens,
+                                                  self._newest_version))
+
+    async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int) -> None:
+        """Move an entry to the dead-letter stream, count it and acknowledge it (one idempotent script)."""
+        await redis_retry(lambda: self.stream.dead_letter(entry_id, fields, reason, episodes,  # type: ignore[misc]
+                                                          self.checks.dead_letter_maxlen), "dead letter", self.retry_s)
+        log.warning("moved stream entry %s to %s: %s", entry_id, self.stream.keys.dead_letter, reason)
 
     def _rescan(self) -> None:
         """After a Redis outage, page through our pending entries again: acks or deliveries may be lost."""
@@ -145,7 +189,13 @@ class GroupCollector:
         keep: list[StreamEntry] = []
         for entry in self._ready:
             lag = await staleness(oldest_version(entry))
-            if lag > self.max_staleness:
+            ahead = await staleness(newest_version(entry))
+            if min(lag, ahead) < 0:  # never a negative staleness: a version the lineage places after our weights
+                await self.dead_letter(entry.entry_id, entry.fields, f"token_weight_versions: version "
+                                       f"{newest_version(entry) if ahead < 0 else oldest_version(entry)} is ahead of "
+                                       f"the trainer's weights (staleness {min(lag, ahead)})",
+                                       len(entry.group.episodes))
+            elif lag > self.max_staleness:
                 with log_context(group_id=entry.group.group_id):
                     # recorded in Redis at once: rollout's admission releases it without waiting for a step
                     await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id,

@@ -83,9 +83,12 @@ class TrainingLoop:
         (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
         self._trained_log = (cfg.output_dir / "trained" / f"rank{coll.rank}.jsonl").open("a")
 
-    async def publish(self, policy_step: int) -> int:
-        """Publish the current weights; every rank learns the version and whether to checkpoint after this step."""
-        version, self.checkpoints.now = await self.publication.publish(policy_step, self.checkpoints.requested)
+    async def publish(self, policy_step: int, wait: bool = True) -> int:
+        """Publish the current weights; every rank learns the version and whether to checkpoint after this step.
+        ``wait`` false: the push runs on while the loop reads its next batch (settled before the next publication
+        and every checkpoint)."""
+        version, self.checkpoints.now = await self.publication.publish(policy_step, self.checkpoints.requested,
+                                                                        wait)
         return version
 
     async def staleness(self, token_version: int) -> int:
@@ -132,7 +135,7 @@ class TrainingLoop:
                 log.debug("trained group at step %d (%d episodes: %s)", progress.step + 1,
                           len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
         self._audit(entries)
-        await self.publish(progress.step + 1)
+        await self.publish(progress.step + 1, wait=not tc.publication.overlap)
         progress.step += 1
         summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
                                           staleness, excluded)
@@ -168,6 +171,7 @@ class TrainingLoop:
         await self.publish(self.progress.step)
 
     async def checkpoint_and_ack(self) -> None:
+        await self.publication.settle()  # a checkpoint never records a version whose push may still fail
         await self.checkpoints.save_and_ack(self.progress.step, self.publication.weight_version,
                                             self.progress.checkpoint_counters())
 
@@ -200,6 +204,7 @@ class TrainingLoop:
             reward_errors=summary["reward_errors"],
             episodes_dropped_reward_error=p.episodes_dropped_reward_error,
             groups_dropped_reward_error=p.groups_dropped_reward_error,
+            episodes_invalid=p.episodes_invalid, groups_invalid=p.groups_invalid,
             episodes_trained=p.episodes_trained, groups_trained=p.groups_trained,
             loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
             ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,

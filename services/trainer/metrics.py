@@ -33,6 +33,10 @@ class _TrainerCollector(Collector):
                                   "because scoring failed.", value=s.episodes_dropped_reward_error)
         yield CounterMetricFamily("relayrl_trainer_groups_dropped_reward_error", "Groups dropped because every "
                                   "episode's scoring failed.", value=s.groups_dropped_reward_error)
+        yield CounterMetricFamily("relayrl_trainer_groups_invalid", "Stream entries that could not be decoded or "
+                                  "validated, moved to the dead-letter stream (never trained).", value=s.groups_invalid)
+        yield CounterMetricFamily("relayrl_trainer_episodes_invalid", "Episodes of those entries.",
+                                  value=s.episodes_invalid)
         yield GaugeMetricFamily("relayrl_trainer_last_checkpoint_step", "Step of the newest durable checkpoint.",
                                 value=t.checkpoints.last_step)
         lag, pending = s.queue_depth

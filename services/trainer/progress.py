@@ -20,6 +20,9 @@ class TrainerProgress:
     episodes_dropped_stale: int = 0
     groups_dropped_reward_error: int = 0  # whole groups, from Redis
     episodes_dropped_reward_error: int = 0  # their episodes + errored episodes of trained groups
+    # entries moved to the dead-letter stream (undecodable or invalid), over all ranks and restarts, from Redis
+    groups_invalid: int = 0
+    episodes_invalid: int = 0
     # errored episodes excluded from trained groups, over every rank (kept in checkpoints like the others)
     episodes_excluded_reward_error: int = 0
     queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending) at the last step (rank 0)
@@ -37,9 +40,10 @@ class TrainerProgress:
         self.episodes_excluded_reward_error = int(counters.get("episodes_excluded_reward_error", 0))
 
     async def refresh_drops(self, stream: EpisodeStream, retry_s: float) -> None:
-        """Drop counts over every rank and restart, from Redis."""
+        """Drop and invalid counts over every rank and restart, from Redis."""
         self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
             stream.dropped, "count drops", retry_s)
         groups, episodes = await redis_retry(lambda: stream.dropped("reward_error"), "count drops", retry_s)
         self.groups_dropped_reward_error = groups
         self.episodes_dropped_reward_error = episodes + self.episodes_excluded_reward_error
+        self.groups_invalid, self.episodes_invalid = await redis_retry(stream.invalid, "count invalid", retry_s)

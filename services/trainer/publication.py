@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
@@ -52,52 +54,115 @@ class VersionPublication:
         self.lineage = 0  # set at the first publication (rank 0)
         self.publishing = False
         self.last_push: PushResult | None = None
+        self.served_step = -1  # policy step of the last verified push
+        self._pending: asyncio.Task[int] | None = None  # a push started by publish(wait=False)
         self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
-        self._weights_lock = threading.Lock()  # a snapshot for publication never sees half an optimizer step
+        # a snapshot for publication, or the probe of one (rank 0 only), never overlaps an optimizer step
+        self._weights_lock = threading.Lock()
+        if self.is_main:
+            publisher.model_lock = self._weights_lock
 
     def locked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` (an optimizer step) so that it never overlaps a snapshot for publication."""
         with self._weights_lock:
             return fn(*args)
 
-    async def publish(self, policy_step: int, flag: bool = False) -> tuple[int, bool]:
+    async def publish(self, policy_step: int, flag: bool = False, wait: bool = True) -> tuple[int, bool]:
         """Rank 0 publishes a fresh version of the current weights; every rank gets it, with rank 0's ``flag``
-        (the operator's checkpoint request), by one broadcast. Returns (version, flag)."""
+        (the operator's checkpoint request), by one broadcast. Returns (version, flag).
+
+        ``wait`` false (the training loop's overlap): rank 0 takes the snapshot and allocates and registers the
+        version now (so staleness, measured along the lineage from this version, is exact at once), and pushes
+        in the background while training goes on; :meth:`settle` waits for that push (and raises its error). The
+        next publication settles the previous one first."""
         message = torch.zeros(2, dtype=torch.int64)  # [version, flag]
         if self.is_main:
+            await self.settle()
             self.publishing = True
             try:
-                message[0] = await self.allocate_and_push(policy_step,
-                                                          self.weight_version or await self.served_version())
+                floor = self.weight_version or await self.served_version()
+                if wait:
+                    message[0] = await self.allocate_and_push(policy_step, floor)
+                else:
+                    message[0] = await self._start_push(policy_step, floor)
             finally:
-                self.publishing = False
+                self.publishing = self._pending is not None
             message[1] = int(flag)
         await asyncio.to_thread(self.coll.broadcast, message, 0, "published_version")
         self.weight_version = int(message[0])
         return self.weight_version, bool(message[1])
 
+    async def settle(self) -> None:
+        """Wait for the push started by ``publish(wait=False)``, if any; re-raise its error."""
+        task, self._pending = self._pending, None
+        if task is not None:
+            try:
+                await task
+            finally:
+                self.publishing = False
+
     async def allocate_and_push(self, policy_step: int, floor: int) -> int:
         """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push.
         Serialised: a step's publication and a watchdog re-push never interleave."""
         async with self._push_lock:
-            params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
-            version = await self._allocate(policy_step, floor)
-            for _ in range(VERIFY_ATTEMPTS):
-                with log_context(weight_version=version):
-                    result = await self.publisher.push(params, version)
-                if result.verified:
-                    break
-                # inference serves this version but its probe answer was lost: the same weights as a fresh version
-                # (a version it serves is refused as stale) bring the probe back; both map to the same policy step
-                version = await self._allocate(policy_step, version)
-                log.info("verifying the landed weights by a push as version %d", version)
-            else:
-                raise RuntimeError(f"weight version {version}: the push landed {VERIFY_ATTEMPTS} times without an "
-                                   "answer; the served weights are unverified")
-            self.last_push = result
-            log.info("published weight version %d (%d bytes, %.3fs, probe max |Δ logprob| %.2e)", version,
-                     result.bytes_sent, result.seconds, result.probe_max_diff)
-            return version
+            params, version, snapshot_s = await self._snapshot_and_allocate(policy_step, floor)
+            return await self._push_verified(params, version, policy_step, snapshot_s)
+
+    async def _start_push(self, policy_step: int, floor: int) -> int:
+        """Rank 0: snapshot and version now; the push in a task that holds the push lock until it is done."""
+        await self._push_lock.acquire()
+        try:
+            params, version, snapshot_s = await self._snapshot_and_allocate(policy_step, floor)
+        except BaseException:
+            self._push_lock.release()
+            raise
+
+        async def push() -> int:
+            try:
+                return await self._push_verified(params, version, policy_step, snapshot_s)
+            finally:
+                self.publishing = False
+                self._push_lock.release()
+
+        self._pending = asyncio.create_task(push(), name=f"publish-v{version}")
+        return version
+
+    async def _snapshot_and_allocate(self, policy_step: int,
+                                     floor: int) -> tuple[dict[str, torch.Tensor], int, float]:
+        t0 = time.perf_counter()
+        params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
+        snapshot_s = time.perf_counter() - t0
+        return params, await self._allocate(policy_step, floor), snapshot_s
+
+    async def _push_verified(self, params: dict[str, torch.Tensor], version: int, policy_step: int,
+                             snapshot_s: float) -> int:
+        for _ in range(VERIFY_ATTEMPTS):
+            with log_context(weight_version=version):
+                result = await self.publisher.push(params, version)
+            if result.verified:
+                break
+            # inference serves this version but its probe answer was lost: the same weights as a fresh version
+            # (a version it serves is refused as stale) bring the probe back; both map to the same policy step
+            version = await self._allocate(policy_step, version)
+            log.info("verifying the landed weights by a push as version %d", version)
+        else:
+            raise RuntimeError(f"weight version {version}: the push landed {VERIFY_ATTEMPTS} times without an "
+                               "answer; the served weights are unverified")
+        pushed = result.timings  # the snapshot is part of serialising
+        self.last_push = replace(result, timings=replace(pushed, serialise_s=pushed.serialise_s + snapshot_s,
+                                                         total_s=pushed.total_s + snapshot_s))
+        self.served_step = policy_step
+        t = self.last_push.timings
+        log.info("published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; "
+                 "probe max |Δ logprob| %.2e)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s,
+                 t.swap_s, t.probe_s, result.probe_max_diff)
+        return version
+
+    def admission_step(self, step: int) -> int:
+        """The step rollout's admission may count on: ``step``, or while a push is in flight the policy step
+        inference is known to serve (its version was verified), so the window never runs ahead of the weights
+        that generate."""
+        return step if not self.publishing else min(step, max(self.served_step, 0))
 
     async def _allocate(self, policy_step: int, floor: int) -> int:
         version = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version", self.retry_s)

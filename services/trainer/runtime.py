@@ -27,7 +27,7 @@ from relayrl.config import RunConfig
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.groups import GroupCollector, consumer_name
+from relayrl.trainer.groups import EntryChecks, GroupCollector, consumer_name
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.loop import TrainingLoop
 from relayrl.trainer.progress import TrainerProgress
@@ -57,8 +57,10 @@ class Trainer:
         self.progress = TrainerProgress()
         already_done, resumed_version = self._restore()
         self.stream = EpisodeStream.from_config(cfg.redis)
+        checks = EntryChecks(int(self.model.get_input_embeddings().num_embeddings), cfg.rollout.max_new_tokens,
+                             VersionSource(self.stream.client, self.stream.keys).latest, tc.stream.dead_letter_maxlen)
         self.collector = GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank),
-                                        cfg.rollout.max_staleness, tc.stream.read_block_ms, already_done,
+                                        cfg.rollout.max_staleness, tc.stream.read_block_ms, already_done, checks,
                                         cfg.redis.retry_s, tc.on_reward_error)
         self.publication = VersionPublication(
             self._publisher(), VersionSource(self.stream.client, self.stream.keys),
@@ -116,12 +118,14 @@ class Trainer:
     def status(self) -> trainer_pb2.TrainerStatus:
         p = self.progress
         return trainer_pb2.TrainerStatus(
-            component=self.header.message(), step=p.step, weight_version=self.publication.weight_version,
+            component=self.header.message(), step=self.publication.admission_step(p.step),
+            weight_version=self.publication.weight_version,
             episodes_trained=p.episodes_trained, episodes_dropped_stale=p.episodes_dropped_stale,
             groups_per_step=self.cfg.trainer.groups_per_step, finished=p.finished,
             publishing=self.publication.publishing, groups_dropped_stale=p.groups_dropped_stale,
             groups_dropped_reward_error=p.groups_dropped_reward_error,
             episodes_dropped_reward_error=p.episodes_dropped_reward_error,
+            groups_invalid=p.groups_invalid, episodes_invalid=p.episodes_invalid,
             checkpoint_pending=self.checkpoints.requested, last_checkpoint_step=self.checkpoints.last_step)
 
     async def close(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,11 +35,34 @@ PUSH_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
+class PublishTimings:
+    """Where one publication's seconds went (rank 0; the last push of a publication).
+
+    - ``serialise_s``: the trainer's snapshot of the parameters plus the transport's preparation (checksum; chunks
+      for grpc_stream, the file for shared_path / shared_memory);
+    - ``transfer_s``: the UpdateWeights call minus inference's own work below: the bytes on the wire (grpc_stream),
+      inference receiving and checking chunks, gRPC and connection overhead;
+    - ``swap_s``: inference assembling the update (reading a shared file, checksum, finite check) and swapping it in
+      (waiting for the engine's step boundary included);
+    - ``probe_s``: inference scoring the probe plus the trainer scoring it on its snapshot and comparing;
+    - ``total_s``: the whole publication, wall clock (the snapshot included); ``bytes``: the update's size.
+    """
+
+    serialise_s: float = 0.0
+    transfer_s: float = 0.0
+    swap_s: float = 0.0
+    probe_s: float = 0.0
+    total_s: float = 0.0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
 class PushResult:
     version: int
     bytes_sent: int
     seconds: float
     probe_max_diff: float | None  # None: the push landed but its answer was lost (not verified yet)
+    timings: PublishTimings = PublishTimings()
 
     @property
     def verified(self) -> bool:
@@ -70,6 +94,9 @@ class WeightPublisher:
         self.probe = probe
         self.probe_tolerance = probe_tolerance
         self.dtype = next(model.parameters()).dtype
+        # held by optimizer steps (VersionPublication.locked) and by the probe, which evaluates the live module
+        # with the snapshot's tensors swapped in: a push overlapping training never runs inside an optimizer step
+        self.model_lock = threading.Lock()
 
     @staticmethod
     def default_probe(model: Any, tokenizer: Any, sequences: int, tokens: int, seed: int) -> list[list[int]]:
@@ -82,30 +109,46 @@ class WeightPublisher:
         return {name: p.detach().clone() for name, p in self.model.named_parameters()}
 
     def expected_probe(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            return probe_logprobs(_Snapshot(self.model, params), self.probe, self.device)
-        finally:
-            self.model.train(was_training)
+        with self.model_lock:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                return probe_logprobs(_Snapshot(self.model, params), self.probe, self.device)
+            finally:
+                self.model.train(was_training)
 
     async def push(self, params: Mapping[str, torch.Tensor], version: int) -> PushResult:
         """Send ``params`` as ``version``; verify the served weights by the probe. Raises RuntimeError when the
         push fails, WeightVerificationError when inference serves something else; an unverified result when
-        the push landed but its answer was lost."""
+        the push landed but its answer was lost. The trainer's probe is scored while the update travels."""
         t0 = time.perf_counter()
-        expected = await asyncio.to_thread(self.expected_probe, params)
         messages = await asyncio.to_thread(self.transport.prepare, params, version, self.probe)
-        async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5,
-                                   token=self.token, tls=self.tls) as inference:
-            try:
-                resp = await inference.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
-            except grpc.aio.AioRpcError as exc:
-                raise RuntimeError(f"weight push of version {version} failed: "
-                                   f"{exc.code().name}: {exc.details()}") from exc
+        t_prepared = time.perf_counter()
+        expected_task = asyncio.create_task(asyncio.to_thread(self.expected_probe, params))
+        try:
+            resp = await self._send(messages, version)
+        finally:
+            t_answered = time.perf_counter()
+            expected = await expected_task
         if resp is None:
             log.warning("weight version %d landed but its answer was lost", version)
             return PushResult(version, 0, time.perf_counter() - t0, None)
         diff = compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
+        t_compared = time.perf_counter()
         await asyncio.to_thread(self.transport.after_success, version)
-        return PushResult(version, int(resp.bytes_received), time.perf_counter() - t0, diff)
+        total = time.perf_counter() - t0
+        inference_s = resp.assemble_s + resp.swap_s + resp.probe_s
+        timings = PublishTimings(  # the phases add up to total_s (the trainer's probe overlaps the transfer)
+            serialise_s=(t_prepared - t0) + (total - (t_compared - t0)),
+            transfer_s=max(t_answered - t_prepared - inference_s, 0.0), swap_s=resp.assemble_s + resp.swap_s,
+            probe_s=resp.probe_s + (t_compared - t_answered), total_s=total, bytes=int(resp.bytes_received))
+        return PushResult(version, int(resp.bytes_received), total, diff, timings)
+
+    async def _send(self, messages: list[Any], version: int) -> Any:
+        async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5,
+                                   token=self.token, tls=self.tls) as inference:
+            try:
+                return await inference.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
+            except grpc.aio.AioRpcError as exc:
+                raise RuntimeError(f"weight push of version {version} failed: "
+                                   f"{exc.code().name}: {exc.details()}") from exc

@@ -38,31 +38,37 @@ def _episodes() -> list[Episode]:
     return eps
 
 
-def _grads(model_dir: Path, episodes: list[Episode], coll: Collectives, micro_batch: int) -> dict[str, torch.Tensor]:
+def _grads(model_dir: Path, episodes: list[Episode], coll: Collectives, micro_batch: int,
+           micro_tokens: int = 0) -> dict[str, torch.Tensor]:
     model = load_model(ModelConfig(path=model_dir))
-    learner = Learner(model, TrainerConfig(micro_batch_size=micro_batch), 0, torch.device("cpu"),
-                      max_completion_tokens=8, collectives=coll)
+    cfg = TrainerConfig(micro_batch_size=micro_batch, micro_batch_tokens=micro_tokens)
+    learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=8, collectives=coll)
     learner.rl_gradients(episodes)
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, by_tokens: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
         coll = Collectives(dist.group.WORLD, timeout_s=60)
         eps = _episodes()
         share = eps[:6] if rank == 0 else eps[6:]  # two whole groups each
-        grads = _grads(Path(model_dir), share, coll, micro_batch=2 if rank == 0 else 5)
+        if by_tokens:  # token budgets that split the two shares into different numbers of micro-batches
+            grads = _grads(Path(model_dir), share, coll, micro_batch=64, micro_tokens=9 if rank == 0 else 40)
+        else:
+            grads = _grads(Path(model_dir), share, coll, micro_batch=2 if rank == 0 else 5)
         torch.save(grads, Path(out_dir) / f"grads{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_two_ranks_and_one_rank_compute_the_same_gradient(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("by_tokens", [False, True], ids=["by_sequences", "by_tokens"])
+def test_two_ranks_and_one_rank_compute_the_same_gradient(tmp_path: Path, tiny_model_dir: Path,
+                                                          by_tokens: bool) -> None:
     single = _grads(tiny_model_dir, _episodes(), Collectives(None, timeout_s=60), micro_batch=4)
 
-    mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2,
+    mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path), by_tokens), nprocs=2,
                        start_method="spawn", join=True)
 
     rank0 = torch.load(tmp_path / "grads0.pt")

@@ -78,8 +78,34 @@ def _effective_groups(out: Path) -> list[tuple[str, int]]:
     return effective
 
 
+def _aof_commands(aof_dir: Path) -> list[list[bytes]]:
+    """Every command in the run's append-only files (RESP arrays of bulk strings), in the manifest's order; a
+    command cut short at the end (a kill) is left out."""
+    names = [line.split()[1] for line in (aof_dir / "appendonly.aof.manifest").read_text().splitlines()
+             if line.split()[-1] == "i"]
+    commands: list[list[bytes]] = []
+    for name in names:
+        data, pos = (aof_dir / name).read_bytes(), 0
+        try:
+            while pos < len(data):
+                end = data.index(b"\r\n", pos)
+                count, pos, command = int(data[pos + 1:end]), end + 2, []
+                for _ in range(count):
+                    end = data.index(b"\r\n", pos)
+                    size = int(data[pos + 1:end])
+                    command.append(data[end + 2:end + 2 + size])
+                    pos = end + 2 + size + 2
+                if pos > len(data):
+                    break
+                commands.append(command)
+        except ValueError:
+            pass
+    return commands
+
+
 def _stream_contents(out: Path) -> tuple[list[int], int]:
-    """Prompt seqs of every group in the run's stream, and rollout's watermark, read from the run's AOF."""
+    """Prompt seqs of every group ever appended to the run's stream, and rollout's watermark, read from the run's
+    AOF: the commands it logged (the trainer trims acknowledged entries, so the stream itself keeps only the rest)."""
     import redis
 
     from relayrl.common.pb.episode_pb2 import EpisodeGroup
@@ -90,8 +116,10 @@ def _stream_contents(out: Path) -> tuple[list[int], int]:
     server.start()
     try:
         client = redis.Redis(port=server.port)
-        seqs = [EpisodeGroup.FromString(fields[STREAM_FIELD]).prompt_seq
-                for _, fields in client.xrange(keys.stream)]
+        appended = [dict(zip(c[3::2], c[4::2], strict=True)) for c in _aof_commands(out / "redis" / "appendonlydir")
+                    if c[0].upper() == b"XADD" and c[1] == keys.stream.encode()]
+        assert len(appended) >= client.xlen(keys.stream)  # every entry still there was logged
+        seqs = [EpisodeGroup.FromString(fields[STREAM_FIELD]).prompt_seq for fields in appended]
         watermark = int(client.hget(keys.rollout_progress, PROGRESS_WATERMARK) or 0)
         client.close()
     finally:
@@ -110,10 +138,12 @@ def _check_books(out: Path, steps: int, groups_per_step: int = 8) -> dict[str, A
     ids = Counter(g for g, _ in effective)
     assert [g for g, n in ids.items() if n > 1] == []  # trained twice: 0
     assert len(effective) == steps * groups_per_step == summary["groups_trained"]
-    # lost: 0 — every produced group is trained (once), dropped as stale, or still pending
-    assert summary["groups_produced"] == summary["stream_length"]
+    # lost: 0 — every produced group is trained (once), dropped as stale, invalid, or still pending (and still in
+    # the stream: only acknowledged entries are trimmed)
+    assert summary["groups_pending"] <= summary["stream_length"] <= summary["groups_produced"]
     assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_pending"])
+                                          + summary["groups_invalid"] + summary["groups_pending"])
+    assert summary["groups_invalid"] == 0
     return summary
 
 

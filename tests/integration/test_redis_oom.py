@@ -103,7 +103,7 @@ def test_append_to_a_redis_that_stays_full_fails_after_redis_retry_s_with_nothin
                 await asyncio.wait_for(producer._append(0, episodes("g-full")), 10)
             except OutOfMemoryError as exc:
                 error = type(exc)
-            progress = admin.hgetall(f"{STREAM}:rollout:progress")
+            progress = admin.hgetall(producer.stream.keys.rollout_progress)
             return error, admin.xlen(STREAM), producer.append_blocked, producer.redis_oom_retries, progress
 
     error, length, blocked, retries, progress = asyncio.run(go())

@@ -38,8 +38,10 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
     ])
 
 
-async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmetic") -> dict[str, Any]:
-    """Inference, reward, trainer and rollout in this process until the trainer finishes."""
+async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmetic",
+               inject: list[dict[bytes, bytes]] | None = None) -> dict[str, Any]:
+    """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
+    XADDed to the stream before anything else (not produced by rollout)."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
         trainer = Trainer(replace(cfg, inference=replace(
             cfg.inference, server=replace(cfg.inference.server, address=inf_target),
@@ -47,6 +49,8 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
         handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+        for fields in inject or []:
+            await stream.client.xadd(cfg.redis.stream, fields)  # type: ignore[arg-type]
         stop = asyncio.Event()
         try:
             async with RolloutClients.connect(inf_target, rew_target, f"127.0.0.1:{handle.port}") as clients:
@@ -61,6 +65,7 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
                     raise
                 await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
             info = await stream.info()
+            dead = [f[b"reason"].decode() for _, f in await stream.client.xrange(stream.keys.dead_letter, "-", "+")]
         finally:
             await handle.stop(0)
             await trainer.close()
@@ -75,6 +80,8 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
             "tensorboard": tensorboard,
             "dropped": trainer.progress.groups_dropped_stale, "pending": info.pending + info.lag,
             "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
+            "invalid": trainer.progress.groups_invalid, "episodes_invalid": trainer.progress.episodes_invalid,
+            "dead_letters": dead,
             "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,
             "episodes_reward_errors": producer.episodes_reward_errors,
             "length": info.length, "inference_version": inf.engine.version,
@@ -109,8 +116,10 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert out["inference_version"] == first_version + 4
     assert out["trained"] == 4 * 2  # groups
     assert rows[-1]["episodes_trained"] == 4 * 2 * 4
-    assert out["produced"] == out["length"]
-    assert out["produced"] == out["trained"] + out["dropped"] + out["pending"]
+    # acknowledged entries are trimmed; unread and pending ones stay
+    assert out["pending"] <= out["length"] < out["produced"]
+    assert out["produced"] == out["trained"] + out["dropped"] + out["invalid"] + out["pending"]
+    assert out["invalid"] == 0
     assert out["dropped_reward_error"] == out["episodes_reward_errors"] == 0
     assert (tmp_path / "run" / "checkpoints" / "step_000004" / "model" / "config.json").is_file()
     # the default TensorBoard backend got the same steps (x-axis) and values, warm-up steps under sft/
@@ -292,3 +301,29 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
     assert len(swaps) == 5 and all(r["message"].endswith(f" {r['weight_version']}") for r in swaps)
     steps = where("relayrl.trainer.loop", "step ")
     assert [r["weight_version"] for r in steps] == [int(r["message"].split()[3]) for r in steps] != []
+
+
+def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the_books_still_balance(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
+    from relayrl.common.redis_keys import STREAM_FIELD
+
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
+    vocab = int(json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"])
+    outside = EpisodeGroup(group_id="forged", episodes=[Episode(
+        episode_id=f"forged-{i}", group_id="forged", sample_index=i, group_size=4, prompt_token_ids=[1],
+        completion_token_ids=[vocab], behaviour_logprobs=[-1.0], token_weight_versions=[0], loss_mask=[1])
+        for i in range(4)])
+    injected = [{STREAM_FIELD: b"\xff\xff"}, {STREAM_FIELD: outside.SerializeToString()}]
+
+    out = asyncio.run(_run(cfg, tiny_model_dir, inject=injected))
+
+    rows = out["rows"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # the trainer went on
+    assert (out["invalid"], out["episodes_invalid"]) == (2, 4)
+    assert rows[-1]["groups_invalid"] == 2 and rows[-1]["episodes_invalid"] == 4
+    assert [reason.split(":")[0] for reason in out["dead_letters"]] == [
+        "'group' is not an EpisodeGroup", "episodes[0].completion_token_ids"]
+    # the books: every stream entry (produced by rollout or injected) is trained, dropped, invalid or pending
+    assert out["produced"] + len(injected) == (out["trained"] + out["dropped"] + out["dropped_reward_error"]
+                                               + out["invalid"] + out["pending"])

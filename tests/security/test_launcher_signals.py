@@ -75,7 +75,8 @@ def _assert_books_add_up(out: Path, output: str) -> None:
     """summary.json and the printed summary hold the accounting identity, each group counted once."""
     summary = json.loads((out / "summary.json").read_text())
     assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_dropped_reward_error"] + summary["groups_pending"])
+                                          + summary["groups_dropped_reward_error"] + summary["groups_invalid"]
+                                          + summary["groups_pending"])
     assert "groups produced" in output
 
 

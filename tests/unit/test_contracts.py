@@ -23,7 +23,7 @@ from tests.conftest import REPO
 # -- Redis keys ------------------------------------------------------------------------------------------------
 # Every way a key name could be spelled again outside redis_keys.py.
 KEY_SPELLINGS = re.compile(r':rollout:|rollout:progress|rollout:done|:dropped_|dropped_key|:versions\b|:lineages\b'
-                           r'|-rank\{|"-rank"|b"group"|"relayrl:episodes:|"relayrl:weight_version:')
+                           r'|-rank\{|"-rank"|b"group"|"relayrl:episodes:|"relayrl:weight_version:|:dead"|:invalid"')
 
 
 def test_no_redis_key_is_spelled_outside_redis_keys() -> None:
@@ -215,3 +215,21 @@ def test_summary_counts_groups_handled_after_the_last_checkpoint_once_as_pending
     assert summary["groups_after_checkpoint"] == (12 + 6) - (8 + 4)
     assert summary["groups_produced"] == summary["groups_trained"] + summary["groups_dropped_stale"] \
         + summary["groups_dropped_reward_error"] + summary["groups_pending"]
+
+
+def test_summary_counts_dead_lettered_entries_as_invalid_apart_from_the_checkpoint() -> None:
+    from relayrl.launcher import run_summary
+
+    # 4 steps of 2 groups; the checkpoint holds step 4; 3 entries (7 episodes) were dead-lettered (acknowledged when
+    # moved, so never pending), 1 of them appended by something other than rollout; 2 groups are pending;
+    # acknowledged entries were trimmed from the stream.
+    rows: list[MetricsRow] = [_rl(s, groups_dropped_stale=1) for s in range(1, 5)]
+
+    summary = run_summary(rows, produced=8 + 1 + 2 + 2, stream_length=2, pending=2, durable_step=4, invalid=(3, 7),
+                          foreign=1)
+
+    assert (summary["groups_invalid"], summary["episodes_invalid"], summary["groups_foreign"]) == (3, 7, 1)
+    assert summary["groups_produced"] + summary["groups_foreign"] == summary["groups_trained"] \
+        + summary["groups_dropped_stale"] \
+        + summary["groups_dropped_reward_error"] + summary["groups_invalid"] + summary["groups_pending"]
+    assert summary["groups_after_checkpoint"] == 0

@@ -1,17 +1,21 @@
-"""The learner's off-policy corrections on the real tiny model."""
+"""The learner on the real tiny model: off-policy corrections, micro-batch splits, padding and host reads."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import LossConfig, OffPolicyCorrection, OptimizerConfig, TrainerConfig
-from relayrl.trainer.learner import Learner, pack
+from relayrl.config.trainer import LossAggregation, LossConfig, OffPolicyCorrection, OptimizerConfig, TrainerConfig
+from relayrl.trainer import learner as learner_module
+from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.learner import Learner, StepStats, pack
 from relayrl.trainer.loss import token_logprobs
 
 
@@ -59,3 +63,93 @@ def test_decoupled_ppo_differs_from_plain_ppo_when_behaviour_is_stale(tiny_model
     corrected = _update(tiny_model_dir, OffPolicyCorrection.DECOUPLED_PPO, shift=-0.7)
 
     assert any(not torch.allclose(corrected[n], plain[n], rtol=1e-3, atol=1e-6) for n in plain)
+
+
+def _varied_episodes(n: int = 12) -> list[Episode]:
+    """Groups of three with completions of 1..7 tokens and prompts of 2..4, so splits by tokens differ."""
+    g = torch.Generator().manual_seed(3)
+    eps = []
+    for i in range(n):
+        n_c = 1 + (i * 5) % 7
+        eps.append(Episode(
+            episode_id=str(i), group_id=f"g{i // 3}", group_size=3,
+            prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
+            completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
+            behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
+            loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g)), sampling_temperature=1.0))
+    return eps
+
+
+def _gradients(model_dir: Path, cfg: TrainerConfig, episodes: list[Episode],
+               collectives: Collectives | None = None) -> tuple[dict[str, torch.Tensor], StepStats]:
+    model = load_model(ModelConfig(path=model_dir))
+    learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=8, collectives=collectives)
+    stats = learner.rl_gradients(episodes)
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats
+
+
+@pytest.mark.parametrize("aggregation", list(LossAggregation))
+@pytest.mark.parametrize("correction", list(OffPolicyCorrection))
+def test_small_token_micro_batches_give_the_gradient_of_one_big_batch(
+        tiny_model_dir: Path, correction: OffPolicyCorrection, aggregation: LossAggregation) -> None:
+    loss = LossConfig(off_policy=correction, loss_aggregation=aggregation)
+    one_batch, whole = _gradients(tiny_model_dir, TrainerConfig(micro_batch_size=64, loss=loss), _varied_episodes())
+    by_tokens, split = _gradients(tiny_model_dir, TrainerConfig(micro_batch_tokens=12, loss=loss),
+                                  _varied_episodes())
+
+    assert split.tokens == whole.tokens == sum(1 + (i * 5) % 7 for i in range(12))
+    for name, grad in one_batch.items():
+        # float32 sums of the same per-token terms in another order (micro-batches, padding lengths): only
+        # rounding differs, a few ulps of the largest partial sums
+        torch.testing.assert_close(by_tokens[name], grad, rtol=1e-4, atol=1e-6)
+    # the statistics are the same sums, accumulated in float64
+    assert split.loss == pytest.approx(whole.loss, rel=1e-5, abs=1e-7)
+    assert split.importance_max == pytest.approx(whole.importance_max, rel=1e-5)
+
+
+class _MoreMicroBatchesElsewhere(Collectives):
+    """One rank of several whose peer needs ``extra`` more micro-batches: the MAX all-reduce returns that."""
+
+    def __init__(self, extra: int) -> None:
+        super().__init__(None, timeout_s=10)
+        self.extra = extra
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, name: str) -> torch.Tensor:
+        if name == "micro_batch_count":
+            tensor += self.extra
+        return super().all_reduce(tensor, op, name)
+
+
+def test_padding_micro_batches_contribute_exactly_zero(tiny_model_dir: Path) -> None:
+    cfg = TrainerConfig(micro_batch_tokens=20)
+    alone, stats = _gradients(tiny_model_dir, cfg, _varied_episodes())
+    padded, padded_stats = _gradients(tiny_model_dir, cfg, _varied_episodes(), _MoreMicroBatchesElsewhere(3))
+
+    for name, grad in alone.items():
+        # a padding micro-batch has zero mask and advantage: it adds exact zeros to every gradient
+        torch.testing.assert_close(padded[name], grad, rtol=0, atol=0)
+    assert padded_stats == stats
+
+
+def test_the_micro_batch_loop_reads_no_tensor_on_the_host(tiny_model_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host reads (.item(), .tolist(), float(t), int(t)) from the trainer's own code: as many with 12
+    micro-batches as with one, so none happens per micro-batch (the model's own code is not counted)."""
+    reads: list[str] = []
+    trainer_dir = str(Path(learner_module.__file__).parent)
+    for method in ("item", "tolist", "__float__", "__int__"):
+        original = getattr(torch.Tensor, method)
+
+        def counted(self: torch.Tensor, *args: object, _orig: object = original, _name: str = method) -> object:
+            if sys._getframe(1).f_code.co_filename.startswith(trainer_dir):
+                reads.append(_name)
+            return _orig(self, *args)  # type: ignore[operator]
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    counts = []
+    for cfg in (TrainerConfig(micro_batch_size=64), TrainerConfig(micro_batch_size=1)):
+        reads.clear()
+        _gradients(tiny_model_dir, cfg, _varied_episodes())
+        counts.append(len(reads))
+
+    assert counts[0] == counts[1] <= 5  # counts, agreed count, statistics: a fixed few per step

@@ -22,6 +22,7 @@ from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
+from relayrl.trainer.batching import plan_micro_batches
 from relayrl.trainer.collective_debug import find_divergence, load_records
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import consumer_name, groups_per_rank, live_consumers
@@ -100,6 +101,26 @@ def test_ranks_with_different_shares_and_micro_batches_issue_the_same_collective
     assert find_divergence(records) is None
     assert [c.name for c in records[0]] == ["global_tokens_and_episodes", "micro_batch_count", "gradients",
                                             "loss_stats", "importance_max", "step_stats", "step_stats_max"]
+
+
+def test_ranks_splitting_by_token_budget_into_different_counts_issue_the_same_collectives(tiny_model_dir: Path,
+                                                                                        tmp_path: Path) -> None:
+    """With micro-batches by tokens the count depends on each rank's lengths: agreed by the MAX all-reduce."""
+    shares = {0: (_episodes(6, 0), 8), 1: (_episodes(3, 1), 64)}
+    local: dict[int, int] = {}
+    for rank, (episodes, budget) in shares.items():
+        model = load_model(ModelConfig(path=tiny_model_dir))
+        lengths = [len(e.prompt_token_ids) + len(e.completion_token_ids) - 1 for e in episodes]
+        local[rank] = len(plan_micro_batches(lengths, 64, budget))
+        with fake_rank(rank, record_dir=tmp_path) as coll:
+            Learner(model, TrainerConfig(micro_batch_tokens=budget), 0, torch.device("cpu"),
+                    max_completion_tokens=8, collectives=coll).rl_step(episodes)
+
+    records = load_records(tmp_path)
+    assert local[0] > local[1]  # the ranks' own splits differ ...
+    assert find_divergence(records) is None  # ... and their collective sequences do not
+    assert [c.name for c in records[1]] == ["global_tokens_and_episodes", "micro_batch_count", "gradients",
+                                            "loss_stats", "importance_max"]
 
 
 def test_the_recorder_names_the_first_collective_where_ranks_diverge(tmp_path: Path) -> None:

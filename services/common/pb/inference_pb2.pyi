@@ -113,16 +113,24 @@ class WeightUpdateMessage(_message.Message):
     def __init__(self, chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "apply_s", "bytes_received", "probe_logprobs")
+    __slots__ = ("version", "apply_s", "bytes_received", "probe_logprobs", "receive_s", "assemble_s", "swap_s", "probe_s")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLY_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     PROBE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_S_FIELD_NUMBER: _ClassVar[int]
+    ASSEMBLE_S_FIELD_NUMBER: _ClassVar[int]
+    SWAP_S_FIELD_NUMBER: _ClassVar[int]
+    PROBE_S_FIELD_NUMBER: _ClassVar[int]
     version: int
     apply_s: float
     bytes_received: int
     probe_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, version: _Optional[int] = ..., apply_s: _Optional[float] = ..., bytes_received: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    receive_s: float
+    assemble_s: float
+    swap_s: float
+    probe_s: float
+    def __init__(self, version: _Optional[int] = ..., apply_s: _Optional[float] = ..., bytes_received: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., receive_s: _Optional[float] = ..., assemble_s: _Optional[float] = ..., swap_s: _Optional[float] = ..., probe_s: _Optional[float] = ...) -> None: ...
 
 class GetInferenceStatusRequest(_message.Message):
     __slots__ = ()

@@ -12,7 +12,7 @@ class GetTrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error", "checkpoint_pending", "last_checkpoint_step")
+    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error", "checkpoint_pending", "last_checkpoint_step", "groups_invalid", "episodes_invalid")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,8 @@ class TrainerStatus(_message.Message):
     EPISODES_DROPPED_REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PENDING_FIELD_NUMBER: _ClassVar[int]
     LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_INVALID_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_INVALID_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     step: int
     weight_version: int
@@ -39,7 +41,9 @@ class TrainerStatus(_message.Message):
     episodes_dropped_reward_error: int
     checkpoint_pending: bool
     last_checkpoint_step: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., groups_dropped_reward_error: _Optional[int] = ..., episodes_dropped_reward_error: _Optional[int] = ..., checkpoint_pending: _Optional[bool] = ..., last_checkpoint_step: _Optional[int] = ...) -> None: ...
+    groups_invalid: int
+    episodes_invalid: int
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., groups_dropped_reward_error: _Optional[int] = ..., episodes_dropped_reward_error: _Optional[int] = ..., checkpoint_pending: _Optional[bool] = ..., last_checkpoint_step: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., episodes_invalid: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("reason",)

@@ -1,0 +1,147 @@
+"""Weight publication, phase by phase: snapshot, serialise (+ checksum), transfer, assemble (checksum, finite
+check), swap, probe — for each transport, on a model directory, against a real inference weights server.
+
+The inference server (native engine, its gRPC weights port on loopback) runs in this process, as in the
+integration tests; the trainer side is the project's ``WeightPublisher``. Each configuration pushes ``--pushes``
+versions (each a fresh perturbation of the weights) after one warm-up push and prints the median of each phase
+(seconds) and of the whole publication, then the same building blocks timed alone. Usage:
+
+    python bench/publish.py MODEL_DIR [--pushes 10] [--transports grpc_stream shared_path shared_memory]
+        [--probe-sequences 4] [--probe-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+async def _serve(model_dir: Path, weights_dir: Path) -> tuple[Any, Any, Any]:
+    from relayrl.common.model import load_model, load_tokenizer
+    from relayrl.config.control import ControlConfig
+    from relayrl.config.inference import InferenceConfig
+    from relayrl.config.model import ModelConfig
+    from relayrl.inference.native import NativeEngine
+    from relayrl.inference.server import create_inference_servers
+    from relayrl.inference.serving import InferenceService
+
+    d = InferenceConfig()
+    cfg = InferenceConfig(server=replace(d.server, port=0), weights_server=replace(d.weights_server, port=0))
+    tokenizer = load_tokenizer(model_dir)
+    engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"))
+    service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
+                               weights_token=ControlConfig().effective_weights_token())
+    main, weights = create_inference_servers(service)
+    await main.start()
+    await weights.start()
+    return service, main, weights
+
+
+async def bench_transport(model_dir: Path, transport: str, pushes: int,
+                          probe_shape: tuple[int, int]) -> dict[str, float]:
+    from relayrl.common.model import load_model, load_tokenizer
+    from relayrl.config.control import ControlConfig
+    from relayrl.config.model import ModelConfig
+    from relayrl.config.trainer import WeightTransport
+    from relayrl.trainer.transports import make_transport
+    from relayrl.trainer.weight_sync import WeightPublisher
+
+    with tempfile.TemporaryDirectory() as tmp:
+        weights_dir = Path(tmp) / "weights"
+        service, main, weights = await _serve(model_dir, weights_dir)
+        try:
+            model = load_model(ModelConfig(path=model_dir))
+            probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), *probe_shape, seed=0)
+            pub = WeightPublisher(model, torch.device("cpu"), service.weights_target,
+                                  make_transport(WeightTransport(transport), 2 * 1024 * 1024, weights_dir), 60.0,
+                                  probe, None, token=ControlConfig().effective_weights_token())
+            rows: list[dict[str, float]] = []
+            for version in range(1, pushes + 2):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1e-3 * torch.randn_like(p))
+                t0 = time.perf_counter()
+                params = pub.snapshot()
+                snap = time.perf_counter() - t0
+                result = await pub.push(params, version)
+                t = getattr(result, "timings", None)
+                row = {"snapshot": snap, "total": snap + result.seconds}
+                if t is not None:
+                    row.update(serialise=t.serialise_s, transfer=t.transfer_s, swap=t.swap_s, probe=t.probe_s)
+                if version > 1:  # the first push warms up the channel and the allocator
+                    rows.append(row)
+            return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        finally:
+            await main.stop(0)
+            await weights.stop(0)
+            service.engine.close()
+
+
+def building_blocks(model_dir: Path, probe_shape: tuple[int, int]) -> dict[str, float]:
+    from relayrl.common.model import load_model, load_tokenizer
+    from relayrl.common.probe import probe_logprobs
+    from relayrl.common.weights import check_finite, checksum, iter_update_messages, write_mapped
+    from relayrl.config.model import ModelConfig
+    from relayrl.trainer.weight_sync import WeightPublisher
+
+    model = load_model(ModelConfig(path=model_dir)).eval()
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), *probe_shape, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.safetensors"
+        return {
+            "snapshot (clone)": _median_time(lambda: {n: p.clone() for n, p in params.items()}),
+            "checksum (sha256)": _median_time(lambda: checksum(params)),
+            "finite check": _median_time(lambda: check_finite(params)),
+            "grpc chunks + manifest": _median_time(lambda: list(iter_update_messages(params, 1, 2 * 1024 * 1024))),
+            "mapped file write + hash": _median_time(lambda: write_mapped(params, 1, probe, path)),
+            "probe forward": _median_time(lambda: probe_logprobs(model, probe, torch.device("cpu"))),
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model_dir", type=Path)
+    ap.add_argument("--pushes", type=int, default=10)
+    ap.add_argument("--transports", nargs="+", default=["grpc_stream", "shared_path", "shared_memory"])
+    ap.add_argument("--probe-sequences", type=int, default=4)
+    ap.add_argument("--probe-tokens", type=int, default=32)
+    ap.add_argument("--no-blocks", action="store_true", help="skip timing the building blocks alone")
+    args = ap.parse_args()
+    os.environ.setdefault("RELAYRL_WEIGHTS_TOKEN", secrets.token_urlsafe(32))  # both sides read it from here
+    probe_shape = (args.probe_sequences, args.probe_tokens)
+    n = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(
+        str(args.model_dir / "model.safetensors")).values())
+    print(f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), probe {probe_shape}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    for transport in args.transports:
+        r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape))
+        print(f"{transport:14s} " + "  ".join(f"{k} {v * 1000:7.1f} ms" for k, v in r.items()))
+    if args.no_blocks:
+        return
+    for k, v in building_blocks(args.model_dir, probe_shape).items():
+        print(f"  {k:26s} {v * 1000:7.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Decoding and validating one stream entry (an episode group) before the trainer trusts it. Torch-free.
+
+An entry comes from Redis, which anything holding the Redis credentials (or a buggy producer) can write to, so
+the trainer checks each group before it trains on it: :func:`decode_group` turns the entry's fields into an
+:class:`EpisodeGroup` or raises :class:`EpisodeDecodeError` (never anything else), and :func:`validate_group`
+returns ``None`` for a group the trainer may train on, or a reason that names the offending field. The trainer
+moves an entry that fails either to the dead-letter stream (relayrl.trainer.groups).
+
+Rules (per episode, ``Limits`` from the run config, the model and the version counter):
+
+- the group holds at least one episode; every episode carries the group's ``group_id``; ``group_size`` equals
+  the number of episodes and the ``sample_index`` values are distinct and below it;
+- ``prompt_token_ids`` and ``completion_token_ids`` are non-empty, the completion at most
+  ``max_completion_tokens`` long, and every id in ``[0, vocab_size)``;
+- ``behaviour_logprobs``, ``token_weight_versions`` and ``loss_mask`` have the completion's length;
+  logprobs are finite and in ``[LOGPROB_MIN, LOGPROB_MAX]`` (a log-probability; see the constants); loss-mask
+  values are 0 or 1;
+- weight versions are ``>= 0`` and not newer than ``newest_version``, the last version the trainer allocated
+  (a version from the future would otherwise count as a negative staleness);
+- ``reward``, every reward component and ``sampling_temperature`` are finite; the temperature is 0 (unset,
+  read as 1) or at least ``TEMPERATURE_MIN``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
+from relayrl.common.redis_keys import STREAM_FIELD
+
+# A sampled token's log-probability is log(p) for p > 0 in float32: at least log(1.4e-45) ~= -103.3, so anything
+# below -110 was never sampled; above 0 it is not a probability (1e-5 leaves room for rounding of other engines).
+LOGPROB_MIN = -110.0
+LOGPROB_MAX = 1e-5
+# The trainer divides logits by the temperature: a forged subnormal one (1e-40) turns them into inf and the loss into
+# NaN. No useful sampler runs colder than this.
+TEMPERATURE_MIN = 1e-4
+
+
+class EpisodeDecodeError(ValueError):
+    """A stream entry that does not hold one decodable episode group."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    vocab_size: int  # token ids in [0, vocab_size)
+    max_completion_tokens: int  # rollout.max_new_tokens
+    newest_version: int  # the last weight version allocated (the version counter)
+
+
+def decode_group(fields: Mapping[Any, Any] | None) -> EpisodeGroup:
+    """The group an entry's fields hold, or :class:`EpisodeDecodeError` saying why not."""
+    if not isinstance(fields, Mapping) or STREAM_FIELD not in fields:
+        raise EpisodeDecodeError(f"no '{STREAM_FIELD.decode()}' field")
+    payload = fields[STREAM_FIELD]
+    if not isinstance(payload, bytes):
+        raise EpisodeDecodeError(f"'{STREAM_FIELD.decode()}' is not bytes")
+    try:
+        return EpisodeGroup.FromString(payload)
+    except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:  # the C and Python decoders differ
+        raise EpisodeDecodeError(f"'{STREAM_FIELD.decode()}' is not an EpisodeGroup: {exc}") from None
+
+
+def _finite(values: Any) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def _tokens(ep: Episode, limits: Limits) -> str | None:
+    n = len(ep.completion_token_ids)
+    if not ep.prompt_token_ids:
+        return "prompt_token_ids: empty"
+    if n == 0:
+        return "completion_token_ids: empty"
+    if n > limits.max_completion_tokens:
+        return f"completion_token_ids: {n} tokens > max_new_tokens {limits.max_completion_tokens}"
+    for name in ("prompt_token_ids", "completion_token_ids"):
+        ids = getattr(ep, name)
+        if min(ids) < 0 or max(ids) >= limits.vocab_size:
+            return f"{name}: id outside [0, {limits.vocab_size})"
+    for name in ("behaviour_logprobs", "token_weight_versions", "loss_mask"):
+        if len(getattr(ep, name)) != n:
+            return f"{name}: length {len(getattr(ep, name))} != completion_token_ids length {n}"
+    return None
+
+
+def _values(ep: Episode, limits: Limits) -> str | None:
+    if not _finite(ep.behaviour_logprobs):
+        return "behaviour_logprobs: not finite"
+    if min(ep.behaviour_logprobs) < LOGPROB_MIN or max(ep.behaviour_logprobs) > LOGPROB_MAX:
+        return f"behaviour_logprobs: outside [{LOGPROB_MIN}, {LOGPROB_MAX}]"
+    if any(m not in (0, 1) for m in ep.loss_mask):
+        return "loss_mask: value other than 0 or 1"
+    if min(ep.token_weight_versions) < 0:
+        return "token_weight_versions: negative version"
+    if max(ep.token_weight_versions) > limits.newest_version:
+        return (f"token_weight_versions: version {max(ep.token_weight_versions)} is newer than the newest allocated "
+                f"{limits.newest_version}")
+    if not math.isfinite(ep.reward):
+        return "reward: not finite"
+    if not _finite(ep.reward_components.values()):
+        return "reward_components: not finite"
+    t = ep.sampling_temperature
+    if not math.isfinite(t) or (t != 0 and t < TEMPERATURE_MIN):
+        return f"sampling_temperature: not finite, or neither 0 (unset) nor >= {TEMPERATURE_MIN}"
+    return None
+
+
+def validate_episode(ep: Episode, limits: Limits) -> str | None:
+    """None if the trainer may train on ``ep``, else the reason (naming the field)."""
+    return _tokens(ep, limits) or _values(ep, limits)
+
+
+def validate_group(group: EpisodeGroup, limits: Limits) -> str | None:
+    """None if the trainer may train on ``group``, else the reason (naming the field and, where one is to
+    blame, the episode's index)."""
+    n = len(group.episodes)
+    if n == 0:
+        return "episodes: empty group"
+    indices = set()
+    for i, ep in enumerate(group.episodes):
+        if ep.group_id != group.group_id:
+            return f"episodes[{i}].group_id: differs from the group's"
+        if ep.group_size != n:
+            return f"episodes[{i}].group_size: {ep.group_size} != {n} episodes"
+        if ep.sample_index >= n or ep.sample_index in indices:
+            return f"episodes[{i}].sample_index: {ep.sample_index} out of range or repeated"
+        indices.add(ep.sample_index)
+        reason = validate_episode(ep, limits)
+        if reason is not None:
+            return f"episodes[{i}].{reason}"
+    return None
