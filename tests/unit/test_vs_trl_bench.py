@@ -178,3 +178,17 @@ def test_sequence_task_model_is_at_least_four_million_parameters(tmp_path: Path)
 
     assert params >= 4_000_000
     assert vs.model_parameters(tmp_path) == params  # what the harness prints, read from the safetensors header
+
+
+def test_without_trl_installed_the_harness_stops_with_the_install_command(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    spec = vs.TASKS["quickstart"]
+    cfg = load_run_config(REPO / spec.config, vs.run_overrides(spec, tmp_path, 10, []))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(vs.importlib.util, "find_spec", lambda name, *a: None if name == "trl" else
+                        real_find_spec(name, *a))
+
+    with pytest.raises(SystemExit, match=r"TRL is not installed: pip install -e '\.\[bench\]'"):
+        vs.run_trl(cfg, 10, tmp_path / "model", tmp_path / "trl", 1.0)
+
+    assert not (tmp_path / "trl").exists()  # stopped before writing anything
