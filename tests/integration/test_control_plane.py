@@ -19,6 +19,7 @@ from relayrl.common.control import redacted
 from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.http import HttpServer
 from relayrl.common.stream import EpisodeStream
+from relayrl.config import RunConfig
 from relayrl.config.control import ControlConfig
 from relayrl.config.endpoints import HttpConfig
 from relayrl.rollout.producer import RolloutClients, RolloutProducer
@@ -42,6 +43,64 @@ async def _until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.05)
+
+
+async def _pause_over_rest_then_resume_over_grpc(worker: RolloutProducer, cfg: RunConfig, rest_port: int,
+                                                 rollout_target: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_port}", timeout=10) as rest:
+        # pause over REST: refused without the token, then granted
+        assert (await rest.post("/pause")).status_code == 401
+        paused = await rest.post("/pause", headers=AUTH)
+        assert paused.status_code == 200 and paused.json()["paused"] is True
+        await _until(lambda: worker.running == 0)
+        produced, decided = worker.groups_produced, worker.refused_while_paused
+        # each trainer status poll wakes the admission loop: three more decisions, all refusals
+        await _until(lambda: worker.refused_while_paused >= decided + 3)
+        assert worker.groups_produced == produced  # nothing new is admitted while paused
+        metrics = (await rest.get("/metrics")).text
+        assert "relayrl_rollout_paused 1.0" in metrics
+        config = yaml.safe_load((await rest.get("/config")).text)
+        assert config["rollout"]["group_size"] == cfg.rollout.group_size
+    # resume over gRPC with the typed client
+    async with RolloutClient(rollout_target, token="wrong") as bad:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await bad.resume()
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    async with RolloutClient(rollout_target, token=TOKEN) as rollout:
+        assert (await rollout.resume()).paused is False
+    await _until(lambda: worker.groups_produced > produced)
+
+
+async def _checkpoint_on_request(trainer: Trainer, cfg: RunConfig, trainer_target: str, rest_port: int) -> None:
+    # a checkpoint on request, though checkpoint_every is 0
+    async with TrainerClient(trainer_target, token=TOKEN) as client:
+        reply = await client.request_checkpoint("test")
+        await _until(lambda: trainer.checkpoints.last_step >= reply.after_step)
+        status = await client.status()
+    assert status.last_checkpoint_step >= reply.after_step and not status.checkpoint_pending
+    assert (cfg.checkpoint_dir / f"step_{trainer.checkpoints.last_step:06d}" / "model").is_dir()
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_port}", timeout=10) as rest:
+        assert "relayrl_trainer_step" in (await rest.get("/metrics")).text
+        assert (await rest.post("/checkpoint")).status_code == 401
+
+
+async def _status_of_the_run(cfg: RunConfig, trainer_target: str, rollout_target: str, inf_target: str,
+                             rew_target: str) -> None:
+    # status through the clients: the trainer found by asking, and the run as a whole
+    one = await collect(Target(None, None, trainer_target))
+    assert one["services"]["trainer"]["step"] >= 2
+    live = replace(cfg, trainer=replace(cfg.trainer, server=replace(
+        cfg.trainer.server, address=trainer_target)), rollout=replace(cfg.rollout, server=replace(
+            cfg.rollout.server, address=rollout_target)), inference=replace(
+        cfg.inference, server=replace(cfg.inference.server, address=inf_target)),
+        reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)))
+    state = await collect(Target(live, cfg.output_dir, None))
+    assert all("error" not in s for s in state["services"].values()), state
+    # acknowledged entries are trimmed at the checkpoint: the pending ones stay
+    assert state["queue"]["length"] >= state["queue"]["pending"] and "lag" in state["queue"]
+    assert state["queue"]["invalid_groups"] == 0
+    assert state["training"]["step"] >= 2
+    assert "trainer" in render(state) and "queue" in render(state)
 
 
 def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
@@ -75,53 +134,9 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
                 tasks = [asyncio.create_task(trainer.train()), asyncio.create_task(worker.run(stop))]
                 try:
                     await _until(lambda: trainer.progress.step >= 2)
-                    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{r_http.port}", timeout=10) as rest:
-                        # pause over REST: refused without the token, then granted
-                        assert (await rest.post("/pause")).status_code == 401
-                        paused = await rest.post("/pause", headers=AUTH)
-                        assert paused.status_code == 200 and paused.json()["paused"] is True
-                        await _until(lambda: worker.running == 0)
-                        produced, decided = worker.groups_produced, worker.refused_while_paused
-                        # each trainer status poll wakes the admission loop: three more decisions, all refusals
-                        await _until(lambda: worker.refused_while_paused >= decided + 3)
-                        assert worker.groups_produced == produced  # nothing new is admitted while paused
-                        metrics = (await rest.get("/metrics")).text
-                        assert "relayrl_rollout_paused 1.0" in metrics
-                        config = yaml.safe_load((await rest.get("/config")).text)
-                        assert config["rollout"]["group_size"] == cfg.rollout.group_size
-                    # resume over gRPC with the typed client
-                    async with RolloutClient(rollout_target, token="wrong") as bad:
-                        with pytest.raises(grpc.aio.AioRpcError) as info:
-                            await bad.resume()
-                        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                    async with RolloutClient(rollout_target, token=TOKEN) as rollout:
-                        assert (await rollout.resume()).paused is False
-                    await _until(lambda: worker.groups_produced > produced)
-                    # a checkpoint on request, though checkpoint_every is 0
-                    async with TrainerClient(trainer_target, token=TOKEN) as client:
-                        reply = await client.request_checkpoint("test")
-                        await _until(lambda: trainer.checkpoints.last_step >= reply.after_step)
-                        status = await client.status()
-                    assert status.last_checkpoint_step >= reply.after_step and not status.checkpoint_pending
-                    assert (cfg.checkpoint_dir / f"step_{trainer.checkpoints.last_step:06d}" / "model").is_dir()
-                    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{t_http.port}", timeout=10) as rest:
-                        assert "relayrl_trainer_step" in (await rest.get("/metrics")).text
-                        assert (await rest.post("/checkpoint")).status_code == 401
-                    # status through the clients: the trainer found by asking, and the run as a whole
-                    one = await collect(Target(None, None, trainer_target))
-                    assert one["services"]["trainer"]["step"] >= 2
-                    live = replace(cfg, trainer=replace(cfg.trainer, server=replace(
-                        cfg.trainer.server, address=trainer_target)), rollout=replace(cfg.rollout, server=replace(
-                            cfg.rollout.server, address=rollout_target)), inference=replace(
-                        cfg.inference, server=replace(cfg.inference.server, address=inf_target)),
-                        reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)))
-                    state = await collect(Target(live, cfg.output_dir, None))
-                    assert all("error" not in s for s in state["services"].values()), state
-                    # acknowledged entries are trimmed at the checkpoint: the pending ones stay
-                    assert state["queue"]["length"] >= state["queue"]["pending"] and "lag" in state["queue"]
-                    assert state["queue"]["invalid_groups"] == 0
-                    assert state["training"]["step"] >= 2
-                    assert "trainer" in render(state) and "queue" in render(state)
+                    await _pause_over_rest_then_resume_over_grpc(worker, cfg, r_http.port, rollout_target)
+                    await _checkpoint_on_request(trainer, cfg, trainer_target, t_http.port)
+                    await _status_of_the_run(cfg, trainer_target, rollout_target, inf_target, rew_target)
                 finally:
                     stop.set()
                     tasks[0].cancel()
