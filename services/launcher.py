@@ -34,7 +34,16 @@ from relayrl.common.lifecycle import (
     raise_on_stop_signals,
     restore_signals,
 )
-from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, read_rows, rl_rows
+from relayrl.common.metrics_row import (
+    MetricsRow,
+    RlRow,
+    SftRow,
+    format_time_shares,
+    parse_line,
+    read_rows,
+    rl_rows,
+    time_shares,
+)
 from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.config import RunConfig, dump_run_config
@@ -69,7 +78,7 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
 
 
 def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int,
-                durable_step: int, invalid: tuple[int, int] = (0, 0), foreign: int = 0) -> dict[str, int]:
+                durable_step: int, invalid: tuple[int, int] = (0, 0), foreign: int = 0) -> dict[str, Any]:
     """summary.json: the run's books in groups (stream entries), each group counted once:
     produced + foreign = trained + dropped as stale + dropped for reward errors + invalid + pending.
 
@@ -83,7 +92,10 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
 
     Trained and dropped count what the last durable checkpoint (step ``durable_step``, 0 for none) holds: only
     those groups are acknowledged. Groups trained or dropped after it are still pending in the stream (a resumed
-    run reads them again), so they are counted there, and reported apart as ``groups_after_checkpoint``."""
+    run reads them again), so they are counted there, and reported apart as ``groups_after_checkpoint``.
+
+    ``trainer_time``: the shares of the trainer's wall time over the run (relayrl.common.metrics_row.time_shares;
+    empty when no row carries a breakdown)."""
     rl = rl_rows(rows)
     durable = next((r for r in reversed(rl) if r.step <= durable_step), RlRow(step=0))
     last = rl[-1] if rl else RlRow(step=0)
@@ -106,6 +118,7 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
         "episodes_dropped_stale": durable.episodes_dropped_stale,
         "episodes_dropped_reward_error": durable.episodes_dropped_reward_error,
         "episodes_invalid": invalid[1],
+        "trainer_time": time_shares(rl),
     }
 
 
@@ -332,6 +345,8 @@ class Launcher:
                   f"{summary['groups_pending']}"
                   + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
                      "again)" if after else ""))
+        if summary["trainer_time"]:
+            self._say(f"relayrl: {format_time_shares(summary['trainer_time'])}")
 
     def shutdown(self) -> None:
         for name in reversed(SERVICE_ORDER):

@@ -10,8 +10,10 @@ the lineage (relayrl.common.versions), so that it stays right across a resume.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -80,7 +82,9 @@ class VersionPublication:
         """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push.
         Serialised: a step's publication and a watchdog re-push never interleave."""
         async with self._push_lock:
+            t0 = time.perf_counter()
             params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
+            snapshot_s = time.perf_counter() - t0
             version = await self._allocate(policy_step, floor)
             for _ in range(VERIFY_ATTEMPTS):
                 with log_context(weight_version=version):
@@ -94,7 +98,7 @@ class VersionPublication:
             else:
                 raise RuntimeError(f"weight version {version}: the push landed {VERIFY_ATTEMPTS} times without an "
                                    "answer; the served weights are unverified")
-            self.last_push = result
+            self.last_push = dataclasses.replace(result, serialise_s=result.serialise_s + snapshot_s)
             log.info("published weight version %d (%d bytes, %.3fs, probe max |Δ logprob| %.2e)", version,
                      result.bytes_sent, result.seconds, result.probe_max_diff)
             return version

@@ -39,6 +39,13 @@ class PushResult:
     bytes_sent: int
     seconds: float
     probe_max_diff: float | None  # None: the push landed but its answer was lost (not verified yet)
+    # where ``seconds`` went (host wall time): the transport's messages or file (the caller adds its snapshot),
+    # the UpdateWeights call less inference's own time, inference's own time (its apply_s: assemble, validate,
+    # swap, probe), and the trainer's reference probe with its comparison
+    serialise_s: float = 0.0
+    transfer_s: float = 0.0
+    swap_s: float = 0.0
+    probe_s: float = 0.0
 
     @property
     def verified(self) -> bool:
@@ -95,7 +102,9 @@ class WeightPublisher:
         the push landed but its answer was lost."""
         t0 = time.perf_counter()
         expected = await asyncio.to_thread(self.expected_probe, params)
+        t_probe = time.perf_counter()
         messages = await asyncio.to_thread(self.transport.prepare, params, version, self.probe)
+        t_prepared = time.perf_counter()
         async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5,
                                    token=self.token, tls=self.tls) as inference:
             try:
@@ -103,9 +112,15 @@ class WeightPublisher:
             except grpc.aio.AioRpcError as exc:
                 raise RuntimeError(f"weight push of version {version} failed: "
                                    f"{exc.code().name}: {exc.details()}") from exc
+        t_answered = time.perf_counter()
         if resp is None:
             log.warning("weight version %d landed but its answer was lost", version)
-            return PushResult(version, 0, time.perf_counter() - t0, None)
+            return PushResult(version, 0, t_answered - t0, None)
         diff = compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
+        t_compared = time.perf_counter()
         await asyncio.to_thread(self.transport.after_success, version)
-        return PushResult(version, int(resp.bytes_received), time.perf_counter() - t0, diff)
+        call_s = t_answered - t_prepared
+        swap_s = min(max(float(resp.apply_s), 0.0), call_s)
+        return PushResult(version, int(resp.bytes_received), time.perf_counter() - t0, diff,
+                          serialise_s=t_prepared - t_probe, transfer_s=call_s - swap_s, swap_s=swap_s,
+                          probe_s=(t_probe - t0) + (t_compared - t_answered))
