@@ -46,6 +46,7 @@ from relayrl.common.metrics_row import (
 )
 from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
+from relayrl.common.threads import automatic_division, thread_env
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_port
@@ -122,6 +123,19 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
     }
 
 
+def with_thread_budget(cfg: RunConfig, cores: int) -> RunConfig:
+    """``cfg`` with every automatic (0) thread count of reward, inference, trainer and rollout resolved by
+    :func:`relayrl.common.threads.automatic_division` of ``cores`` (inter-op: 1); set counts stay."""
+    auto = automatic_division(cores, cfg.trainer.distributed.world_size)
+    sections = {}
+    for name in SERVICE_ORDER:
+        section = getattr(cfg, name)
+        threads = replace(section.threads, intra_op=section.threads.intra_op or auto[name],
+                          interop=section.threads.interop or 1)
+        sections[name] = replace(section, threads=threads)
+    return replace(cfg, **sections)
+
+
 def _entries_added(client: Any, stream: str, fallback: int) -> int:
     """Entries ever appended to ``stream`` (XINFO STREAM ``entries-added``, Redis >= 7; trimming does not lower it);
     ``fallback`` where the server does not say or the stream does not exist."""
@@ -159,6 +173,7 @@ class Launcher:
         if not cfg.rollout.dataset.is_file():
             raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
         cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
+        cfg = with_thread_budget(cfg, len(os.sched_getaffinity(0)))
         return replace(
             cfg, output_dir=self.out, tls=cfg.tls.resolved(),
             model=replace(cfg.model, path=cfg.model.path.resolve()),
@@ -197,7 +212,8 @@ class Launcher:
 
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
-        env = {**os.environ, **self.credentials, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.credentials, "PYTHONUNBUFFERED": "1",
+               **thread_env(getattr(self.cfg, name).threads.intra_op)}
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
         world = self.cfg.trainer.distributed.world_size
         if name == "trainer" and world > 1:
