@@ -129,7 +129,14 @@ class TrainingLoop:
             excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
             staleness = await self._staleness_of(episodes)
         t_step = time.monotonic()
-        stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes)
+        # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
+        books = asyncio.create_task(self._read_books()) if self.is_main else None
+        try:
+            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes)
+        except BaseException:
+            if books is not None:
+                books.cancel()
+            raise
         clock.add("fwd_bwd", stats.fwd_bwd_s)
         clock.add("optimizer", stats.optimizer_s)
         with clock.part("metrics"):
@@ -147,11 +154,16 @@ class TrainingLoop:
             summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
                                               staleness, excluded)
             progress.episodes_trained += int(summary["episodes"])
-            progress.episodes_excluded_reward_error += int(summary["reward_errors"])
+            progress.exclude(int(summary["reward_errors"]))
             progress.groups_trained += tc.groups_per_step
-            if self.is_main:
-                await progress.refresh_drops(self.stream, self.cfg.redis.retry_s)
+            if books is not None:
+                await books
         await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+
+    async def _read_books(self) -> None:
+        """Rank 0: drop and invalid counts and the queue depth from Redis (for the step's row and status)."""
+        await self.progress.refresh_drops(self.stream, self.cfg.redis.retry_s)
+        self.progress.queue_depth = await redis_retry(self.stream.queue_depth, "queue depth", self.cfg.redis.retry_s)
 
     async def _staleness_of(self, episodes: list[Episode]) -> torch.Tensor:
         """Each episode's staleness (of its oldest token), one lineage look-up per distinct version (not per
@@ -198,10 +210,8 @@ class TrainingLoop:
         if not self.is_main:
             return
         p, last_push = self.progress, self.publication.last_push
+        queue_lag, queue_pending = p.queue_depth
         with self.clock.part("metrics"):
-            queue_lag, queue_pending = await redis_retry(self.stream.queue_depth, "queue depth",
-                                                         self.cfg.redis.retry_s)
-            p.queue_depth = (queue_lag, queue_pending)
             components: dict[str, list[float]] = {}
             for ep in episodes:  # components of rank 0's share (names may differ between ranks)
                 for k, v in ep.reward_components.items():
