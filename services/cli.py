@@ -153,6 +153,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         cfg = load_run_config(args.config, overrides)
     setup_logging(args.service, int(os.environ.get("RANK", "0")), cfg.log_level, fmt=cfg.log_format)
     module = importlib.import_module(f"relayrl.{args.service}.main")
+    from relayrl.common.threads import apply_threads
+
+    apply_threads(getattr(cfg, args.service).threads, args.service)  # imported torch (if any), before its work
     asyncio.run(module.serve(cfg))
     return 0
 

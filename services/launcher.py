@@ -34,9 +34,19 @@ from relayrl.common.lifecycle import (
     raise_on_stop_signals,
     restore_signals,
 )
-from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, read_rows, rl_rows
+from relayrl.common.metrics_row import (
+    MetricsRow,
+    RlRow,
+    SftRow,
+    format_time_shares,
+    parse_line,
+    read_rows,
+    rl_rows,
+    time_shares,
+)
 from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
+from relayrl.common.threads import automatic_division, thread_env
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.trainer import PublicationConfig, WeightTransport
@@ -75,7 +85,7 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
 
 
 def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int,
-                durable_step: int, invalid: tuple[int, int] = (0, 0), foreign: int = 0) -> dict[str, int]:
+                durable_step: int, invalid: tuple[int, int] = (0, 0), foreign: int = 0) -> dict[str, Any]:
     """summary.json: the run's books in groups (stream entries), each group counted once:
     produced + foreign = trained + dropped as stale + dropped for reward errors + invalid + pending.
 
@@ -89,7 +99,10 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
 
     Trained and dropped count what the last durable checkpoint (step ``durable_step``, 0 for none) holds: only
     those groups are acknowledged. Groups trained or dropped after it are still pending in the stream (a resumed
-    run reads them again), so they are counted there, and reported apart as ``groups_after_checkpoint``."""
+    run reads them again), so they are counted there, and reported apart as ``groups_after_checkpoint``.
+
+    ``trainer_time``: the shares of the trainer's wall time over the run (relayrl.common.metrics_row.time_shares;
+    empty when no row carries a breakdown)."""
     rl = rl_rows(rows)
     durable = next((r for r in reversed(rl) if r.step <= durable_step), RlRow(step=0))
     last = rl[-1] if rl else RlRow(step=0)
@@ -112,7 +125,21 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
         "episodes_dropped_stale": durable.episodes_dropped_stale,
         "episodes_dropped_reward_error": durable.episodes_dropped_reward_error,
         "episodes_invalid": invalid[1],
+        "trainer_time": time_shares(rl),
     }
+
+
+def with_thread_budget(cfg: RunConfig, cores: int) -> RunConfig:
+    """``cfg`` with every automatic (0) thread count of reward, inference, trainer and rollout resolved by
+    :func:`relayrl.common.threads.automatic_division` of ``cores`` (inter-op: 1); set counts stay."""
+    auto = automatic_division(cores, cfg.trainer.distributed.world_size)
+    sections = {}
+    for name in SERVICE_ORDER:
+        section = getattr(cfg, name)
+        threads = replace(section.threads, intra_op=section.threads.intra_op or auto[name],
+                          interop=section.threads.interop or 1)
+        sections[name] = replace(section, threads=threads)
+    return replace(cfg, **sections)
 
 
 def _entries_added(client: Any, stream: str, fallback: int) -> int:
@@ -152,6 +179,7 @@ class Launcher:
         if not cfg.rollout.dataset.is_file():
             raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
         cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
+        cfg = with_thread_budget(cfg, len(os.sched_getaffinity(0)))
         return replace(
             cfg, output_dir=self.out, tls=cfg.tls.resolved(),
             model=replace(cfg.model, path=cfg.model.path.resolve()),
@@ -191,7 +219,8 @@ class Launcher:
 
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
-        env = {**os.environ, **self.credentials, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.credentials, "PYTHONUNBUFFERED": "1",
+               **thread_env(getattr(self.cfg, name).threads.intra_op)}
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
         world = self.cfg.trainer.distributed.world_size
         if name == "trainer" and world > 1:
@@ -339,6 +368,8 @@ class Launcher:
                   f"{summary['groups_pending']}"
                   + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
                      "again)" if after else ""))
+        if summary["trainer_time"]:
+            self._say(f"relayrl: {format_time_shares(summary['trainer_time'])}")
 
     def shutdown(self) -> None:
         for name in reversed(SERVICE_ORDER):

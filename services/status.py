@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from relayrl.client import InferenceClient, RewardClient, RolloutClient, ServiceClient, TrainerClient
-from relayrl.common.metrics_row import read_rows, rl_rows
+from relayrl.common.metrics_row import format_time_shares, read_rows, rl_rows, time_shares
 from relayrl.common.redis_conn import async_client
 from relayrl.common.redis_keys import RedisKeys
 from relayrl.common.service import as_dict
@@ -93,7 +93,8 @@ def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
     return {"step": recent[-1].step, "reward_mean": mean(r.reward_mean for r in recent),
             "staleness_mean": mean(r.staleness_mean for r in recent),
             "staleness_max": max(r.staleness_max for r in recent),
-            "episodes_per_s": mean(r.episodes_per_s for r in recent), "window_steps": len(recent)}
+            "episodes_per_s": mean(r.episodes_per_s for r in recent), "window_steps": len(recent),
+            "time_shares": time_shares(recent)}
 
 
 async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None = None) -> dict[str, Any]:
@@ -153,4 +154,6 @@ def render(state: dict[str, Any]) -> str:
         lines.append(f"training   last {training['window_steps']} steps to step {training['step']}: reward "
                      f"{training['reward_mean']:.3f}, staleness mean {training['staleness_mean']:.2f} max "
                      f"{training['staleness_max']}, {training['episodes_per_s']:.0f} episodes/s")
+        if training.get("time_shares"):
+            lines.append(f"           {format_time_shares(training['time_shares'])}")
     return "\n".join(lines)

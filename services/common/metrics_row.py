@@ -69,6 +69,22 @@ class RlRow:
     weight_sync_s: float | None = None
     weight_sync_bytes: int | None = None
     probe_max_diff: float | None = None
+    # Where this step's wall time went, in seconds (rank 0's own clock; see relayrl.trainer.steptime). The wall is
+    # the time since the previous row was built; the seven parts add up to it. Absent from older rows (all 0.0,
+    # listed in ``missing``).
+    time_wall_s: float = 0.0
+    time_data_s: float = 0.0  # reading the stream, assembling and checking groups, measuring their staleness
+    time_fwd_bwd_s: float = 0.0  # forward and backward passes, incl. the gradient all-reduce
+    time_optimizer_s: float = 0.0  # gradient clipping and the AdamW step
+    time_publish_s: float = 0.0  # the whole publication: version allocation, push, probe, version broadcast
+    time_checkpoint_s: float = 0.0  # checkpoints saved and acknowledged since the previous row
+    time_metrics_s: float = 0.0  # step statistics, counters, audit trail, writing the previous row, logging
+    time_other_s: float = 0.0  # the rest: the wall less the parts above
+    # the publication's own parts (within time_publish_s; 0.0 where not measured)
+    time_publish_serialise_s: float = 0.0  # snapshot of the parameters and the transport's messages/file
+    time_publish_transfer_s: float = 0.0  # the UpdateWeights call less inference's own time
+    time_publish_swap_s: float = 0.0  # inference's own time: assemble, validate, swap, score the probe (apply_s)
+    time_publish_probe_s: float = 0.0  # the trainer's reference probe logprobs and their comparison
     missing: frozenset[str] = field(default=frozenset(), compare=False, repr=False)  # when parsed: see module
 
     def to_json(self) -> dict[str, Any]:
@@ -174,3 +190,35 @@ def rl_rows(rows: Iterable[MetricsRow | None]) -> list[RlRow]:
     """The training steps among ``rows`` (warm-up rows left out)."""
     return [r for r in rows if isinstance(r, RlRow)]
 
+
+
+# the shares of the trainer's wall time the launcher's summary reports: name -> the RlRow fields summed into it
+TIME_SHARES: dict[str, tuple[str, ...]] = {
+    "data_wait": ("time_data_s",),
+    "compute": ("time_fwd_bwd_s", "time_optimizer_s"),
+    "publication": ("time_publish_s",),
+    "checkpoint_ack": ("time_checkpoint_s",),
+    "metrics": ("time_metrics_s",),
+    "other": ("time_other_s",),
+}
+
+
+def time_shares(rows: Iterable[MetricsRow | None]) -> dict[str, float]:
+    """Shares (0..1) of the trainer's wall time over the training rows that carry a breakdown (rows of older
+    versions lack it and are left out), per :data:`TIME_SHARES` name, plus ``plumbing``: everything that is not
+    forward/backward or the optimizer step (1 - compute), and ``wall_s``: the seconds they cover. Empty when no
+    row carries a breakdown."""
+    timed = [r for r in rl_rows(rows) if "time_wall_s" not in r.missing and r.time_wall_s > 0]
+    wall = sum(r.time_wall_s for r in timed)
+    if not timed or wall <= 0:
+        return {}
+    shares = {name: sum(getattr(r, f) for r in timed for f in fields) / wall for name, fields in TIME_SHARES.items()}
+    return {**shares, "plumbing": 1.0 - shares["compute"], "wall_s": wall}
+
+
+def format_time_shares(shares: Mapping[str, float]) -> str:
+    """One line of :func:`time_shares` (empty when there are none)."""
+    if not shares:
+        return ""
+    parts = ", ".join(f"{name.replace('_', ' ')} {100 * shares[name]:.0f}%" for name in TIME_SHARES)
+    return f"trainer time over {shares['wall_s']:.1f}s: {parts}; plumbing {100 * shares['plumbing']:.0f}%"

@@ -7,6 +7,7 @@ from enum import StrEnum
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+from relayrl.config.threads import ThreadsConfig
 
 
 class EngineKind(StrEnum):
@@ -58,6 +59,8 @@ class InferenceConfig:
     max_samples_per_request: int = field(default=256, metadata={"help": "Largest n per request.", "ge": 1})
     model_name: str = field(default="", metadata={
         "help": "Model id in the OpenAI-compatible API (empty: the model directory's name)."})
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
+        "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8000, max_body_mib=8), metadata={
         "help": "OpenAI-compatible REST API, /healthz and /metrics."})
     vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "vLLM engine settings."})

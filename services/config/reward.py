@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+from relayrl.config.threads import ThreadsConfig
 
 UID_RANGE = 65536  # uids a root service hands out to sandboxed runs, from sandbox.uid_base
 
@@ -108,6 +109,8 @@ class RewardConfig:
         "deprecated": "use workers (verifiers now run in worker processes)", "removed_in": "0.3"})
     sandbox: SandboxConfig = field(default_factory=SandboxConfig, metadata={
         "help": "The sandbox that runs model-written code (the `code` verifier)."})
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
+        "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8002, max_body_mib=16), metadata={
         "help": "REST API (POST /score), /healthz and /metrics."})
     server: ServerConfig = field(  # a ScoreBatch of max_batch completions with their references

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+from relayrl.config.threads import ThreadsConfig
 
 
 @dataclass
@@ -36,6 +37,8 @@ class RolloutConfig:
         "help": "At shutdown, how long groups in flight may finish before they are cancelled.", "ge": 0})
     max_group_attempts: int = field(default=3, metadata={
         "help": "Attempts per group before it is counted as failed and skipped.", "ge": 1})
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
+        "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8003), metadata={
         "help": "REST control plane (status, control calls, config), /healthz and /metrics."})
     server: ServerConfig = field(default_factory=lambda: server_config(50053), metadata={

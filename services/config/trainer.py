@@ -15,6 +15,7 @@ from typing import ClassVar, Literal
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+from relayrl.config.threads import ThreadsConfig
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
 FLAT_KEYS_REMOVED_IN = "0.3"  # the release that stops accepting the flat keys of MOVED_FIELDS
@@ -199,6 +200,8 @@ class TrainerConfig:
         "help": "Reading groups from the Redis stream."})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
+        "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8004), metadata={
         "help": "REST control plane (status, control calls, config), /healthz and /metrics."})
     server: ServerConfig = field(default_factory=lambda: server_config(50054), metadata={

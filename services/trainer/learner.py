@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,10 @@ class StepStats:
     importance_mean: float = 1.0  # pi_prox / pi_behav over the batch's tokens
     importance_max: float = 1.0
     logprob_diff_mean: float = 0.0  # mean |log pi_prox - log pi_behav|: trainer vs inference mismatch
+    # host wall time (s) of the gradient pass (packing, forward, backward, all-reduces; it ends in a host sync)
+    # and of the optimizer step (clipping, AdamW; it ends in float(grad_norm))
+    fwd_bwd_s: float = 0.0
+    optimizer_s: float = 0.0
 
 
 def agreed_count(coll: Collectives, local: int) -> int:
@@ -134,8 +139,11 @@ class Learner:
 
     def rl_step(self, episodes: Sequence[Episode]) -> StepStats:
         """Gradients over the global batch (all ranks), then one AdamW step."""
+        t0 = time.monotonic()
         stats = self.rl_gradients(episodes)
+        t1 = time.monotonic()
         stats.grad_norm, stats.lr = self._optimizer_step()
+        stats.fwd_bwd_s, stats.optimizer_s = t1 - t0, time.monotonic() - t1
         return stats
 
     def _advantages(self, episodes: Sequence[Episode]) -> torch.Tensor:

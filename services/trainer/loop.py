@@ -32,6 +32,7 @@ from relayrl.trainer.groups import GroupCollector, groups_per_rank, live_consume
 from relayrl.trainer.learner import Learner, StepStats
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication
+from relayrl.trainer.steptime import StepClock, StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class TrainingLoop:
         self.is_main = coll.rank == 0
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
+        self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
         # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
         self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
         (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
@@ -109,42 +111,69 @@ class TrainingLoop:
         if tc.sft.warmup_steps > 0 and self.resumed_from is None:
             await self.sft_warmup()
         self.header.state = ServingState.SERVING_STATE_SERVING
+        self.clock.reset()  # the first step's cycle starts here, not at start-up
         while self.progress.step < tc.total_steps:
             await self.train_step()
             if self.checkpoints.due(self.progress.step, tc.total_steps):
-                await self.checkpoint_and_ack()
+                with self.clock.part("checkpoint"):
+                    await self.checkpoint_and_ack()
         await self.checkpoint_and_ack()
         self.progress.finished = True
         self.header.state = ServingState.SERVING_STATE_STOPPED
 
     async def train_step(self) -> None:
         """One optimizer step over the global batch, then its publication, counters and metrics."""
-        tc, progress = self.cfg.trainer, self.progress
-        entries = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
-                                               self.staleness)
-        # errored episodes never reach the loss; their groups train on the valid ones (see relayrl.trainer.groups)
-        episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
-        excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
-        staleness = torch.tensor([await self.staleness(min(ep.token_weight_versions, default=0))
-                                  for ep in episodes], dtype=torch.float32)
+        tc, progress, clock = self.cfg.trainer, self.progress, self.clock
+        with clock.part("data"):
+            entries = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
+                                                   self.staleness)
+            # errored episodes never reach the loss; their groups train on the valid ones (relayrl.trainer.groups)
+            episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
+            excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
+            staleness = await self._staleness_of(episodes)
         t_step = time.monotonic()
-        stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes)
-        for entry in entries:
-            self.collector.consumed(entry)
-            with log_context(group_id=entry.group.group_id):
-                log.debug("trained group at step %d (%d episodes: %s)", progress.step + 1,
-                          len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
-        self._audit(entries)
-        await self.publish(progress.step + 1, wait=not tc.publication.overlap)
+        # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
+        books = asyncio.create_task(self._read_books()) if self.is_main else None
+        try:
+            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes)
+        except BaseException:
+            if books is not None:
+                books.cancel()
+            raise
+        clock.add("fwd_bwd", stats.fwd_bwd_s)
+        clock.add("optimizer", stats.optimizer_s)
+        with clock.part("metrics"):
+            for entry in entries:
+                self.collector.consumed(entry)
+                if log.isEnabledFor(logging.DEBUG):
+                    with log_context(group_id=entry.group.group_id):
+                        log.debug("trained group at step %d (%d episodes: %s)", progress.step + 1,
+                                  len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
+            self._audit(entries)
+        with clock.part("publish"):
+            await self.publish(progress.step + 1, wait=not tc.publication.overlap)
         progress.step += 1
-        summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
-                                          staleness, excluded)
-        progress.episodes_trained += int(summary["episodes"])
-        progress.episodes_excluded_reward_error += int(summary["reward_errors"])
-        progress.groups_trained += tc.groups_per_step
-        if self.is_main:
-            await progress.refresh_drops(self.stream, self.cfg.redis.retry_s)
+        with clock.part("metrics"):
+            summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
+                                              staleness, excluded)
+            progress.episodes_trained += int(summary["episodes"])
+            progress.exclude(int(summary["reward_errors"]))
+            progress.groups_trained += tc.groups_per_step
+            if books is not None:
+                await books
         await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+
+    async def _read_books(self) -> None:
+        """Rank 0: drop and invalid counts and the queue depth from Redis (for the step's row and status)."""
+        await self.progress.refresh_drops(self.stream, self.cfg.redis.retry_s)
+        self.progress.queue_depth = await redis_retry(self.stream.queue_depth, "queue depth", self.cfg.redis.retry_s)
+
+    async def _staleness_of(self, episodes: list[Episode]) -> torch.Tensor:
+        """Each episode's staleness (of its oldest token), one lineage look-up per distinct version (not per
+        episode: a step's episodes share a handful of versions)."""
+        oldest = [min(ep.token_weight_versions, default=0) for ep in episodes]
+        lags = {v: await self.staleness(v) for v in dict.fromkeys(oldest)}
+        return torch.tensor([lags[v] for v in oldest], dtype=torch.float32)
 
     def _audit(self, entries: list[StreamEntry]) -> None:
         self._trained_log.write(json.dumps({
@@ -185,13 +214,14 @@ class TrainingLoop:
         if not self.is_main:
             return
         p, last_push = self.progress, self.publication.last_push
+        queue_lag, queue_pending = p.queue_depth
+        with self.clock.part("metrics"):
+            components: dict[str, list[float]] = {}
+            for ep in episodes:  # components of rank 0's share (names may differ between ranks)
+                for k, v in ep.reward_components.items():
+                    components.setdefault(k, []).append(v)
         now = time.monotonic()
-        queue_lag, queue_pending = await redis_retry(self.stream.queue_depth, "queue depth", self.cfg.redis.retry_s)
-        p.queue_depth = (queue_lag, queue_pending)
-        components: dict[str, list[float]] = {}
-        for ep in episodes:  # components of rank 0's share (names may differ between ranks)
-            for k, v in ep.reward_components.items():
-                components.setdefault(k, []).append(v)
+        times = self.clock.close(now)
         row = RlRow(
             step=p.step, weight_version=self.publication.weight_version,
             reward_mean=summary["reward_mean"], reward_std=summary["reward_std"],
@@ -218,13 +248,28 @@ class TrainingLoop:
         if last_push is not None:
             row.weight_sync_s, row.weight_sync_bytes = last_push.seconds, last_push.bytes_sent
             row.probe_max_diff = last_push.probe_max_diff
+        _set_times(row, times, self.publication)
         self._last_step_t = now
-        for lag, count in summary["staleness_hist"].items():
-            p.staleness_counts[int(lag)] = p.staleness_counts.get(int(lag), 0) + count
-        self._write_metrics(row, p.step)
-        with log_context(weight_version=self.publication.weight_version):
-            log.info("step %d version %d reward %.3f staleness max %d loss %.4f", p.step,
-                     self.publication.weight_version, row.reward_mean, row.staleness_max, stats.loss)
+        with self.clock.part("metrics"):  # counted in the next row
+            for lag, count in summary["staleness_hist"].items():
+                p.staleness_counts[int(lag)] = p.staleness_counts.get(int(lag), 0) + count
+            self._write_metrics(row, p.step)
+            with log_context(weight_version=self.publication.weight_version):
+                log.info("step %d version %d reward %.3f staleness max %d loss %.4f", p.step,
+                         self.publication.weight_version, row.reward_mean, row.staleness_max, stats.loss)
 
     def close(self) -> None:
         self._trained_log.close()
+
+
+def _set_times(row: RlRow, times: StepTimes, publication: VersionPublication) -> None:
+    """The step's time breakdown into ``row``; the publication's own parts from this step's push."""
+    t = times.parts
+    row.time_wall_s, row.time_other_s = times.wall, times.other
+    row.time_data_s, row.time_fwd_bwd_s, row.time_optimizer_s = t["data"], t["fwd_bwd"], t["optimizer"]
+    row.time_publish_s, row.time_checkpoint_s, row.time_metrics_s = t["publish"], t["checkpoint"], t["metrics"]
+    push = publication.last_push
+    if push is not None and t["publish"] > 0:
+        pt = push.timings
+        row.time_publish_serialise_s, row.time_publish_transfer_s = pt.serialise_s, pt.transfer_s
+        row.time_publish_swap_s, row.time_publish_probe_s = pt.swap_s, pt.probe_s

@@ -39,6 +39,12 @@ class TrainerProgress:
         self.groups_trained = int(counters.get("groups_trained", 0))
         self.episodes_excluded_reward_error = int(counters.get("episodes_excluded_reward_error", 0))
 
+    def exclude(self, episodes: int) -> None:
+        """``episodes`` errored episodes of trained groups were excluded from the loss (counted in the drops at
+        once, whether or not a :meth:`refresh_drops` is under way)."""
+        self.episodes_excluded_reward_error += episodes
+        self.episodes_dropped_reward_error += episodes
+
     async def refresh_drops(self, stream: EpisodeStream, retry_s: float) -> None:
         """Drop and invalid counts over every rank and restart, from Redis."""
         self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(

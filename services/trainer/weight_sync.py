@@ -132,7 +132,7 @@ class WeightPublisher:
             expected = await expected_task
         if resp is None:
             log.warning("weight version %d landed but its answer was lost", version)
-            return PushResult(version, 0, time.perf_counter() - t0, None)
+            return PushResult(version, 0, t_answered - t0, None)
         diff = compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
         t_compared = time.perf_counter()
         await asyncio.to_thread(self.transport.after_success, version)

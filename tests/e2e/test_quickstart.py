@@ -111,3 +111,9 @@ def test_staleness_bound_versions_and_accounting_hold_end_to_end(tmp_path: Path,
     assert summary["groups_trained"] == 30 * 8
     assert summary["episodes_trained"] == 30 * 8 * 16
     assert "groups produced" in proc.stdout
+    # the shares of the trainer's wall time over the run, printed and in summary.json (shares of one whole)
+    shares = summary["trainer_time"]
+    parts = ("data_wait", "compute", "publication", "checkpoint_ack", "metrics", "other")
+    assert sum(shares[p] for p in parts) == pytest.approx(1.0, rel=0, abs=1e-9) and 0 < shares["compute"] < 1
+    assert shares["plumbing"] == pytest.approx(1 - shares["compute"], rel=0, abs=1e-12)
+    assert "trainer time over" in proc.stdout and "plumbing" in proc.stdout
