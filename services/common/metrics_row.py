@@ -76,11 +76,12 @@ class RlRow:
     time_data_s: float = 0.0  # reading the stream, assembling and checking groups, measuring their staleness
     time_fwd_bwd_s: float = 0.0  # forward and backward passes, incl. the gradient all-reduce
     time_optimizer_s: float = 0.0  # gradient clipping and the AdamW step
-    time_publish_s: float = 0.0  # the whole publication: version allocation, push, probe, version broadcast
+    time_publish_s: float = 0.0  # what the step waited for its publication (all of it without overlap)
     time_checkpoint_s: float = 0.0  # checkpoints saved and acknowledged since the previous row
     time_metrics_s: float = 0.0  # step statistics, counters, audit trail, writing the previous row, logging
     time_other_s: float = 0.0  # the rest: the wall less the parts above
-    # the publication's own parts (within time_publish_s; 0.0 where not measured)
+    # the last verified publication's own parts (0.0 where not measured); without trainer.publication.overlap they
+    # lie within time_publish_s; with it the push runs in the background and time_publish_s is what the step waited
     time_publish_serialise_s: float = 0.0  # snapshot of the parameters and the transport's messages/file
     time_publish_transfer_s: float = 0.0  # the UpdateWeights call less inference's own time
     time_publish_swap_s: float = 0.0  # inference's own time: assemble, validate, swap, score the probe (apply_s)
