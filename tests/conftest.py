@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_for_redis(proc: subprocess.Popen[bytes], client: Any) -> None:
+    """Until ``client`` (a redis.Redis) gets an answer from the redis-server ``proc``: RuntimeError when the
+    process exits first (with its output, if piped) or after 15 s."""
+    import redis
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            output = proc.communicate()[0] if proc.stdout is not None else b""
+            raise RuntimeError(f"redis-server exited with code {proc.returncode}: "
+                               f"{(output or b'').decode(errors='replace')}")
+        try:
+            client.ping()
+            client.close()
+            return
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
 
 
 @dataclass
@@ -46,16 +67,7 @@ class RedisServer:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 
-        client = redis.Redis(port=self.port, socket_timeout=1.0)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                client.ping()
-                client.close()
-                return
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        wait_for_redis(self.proc, redis.Redis(port=self.port, socket_timeout=1.0))
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from relayrl.local_redis import secret_config
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for_redis
 
 
 def redis_binary() -> str:
@@ -98,20 +97,6 @@ def make_certificates(folder: Path) -> Certificates:
                         make_leaf(folder, "client", ca, server=False), other[0])
 
 
-def _wait(proc: subprocess.Popen[bytes], ping: redis.Redis) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with code {proc.returncode}")
-        try:
-            ping.ping()
-            ping.close()
-            return
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -129,7 +114,7 @@ def password_server(password: str, extra: list[str] | None = None) -> Iterator[t
     proc.stdin.write(secret_config(password))
     proc.stdin.close()
     try:
-        _wait(proc, redis.Redis(port=port, password=password, socket_timeout=1.0))
+        wait_for_redis(proc, redis.Redis(port=port, password=password, socket_timeout=1.0))
         yield port, proc
     finally:
         _stop(proc)
@@ -145,7 +130,7 @@ def tls_server(certs: Certificates, auth_clients: bool) -> Iterator[int]:
          "--tls-ca-cert-file", str(certs.ca.cert), "--tls-auth-clients", "yes" if auth_clients else "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(proc, redis.Redis(port=port, ssl=True, ssl_ca_certs=str(certs.ca.cert),
+        wait_for_redis(proc, redis.Redis(port=port, ssl=True, ssl_ca_certs=str(certs.ca.cert),
                                 ssl_certfile=str(certs.client.cert), ssl_keyfile=str(certs.client.key),
                                 socket_timeout=1.0))
         yield port

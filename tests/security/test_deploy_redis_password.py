@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +19,8 @@ import pytest
 import redis
 import yaml
 
-from tests.conftest import REPO, free_port
-from tests.deploy.test_helm import render, workload
+from tests.conftest import REPO, free_port, wait_for_redis
+from tests.deploy.chart import render, workload
 
 pytestmark = pytest.mark.security
 
@@ -53,17 +52,7 @@ class Launched:
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def wait_ready(self) -> None:
-        client = redis.Redis(port=self.port, password=PASSWORD, socket_timeout=1.0)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.proc.communicate()[0].decode(errors="replace")
-            try:
-                client.ping()
-                client.close()
-                return
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        wait_for_redis(self.proc, redis.Redis(port=self.port, password=PASSWORD, socket_timeout=1.0))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
