@@ -129,6 +129,7 @@ class Trainer:
             checkpoint_pending=self.checkpoints.requested, last_checkpoint_step=self.checkpoints.last_step)
 
     async def close(self) -> None:
+        await self.publication.abandon()  # a push still in flight after an error or a stop
         self.loop.close()
         if self.tracker is not None:
             self.tracker.close()

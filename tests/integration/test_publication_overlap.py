@@ -105,6 +105,26 @@ def test_a_failed_overlapped_push_raises_at_settle(
     asyncio.run(go())
 
 
+
+def test_closing_with_a_push_in_flight_stops_it_and_a_later_publication_takes_a_newer_version(
+        tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer) -> None:
+    async def go() -> tuple[int, int, int, bool]:
+        async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, service):
+            first, _ = await publication.publish(0)
+            opened = _gate(service)  # the push stays in flight until the trainer has given it up
+            abandoned, _ = await publication.publish(1, wait=False)
+
+            await publication.abandon()
+            publishing = publication.publishing  # the push is gone although inference never answered it
+            opened.set()  # inference, whatever became of the abandoned call, takes updates again
+            later, _ = await publication.publish(2)  # the push lock was released, the counter moved on
+            return first, abandoned, later, publishing
+
+    first, abandoned, later, publishing = asyncio.run(go())
+
+    assert first < abandoned < later  # versions are never reused, also around an abandoned push
+    assert not publishing
+
 def test_the_probe_of_an_in_flight_push_never_runs_inside_an_optimizer_step(
         tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     step_entered, probe_started = threading.Event(), threading.Event()
