@@ -201,8 +201,15 @@ class TrainingLoop:
 
     async def checkpoint_and_ack(self) -> None:
         await self.publication.settle()  # a checkpoint never records a version whose push may still fail
-        await self.checkpoints.save_and_ack(self.progress.step, self.publication.weight_version,
-                                            self.progress.checkpoint_counters())
+        saving = asyncio.ensure_future(self.checkpoints.save_and_ack(
+            self.progress.step, self.publication.weight_version, self.progress.checkpoint_counters()))
+        try:
+            await asyncio.shield(saving)
+        except asyncio.CancelledError:
+            # a stop during a checkpoint lets it finish: once the checkpoint is durable its groups are trained,
+            # and left unacknowledged they would also be pending (counted twice in the books, read again)
+            await saving
+            raise
 
     def _write_metrics(self, row: MetricsRow, step: int) -> None:
         """Rank 0: one row to metrics.jsonl and the tracking backends, ``step`` as its x-axis."""
