@@ -19,23 +19,9 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner
 from tests.conftest import free_port
+from tests.synthetic import varied_episodes
 
 pytestmark = pytest.mark.distributed
-
-
-def _episodes() -> list[Episode]:
-    """Four groups of three with different lengths, so the ranks' token counts and micro-batch counts differ."""
-    g = torch.Generator().manual_seed(0)
-    eps = []
-    for i in range(12):
-        n_c = 1 + (i * 5) % 7
-        eps.append(Episode(
-            episode_id=str(i), group_id=f"g{i // 3}", group_size=3,
-            prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
-            completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
-            behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
-            loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g)), sampling_temperature=1.0))
-    return eps
 
 
 def _grads(model_dir: Path, episodes: list[Episode], coll: Collectives, micro_batch: int,
@@ -52,7 +38,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, by_tokens: bo
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
         coll = Collectives(dist.group.WORLD, timeout_s=60)
-        eps = _episodes()
+        eps = varied_episodes()
         share = eps[:6] if rank == 0 else eps[6:]  # two whole groups each
         if by_tokens:  # token budgets that split the two shares into different numbers of micro-batches
             grads = _grads(Path(model_dir), share, coll, micro_batch=64, micro_tokens=9 if rank == 0 else 40)
@@ -66,7 +52,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, by_tokens: bo
 @pytest.mark.parametrize("by_tokens", [False, True], ids=["by_sequences", "by_tokens"])
 def test_two_ranks_and_one_rank_compute_the_same_gradient(tmp_path: Path, tiny_model_dir: Path,
                                                           by_tokens: bool) -> None:
-    single = _grads(tiny_model_dir, _episodes(), Collectives(None, timeout_s=60), micro_batch=4)
+    single = _grads(tiny_model_dir, varied_episodes(), Collectives(None, timeout_s=60), micro_batch=4)
 
     mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path), by_tokens), nprocs=2,
                        start_method="spawn", join=True)

@@ -17,6 +17,7 @@ from relayrl.trainer import learner as learner_module
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner, StepStats, pack
 from relayrl.trainer.loss import token_logprobs
+from tests.synthetic import varied_episodes
 
 
 def _episodes(model: torch.nn.Module, shift: float) -> list[Episode]:
@@ -65,21 +66,6 @@ def test_decoupled_ppo_differs_from_plain_ppo_when_behaviour_is_stale(tiny_model
     assert any(not torch.allclose(corrected[n], plain[n], rtol=1e-3, atol=1e-6) for n in plain)
 
 
-def _varied_episodes(n: int = 12) -> list[Episode]:
-    """Groups of three with completions of 1..7 tokens and prompts of 2..4, so splits by tokens differ."""
-    g = torch.Generator().manual_seed(3)
-    eps = []
-    for i in range(n):
-        n_c = 1 + (i * 5) % 7
-        eps.append(Episode(
-            episode_id=str(i), group_id=f"g{i // 3}", group_size=3,
-            prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
-            completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
-            behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
-            loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g)), sampling_temperature=1.0))
-    return eps
-
-
 def _gradients(model_dir: Path, cfg: TrainerConfig, episodes: list[Episode],
                collectives: Collectives | None = None) -> tuple[dict[str, torch.Tensor], StepStats]:
     model = load_model(ModelConfig(path=model_dir))
@@ -93,9 +79,10 @@ def _gradients(model_dir: Path, cfg: TrainerConfig, episodes: list[Episode],
 def test_small_token_micro_batches_give_the_gradient_of_one_big_batch(
         tiny_model_dir: Path, correction: OffPolicyCorrection, aggregation: LossAggregation) -> None:
     loss = LossConfig(off_policy=correction, loss_aggregation=aggregation)
-    one_batch, whole = _gradients(tiny_model_dir, TrainerConfig(micro_batch_size=64, loss=loss), _varied_episodes())
+    one_batch, whole = _gradients(tiny_model_dir, TrainerConfig(micro_batch_size=64, loss=loss),
+                                  varied_episodes(seed=3))
     by_tokens, split = _gradients(tiny_model_dir, TrainerConfig(micro_batch_tokens=12, loss=loss),
-                                  _varied_episodes())
+                                  varied_episodes(seed=3))
 
     assert split.tokens == whole.tokens == sum(1 + (i * 5) % 7 for i in range(12))
     for name, grad in one_batch.items():
@@ -122,8 +109,8 @@ class _MoreMicroBatchesElsewhere(Collectives):
 
 def test_padding_micro_batches_contribute_exactly_zero(tiny_model_dir: Path) -> None:
     cfg = TrainerConfig(micro_batch_tokens=20)
-    alone, stats = _gradients(tiny_model_dir, cfg, _varied_episodes())
-    padded, padded_stats = _gradients(tiny_model_dir, cfg, _varied_episodes(), _MoreMicroBatchesElsewhere(3))
+    alone, stats = _gradients(tiny_model_dir, cfg, varied_episodes(seed=3))
+    padded, padded_stats = _gradients(tiny_model_dir, cfg, varied_episodes(seed=3), _MoreMicroBatchesElsewhere(3))
 
     for name, grad in alone.items():
         # a padding micro-batch has zero mask and advantage: it adds exact zeros to every gradient
@@ -149,7 +136,7 @@ def test_the_micro_batch_loop_reads_no_tensor_on_the_host(tiny_model_dir: Path,
     counts = []
     for cfg in (TrainerConfig(micro_batch_size=64), TrainerConfig(micro_batch_size=1)):
         reads.clear()
-        _gradients(tiny_model_dir, cfg, _varied_episodes())
+        _gradients(tiny_model_dir, cfg, varied_episodes(seed=3))
         counts.append(len(reads))
 
     assert counts[0] == counts[1] <= 5  # counts, agreed count, statistics: a fixed few per step
