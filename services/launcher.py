@@ -50,7 +50,7 @@ from relayrl.common.threads import automatic_division, thread_env
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.trainer import PublicationConfig, WeightTransport
-from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_port
+from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_ports
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,9 @@ SERVICE_ORDER = ("reward", "inference", "trainer", "rollout")
 CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what `relayrl control RUN_DIR` presents
 
 
-def local(server: ServerConfig) -> ServerConfig:
-    """The same server settings on loopback and a free port (the launcher runs everything locally)."""
-    return replace(server, host="127.0.0.1", port=free_port(), address="")
+def local(server: ServerConfig, port: int) -> ServerConfig:
+    """The same server settings on loopback and ``port`` (the launcher runs everything locally)."""
+    return replace(server, host="127.0.0.1", port=port, address="")
 
 
 def local_publication(pc: PublicationConfig) -> PublicationConfig:
@@ -68,9 +68,9 @@ def local_publication(pc: PublicationConfig) -> PublicationConfig:
     return replace(pc, transport=WeightTransport.SHARED_MEMORY) if pc.transport is WeightTransport.AUTO else pc
 
 
-def local_http(http: HttpConfig) -> HttpConfig:
-    """An HTTP API on loopback and a free port."""
-    return replace(http, host="127.0.0.1", port=free_port())
+def local_http(http: HttpConfig, port: int) -> HttpConfig:
+    """An HTTP API on loopback and ``port``."""
+    return replace(http, host="127.0.0.1", port=port)
 
 
 def progress_line(row: MetricsRow | None, total: int) -> str | None:
@@ -180,15 +180,19 @@ class Launcher:
             raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
         cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
         cfg = with_thread_budget(cfg, len(os.sched_getaffinity(0)))
+        p = iter(free_ports(9))  # distinct: one per server of the stack
         return replace(
             cfg, output_dir=self.out, tls=cfg.tls.resolved(),
             model=replace(cfg.model, path=cfg.model.path.resolve()),
-            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(), server=local(cfg.rollout.server),
-                            http=local_http(cfg.rollout.http)),
-            inference=replace(cfg.inference, server=local(cfg.inference.server), http=local_http(cfg.inference.http),
-                              weights_server=local(cfg.inference.weights_server)),
-            reward=replace(cfg.reward, server=local(cfg.reward.server), http=local_http(cfg.reward.http)),
-            trainer=replace(cfg.trainer, server=local(cfg.trainer.server), http=local_http(cfg.trainer.http),
+            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(),
+                            server=local(cfg.rollout.server, next(p)), http=local_http(cfg.rollout.http, next(p))),
+            inference=replace(cfg.inference, server=local(cfg.inference.server, next(p)),
+                              http=local_http(cfg.inference.http, next(p)),
+                              weights_server=local(cfg.inference.weights_server, next(p))),
+            reward=replace(cfg.reward, server=local(cfg.reward.server, next(p)),
+                           http=local_http(cfg.reward.http, next(p))),
+            trainer=replace(cfg.trainer, server=local(cfg.trainer.server, next(p)),
+                            http=local_http(cfg.trainer.http, next(p)),
                             publication=local_publication(cfg.trainer.publication)),
         )
 

@@ -22,9 +22,20 @@ REDIS_PASSWORD_FILE = "redis_password"  # <run folder>/redis_password (0600): wh
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports: every socket stays bound until all are picked (closing each at once
+    lets the kernel hand the same port out again, and two services of one run would then collide)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def find_redis_server(configured: str) -> str:

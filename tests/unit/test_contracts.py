@@ -233,3 +233,11 @@ def test_summary_counts_dead_lettered_entries_as_invalid_apart_from_the_checkpoi
         + summary["groups_dropped_stale"] \
         + summary["groups_dropped_reward_error"] + summary["groups_invalid"] + summary["groups_pending"]
     assert summary["groups_after_checkpoint"] == 0
+
+
+def test_ports_picked_together_are_distinct() -> None:
+    from relayrl.local_redis import free_ports
+
+    ports = free_ports(64)
+
+    assert len(set(ports)) == 64
