@@ -5,7 +5,7 @@ Every call has a deadline (per attempt: ``timeout_s`` of the call, else the clie
 restarting) is retried, with exponential back-off; DEADLINE_EXCEEDED never is (the budget is spent and the server
 may still be working on the call). Retrying is safe for every unary method relayrl has; the handlers show why:
 
-- GetStatus, GetConfig: read-only.
+- GetStatus, GetConfig: read-only. (WatchStatus, a stream, is read-only too; its caller re-subscribes.)
 - Generate: no server-side state; a repeated call only samples again, and the caller uses one reply (its
   samples carry the weight versions that produced them, so an answer from either attempt is as good).
 - Score, ScoreBatch: verifiers are pure functions of the request; only the service's counters see a repeat.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -228,6 +228,16 @@ class TrainerClient(ServiceClient):
     async def status(self) -> trainer_pb2.TrainerStatus:
         return await self.call(self.stub.GetStatus, trainer_pb2.GetTrainerStatusRequest(),
                                policy=self.policy_for("GetStatus"))
+
+    async def watch_status(self, timeout_s: float) -> AsyncIterator[trainer_pb2.TrainerStatus]:
+        """The trainer's status now and at each change, until the run finishes or ``timeout_s`` (the stream's
+        deadline: DEADLINE_EXCEEDED then, and the caller subscribes again). Not retried: the caller decides."""
+        call = self.stub.WatchStatus(trainer_pb2.WatchTrainerStatusRequest(), timeout=timeout_s)
+        try:
+            async for status in call:
+                yield status
+        finally:
+            call.cancel()
 
     async def request_checkpoint(self, reason: str = "") -> trainer_pb2.CheckpointReply:
         return await self.call(self.stub.RequestCheckpoint, trainer_pb2.CheckpointRequest(reason=reason),

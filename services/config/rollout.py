@@ -32,7 +32,9 @@ class RolloutConfig:
     producer_id: str = field(default="", metadata={"help": "Id stamped on episodes; empty: host:pid."})
     generate_timeout_s: float = field(default=120.0, metadata={"help": "Deadline of one Generate call.", "gt": 0})
     score_timeout_s: float = field(default=60.0, metadata={"help": "Deadline of one ScoreBatch call.", "gt": 0})
-    status_poll_s: float = field(default=0.2, metadata={"help": "Trainer status poll interval.", "gt": 0})
+    status_poll_s: float = field(default=0.2, metadata={
+        "help": "Retry interval while the trainer is unreachable; poll interval against a trainer without WatchStatus.",
+        "gt": 0})
     drain_timeout_s: float = field(default=5.0, metadata={
         "help": "At shutdown, how long groups in flight may finish before they are cancelled.", "ge": 0})
     max_group_attempts: int = field(default=3, metadata={

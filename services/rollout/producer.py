@@ -25,7 +25,7 @@ import grpc
 from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy, RewardClient, TrainerClient
 from relayrl.common.dataset import Prompt, PromptCursor
 from relayrl.common.logging import bind_log_context
-from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
+from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2, trainer_pb2
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
@@ -43,8 +43,11 @@ SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
 TRAINER_STATUS_POLICY = NO_RETRY
 TRAINER_STATUS_TIMEOUT_S = 5.0
 # While admission waits for the trainer, its status is polled this many times as often: the window reopens when a
-# step is published, and a full status_poll_s of lag per step would leave the engine idle meanwhile.
+# step is published, and a full status_poll_s of lag per step would leave the engine idle meanwhile. (Polling is the
+# fallback: rollout follows the trainer's WatchStatus stream, which brings each change at once.)
 BLOCKED_POLL_DIVISOR = 5
+# Deadline of one WatchStatus stream; rollout subscribes again when it passes.
+WATCH_DEADLINE_S = 60.0
 
 
 @dataclass
@@ -135,15 +138,46 @@ class RolloutProducer:
         try:
             st = await self.clients.trainer.status()
         except grpc.aio.AioRpcError as exc:
-            if self.trainer_view.reachable:
-                log.warning("trainer status unavailable: %s", exc.code().name)
-            self.trainer_view = TrainerView()  # admit nothing until the trainer answers again
+            self._trainer_unreachable(exc)
             return
+        self._see_trainer(st)
+
+    def _trainer_unreachable(self, exc: grpc.aio.AioRpcError) -> None:
+        if self.trainer_view.reachable:
+            log.warning("trainer status unavailable: %s", exc.code().name)
+        self.trainer_view = TrainerView()  # admit nothing until the trainer answers again
+
+    def _see_trainer(self, st: trainer_pb2.TrainerStatus) -> None:
         self.trainer_view = TrainerView(
             step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
             finished=st.finished, reachable=True, publishing=st.publishing,
             groups_dropped=st.groups_dropped_stale + st.groups_dropped_reward_error + st.groups_invalid,
             serving=st.component.state == ServingState.SERVING_STATE_SERVING)
+
+    async def _follow_trainer(self, stop: asyncio.Event) -> None:
+        """Follow the trainer's WatchStatus stream (each change wakes admission at once), subscribing again when a
+        stream's deadline passes; poll GetStatus instead where the trainer has no WatchStatus."""
+        while not stop.is_set():
+            try:
+                async for st in self.clients.trainer.watch_status(WATCH_DEADLINE_S):
+                    self._see_trainer(st)
+                    self._wake.set()
+                    if st.finished:
+                        return
+                stream_ended = True  # the trainer ended the stream (it is stopping): subscribe again after a pause
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("the trainer has no WatchStatus; polling its status every %.2fs", self.cfg.status_poll_s)
+                    await self._poll_trainer(stop)
+                    return
+                # the deadline only ends one subscription; any other error means the trainer is out of reach
+                stream_ended = exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                if stream_ended:
+                    self._trainer_unreachable(exc)
+                    self._wake.set()
+            if stream_ended:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.cfg.status_poll_s)
 
     async def _poll_trainer(self, stop: asyncio.Event) -> None:
         """Every status_poll_s; while admission waits for the trainer (window closed, publishing), every
@@ -178,7 +212,7 @@ class RolloutProducer:
     async def run(self, stop: asyncio.Event) -> None:
         await self.stream.ensure_group()
         await self.resume()
-        poller = asyncio.create_task(self._poll_trainer(stop))
+        poller = asyncio.create_task(self._follow_trainer(stop))
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set() and not self.trainer_view.finished:

@@ -79,6 +79,7 @@ class TrainingLoop:
         self.is_main = coll.rank == 0
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
+        self._prefetch: asyncio.Task[tuple[list[StreamEntry], list[Episode], int, torch.Tensor]] | None = None
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
         # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
         self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
@@ -111,26 +112,27 @@ class TrainingLoop:
         if tc.sft.warmup_steps > 0 and self.resumed_from is None:
             await self.sft_warmup()
         self.header.state = ServingState.SERVING_STATE_SERVING
+        self.progress.changed.notify()
         self.clock.reset()  # the first step's cycle starts here, not at start-up
-        while self.progress.step < tc.total_steps:
-            await self.train_step()
-            if self.checkpoints.due(self.progress.step, tc.total_steps):
-                with self.clock.part("checkpoint"):
-                    await self.checkpoint_and_ack()
+        try:
+            while self.progress.step < tc.total_steps:
+                await self.train_step()
+                if self.checkpoints.due(self.progress.step, tc.total_steps):
+                    with self.clock.part("checkpoint"):
+                        await self.checkpoint_and_ack()
+        finally:
+            await self._drop_prefetch()
         await self.checkpoint_and_ack()
         self.progress.finished = True
         self.header.state = ServingState.SERVING_STATE_STOPPED
+        self.progress.changed.notify()
 
     async def train_step(self) -> None:
         """One optimizer step over the global batch, then its publication, counters and metrics."""
         tc, progress, clock = self.cfg.trainer, self.progress, self.clock
-        with clock.part("data"):
-            entries = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
-                                                   self.staleness)
-            # errored episodes never reach the loss; their groups train on the valid ones (relayrl.trainer.groups)
-            episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
-            excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
-            staleness = await self._staleness_of(episodes)
+        with clock.part("data"):  # the batch read while the previous step's metrics were written, or read now
+            prefetched, self._prefetch = self._prefetch, None
+            entries, episodes, excluded, staleness = await (prefetched or self._collect())
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
         books = asyncio.create_task(self._read_books()) if self.is_main else None
@@ -153,6 +155,11 @@ class TrainingLoop:
         with clock.part("publish"):
             await self.publish(progress.step + 1, wait=not tc.publication.overlap)
         progress.step += 1
+        progress.changed.notify()
+        if progress.step < tc.total_steps and not self.checkpoints.due(progress.step, tc.total_steps):
+            # the next batch is read (or waited for) while this step's metrics are summed and written; never
+            # across a checkpoint, which acknowledges what was consumed before it
+            self._prefetch = asyncio.create_task(self._collect(), name=f"collect-step-{progress.step + 1}")
         with clock.part("metrics"):
             summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
                                               staleness, excluded)
@@ -162,6 +169,24 @@ class TrainingLoop:
             if books is not None:
                 await books
         await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+
+    async def _collect(self) -> tuple[list[StreamEntry], list[Episode], int, torch.Tensor]:
+        """This rank's share of the next batch: (entries, their valid episodes, errored episodes left out,
+        each valid episode's staleness). No collective: it may run beside the previous step's metrics."""
+        tc = self.cfg.trainer
+        entries = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
+                                               self.staleness)
+        # errored episodes never reach the loss; their groups train on the valid ones (relayrl.trainer.groups)
+        episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
+        excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
+        return entries, episodes, excluded, await self._staleness_of(episodes)
+
+    async def _drop_prefetch(self) -> None:
+        """Cancel a read of the next batch nobody will train (an error or a stop): its entries stay pending."""
+        task, self._prefetch = self._prefetch, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _read_books(self) -> None:
         """Rank 0: drop and invalid counts and the queue depth from Redis (for the step's row and status)."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
+from relayrl.trainer.status_watch import StatusPulse
 
 
 @dataclass
@@ -27,6 +28,8 @@ class TrainerProgress:
     episodes_excluded_reward_error: int = 0
     queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending) at the last step (rank 0)
     staleness_counts: dict[int, int] = field(default_factory=dict)  # samples trained per staleness (rank 0)
+    # notified whenever the status may have changed (WatchStatus, relayrl.trainer.status_watch)
+    changed: StatusPulse = field(default_factory=StatusPulse, compare=False, repr=False)
 
     def checkpoint_counters(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the step (``extra`` of relayrl.trainer.checkpoint)."""
@@ -53,3 +56,4 @@ class TrainerProgress:
         self.groups_dropped_reward_error = groups
         self.episodes_dropped_reward_error = episodes + self.episodes_excluded_reward_error
         self.groups_invalid, self.episodes_invalid = await redis_retry(stream.invalid, "count invalid", retry_s)
+        self.changed.notify()

@@ -52,7 +52,8 @@ class VersionPublication:
         self.resumed_version = resumed_version  # version of the restored weights, when resuming
         self.weight_version = 0
         self.lineage = 0  # set at the first publication (rank 0)
-        self.publishing = False
+        self.on_change: Callable[[], None] = lambda: None  # the status changed (a push started or ended)
+        self._publishing = False
         self.last_push: PushResult | None = None
         self.served_step = -1  # policy step of the last verified push
         self._pending: asyncio.Task[int] | None = None  # a push started by publish(wait=False)
@@ -61,6 +62,16 @@ class VersionPublication:
         self._weights_lock = threading.Lock()
         if self.is_main:
             publisher.model_lock = self._weights_lock
+
+    @property
+    def publishing(self) -> bool:
+        """A push is in flight (rollout's admission counts on the served step meanwhile)."""
+        return self._publishing
+
+    @publishing.setter
+    def publishing(self, value: bool) -> None:
+        self._publishing = value
+        self.on_change()
 
     def locked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` (an optimizer step) so that it never overlaps a snapshot for publication."""
@@ -90,6 +101,7 @@ class VersionPublication:
             message[1] = int(flag)
         await asyncio.to_thread(self.coll.broadcast, message, 0, "published_version")
         self.weight_version = int(message[0])
+        self.on_change()
         return self.weight_version, bool(message[1])
 
     async def settle(self) -> None:

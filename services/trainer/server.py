@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
 import grpc
 from fastapi import FastAPI
@@ -14,6 +15,7 @@ from relayrl.common.pb import trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText
 from relayrl.trainer.metrics import trainer_metrics
 from relayrl.trainer.runtime import Trainer
+from relayrl.trainer.status_watch import MAX_WATCHERS, status_changes
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.token = trainer.cfg.control.effective_token()
+        self.watchers = 0
 
     async def request_checkpoint(self, reason: str = "") -> trainer_pb2.CheckpointReply:
         trainer = self.trainer
@@ -48,6 +51,19 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         # drops are read live: a group dropped by any rank releases rollout's admission at once
         await self.trainer.refresh_drops()
         return self.trainer.status()
+
+    async def WatchStatus(self, request: trainer_pb2.WatchTrainerStatusRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[trainer_pb2.TrainerStatus]:
+        if self.watchers >= MAX_WATCHERS:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the trainer already serves {MAX_WATCHERS} status watchers")
+        self.watchers += 1
+        try:
+            trainer = self.trainer
+            async for status in status_changes(trainer.progress.changed, trainer.status, trainer.refresh_drops):
+                yield status
+        finally:
+            self.watchers -= 1
 
 
 def create_trainer_server(trainer: Trainer) -> tuple[ServerHandle, TrainerServicer]:

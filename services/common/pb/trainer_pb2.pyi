@@ -11,6 +11,10 @@ class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class WatchTrainerStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TrainerStatus(_message.Message):
     __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error", "checkpoint_pending", "last_checkpoint_step", "groups_invalid", "episodes_invalid")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]

@@ -41,6 +41,11 @@ class TrainerServiceStub:
                 request_serializer=relayrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
                 _registered_method=True)
+        self.WatchStatus = channel.unary_stream(
+                '/relayrl.v1.TrainerService/WatchStatus',
+                request_serializer=relayrl_dot_v1_dot_trainer__pb2.WatchTrainerStatusRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
+                _registered_method=True)
         self.RequestCheckpoint = channel.unary_unary(
                 '/relayrl.v1.TrainerService/RequestCheckpoint',
                 request_serializer=relayrl_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
@@ -58,6 +63,17 @@ class TrainerServiceServicer:
 
     def GetStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchStatus(self, request, context):
+        """The status now, then again each time it changes (a step ends, a publication starts or lands, groups are
+        dropped, the run finishes; the uptime alone is not a change). Rollout follows it instead of polling
+        GetStatus, so admission reopens the moment a new version is served. The stream ends when the run has
+        finished or the caller's deadline passes (callers re-subscribe); RESOURCE_EXHAUSTED when the trainer
+        already serves its maximum number of watchers. Read-only, like GetStatus.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -82,6 +98,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
                     request_deserializer=relayrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.SerializeToString,
+            ),
+            'WatchStatus': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchStatus,
+                    request_deserializer=relayrl_dot_v1_dot_trainer__pb2.WatchTrainerStatusRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.SerializeToString,
             ),
             'RequestCheckpoint': grpc.unary_unary_rpc_method_handler(
@@ -121,6 +142,33 @@ class TrainerService:
             target,
             '/relayrl.v1.TrainerService/GetStatus',
             relayrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
+            relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/relayrl.v1.TrainerService/WatchStatus',
+            relayrl_dot_v1_dot_trainer__pb2.WatchTrainerStatusRequest.SerializeToString,
             relayrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
             options,
             channel_credentials,
