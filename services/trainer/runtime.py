@@ -32,6 +32,7 @@ from relayrl.trainer.learner import Learner
 from relayrl.trainer.loop import TrainingLoop
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication, watch_inference
+from relayrl.trainer.reference import Reference
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
 
@@ -51,8 +52,11 @@ class Trainer:
         # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
         model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
         self.model = load_model(cfg.model, model_path)
+        # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
+        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 else None
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
-                               max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll)
+                               max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll,
+                               reference=reference)
         self.header = StatusHeader("trainer")
         self.progress = TrainerProgress()
         already_done, resumed_version = self._restore()
