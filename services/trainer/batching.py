@@ -20,8 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from relayrl.trainer.loss import token_logprobs
 
 
 def plan_micro_batches(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int = 0
@@ -154,3 +157,27 @@ def pack_row(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[in
                        mask=row(mask, torch.float32), behaviour_logprobs=row(old, torch.float32),
                        temperature=row(temp, torch.float32), seq=row(seq, torch.long),
                        position_ids=row(pos, torch.long), num_seqs=len(prompts))
+
+
+def model_logprobs(model: Any, mb: PackedBatch) -> torch.Tensor:
+    """log pi(target) at every position of ``mb`` (``[B, L]``): padded rows with their attention mask, packed
+    rows with no mask and their position ids (transformers separates the sequences by them, but only without a
+    KV cache: ``use_cache=False``, which a training forward never needs)."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                   use_cache=False).logits
+    return token_logprobs(logits, mb.targets, mb.temperature)
+
+
+def packing_error(model: Any, device: torch.device) -> float:
+    """Largest |logprob difference| between two short sequences scored packed in one row and apart: about 0
+    for a model whose attention honours packed position ids, large for one that attends across sequences."""
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (6, 9)]
+    prompts, completions = [s[:2] for s in seqs], [s[2:] for s in seqs]
+    with torch.no_grad():
+        apart = model_logprobs(model, pack(prompts, completions, None, None, [1.0, 1.0], 0, device))
+        packed = model_logprobs(model, pack_row(prompts, completions, None, None, [1.0, 1.0], device))[0]
+    n0 = len(seqs[0]) - 1
+    return max(float((packed[:n0] - apart[0, :n0]).abs().max()),
+               float((packed[n0:] - apart[1, : len(seqs[1]) - 1]).abs().max()))

@@ -12,17 +12,9 @@ from typing import Any
 
 import torch
 
-from relayrl.trainer.batching import PackedBatch
-from relayrl.trainer.loss import token_logprobs
+from relayrl.trainer.batching import PackedBatch, model_logprobs
 
-
-def model_logprobs(model: Any, mb: PackedBatch) -> torch.Tensor:
-    """log pi(target) at every position of ``mb`` (``[B, L]``): padded rows with their attention mask, packed
-    rows with no mask and their position ids (transformers separates the sequences by them, but only without a
-    KV cache: ``use_cache=False``, which a training forward never needs)."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                   use_cache=False).logits
-    return token_logprobs(logits, mb.targets, mb.temperature)
+__all__ = ["Reference", "model_logprobs", "sequence_lengths"]
 
 
 class Reference:

@@ -91,3 +91,33 @@ def test_packed_micro_batches_give_the_gradient_of_padded_ones(tiny_model_dir: P
         # the same per-token terms; only float32 summation order and matmul shapes differ
         torch.testing.assert_close(packed[name], grad, rtol=1e-4, atol=1e-6)
     assert packed_loss == pytest.approx(padded_loss, rel=1e-5, abs=1e-7)
+
+
+class _IgnoresPositions(torch.nn.Module):
+    """A model that drops the position ids: packed sequences attend to each other (what the check must catch)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.inner.get_input_embeddings()  # type: ignore[operator, no-any-return]
+
+    def forward(self, **kwargs: object) -> object:
+        kwargs.pop("position_ids")
+        return self.inner(**kwargs)
+
+
+def test_the_start_up_check_accepts_a_model_that_keeps_packed_sequences_apart_and_refuses_one_that_does_not(
+        tiny_model_dir: Path) -> None:
+    from relayrl.common.config import ConfigError
+    from relayrl.trainer.batching import packing_error
+    from relayrl.trainer.runtime import check_packing
+
+    model = load_model(ModelConfig(path=tiny_model_dir))
+
+    assert packing_error(model, torch.device("cpu")) < 1e-5  # float32 rounding only
+    check_packing(model, torch.device("cpu"))
+    with pytest.raises(ConfigError) as info:
+        check_packing(_IgnoresPositions(model), torch.device("cpu"))
+    assert info.value.field == "trainer.micro_batch_layout"
