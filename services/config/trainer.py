@@ -224,6 +224,20 @@ class DistributedConfig:
                 "torchrun with this many processes. groups_per_step must be divisible by it.", "ge": 1})
     collective_timeout_s: float = field(default=120.0, metadata={
         "help": "Timeout of every collective: a dead or diverged rank fails the others within it.", "gt": 0})
+    dp_shard: int = field(default=1, metadata={
+        "help": "Data-parallel ranks that shard parameters, gradients and optimizer state (FSDP2 fully_shard; 1: "
+                "every rank holds the whole model). Only 1 in the trainer service for now (relayrl.trainer."
+                "parallel_dims builds the mesh and shards; checkpoint and publication of sharded weights are "
+                "missing).", "ge": 1})
+    dp_replicate: int = field(default=0, metadata={
+        "help": "Data-parallel replicas of the sharded model (0: world_size / dp_shard). world_size must equal "
+                "dp_replicate x dp_shard x tp x cp.", "ge": 0})
+    tp: int = field(default=1, metadata={"help": "Tensor-parallel degree (only 1 for now).", "ge": 1, "le": 1})
+    cp: int = field(default=1, metadata={"help": "Context-parallel degree (only 1 for now).", "ge": 1, "le": 1})
+    param_dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
+        "help": "FSDP2 mixed precision: dtype of the unsharded parameters in forward and backward."})
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
+        "help": "FSDP2 mixed precision: dtype of the gradient reduction."})
     record_collectives: bool = field(default=False, metadata={
         "help": "Debug: record every collective per rank under <output_dir>/collectives "
                 "(read with: relayrl debug collectives RUN_DIR)."})
@@ -302,6 +316,17 @@ class TrainerConfig:
         "help": "gRPC server of this service."})
 
     def validate(self) -> None:
+        d = self.distributed
+        replicate = d.dp_replicate or max(d.world_size // (d.dp_shard * d.tp * d.cp), 1)
+        if replicate * d.dp_shard * d.tp * d.cp != d.world_size:
+            raise ConfigError("distributed.world_size", d.world_size,
+                              f"must equal dp_replicate ({replicate}) x dp_shard ({d.dp_shard}) x tp ({d.tp}) x cp "
+                              f"({d.cp})")
+        if d.dp_shard > 1:
+            raise ConfigError("distributed.dp_shard", d.dp_shard,
+                              "must be 1 in the trainer service for now: FSDP2 sharding exists as a library "
+                              "(relayrl.trainer.parallel_dims, tested on gloo) but checkpoints and weight publication "
+                              "of sharded weights are not wired in yet")
         if self.groups_per_step % self.distributed.world_size:
             raise ConfigError("groups_per_step", self.groups_per_step,
                               f"must be divisible by distributed.world_size ({self.distributed.world_size})")

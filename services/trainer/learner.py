@@ -28,6 +28,7 @@ from relayrl.trainer.losses.advantages import (
 from relayrl.trainer.losses.kl import kl_estimate
 from relayrl.trainer.losses.step import LossTerms, denominator, loss_terms
 from relayrl.trainer.losses.tokens import Tokens
+from relayrl.trainer.parallel_dims import full_norm, sync_gradients
 from relayrl.trainer.reference import Reference, model_logprobs, sequence_lengths
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
-        return float(grad_norm), lr
+        return full_norm(grad_norm), lr
 
     def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor) -> LossTerms:
         """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence."""
@@ -216,11 +217,7 @@ class Learner:
                                      weight.sum(), diff.abs().sum(), terms.masked_tokens.to(weight.device),
                                      terms.ref_kl_sum.to(weight.device)]).to(sums.dtype)
                 importance_max = torch.maximum(importance_max, weight.max().to(importance_max.dtype))
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        coll.all_reduce_coalesced([p.grad for p in params], dist.ReduceOp.SUM, "gradients")
+        sync_gradients(self.model, coll, "gradients")
         coll.all_reduce(sums, dist.ReduceOp.SUM, "loss_stats")
         coll.all_reduce(importance_max, dist.ReduceOp.MAX, "importance_max")
         values = torch.cat([sums, importance_max]).tolist()  # the step's one host read of its statistics
@@ -245,11 +242,7 @@ class Learner:
             nll = -(token_logprobs(logits, mb.targets, mb.temperature) * mb.mask).sum()
             (nll / total_tokens).backward()
             loss_sum += nll.detach()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self.collectives.all_reduce_coalesced([p.grad for p in params], dist.ReduceOp.SUM, "sft_gradients")
+        sync_gradients(self.model, self.collectives, "sft_gradients")
         self.collectives.all_reduce(loss_sum, dist.ReduceOp.SUM, "sft_loss")
         grad_norm, lr = self._optimizer_step()
         return StepStats(loss=float(loss_sum / total_tokens), grad_norm=grad_norm, clip_frac=0.0, ratio_mean=1.0,
