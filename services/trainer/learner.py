@@ -25,7 +25,7 @@ from relayrl.trainer.losses.advantages import (
     overlong_penalty,
     reinforce_pp_values,
 )
-from relayrl.trainer.losses.kl import kl_estimate
+from relayrl.trainer.losses.kl import kl_reward_penalty
 from relayrl.trainer.losses.step import LossTerms, denominator, loss_terms
 from relayrl.trainer.losses.tokens import Tokens
 from relayrl.trainer.parallel_dims import full_norm, sync_gradients
@@ -150,9 +150,10 @@ class Learner:
         for rows in plan:
             mb = self._pack_rows(episodes, rows)
             ref = self.reference.logprobs(mb)
-            per_token = kl_estimate(lc.kl_estimator, mb.behaviour_logprobs, ref)  # the sampled tokens' own logp
-            sums = self.reference.sequence_sums(mb, per_token.to(torch.float64))
-            out[torch.tensor(list(rows), dtype=torch.long, device=self.device)] = lc.kl_coef * sums
+            penalty = kl_reward_penalty(lc.kl_estimator, lc.kl_coef, mb.behaviour_logprobs.reshape(-1),
+                                        ref.reshape(-1), mb.mask.reshape(-1), mb.sequence_index().reshape(-1),
+                                        mb.sequences())
+            out[torch.tensor(list(rows), dtype=torch.long, device=self.device)] = penalty
         return out
 
     def _plan(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[list[int]]:

@@ -30,12 +30,6 @@ class Reference:
     def logprobs(self, mb: PackedBatch) -> torch.Tensor:
         return model_logprobs(self.model, mb)
 
-    @torch.no_grad()
-    def sequence_sums(self, mb: PackedBatch, per_token: torch.Tensor) -> torch.Tensor:
-        """Sums of ``per_token * mask`` per sequence of ``mb`` (``[sequences]``)."""
-        out = torch.zeros(mb.sequences(), dtype=per_token.dtype, device=per_token.device)
-        return out.index_add_(0, mb.sequence_index().reshape(-1), (per_token * mb.mask).reshape(-1))
-
 
 def sequence_lengths(episodes: Sequence[Any]) -> torch.Tensor:
     """Completion lengths of ``episodes`` (for the overlong penalty)."""

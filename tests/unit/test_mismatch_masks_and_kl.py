@@ -65,14 +65,15 @@ def test_kl_estimators_match_hand_computed_values_and_gradients() -> None:
 
 
 def test_kl_reward_penalty_sums_the_masked_tokens_of_each_sequence() -> None:
-    behaviour = torch.log(torch.tensor([[0.5, 0.5], [0.25, 0.5]]))
-    ref = torch.log(torch.tensor([[0.25, 0.5], [0.25, 0.25]]))
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    behaviour = torch.log(torch.tensor([0.5, 0.5, 0.25, 0.5]))
+    ref = torch.log(torch.tensor([0.25, 0.5, 0.25, 0.25]))
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
 
-    penalty = kl_reward_penalty(KlEstimator.K1, 0.1, behaviour, ref, mask)
+    penalty = kl_reward_penalty(KlEstimator.K1, 0.1, behaviour, ref, mask, torch.tensor([0, 0, 1, 1]), 2)
 
-    # row 0: k1 = log 2 + 0; row 1: 0 (its second token is masked)
-    torch.testing.assert_close(penalty, torch.tensor([0.1 * math.log(2), 0.0]), rtol=0, atol=ATOL)
+    # sequence 0: k1 = log 2 + 0; sequence 1: 0 (its second token is masked)
+    torch.testing.assert_close(penalty, torch.tensor([0.1 * math.log(2), 0.0], dtype=torch.float64), rtol=0,
+                               atol=ATOL)
 
 
 def test_loss_terms_mask_then_aggregate_per_sequence_and_add_the_kl_term() -> None:

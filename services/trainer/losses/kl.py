@@ -39,8 +39,10 @@ def kl_estimate(kind: KlEstimator, logp: torch.Tensor, ref_logp: torch.Tensor) -
 
 
 def kl_reward_penalty(kind: KlEstimator, coef: float, behaviour: torch.Tensor, ref_logp: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
-    """Per-sequence penalty ``coef * sum_t k(behav, ref)`` over rows ``[B, T]`` (detached), to subtract from the
-    rewards before advantages (the sampled tokens' own logprobs stand for pi_theta)."""
-    k = KL_ESTIMATORS[kind](behaviour.detach(), ref_logp.detach())
-    return coef * (k * mask.to(k.dtype)).sum(dim=-1)
+                      mask: torch.Tensor, seq: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Per-sequence penalty ``coef * sum_t k(behav, ref)`` (detached, float64 ``[num_seqs]``) over flat tokens
+    with their sequence index ``seq``, to subtract from the rewards before advantages (the sampled tokens' own
+    logprobs stand for pi_theta)."""
+    k = KL_ESTIMATORS[kind](behaviour.detach().to(torch.float64), ref_logp.detach().to(torch.float64))
+    out = torch.zeros(num_seqs, dtype=torch.float64, device=k.device)
+    return coef * out.index_add_(0, seq, k * mask.to(k.dtype))
