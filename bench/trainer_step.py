@@ -8,7 +8,7 @@ No services, no Redis: the real Learner on a real random-init model, fed episode
     python bench/trainer_step.py --model models/seq4m --groups 8 --group-size 8 --completion 1 11 \\
         --set micro_batch_tokens=256 --profile
 
-``--set KEY=VALUE`` sets a TrainerConfig field (dotted for sections, e.g. ``loss.off_policy=decoupled_ppo``).
+``--set KEY=VALUE`` sets a TrainerConfig field (dotted for sections, e.g. ``loss.policy_loss=gspo``).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from typing import Any
 
 from relayrl.common.metrics_row import read_rows, rl_rows
 from relayrl.config.run import RunConfig, load_run_config
-from relayrl.config.trainer import AdvantageEstimator, LossAggregation, OffPolicyCorrection
+from relayrl.config.trainer import AdvantageEstimator, LossAggregation, MismatchMask, PolicyLoss
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW = 10  # steps in the trailing mean the thresholds are checked on
@@ -120,8 +120,11 @@ def run_overrides(task: Task, model_dir: Path, steps: int, user: list[str]) -> l
 def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments equivalent to a relayrl run config (ValueError where TRL has none)."""
     tc, rc, loss = cfg.trainer, cfg.rollout, cfg.trainer.loss
-    if loss.advantage is AdvantageEstimator.RLOO or loss.off_policy is not OffPolicyCorrection.NONE:
-        raise ValueError("TRL's GRPOTrainer has no equivalent of loss.advantage=rloo or an off_policy correction")
+    if loss.advantage not in (AdvantageEstimator.GRPO, AdvantageEstimator.DR_GRPO) \
+            or loss.effective_policy_loss() is not PolicyLoss.PPO_CLIP or loss.mismatch_mask is not MismatchMask.NONE \
+            or loss.kl_coef > 0 or loss.overlong_buffer_tokens > 0:
+        raise ValueError("TRL's GRPOTrainer has no equivalent of this loss.advantage, policy_loss (or off_policy), "
+                         "mismatch_mask, kl_coef or overlong penalty as relayrl applies them")
     if cfg.model.dtype != "float32" or cfg.model.device != "cpu":
         raise ValueError("the comparison runs float32 on the CPU")
     opt = tc.optimizer
@@ -134,9 +137,10 @@ def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
         "per_device_train_batch_size": tc.groups_per_step * rc.group_size, "gradient_accumulation_steps": 1,
         "num_generations": rc.group_size, "max_completion_length": rc.max_new_tokens,
         "temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k,
-        "epsilon": loss.clip_eps, "beta": 0.0, "num_iterations": 1,
+        "epsilon": loss.clip_eps, "epsilon_high": loss.clip_high(), "beta": 0.0, "num_iterations": 1,
         "scale_rewards": "group" if loss.advantage is AdvantageEstimator.GRPO else "none",
-        "loss_type": "dapo" if loss.loss_aggregation is LossAggregation.TOKEN_MEAN else "dr_grpo",
+        "loss_type": {LossAggregation.TOKEN_MEAN: "dapo", LossAggregation.SEQUENCE_MEAN: "grpo"}.get(
+            loss.loss_aggregation, "dr_grpo"),
         "bf16": False, "fp16": False, "gradient_checkpointing": False, "use_cpu": True,
         "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
         "dataloader_num_workers": 0,

@@ -58,6 +58,8 @@ class RlRow:
     importance_mean: float = 0.0  # off-policy importance weights
     importance_max: float = 0.0
     logprob_diff_mean: float = 0.0  # trainer vs behaviour logprobs of the sampled tokens
+    mismatch_masked_frac: float = 0.0  # tokens trainer.loss.mismatch_mask left out of the loss
+    ref_kl: float = 0.0  # mean KL estimate against the reference model (trainer.loss.kl_coef > 0)
     completion_len_mean: float = 0.0
     episodes_per_s: float = 0.0  # since the previous step
     step_time_s: float = 0.0

@@ -25,9 +25,39 @@ class AdvantageEstimator(StrEnum):
     GRPO = "grpo"  # (r - group mean) / (group population std + eps)
     DR_GRPO = "dr_grpo"  # r - group mean (no std normalisation; Dr. GRPO)
     RLOO = "rloo"  # r - mean of the other members of the group (leave-one-out)
+    REINFORCE_PP = "reinforce_pp"  # (r - batch mean) / batch std (REINFORCE++)
+    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"  # r - group mean, then normalised over the batch
+
+
+class PolicyLoss(StrEnum):
+    PPO_CLIP = "ppo_clip"  # PPO-clip against the behaviour logprobs (asymmetric with clip_eps_high: DAPO)
+    DECOUPLED_PPO = "decoupled_ppo"  # PPO-clip against proximal logprobs, times pi_prox / pi_behav
+    TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
+    GSPO = "gspo"  # sequence-level (length-normalised) ratio, clipped per sequence
+    CISPO = "cispo"  # REINFORCE with the clipped, detached importance ratio as weight (every token keeps a gradient)
+
+
+class MismatchMask(StrEnum):
+    NONE = "none"
+    TOKEN = "token"  # IcePop: tokens with pi_prox / pi_behav outside [low, high] leave the loss
+    SEQUENCE = "sequence"  # sequences whose product of ratios is outside [low, high]
+    GEOMETRIC = "geometric"  # sequences whose geometric-mean ratio is outside [low, high]
+
+
+class KlEstimator(StrEnum):
+    K1 = "k1"  # log pi - log pi_ref
+    K2 = "k2"  # (log pi - log pi_ref)^2 / 2
+    K3 = "k3"  # pi_ref / pi - 1 - log(pi_ref / pi)
+
+
+class KlUse(StrEnum):
+    LOSS = "loss"  # kl_coef x token-mean KL added to the loss (with gradient)
+    REWARD = "reward"  # kl_coef x the sequence's summed KL subtracted from its reward before advantages
 
 
 class OffPolicyCorrection(StrEnum):
+    """Deprecated: the former choice of loss, now PolicyLoss (none -> ppo_clip)."""
+
     NONE = "none"  # PPO-clip against the behaviour logprobs
     DECOUPLED_PPO = "decoupled_ppo"  # PPO-clip against proximal logprobs, times pi_prox / pi_behav
     TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
@@ -45,6 +75,12 @@ class WeightTransport(StrEnum):
 class LossAggregation(StrEnum):
     TOKEN_MEAN = "token_mean"  # sum over completion tokens / their count in the global batch
     CONSTANT = "constant"  # sum over completion tokens / (episodes x rollout.max_new_tokens) (Dr. GRPO)
+    SEQUENCE_MEAN = "sequence_mean"  # mean over episodes of each episode's token mean (GRPO, GSPO)
+
+
+class MicroBatchLayout(StrEnum):
+    PADDED = "padded"  # one sequence per row, rows padded to the micro-batch's longest
+    PACKED = "packed"  # several sequences per row up to micro_batch_tokens, separated by their position ids
 
 
 class RewardErrorPolicy(StrEnum):
@@ -62,26 +98,78 @@ class OptimizerConfig:
     grad_clip: float = field(default=1.0, metadata={"help": "Max gradient norm (0: no clipping).", "ge": 0})
 
 
+OFF_POLICY_TO_LOSS = {OffPolicyCorrection.NONE: PolicyLoss.PPO_CLIP,
+                      OffPolicyCorrection.DECOUPLED_PPO: PolicyLoss.DECOUPLED_PPO,
+                      OffPolicyCorrection.TIS: PolicyLoss.TIS}
+
+
 @dataclass
 class LossConfig:
-    clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip range epsilon.", "gt": 0})
+    clip_eps: float = field(default=0.2, metadata={
+        "help": "PPO ratio clip range epsilon (the lower one, 1 - clip_eps, when clip_eps_high is set).", "gt": 0})
+    clip_eps_high: float = field(default=0.0, metadata={
+        "help": "Upper clip range: ratios are clipped to [1 - clip_eps, 1 + clip_eps_high] (DAPO's clip-higher, "
+                "e.g. 0.28; 0: the same as clip_eps). Used by ppo_clip, decoupled_ppo, gspo and cispo.", "ge": 0})
     advantage: AdvantageEstimator = field(default=AdvantageEstimator.GRPO, metadata={
         "help": "Advantage estimator: grpo = (r - group mean) / (group population std + eps); dr_grpo = "
-                "r - group mean; rloo = r - mean of the other group members."})
+                "r - group mean; rloo = r - mean of the other group members; reinforce_pp = (r - batch mean) / "
+                "batch std; reinforce_pp_baseline = r - group mean, then normalised over the batch."})
+    policy_loss: PolicyLoss = field(default=PolicyLoss.PPO_CLIP, metadata={
+        "help": "Policy loss: ppo_clip = PPO-clip against behaviour logprobs; decoupled_ppo = PPO-clip against "
+                "the trainer's proximal logprobs times pi_prox/pi_behav; tis = policy gradient times "
+                "min(pi_prox/pi_behav, importance_cap); gspo = sequence-level length-normalised ratio, clipped "
+                "per sequence; cispo = policy gradient times the clipped, detached ratio (docs/algorithms.md)."})
     off_policy: OffPolicyCorrection = field(default=OffPolicyCorrection.NONE, metadata={
-        "help": "Off-policy correction: none = PPO-clip against behaviour logprobs; decoupled_ppo = PPO-clip "
-                "against the trainer's proximal logprobs times pi_prox/pi_behav; tis = policy gradient "
-                "times min(pi_prox/pi_behav, importance_cap)."})
+        "help": "Former choice of the loss: none = ppo_clip, decoupled_ppo, tis. Use policy_loss.",
+        "deprecated": "use trainer.loss.policy_loss", "removed_in": FLAT_KEYS_REMOVED_IN})
     importance_cap: float = field(default=2.0, metadata={
         "help": "Cap C of the importance weight pi_prox/pi_behav for tis (and decoupled_ppo when > 0; "
                 "0 leaves decoupled_ppo uncapped).", "ge": 0})
     loss_aggregation: LossAggregation = field(default=LossAggregation.TOKEN_MEAN, metadata={
-        "help": "How token losses are normalised over the global batch: token_mean or constant."})
+        "help": "How token losses are normalised over the global batch: token_mean (DAPO's token-level), "
+                "constant (Dr. GRPO) or sequence_mean (each episode's token mean, averaged over episodes)."})
     advantage_eps: float = field(default=1e-6, metadata={"help": "Epsilon of the std normalisation.", "gt": 0})
+    mismatch_mask: MismatchMask = field(default=MismatchMask.NONE, metadata={
+        "help": "Mask against train/inference mismatch, independent of the loss: token (IcePop), sequence "
+                "(product of ratios) or geometric (geometric-mean ratio) outside [mismatch_low, mismatch_high] "
+                "leave the loss; none."})
+    mismatch_low: float = field(default=0.5, metadata={
+        "help": "Lower bound of pi_prox/pi_behav kept by mismatch_mask.", "gt": 0, "le": 1})
+    mismatch_high: float = field(default=2.0, metadata={
+        "help": "Upper bound of pi_prox/pi_behav kept by mismatch_mask.", "ge": 1})
+    overlong_buffer_tokens: int = field(default=0, metadata={
+        "help": "DAPO's soft overlong penalty: completions longer than rollout.max_new_tokens minus this many "
+                "tokens lose up to overlong_penalty reward, linearly (0: off).", "ge": 0})
+    overlong_penalty: float = field(default=1.0, metadata={
+        "help": "Largest reward penalty of the overlong buffer.", "ge": 0})
+    kl_coef: float = field(default=0.0, metadata={
+        "help": "Weight of the KL against a frozen reference model (the initial weights, held by the trainer; "
+                "0: no reference model is loaded).", "ge": 0})
+    kl_estimator: KlEstimator = field(default=KlEstimator.K3, metadata={
+        "help": "KL estimator per token: k1 = log pi - log pi_ref; k2 = (log pi - log pi_ref)^2 / 2; "
+                "k3 = pi_ref/pi - 1 - log(pi_ref/pi)."})
+    kl_use: KlUse = field(default=KlUse.LOSS, metadata={
+        "help": "loss: kl_coef x the token KL is added to every token's loss; reward: kl_coef x the episode's "
+                "summed KL (behaviour logprobs vs reference) is subtracted from its reward before advantages."})
+
+    def effective_policy_loss(self) -> PolicyLoss:
+        """policy_loss, or the deprecated off_policy's equivalent when only that is set."""
+        if self.off_policy is not OffPolicyCorrection.NONE and self.policy_loss is PolicyLoss.PPO_CLIP:
+            return OFF_POLICY_TO_LOSS[self.off_policy]
+        return self.policy_loss
+
+    def clip_high(self) -> float:
+        return self.clip_eps_high or self.clip_eps
 
     def validate(self) -> None:
-        if self.off_policy is OffPolicyCorrection.TIS and self.importance_cap <= 0:
-            raise ConfigError("importance_cap", self.importance_cap, "must be > 0 when off_policy is tis")
+        mapped = OFF_POLICY_TO_LOSS[self.off_policy]
+        if self.off_policy is not OffPolicyCorrection.NONE and self.policy_loss not in (PolicyLoss.PPO_CLIP, mapped):
+            raise ConfigError("off_policy", self.off_policy.value,
+                              f"contradicts policy_loss {self.policy_loss.value}; set only policy_loss")
+        if self.effective_policy_loss() is PolicyLoss.TIS and self.importance_cap <= 0:
+            raise ConfigError("importance_cap", self.importance_cap, "must be > 0 when policy_loss is tis")
+        if self.effective_policy_loss() is PolicyLoss.CISPO and self.clip_eps >= 1:
+            raise ConfigError("clip_eps", self.clip_eps, "must be < 1 for cispo (its weight is >= 1 - clip_eps)")
 
 
 @dataclass
@@ -136,6 +224,20 @@ class DistributedConfig:
                 "torchrun with this many processes. groups_per_step must be divisible by it.", "ge": 1})
     collective_timeout_s: float = field(default=120.0, metadata={
         "help": "Timeout of every collective: a dead or diverged rank fails the others within it.", "gt": 0})
+    dp_shard: int = field(default=1, metadata={
+        "help": "Data-parallel ranks that shard parameters, gradients and optimizer state (FSDP2 fully_shard; 1: "
+                "every rank holds the whole model). Only 1 in the trainer service for now (relayrl.trainer."
+                "parallel_dims builds the mesh and shards; checkpoint and publication of sharded weights are "
+                "missing).", "ge": 1})
+    dp_replicate: int = field(default=0, metadata={
+        "help": "Data-parallel replicas of the sharded model (0: world_size / dp_shard). world_size must equal "
+                "dp_replicate x dp_shard x tp x cp.", "ge": 0})
+    tp: int = field(default=1, metadata={"help": "Tensor-parallel degree (only 1 for now).", "ge": 1, "le": 1})
+    cp: int = field(default=1, metadata={"help": "Context-parallel degree (only 1 for now).", "ge": 1, "le": 1})
+    param_dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
+        "help": "FSDP2 mixed precision: dtype of the unsharded parameters in forward and backward."})
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
+        "help": "FSDP2 mixed precision: dtype of the gradient reduction."})
     record_collectives: bool = field(default=False, metadata={
         "help": "Debug: record every collective per rank under <output_dir>/collectives "
                 "(read with: relayrl debug collectives RUN_DIR)."})
@@ -180,6 +282,12 @@ class TrainerConfig:
         "help": "Token budget per forward/backward: sequences sorted by length fill a micro-batch while rows x "
                 "its longest sequence stays within the budget (a longer sequence goes alone); 0: split by "
                 "micro_batch_size. The loss does not depend on the split.", "ge": 0})
+    micro_batch_layout: MicroBatchLayout = field(default=MicroBatchLayout.PADDED, metadata={
+        "help": "padded: one sequence per row, each micro-batch padded to its longest; packed: sequences "
+                "concatenated into one row of at most micro_batch_tokens positions (first-fit decreasing), "
+                "attention kept within each sequence by its position ids (needs micro_batch_tokens > 0 and a "
+                "model whose attention honours packed position ids, e.g. transformers' Qwen2/Llama with sdpa, "
+                "eager or flash attention)."})
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig, metadata={
         "help": "AdamW and its learning-rate schedule."})
     loss: LossConfig = field(default_factory=LossConfig, metadata={
@@ -208,9 +316,23 @@ class TrainerConfig:
         "help": "gRPC server of this service."})
 
     def validate(self) -> None:
+        d = self.distributed
+        replicate = d.dp_replicate or max(d.world_size // (d.dp_shard * d.tp * d.cp), 1)
+        if replicate * d.dp_shard * d.tp * d.cp != d.world_size:
+            raise ConfigError("distributed.world_size", d.world_size,
+                              f"must equal dp_replicate ({replicate}) x dp_shard ({d.dp_shard}) x tp ({d.tp}) x cp "
+                              f"({d.cp})")
+        if d.dp_shard > 1:
+            raise ConfigError("distributed.dp_shard", d.dp_shard,
+                              "must be 1 in the trainer service for now: FSDP2 sharding exists as a library "
+                              "(relayrl.trainer.parallel_dims, tested on gloo) but checkpoints and weight publication "
+                              "of sharded weights are not wired in yet")
         if self.groups_per_step % self.distributed.world_size:
             raise ConfigError("groups_per_step", self.groups_per_step,
                               f"must be divisible by distributed.world_size ({self.distributed.world_size})")
+        if self.micro_batch_layout is MicroBatchLayout.PACKED and self.micro_batch_tokens == 0:
+            raise ConfigError("micro_batch_tokens", self.micro_batch_tokens,
+                              "must be > 0 when micro_batch_layout is packed (the row budget)")
         if self.optimizer.warmup_steps > self.total_steps:
             raise ConfigError("optimizer.warmup_steps", self.optimizer.warmup_steps,
                               f"must be <= total_steps ({self.total_steps})")

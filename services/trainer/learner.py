@@ -13,51 +13,25 @@ import torch
 import torch.distributed as dist
 
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.config.trainer import LossAggregation, OffPolicyCorrection, TrainerConfig
-from relayrl.trainer.batching import plan_micro_batches
+from relayrl.config.trainer import KlUse, MicroBatchLayout, TrainerConfig
+from relayrl.trainer.batching import PackedBatch, pack, pack_row, plan_micro_batches, plan_packed
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.loss import LossTerms, advantages, ppo_clip_loss, tis_loss, token_logprobs
+from relayrl.trainer.loss import token_logprobs
+from relayrl.trainer.losses.advantages import (
+    BATCH_NORMALISED,
+    Groups,
+    advantages,
+    moments,
+    overlong_penalty,
+    reinforce_pp_values,
+)
+from relayrl.trainer.losses.kl import kl_reward_penalty
+from relayrl.trainer.losses.step import LossTerms, denominator, loss_terms
+from relayrl.trainer.losses.tokens import Tokens
+from relayrl.trainer.parallel_dims import full_norm, sync_gradients
+from relayrl.trainer.reference import Reference, model_logprobs, sequence_lengths
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PackedBatch:
-    """Right-padded sequences (prompt + completion) with the completion tokens' targets aligned.
-
-    Position t of ``input_ids`` predicts ``targets[:, t]``; ``mask`` marks the completion tokens trained on.
-    """
-
-    input_ids: torch.Tensor  # [B, L] long
-    attention_mask: torch.Tensor  # [B, L] long
-    targets: torch.Tensor  # [B, L] long
-    mask: torch.Tensor  # [B, L] float
-    behaviour_logprobs: torch.Tensor  # [B, L] float
-    temperature: torch.Tensor  # [B] float
-
-
-def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-         behaviour: Sequence[Sequence[float]] | None, loss_masks: Sequence[Sequence[int]] | None,
-         temperatures: Sequence[float], pad_id: int, device: torch.device) -> PackedBatch:
-    """Rows padded to the longest sequence given (no further); one tensor built per field, on the host."""
-    length = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True)) - 1
-    ids, attn, mask, old = [], [], [], []
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        n_p, n_c = len(p), len(c)
-        pad = length + 1 - n_p - n_c
-        ids.append([*p, *c, *([pad_id] * pad)])
-        attn.append([1] * (n_p + n_c) + [0] * pad)
-        # completion token j sits at position n_p + j and is predicted from position n_p + j - 1
-        lead, tail = [0.0] * (n_p - 1), [0.0] * (pad + 1)
-        mask.append([*lead, *(loss_masks[i] if loss_masks is not None else [1] * n_c), *tail])
-        old.append([*lead, *(behaviour[i] if behaviour is not None else [0.0] * n_c), *tail])
-    ids_t = torch.tensor(ids, dtype=torch.long)
-    return PackedBatch(
-        input_ids=ids_t[:, :-1].to(device), attention_mask=torch.tensor(attn, dtype=torch.long)[:, :-1].to(device),
-        targets=ids_t[:, 1:].to(device), mask=torch.tensor(mask, dtype=torch.float32)[:, :-1].to(device),
-        behaviour_logprobs=torch.tensor(old, dtype=torch.float32)[:, :-1].to(device),
-        temperature=torch.tensor(temperatures, dtype=torch.float32, device=device),
-    )
 
 
 @dataclass
@@ -72,6 +46,8 @@ class StepStats:
     importance_mean: float = 1.0  # pi_prox / pi_behav over the batch's tokens
     importance_max: float = 1.0
     logprob_diff_mean: float = 0.0  # mean |log pi_prox - log pi_behav|: trainer vs inference mismatch
+    mismatch_masked_frac: float = 0.0  # share of tokens trainer.loss.mismatch_mask left out
+    ref_kl: float = 0.0  # mean KL estimate against the reference model (trainer.loss.kl_coef > 0)
     # host wall time (s) of the gradient pass (packing, forward, backward, all-reduces; it ends in a host sync)
     # and of the optimizer step (clipping, AdamW; it ends in float(grad_norm))
     fwd_bwd_s: float = 0.0
@@ -95,8 +71,10 @@ class Learner:
     """Owns the model and optimizer; computes advantages and the loss and steps AdamW."""
 
     def __init__(self, model: Any, cfg: TrainerConfig, pad_id: int, device: torch.device,
-                 max_completion_tokens: int = 1, collectives: Collectives | None = None) -> None:
+                 max_completion_tokens: int = 1, collectives: Collectives | None = None,
+                 reference: Reference | None = None) -> None:
         self.model = model
+        self.reference = reference  # the frozen model of the KL term (relayrl.trainer.reference)
         self.collectives = collectives or Collectives(None, timeout_s=60.0)
         self.max_completion_tokens = max_completion_tokens
         self.cfg = cfg
@@ -123,19 +101,19 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
-        return float(grad_norm), lr
+        return full_norm(grad_norm), lr
 
     def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor) -> LossTerms:
+        """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence."""
         prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
+        seq = mb.sequence_index().reshape(-1)
+        tokens = Tokens(logp.reshape(-1), prox.reshape(-1), mb.behaviour_logprobs.reshape(-1),
+                        adv.to(logp.dtype)[seq], mb.mask.to(logp.dtype).reshape(-1), seq, mb.sequences())
         lc = self.cfg.loss
-        if lc.off_policy is OffPolicyCorrection.NONE:
-            return ppo_clip_loss(logp, mb.behaviour_logprobs, adv, mb.mask, lc.clip_eps)
-        if lc.off_policy is OffPolicyCorrection.DECOUPLED_PPO:
-            weights = torch.exp(prox - mb.behaviour_logprobs)
-            if lc.importance_cap > 0:
-                weights = weights.clamp(max=lc.importance_cap)
-            return ppo_clip_loss(logp, prox, adv, mb.mask, lc.clip_eps, weights=weights)
-        return tis_loss(logp, prox, mb.behaviour_logprobs, adv, mb.mask, lc.importance_cap)
+        ref = None
+        if self.reference is not None and lc.kl_use is KlUse.LOSS:
+            ref = self.reference.logprobs(mb).reshape(-1)
+        return loss_terms(lc, tokens, ref)
 
     def rl_step(self, episodes: Sequence[Episode]) -> StepStats:
         """Gradients over the global batch (all ranks), then one AdamW step."""
@@ -146,18 +124,50 @@ class Learner:
         stats.fwd_bwd_s, stats.optimizer_s = t1 - t0, time.monotonic() - t1
         return stats
 
-    def _advantages(self, episodes: Sequence[Episode]) -> torch.Tensor:
+    def _advantages(self, episodes: Sequence[Episode], plan: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Per-episode advantages after the reward shaping (overlong penalty, KL penalty) the config asks for."""
+        lc = self.cfg.loss
         group_ids = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in episodes))}
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=self.device)
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
+        rewards += overlong_penalty(sequence_lengths(episodes), self.max_completion_tokens,
+                                    lc.overlong_buffer_tokens, lc.overlong_penalty)
+        rewards = rewards.to(self.device)
+        if self.reference is not None and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
+            rewards -= self._reference_penalty(episodes, plan)
+        rewards = rewards.to(torch.float32)
         gidx = torch.tensor([group_ids[e.group_id] for e in episodes], dtype=torch.long, device=self.device)
-        return advantages(self.cfg.loss.advantage, rewards, gidx, len(group_ids), self.cfg.loss.advantage_eps)
+        batch_moments = None
+        if lc.advantage in BATCH_NORMALISED:  # normalised over the global batch: every rank's moments
+            batch_moments = moments(reinforce_pp_values(lc.advantage, Groups(rewards, gidx, len(group_ids))))
+            self.collectives.all_reduce(batch_moments, dist.ReduceOp.SUM, "advantage_moments")
+        return advantages(lc.advantage, rewards, gidx, len(group_ids), lc.advantage_eps, batch_moments)
+
+    def _reference_penalty(self, episodes: Sequence[Episode], plan: Sequence[Sequence[int]]) -> torch.Tensor:
+        """kl_coef x each episode's summed KL estimate (behaviour logprobs vs the reference), float64 [N]."""
+        assert self.reference is not None
+        lc = self.cfg.loss
+        out = torch.zeros(len(episodes), dtype=torch.float64, device=self.device)
+        for rows in plan:
+            mb = self._pack_rows(episodes, rows)
+            ref = self.reference.logprobs(mb)
+            penalty = kl_reward_penalty(lc.kl_estimator, lc.kl_coef, mb.behaviour_logprobs.reshape(-1),
+                                        ref.reshape(-1), mb.mask.reshape(-1), mb.sequence_index().reshape(-1),
+                                        mb.sequences())
+            out[torch.tensor(list(rows), dtype=torch.long, device=self.device)] = penalty
+        return out
 
     def _plan(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[list[int]]:
         lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions, strict=True)]
+        if self.cfg.micro_batch_layout is MicroBatchLayout.PACKED:
+            return plan_packed(lengths, self.cfg.micro_batch_tokens)
         return plan_micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
     def _pack_rows(self, episodes: Sequence[Episode], rows: Sequence[int]) -> PackedBatch:
         eps = [episodes[i] for i in rows]
+        if self.cfg.micro_batch_layout is MicroBatchLayout.PACKED:
+            return pack_row([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps],
+                            [e.behaviour_logprobs for e in eps], [e.loss_mask for e in eps],
+                            [e.sampling_temperature or 1.0 for e in eps], self.device)
         return pack([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps],
                     [e.behaviour_logprobs for e in eps], [e.loss_mask for e in eps],
                     [e.sampling_temperature or 1.0 for e in eps], self.pad_id, self.device)
@@ -181,19 +191,16 @@ class Learner:
         """
         coll = self.collectives
         self.model.train()
-        adv = self._advantages(episodes)
         plan = self._plan([e.prompt_token_ids for e in episodes], [e.completion_token_ids for e in episodes])
+        adv = self._advantages(episodes, plan)
         local_tokens = float(sum(sum(e.loss_mask) for e in episodes))  # host lists: no device sync
         counts = torch.tensor([local_tokens, float(len(episodes))], dtype=torch.float64)
         coll.all_reduce(counts, dist.ReduceOp.SUM, "global_tokens_and_episodes")
         global_tokens = max(float(counts[0]), 1.0)
-        if self.cfg.loss.loss_aggregation is LossAggregation.TOKEN_MEAN:
-            denominator = global_tokens
-        else:
-            denominator = float(counts[1]) * self.max_completion_tokens
+        norm = denominator(self.cfg.loss, global_tokens, float(counts[1]), self.max_completion_tokens)
         n_micro = agreed_count(coll, len(plan))
-        # loss, clipped, ratio, kl, importance sum, |prox - behav| sum
-        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        # loss, clipped, ratio, kl, importance sum, |prox - behav| sum, mismatch-masked tokens, reference kl
+        sums = torch.zeros(8, dtype=torch.float64, device=self.device)
         importance_max = torch.zeros(1, dtype=torch.float64, device=self.device)
         for i in range(n_micro):
             if i < len(plan):
@@ -201,29 +208,25 @@ class Learner:
                 mb_adv = adv[torch.tensor(plan[i], dtype=torch.long, device=self.device)]
             else:  # padding: every rank runs the same micro-batches
                 mb, mb_adv = self._padding_micro_batch()
-            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            logp = token_logprobs(logits, mb.targets, mb.temperature)
+            logp = model_logprobs(self.model, mb)
             terms = self._loss_terms(logp, mb, mb_adv)
-            (terms.loss_sum / denominator).backward()
+            (terms.loss_sum / norm).backward()
             with torch.no_grad():
                 diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
                 weight = torch.exp(diff) * mb.mask
                 sums += torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum,
-                                     weight.sum(), diff.abs().sum()]).to(sums.dtype)
+                                     weight.sum(), diff.abs().sum(), terms.masked_tokens.to(weight.device),
+                                     terms.ref_kl_sum.to(weight.device)]).to(sums.dtype)
                 importance_max = torch.maximum(importance_max, weight.max().to(importance_max.dtype))
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        coll.all_reduce_coalesced([p.grad for p in params], dist.ReduceOp.SUM, "gradients")
+        sync_gradients(self.model, coll, "gradients")
         coll.all_reduce(sums, dist.ReduceOp.SUM, "loss_stats")
         coll.all_reduce(importance_max, dist.ReduceOp.MAX, "importance_max")
         values = torch.cat([sums, importance_max]).tolist()  # the step's one host read of its statistics
         n = global_tokens
-        return StepStats(loss=values[0] / denominator, grad_norm=0.0, clip_frac=values[1] / n,
+        return StepStats(loss=values[0] / norm, grad_norm=0.0, clip_frac=values[1] / n,
                          ratio_mean=values[2] / n, kl=values[3] / n, tokens=int(n), lr=0.0,
-                         importance_mean=values[4] / n, importance_max=values[6],
-                         logprob_diff_mean=values[5] / n)
+                         importance_mean=values[4] / n, importance_max=values[8],
+                         logprob_diff_mean=values[5] / n, mismatch_masked_frac=values[6] / n, ref_kl=values[7] / n)
 
     def sft_step(self, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> StepStats:
         """Supervised step: mean cross-entropy of the answer tokens (incl. eos) given the prompt, over the
@@ -240,11 +243,7 @@ class Learner:
             nll = -(token_logprobs(logits, mb.targets, mb.temperature) * mb.mask).sum()
             (nll / total_tokens).backward()
             loss_sum += nll.detach()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self.collectives.all_reduce_coalesced([p.grad for p in params], dist.ReduceOp.SUM, "sft_gradients")
+        sync_gradients(self.model, self.collectives, "sft_gradients")
         self.collectives.all_reduce(loss_sum, dist.ReduceOp.SUM, "sft_loss")
         grad_norm, lr = self._optimizer_step()
         return StepStats(loss=float(loss_sum / total_tokens), grad_norm=grad_norm, clip_frac=0.0, ratio_mean=1.0,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from relayrl.common.config import ConfigError
 from relayrl.common.control import redacted
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import trainer_pb2
@@ -24,6 +25,8 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.common.tracking import Tracker, open_tracker
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config import RunConfig
+from relayrl.config.trainer import MicroBatchLayout
+from relayrl.trainer.batching import packing_error
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
@@ -32,10 +35,25 @@ from relayrl.trainer.learner import Learner
 from relayrl.trainer.loop import TrainingLoop
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication, watch_inference
+from relayrl.trainer.reference import Reference
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
 
 log = logging.getLogger(__name__)
+
+
+PACKING_TOLERANCE = 1e-2  # far above float32/bf16 rounding of the same attention, far below cross-attention
+
+
+def check_packing(model: object, device: torch.device) -> None:
+    """Refuse packed micro-batches for a model that would let packed sequences attend to each other."""
+    error = packing_error(model, device)
+    if error > PACKING_TOLERANCE:
+        raise ConfigError("trainer.micro_batch_layout", "packed",
+                          f"{type(model).__name__} does not keep sequences packed in one row apart (logprobs move by "
+                          f"{error:.3g} when packed); use padded")
+    log.info("packed micro-batches: %s keeps packed sequences apart (max logprob difference %.2g)",
+             type(model).__name__, error)
 
 
 class Trainer:
@@ -51,8 +69,13 @@ class Trainer:
         # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
         model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
         self.model = load_model(cfg.model, model_path)
+        # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
+        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 else None
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
-                               max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll)
+                               max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll,
+                               reference=reference)
+        if tc.micro_batch_layout is MicroBatchLayout.PACKED:
+            check_packing(self.model, self.device)
         self.header = StatusHeader("trainer")
         self.progress = TrainerProgress()
         already_done, resumed_version = self._restore()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,24 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert [v for _, v in tb["reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows], rel=1e-6, abs=1e-7)
     assert [v for _, v in tb["weight_version"]] == [float(r["weight_version"]) for r in rows]
     assert [s for s, _ in tb.get("sft/loss", [])] == list(range(1, sft_steps + 1))
+
+
+def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_packed_rows(
+        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
+                  "trainer.loss.advantage=reinforce_pp_baseline", "trainer.loss.policy_loss=gspo",
+                  "trainer.loss.loss_aggregation=sequence_mean", "trainer.loss.mismatch_mask=token",
+                  "trainer.loss.overlong_buffer_tokens=1", "trainer.loss.kl_coef=0.1",
+                  "trainer.micro_batch_layout=packed", "trainer.micro_batch_tokens=32")
+
+    out = asyncio.run(_run(cfg, tiny_model_dir))
+
+    rows = out["rows"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["loss"]) and r["ref_kl"] >= 0.0 for r in rows)  # k3 >= 0
+    assert rows[0]["ref_kl"] == pytest.approx(0.0, abs=1e-6)  # step 1 trains the reference's own weights
+    assert all(0.0 <= r["mismatch_masked_frac"] <= 1.0 for r in rows)
+    assert out["produced"] == out["trained"] + out["dropped"] + out["invalid"] + out["pending"]
 
 
 def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups_still_flow(

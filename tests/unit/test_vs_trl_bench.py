@@ -133,7 +133,8 @@ def test_user_overrides_of_shared_settings_reach_trl(tmp_path: Path) -> None:
     assert (kw["scale_rewards"], kw["loss_type"]) == ("none", "dr_grpo")
 
 
-@pytest.mark.parametrize("override", ["trainer.loss.advantage=rloo", "trainer.loss.off_policy=tis"])
+@pytest.mark.parametrize("override", ["trainer.loss.advantage=rloo", "trainer.loss.off_policy=tis",
+                                      "trainer.loss.policy_loss=gspo", "trainer.loss.mismatch_mask=token"])
 def test_settings_trl_cannot_express_are_refused(override: str, tmp_path: Path) -> None:
     spec = vs.TASKS["quickstart"]
     cfg = load_run_config(REPO / spec.config, vs.run_overrides(spec, tmp_path, 10, [override]))
