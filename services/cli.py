@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="dtype of the saved weights")
     imp.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
 
+    merge = sub.add_parser("merge-lora", help="merge a LoRA checkpoint's adapter into its base model: a full Hugging "
+                                              "Face directory that loads without peft")
+    merge.add_argument("adapter", type=Path, help="a checkpoint folder (or its model/ folder) holding the adapter")
+    merge.add_argument("--base", type=Path, required=True, help="the base model directory (the run's model.path)")
+    merge.add_argument("--out", type=Path, required=True, help="model directory to write")
+
     data = sub.add_parser("make-dataset", help="write the demo task's JSONL dataset")
     data.add_argument("--out", type=Path, default=Path("examples/data/arithmetic.jsonl"))
     data.add_argument("--max-operand", type=int, default=9)
@@ -195,6 +201,14 @@ def _cmd_import_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge_lora(args: argparse.Namespace) -> int:
+    from relayrl.common.lora import merge_adapter
+
+    setup_logging("merge-lora")
+    print(f"wrote {merge_adapter(args.adapter, args.base, args.out)}")
+    return 0
+
+
 def _cmd_make_dataset(args: argparse.Namespace) -> int:
     from relayrl.tasks.arithmetic import make_dataset
 
@@ -289,7 +303,7 @@ def _cmd_debug(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
-            "import-model": _cmd_import_model,
+            "import-model": _cmd_import_model, "merge-lora": _cmd_merge_lora,
             "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health, "status": _cmd_status,
             "control": _cmd_control, "dashboard": _cmd_dashboard}
 

@@ -78,7 +78,8 @@ class NativeEngine:
         self.eos_token_ids = end_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
         # transformers renamed past_key_values to cache (5.2x); support both spellings
-        params = inspect.signature(model.forward).parameters
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft (LoRA) wrapper
+        params = inspect.signature(base.forward).parameters  # the wrapper passes these keywords through
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
         self._cond = threading.Condition()

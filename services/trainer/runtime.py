@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from relayrl.common.control import redacted
-from relayrl.common.model import load_model, load_tokenizer
+from relayrl.common.model import load_tokenizer
 from relayrl.common.pb import trainer_pb2
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream
@@ -30,6 +30,7 @@ from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import EntryChecks, GroupCollector, consumer_name
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.loop import TrainingLoop
+from relayrl.trainer.lora import load_policy
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication, watch_inference
 from relayrl.trainer.transports import make_transport
@@ -50,7 +51,7 @@ class Trainer:
             if tc.checkpoint.resume == "auto" else None
         # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
         model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
-        self.model = load_model(cfg.model, model_path)
+        self.model = load_policy(cfg.model, model_path)  # base + LoRA adapter when model.lora.enabled
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
                                max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll)
         self.header = StatusHeader("trainer")
