@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--max-operand", type=int, default=9)
     data.add_argument("--max-sum", type=int, default=9, help="keep only rows with a + b <= this")
     data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--task", choices=("addition", "chat-addition"), default="addition",
+                      help="chat-addition: two-digit sums as conversations (messages) with a held-out split")
+    data.add_argument("--heldout-out", type=Path, default=Path("examples/data/chat_addition_heldout.jsonl"),
+                      help="chat-addition: where the held-out split goes")
+    data.add_argument("--heldout-rows", type=int, default=200, help="chat-addition: held-out questions")
 
     debug = sub.add_parser("debug", help="debugging tools")
     debug_sub = debug.add_subparsers(dest="debug_command", required=True)
@@ -249,6 +254,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_dataset(args: argparse.Namespace) -> int:
+    if args.task == "chat-addition":
+        from relayrl.tasks.chat_addition import make_chat_dataset
+
+        train, held = make_chat_dataset(args.out, args.heldout_out, args.heldout_rows, args.seed)
+        print(f"wrote {train} rows to {args.out} and {held} held-out rows to {args.heldout_out}")
+        return 0
     from relayrl.tasks.arithmetic import make_dataset
 
     n = make_dataset(args.out, args.max_operand, args.seed, args.max_sum)
