@@ -1,7 +1,7 @@
 """The SmolLM2 example's task: two-digit addition asked in a conversation, with a held-out split.
 
 Rows hold ``messages`` (a system instruction and the question), rendered by the model's chat template, and the sum
-as ``answer``; the ``math`` verifier scores the last number of the completion. SmolLM2-135M-Instruct gets many of
+as ``answer``; the example scores the last number of the completion (regex verifier). SmolLM2-135M-Instruct gets many of
 these wrong in substance, not only in format (e.g. "What is 17 + 25?" -> "17 + 25 = 32").
 """
 
