@@ -145,12 +145,12 @@ def import_model(source: Path, out: Path, dtype: str = "float32", force: bool = 
 
     if dtype not in DTYPES:
         raise ConfigError("dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    if out.resolve() == source.resolve() or source.resolve().is_relative_to(out.resolve()):
+        raise ConfigError("out", str(out), "must not be or hold the source")  # --force would delete it
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ConfigError("out", str(out), "is not empty (use --force to overwrite)")
         shutil.rmtree(out)
-    if out.resolve() == source.resolve():
-        raise ConfigError("out", str(out), "must differ from the source")
     t0 = time.perf_counter()
     model, tokenizer = _load_source(source)
     plain = _plain_copy(model)

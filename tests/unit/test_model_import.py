@@ -72,6 +72,16 @@ def test_import_refuses_a_non_empty_output_without_force(tmp_path: Path) -> None
     assert (tmp_path / "out" / "keep.txt").read_text() == "x"
 
 
+def test_import_into_the_source_folder_is_refused_even_with_force(tmp_path: Path) -> None:
+    src = create_chat_model(tmp_path / "hf")
+
+    with pytest.raises(ConfigError, match="must not be or hold the source"):
+        import_model(src, src, force=True)
+    with pytest.raises(ConfigError, match="must not be or hold the source"):
+        import_model(src / "model.safetensors", tmp_path, force=True)
+    assert (src / "model.safetensors").is_file()
+
+
 def test_import_of_a_path_that_is_no_model_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
 
