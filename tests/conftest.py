@@ -98,6 +98,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with a byte-level BPE tokenizer, special tokens and a chat template (tests/chat_model.py)."""
+    from tests.chat_model import create_chat_model
+
+    return create_chat_model(tmp_path_factory.mktemp("models") / "chat")
+
+
+@pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model exactly as `make demo` creates it (the CLI's init-model with its defaults)."""
     import sys

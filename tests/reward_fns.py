@@ -105,3 +105,8 @@ def flaky(inp: RewardInput) -> RewardResult:
     if _calls % 3 == 0:
         raise ValueError("flaky verifier")
     return reward(inp)
+
+
+def says_nothing(inp: RewardInput) -> float:
+    """1.0 for an empty completion when the reference is "nothing" (the end-of-turn model's only answer)."""
+    return 1.0 if not inp.completion.strip() and inp.reference == "nothing" else 0.0

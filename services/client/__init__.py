@@ -143,11 +143,21 @@ class InferenceClient(ServiceClient):
         return await self.call(self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(),
                                policy=self.policy_for("GetStatus"))
 
-    async def generate(self, prompt: str | list[int], sampling: inference_pb2.SamplingParams,
+    async def generate(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
                        timeout_s: float = 120.0, request_id: str = "") -> inference_pb2.GenerateResponse:
-        request = (inference_pb2.GenerateRequest(prompt_text=prompt, sampling=sampling) if isinstance(prompt, str)
-                   else inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=prompt),
-                                                      sampling=sampling))
+        """``prompt``: text, token ids, or a conversation (``[{"role": ..., "content": ...}]``) that the server
+        renders with the model's chat template."""
+        if isinstance(prompt, str):
+            request = inference_pb2.GenerateRequest(prompt_text=prompt, sampling=sampling)
+        elif prompt and isinstance(prompt[0], dict):
+            turns = [inference_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in prompt
+                     if isinstance(m, dict)]
+            request = inference_pb2.GenerateRequest(prompt_messages=inference_pb2.ChatMessages(messages=turns),
+                                                    sampling=sampling)
+        else:
+            ids = [i for i in prompt if isinstance(i, int)]
+            request = inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=ids),
+                                                    sampling=sampling)
         request.request_id = request_id
         return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
 

@@ -276,9 +276,11 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 
 def parameter_specs(model: torch.nn.Module) -> dict[str, TensorSpec]:
-    """Expected update contents: the model's unique parameters (tied weights appear once)."""
-    return {name: TensorSpec(p.dtype, tuple(p.shape)) for name, p in model.named_parameters()}
+    """Expected update contents: the model's unique parameters that are trained (tied weights appear once): every
+    parameter in full fine-tuning, only the adapter's with LoRA (frozen base weights never travel)."""
+    return {name: TensorSpec(p.dtype, tuple(p.shape)) for name, p in model.named_parameters() if p.requires_grad}
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach() for name, p in model.named_parameters()}
+    """The tensors of an update of ``model``: its trained parameters (see parameter_specs)."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}

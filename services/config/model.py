@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from relayrl.common.config import ConfigError
+from relayrl.config.lora import LoraConfig
 
 
 @dataclass
@@ -18,6 +19,8 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
         "help": "Parameter dtype for inference and training."})
     device: str = field(default="cpu", metadata={"help": "torch device: cpu, cuda or cuda:N."})
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={
+        "help": "LoRA adapters (trainer trains them, inference serves base + adapter; updates carry the adapter)."})
 
     def validate(self) -> None:
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):

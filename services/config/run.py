@@ -60,6 +60,9 @@ class RunConfig:
                 "plaintext)."})
 
     def validate(self) -> None:
+        if self.model.lora.enabled and self.inference.engine.value != "native":
+            raise ConfigError("model.lora.enabled", True, f"LoRA is served by the native engine only, not by "
+                              f"inference.engine={self.inference.engine.value} (adapter updates are not wired to it)")
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:
             raise ConfigError("rollout.max_new_tokens", self.rollout.max_new_tokens,
                               f"must be <= inference.max_new_tokens_limit ({self.inference.max_new_tokens_limit})")

@@ -27,7 +27,12 @@ def build_engine(cfg: RunConfig) -> Engine:
         return VllmEngine(cfg.model, ic)
     from relayrl.inference.native import NativeEngine
 
-    return NativeEngine(load_model(cfg.model), load_tokenizer(cfg.model.path), torch.device(cfg.model.device),
+    model = load_model(cfg.model)
+    if cfg.model.lora.enabled:  # base + adapter served; updates then carry only the adapter
+        from relayrl.common.lora import with_lora
+
+        model = with_lora(model, cfg.model.lora)
+    return NativeEngine(model, load_tokenizer(cfg.model.path), torch.device(cfg.model.device),
                         kv_on_update=ic.kv_on_update, max_batch_sequences=ic.max_batch_sequences,
                         max_prefill_tokens=ic.max_prefill_tokens)
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from relayrl.common.logging import log_context
+from relayrl.common.model import end_token_ids
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import probe_logprobs, timed_probe_logprobs
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
@@ -73,9 +74,12 @@ class NativeEngine:
         self._specs = parameter_specs(model)
         self._params = dict(model.named_parameters())
         self.eos_token_id = int(tokenizer.eos_token_id)
+        # EOS and the end-of-turn tokens of the model's generation config: each ends a sample
+        self.eos_token_ids = end_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
         # transformers renamed past_key_values to cache (5.2x); support both spellings
-        params = inspect.signature(model.forward).parameters
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft (LoRA) wrapper
+        params = inspect.signature(base.forward).parameters  # the wrapper passes these keywords through
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
         self._cond = threading.Condition()
@@ -267,7 +271,7 @@ class NativeEngine:
         expand = torch.repeat_interleave(torch.arange(len(reqs), device=dev), counts)
         rows = [_Row(r, j) for r in reqs for j in range(r.inp.n)]
         inputs = [r.req.inp for r in rows]
-        stop_lists = [[*([] if inp.ignore_eos else [self.eos_token_id]), *inp.stop_token_ids] for inp in inputs]
+        stop_lists = [[*([] if inp.ignore_eos else self.eos_token_ids), *inp.stop_token_ids] for inp in inputs]
         stop_ids = torch.full((len(rows), max(1, *map(len, stop_lists))), -1, dtype=torch.long)
         for i, s in enumerate(stop_lists):
             stop_ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)

@@ -34,8 +34,11 @@ async def generation_input(service: InferenceService, request: pb.GenerateReques
         ids = await asyncio.to_thread(service.tokenize, request.prompt_text)  # CPU work: off the event loop
     elif kind == "prompt_token_ids":
         ids = list(request.prompt_token_ids.ids)
+    elif kind == "prompt_messages":
+        messages = [{"role": m.role, "content": m.content} for m in request.prompt_messages.messages]
+        ids = await asyncio.to_thread(service.render_chat, messages)
     else:
-        raise ValueError("one of prompt_text or prompt_token_ids is required")
+        raise ValueError("one of prompt_text, prompt_token_ids or prompt_messages is required")
     s = request.sampling
     return service.check(GenerationInput(
         prompt_ids=ids, n=s.n or 1, temperature=s.temperature if s.temperature != 0 else 1.0,

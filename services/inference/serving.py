@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from relayrl.common.model import chat_token_ids
 from relayrl.common.service import StatusHeader
 from relayrl.common.weights import StaleVersionError, WeightUpdateError
 from relayrl.config.inference import InferenceConfig
@@ -60,6 +61,16 @@ class InferenceService:
             raise ValueError("the prompt is empty")
         self.check_prompt_chars(len(text))
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt ids of a conversation, rendered once with the model's chat template (see chat_token_ids);
+        ValueError for no messages, an empty role, no template; LimitExceeded over max_prompt_chars in all."""
+        if not messages:
+            raise ValueError("prompt_messages has no messages")
+        if any(not m["role"] for m in messages):
+            raise ValueError("every message needs a role")
+        self.check_prompt_chars(sum(len(m["role"]) + len(m["content"]) for m in messages))
+        return chat_token_ids(self.tokenizer, messages)
 
     def check_prompt_chars(self, chars: int) -> None:
         """LimitExceeded for a prompt text longer than max_prompt_chars: checked before tokenising it."""

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from relayrl.common.logging import log_context
-from relayrl.common.model import load_tokenizer, torch_dtype
+from relayrl.common.model import end_token_ids, load_generation_config, load_tokenizer, torch_dtype
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
@@ -99,6 +99,8 @@ class VllmEngine:
         self._llm = LLM(**kwargs)
         self._engine = self._llm.llm_engine
         self.tokenizer = load_tokenizer(model_cfg.path)
+        # EOS and the end-of-turn ids of the generation config, explicitly (as the native engine stops)
+        self._end_ids = end_token_ids(self.tokenizer, load_generation_config(model_cfg.path))
         self._specs = hf_parameter_specs(path, torch_dtype(model_cfg))
         self._context = int(self._engine.model_config.max_model_len)
         self._vocab = int(self._engine.model_config.get_vocab_size())
@@ -205,7 +207,8 @@ class VllmEngine:
 
         return SamplingParams(
             n=inp.n, temperature=inp.temperature, max_tokens=inp.max_new_tokens, stop=list(inp.stop) or None,
-            stop_token_ids=list(inp.stop_token_ids) or None, seed=inp.seed, ignore_eos=inp.ignore_eos, logprobs=0,
+            stop_token_ids=[*inp.stop_token_ids, *([] if inp.ignore_eos else self._end_ids)] or None,
+            seed=inp.seed, ignore_eos=inp.ignore_eos, logprobs=0,
             include_stop_str_in_output=True, output_kind=RequestOutputKind.DELTA, **extra)
 
     def _add(self, req: _Request) -> None:

@@ -335,8 +335,8 @@ class RolloutProducer:
         created = time.time()
         group_id = uuid.uuid4().hex
         bind_log_context(group_id=group_id)  # the rest of this group's task (_group), its failure warnings too
-        gen = await self.clients.inference.generate(
-            prompt.prompt, inference_pb2.SamplingParams(
+        gen = await self.clients.inference.generate(  # a conversation is rendered once, by inference's template
+            prompt.chat() or prompt.prompt, inference_pb2.SamplingParams(
                 n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 max_new_tokens=cfg.max_new_tokens, stop=cfg.stop),
             timeout_s=cfg.generate_timeout_s, request_id=group_id)
@@ -358,6 +358,7 @@ class RolloutProducer:
             log.warning("reward failed for %d of %d samples of prompt %s: %s %s", len(bad), len(gen.samples),
                         prompt.prompt_id, reward_pb2.ScoreStatus.Name(bad[0].status), bad[0].error)
         now = time.time()
+        prompt_text = json.dumps(prompt.chat(), ensure_ascii=False) if prompt.messages else prompt.prompt
         return [
             episode_pb2.Episode(
                 episode_id=eid, prompt_id=prompt.prompt_id, group_id=group_id, sample_index=i,
@@ -368,7 +369,7 @@ class RolloutProducer:
                 reward_components=dict(r.components), reward_status=r.status, reward_error=r.error,
                 finish_reason=s.finish_reason,
                 producer_id=self.producer_id, created_at=created, enqueued_at=now,
-                prompt_text=prompt.prompt, completion_text=s.text, sampling_temperature=cfg.temperature,
+                prompt_text=prompt_text, completion_text=s.text, sampling_temperature=cfg.temperature,
             )
             for i, (eid, s, r) in enumerate(zip(episode_ids, gen.samples, scores.responses, strict=True))
         ]

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from relayrl.common.dataset import load_jsonl
 from relayrl.common.logging import log_context
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
+from relayrl.common.model import chat_token_ids
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.retry import redis_retry
@@ -211,7 +212,8 @@ class TrainingLoop:
         sft = self.cfg.trainer.sft
         rows = load_jsonl(self.cfg.rollout.dataset)
         eos = int(self.tokenizer.eos_token_id)
-        enc = [(self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"],
+        enc = [(chat_token_ids(self.tokenizer, r.chat()) if r.messages  # as inference renders it
+                else self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"],
                 [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos]) for r in rows]
         gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.coll.rank)
         per_rank = max(1, sft.batch_size // self.coll.world_size)

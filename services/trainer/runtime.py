@@ -33,6 +33,7 @@ from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import EntryChecks, GroupCollector, consumer_name
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.loop import TrainingLoop
+from relayrl.trainer.lora import load_policy
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication, watch_inference
 from relayrl.trainer.reference import Reference
@@ -68,7 +69,7 @@ class Trainer:
             if tc.checkpoint.resume == "auto" else None
         # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
         model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
-        self.model = load_model(cfg.model, model_path)
+        self.model = load_policy(cfg.model, model_path)  # base + LoRA adapter when model.lora.enabled
         # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
         reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 else None
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,

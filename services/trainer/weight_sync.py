@@ -105,8 +105,9 @@ class WeightPublisher:
         return probe_sequences(vocab, sequences, tokens, seed, exclude=special)
 
     def snapshot(self) -> dict[str, torch.Tensor]:
-        """A copy of the parameters as they are now (the caller keeps training from changing them meanwhile)."""
-        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        """A copy of the trained parameters as they are now (the caller keeps training from changing them
+        meanwhile): every parameter in full fine-tuning, the adapter only with LoRA (the frozen base never moves)."""
+        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
 
     def expected_probe(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         with self.model_lock:

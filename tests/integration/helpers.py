@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,18 +29,23 @@ from relayrl.reward.server import RewardServicer, create_reward_server
 @asynccontextmanager
 async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | None = None, http: bool = False,
                            server_limits: dict[str, int] | None = None, weights_port: int = 0,
-                           weights_limits: dict[str, int] | None = None,
+                           weights_limits: dict[str, int] | None = None, lora: Any = None,
                            **overrides: object) -> AsyncIterator[tuple[str, InferenceService]]:
     """A native-engine inference server on loopback: yields the main server's target; the weights server's
     (UpdateWeights) is ``service.weights_target``. With ``http`` its REST API too (``service.http_port``);
     ``server_limits`` / ``weights_limits`` override fields of the main / weights gRPC server sections
-    (max_receive_mib, max_concurrent_rpcs)."""
+    (max_receive_mib, max_concurrent_rpcs); ``lora`` (a LoraConfig) serves base + adapter."""
     defaults = InferenceConfig()  # the service's own limits, on loopback and free ports
     cfg = InferenceConfig(server=replace(defaults.server, port=port, **(server_limits or {})),
                           weights_server=replace(defaults.weights_server, port=weights_port, **(weights_limits or {})),
                           http=replace(defaults.http, host="127.0.0.1", port=0), **overrides)  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
-    engine = NativeEngine(load_model(ModelConfig(path=model_dir)), tokenizer, torch.device("cpu"),
+    model = load_model(ModelConfig(path=model_dir))
+    if lora is not None:  # a LoraConfig: base + adapter served, as relayrl.inference.main builds it
+        from relayrl.common.lora import with_lora
+
+        model = with_lora(model, lora)
+    engine = NativeEngine(model, tokenizer, torch.device("cpu"),
                           kv_on_update=cfg.kv_on_update, max_batch_sequences=cfg.max_batch_sequences,
                           max_prefill_tokens=cfg.max_prefill_tokens)
     service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,

@@ -1,0 +1,186 @@
+"""``relayrl eval``: score a model on a held-out dataset through the inference and reward services.
+
+For each row: one greedy sample (``top_k = 1``) and, with ``k`` > 0, ``samples`` sampled completions at the run's
+rollout sampling settings; each completion is scored by the reward service exactly as in training (the row's answer
+as reference, its other keys as metadata). A completion is correct when its score is OK and at least
+``correct_threshold``; a score that failed (error, timeout) counts as wrong and is reported in ``reward_errors``.
+
+Figures: ``greedy_accuracy``, ``mean_reward`` (greedy), ``sampled_mean_reward``, and ``pass@k`` with the unbiased
+estimator of Chen et al. (2021): the mean over rows of 1 - C(n - c, k) / C(n, k) for n samples of which c are
+correct. Works on any model and task: the dataset and verifier come from the run config.
+
+Without ``--inference``/``--reward`` addresses the command serves the model itself: inference and reward start in
+this process on free loopback ports (the same service code as a run) and stop at the end. A LoRA checkpoint is
+merged into its base first (``relayrl merge-lora``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from relayrl.client import InferenceClient, RewardClient
+from relayrl.common.config import ConfigError
+from relayrl.common.dataset import Prompt, load_jsonl
+from relayrl.common.pb import inference_pb2, reward_pb2
+from relayrl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    k: int = 0  # pass@k (0: greedy only)
+    samples: int = 0  # sampled completions per row (0: k)
+    correct_threshold: float = 1.0
+    concurrency: int = 8  # rows evaluated at once
+    limit: int = 0  # first rows only (0: all)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for n samples of which c are correct (k <= n)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s: float) -> list[tuple[float, bool]]:
+    """(score, ok) per completion."""
+    meta = {key: json.dumps(v) for key, v in row.metadata.items()}
+    resp = await reward.score_batch([
+        reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt, completion=t, reference=row.answer,
+                                metadata=meta) for t in texts], timeout_s=timeout_s)
+    return [(r.score, r.status == reward_pb2.SCORE_STATUS_OK) for r in resp.responses]
+
+
+async def _row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
+               reward: RewardClient) -> dict[str, Any]:
+    rc = cfg.rollout
+    prompt: Any = row.chat() or row.prompt
+    greedy = await inference.generate(prompt, inference_pb2.SamplingParams(
+        n=1, temperature=1.0, top_k=1, max_new_tokens=rc.max_new_tokens, stop=rc.stop), timeout_s=rc.generate_timeout_s)
+    texts = [greedy.samples[0].text]
+    n = s.samples or s.k
+    if n:
+        sampled = await inference.generate(prompt, inference_pb2.SamplingParams(
+            n=n, temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_new_tokens=rc.max_new_tokens,
+            stop=rc.stop), timeout_s=rc.generate_timeout_s)
+        texts += [x.text for x in sampled.samples]
+    scores = await _score(reward, row, texts, rc.score_timeout_s)
+    correct = [ok and score >= s.correct_threshold for score, ok in scores]
+    return {"id": row.prompt_id, "answer": row.answer, "greedy": texts[0], "greedy_reward": scores[0][0],
+            "greedy_correct": correct[0], "sampled_rewards": [x for x, _ in scores[1:]],
+            "sampled_correct": sum(correct[1:]), "reward_errors": sum(not ok for _, ok in scores)}
+
+
+async def evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt], inference: InferenceClient,
+                   reward: RewardClient) -> dict[str, Any]:
+    """Score ``rows`` through running services; the figures and every row's outcome."""
+    n = s.samples or s.k
+    if s.k and n < s.k:
+        raise ConfigError("samples", n, f"must be >= k ({s.k})")
+    gate = asyncio.Semaphore(s.concurrency)
+    t0 = time.perf_counter()
+
+    async def one(row: Prompt) -> dict[str, Any]:
+        async with gate:
+            return await _row(cfg, s, row, inference, reward)
+
+    results = await asyncio.gather(*(one(r) for r in rows))
+    status = await inference.status()
+    out: dict[str, Any] = {
+        "rows": len(results), "weight_version": status.weight_version, "model_path": status.model_path,
+        "greedy_accuracy": sum(r["greedy_correct"] for r in results) / len(results),
+        "mean_reward": sum(r["greedy_reward"] for r in results) / len(results),
+        "reward_errors": sum(r["reward_errors"] for r in results), "correct_threshold": s.correct_threshold,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "seconds": round(time.perf_counter() - t0, 2)}
+    if n:
+        out["samples_per_prompt"] = n
+        out["temperature"] = cfg.rollout.temperature
+        out["sampled_mean_reward"] = sum(sum(r["sampled_rewards"]) for r in results) / (n * len(results))
+        if s.k:
+            out[f"pass@{s.k}"] = sum(pass_at_k(n, r["sampled_correct"], s.k) for r in results) / len(results)
+    out["per_row"] = results
+    return out
+
+
+def _servable(model: Path, cfg: RunConfig, tmp: Path) -> Path:
+    """The HF directory to serve: a model dir as is, a checkpoint's model folder, or a LoRA adapter merged into
+    ``model.path`` (served without peft; a fresh adapter is the identity, so no LoRA is served)."""
+    from relayrl.common.lora import is_adapter_dir, merge_adapter
+
+    inner = model / "model" if (model / "model").is_dir() else model
+    if is_adapter_dir(inner):
+        return merge_adapter(inner, cfg.model.path, tmp / "merged")
+    if not (inner / "config.json").is_file():
+        raise ConfigError("model", str(model), "must be a Hugging Face model directory or a checkpoint")
+    return inner
+
+
+async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt], model: Path) -> dict[str, Any]:
+    """Start inference (serving ``model``) and reward in this process on free loopback ports, evaluate, stop."""
+    import os
+
+    from relayrl.common.grpc_utils import check_health
+    from relayrl.inference.main import serve as serve_inference
+    from relayrl.launcher import local
+    from relayrl.local_redis import free_ports
+    from relayrl.reward.main import serve as serve_reward
+
+    os.environ.setdefault(cfg.control.weights_token_env, secrets.token_urlsafe(32))  # nobody pushes weights here
+    with tempfile.TemporaryDirectory(prefix="relayrl-eval-") as tmp:
+        path = await asyncio.to_thread(_servable, model, cfg, Path(tmp))
+        ports = free_ports(3)
+        ic, rw = cfg.inference, cfg.reward
+        served = replace(
+            cfg, output_dir=Path(tmp), model=replace(cfg.model, path=path, lora=replace(cfg.model.lora, enabled=False)),
+            inference=replace(ic, server=local(ic.server, ports[0]), weights_server=local(ic.weights_server, ports[1]),
+                              http=replace(ic.http, enabled=False)),
+            reward=replace(rw, server=local(rw.server, ports[2]), http=replace(rw.http, enabled=False)))
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(serve_inference(served, stop)), asyncio.create_task(serve_reward(served, stop))]
+        try:
+            for target in (served.inference.server.target, served.reward.server.target):
+                while not await asyncio.to_thread(check_health, target, 1.0, "", served.tls):
+                    for t in tasks:
+                        if t.done():
+                            t.result()  # a service that failed to start: its error
+                            raise RuntimeError("a service stopped during start-up")
+                    await asyncio.sleep(0.2)
+            async with InferenceClient(served.inference.server.target, tls=served.tls) as inference, \
+                    RewardClient(served.reward.server.target, tls=served.tls) as reward:
+                result = await evaluate(served, s, rows, inference, reward)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return {"model": str(model), **result}
+
+
+def run_eval(cfg: RunConfig, s: EvalSettings, dataset: Path, model: Path | None = None, inference: str = "",
+             reward: str = "") -> dict[str, Any]:
+    """Evaluate ``model`` (default ``model.path``) on ``dataset``, through the services at ``inference`` and
+    ``reward`` (host:port) when given, else through ones this call serves."""
+    rows = load_jsonl(dataset, "dataset")
+    rows = rows[: s.limit] if s.limit else rows
+    if bool(inference) != bool(reward):
+        raise ConfigError("inference", inference or "''", "give both --inference and --reward, or neither")
+
+    async def against(inference_target: str, reward_target: str) -> dict[str, Any]:
+        async with InferenceClient(inference_target, tls=cfg.tls) as inf, \
+                RewardClient(reward_target, tls=cfg.tls) as rew:
+            return await evaluate(cfg, s, rows, inf, rew)
+
+    if inference:
+        result = asyncio.run(against(inference, reward))
+    else:
+        result = asyncio.run(_serve_and_evaluate(cfg, s, rows, (model or cfg.model.path).resolve()))
+    return {"dataset": str(dataset), **result}
