@@ -27,6 +27,7 @@ class TrainerProgress:
     episodes_excluded_reward_error: int = 0
     queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending) at the last step (rank 0)
     staleness_counts: dict[int, int] = field(default_factory=dict)  # samples trained per staleness (rank 0)
+    last_reward_mean: float | None = None  # mean reward of the last step's episodes (rank 0; None before one)
 
     def checkpoint_counters(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the step (``extra`` of relayrl.trainer.checkpoint)."""
