@@ -165,3 +165,8 @@ def test_a_fill_from_a_url_needs_its_checksum_and_a_writable_volume_and_gets_its
                for rule in egress)
     assert "a" * 64 in workload(docs, "model-fill")["spec"]["template"]["spec"]["containers"][0]["command"]
 
+
+
+def test_a_trainer_that_would_start_its_run_over_after_a_restart_is_refused() -> None:
+    never = {"config": {"trainer": {"checkpoint": {"resume": "never"}}}}
+    assert "config.trainer.checkpoint.resume must be auto" in render_error(never)

@@ -24,6 +24,9 @@ access modes, and the pod-level knobs of GPU clusters. relayrl.validateCluster f
 {{- if hasKey (default dict .Values.config.trainer) "after_finish" }}
 {{- fail "config.trainer.after_finish is set by the chart (stay: a StatefulSet restarts a trainer that exits); remove it" }}
 {{- end }}
+{{- if ne (toString (dig "trainer" "checkpoint" "resume" "never" .Values.config)) "auto" }}
+{{- fail "config.trainer.checkpoint.resume must be auto: a trainer pod that restarts (drain, eviction, crash) must continue its run, not start it over in the same directory (a new run is a new run.id)" }}
+{{- end }}
 {{- $t := .Values.trainer }}
 {{- if lt (int $t.rendezvous.readTimeoutSeconds) (int $t.rendezvous.joinTimeoutSeconds) }}
 {{- fail (printf "trainer.rendezvous.readTimeoutSeconds (%d) must be at least joinTimeoutSeconds (%d): a store call would give up before the pods are given up on" (int $t.rendezvous.readTimeoutSeconds) (int $t.rendezvous.joinTimeoutSeconds)) }}
