@@ -21,7 +21,9 @@ from tests.deploy.pods import Release, render, values
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.integration]
 
 STEPS = 6
-POD0_DELAY_S = 90  # > 60 s, torch's default read_timeout of the c10d rendezvous store client
+# > 60 s, torch's default read_timeout of the c10d store client (which, measured here, gives up after one retry,
+# 135 s after the start, when pod 0 never comes: docs/deploy.md)
+POD0_DELAY_S = 90
 OTHER_SERVICES = ("inference", "reward", "rollout")
 
 
