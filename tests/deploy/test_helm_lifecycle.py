@@ -8,9 +8,12 @@ import hashlib
 import re
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 
 from tests.deploy.chart import (
+    CRD_KINDS,
+    KUBE_VERSIONS,
     checksums,
     config_text,
     load_config,
@@ -170,3 +173,21 @@ def test_a_fill_from_a_url_needs_its_checksum_and_a_writable_volume_and_gets_its
 def test_a_trainer_that_would_start_its_run_over_after_a_restart_is_refused() -> None:
     never = {"config": {"trainer": {"checkpoint": {"resume": "never"}}}}
     assert "config.trainer.checkpoint.resume must be auto" in render_error(never)
+
+
+@pytest.mark.parametrize("source", [{"image": "registry.example.com/models/m:1"},
+                                    {"url": "https://models.example.com/m.tar.gz", "sha256": "b" * 64}])
+def test_objects_that_only_optional_values_render_validate_against_kubernetes_schemas(source: dict[str, str]) -> None:
+    docs = render({"models": {**MODEL_PVC, "accessModes": ["ReadWriteMany"], "fill": {"enabled": True, **source}},
+                   "rollout": {"persistence": {"enabled": True}}, "trainer": {"nodes": 2, "pdb": {"enabled": True},
+                                                                             "hostNetwork": True},
+                   "redis": {"exporter": {"enabled": True}},
+                   "monitoring": {"namespaceSelector": {"matchLabels": {"team": "mon"}},
+                                  "grafanaDashboard": {"enabled": True}}})
+    assert objects(docs, "Job") and objects(docs, "PodDisruptionBudget")
+    for version in KUBE_VERSIONS:
+        for doc in (d for d in docs if d["kind"] not in CRD_KINDS):
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"Kubernetes {version}: {doc['kind']}/{doc['metadata']['name']}: {exc.message}")
