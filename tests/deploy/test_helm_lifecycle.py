@@ -191,3 +191,13 @@ def test_objects_that_only_optional_values_render_validate_against_kubernetes_sc
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"Kubernetes {version}: {doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+
+
+def test_changed_fill_values_get_a_new_job_since_a_jobs_template_cannot_change() -> None:
+    def job_name(path: str) -> str:
+        fill = {"enabled": True, "image": "registry.example.com/models/m:1", "path": path}
+        docs = render({"models": {**MODEL_PVC, "accessModes": ["ReadWriteMany"], "fill": fill}})
+        return str(workload(docs, "model-fill")["metadata"]["name"])
+
+    assert job_name("/model") == job_name("/model") != job_name("/other")
+    assert job_name("/model").startswith("rl-relayrl-model-fill-")
