@@ -135,7 +135,9 @@ def test_pods_created_from_different_configs_never_form_a_group_and_fail_cleanly
              "both agents to give up")
 
     assert all(old.procs[f"trainer-{i}"].poll() != 0 for i in (0, 1))
-    for i in (0, 1):
-        log = old.log(f"trainer-{i}")
+    logs = [old.log(f"trainer-{i}") for i in (0, 1)]
+    for log in logs:
         assert "[trainer rank=" not in log, log[-3000:]  # no worker ever started: no mixed group
-        assert "RendezvousTimeoutError" in log, log[-3000:]
+        # the first to reach its join timeout gives up; the other may first lose the store that pod 0 hosted
+        assert "RendezvousTimeoutError" in log or "RendezvousConnectionError" in log, log[-3000:]
+    assert any("RendezvousTimeoutError" in log for log in logs)
