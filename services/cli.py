@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from relayrl.common.config import ConfigError, apply_override, from_dict
+from relayrl.common.config import ConfigError, apply_override, check_config_digest, from_dict
 from relayrl.common.logging import records_held, setup_logging
 from relayrl.config.tls import TlsConfig
 
@@ -187,6 +187,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from relayrl.config import load_run_config
 
     overrides = [*args.overrides, *([f"trainer.checkpoint.resume={args.resume}"] if args.resume else [])]
+    check_config_digest(args.config)
     with records_held():  # config warnings are written once the config chose the log format
         cfg = load_run_config(args.config, overrides)
     setup_logging(args.service, int(os.environ.get("RANK", "0")), cfg.log_level, fmt=cfg.log_format)

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import logging
 import math
 import operator
+import os
 import types
 import typing
 from pathlib import Path
@@ -344,3 +346,19 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else str(problem)
+
+
+CONFIG_DIGEST_ENV = "RELAYRL_CONFIG_SHA256"
+
+
+def check_config_digest(path: Path) -> None:
+    """When RELAYRL_CONFIG_SHA256 is set (the Helm chart sets it to the checksum of the config a pod was created
+    for), the config file must still be that one (its text without trailing newlines): a Kubernetes ConfigMap volume
+    is updated under running pods, so a restarted process would otherwise load a newer config than its peers."""
+    expected = os.environ.get(CONFIG_DIGEST_ENV, "").strip().lower()
+    if not expected:
+        return
+    actual = hashlib.sha256(path.read_text(encoding="utf-8").rstrip("\n").encode()).hexdigest()
+    if actual != expected:
+        raise ConfigError(CONFIG_DIGEST_ENV, expected, f"{path} has changed since this process's pod was created "
+                          f"(its sha256 is now {actual}): restart the pods so that they all load the new config")

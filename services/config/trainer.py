@@ -88,6 +88,11 @@ class RewardErrorPolicy(StrEnum):
     FAIL = "fail"  # stop the trainer with an error naming the episode
 
 
+class AfterFinish(StrEnum):
+    EXIT = "exit"  # exit 0 after linger_s (a launcher, a Job)
+    STAY = "stay"  # keep answering status (finished) until SIGTERM (an always-restarting workload: a StatefulSet)
+
+
 @dataclass
 class OptimizerConfig:
     lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate.", "gt": 0})
@@ -308,6 +313,11 @@ class TrainerConfig:
         "help": "Reading groups from the Redis stream."})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
+    after_finish: AfterFinish = field(default=AfterFinish.EXIT, metadata={
+        "help": "After the last step: exit = exit 0 after linger_s; stay = keep serving status and health "
+                "(finished) until SIGTERM, for workloads that restart whatever exits (a Kubernetes StatefulSet). "
+                "Either way a trainer that resumes a checkpoint at total_steps trains nothing and pushes no "
+                "weights."})
     threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
         "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8004), metadata={

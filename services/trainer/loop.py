@@ -100,6 +100,13 @@ class TrainingLoop:
 
     async def train(self) -> None:
         tc = self.cfg.trainer
+        if self.resumed_from is not None and self.progress.step >= tc.total_steps:
+            # a finished run restarted (a pod rescheduled): no weights pushed, no version allocated, nothing trained
+            log.info("the run finished at step %d (%s): nothing to train", self.progress.step, self.resumed_from)
+            self.progress.finished = True
+            self.header.state = ServingState.SERVING_STATE_STOPPED
+            self.progress.changed.notify()
+            return
         await self.stream.ensure_group()
         if self.is_main:
             live = live_consumers(tc.stream.consumer, self.coll.world_size)
@@ -256,6 +263,7 @@ class TrainingLoop:
                     components.setdefault(k, []).append(v)
         now = time.monotonic()
         times = self.clock.close(now)
+        p.last_reward_mean = float(summary["reward_mean"])
         row = RlRow(
             step=p.step, weight_version=self.publication.weight_version,
             reward_mean=summary["reward_mean"], reward_std=summary["reward_std"],

@@ -16,6 +16,7 @@ from relayrl.common.control import require_credential
 from relayrl.common.http import HttpServer
 from relayrl.common.probe import WeightVerificationError
 from relayrl.config import RunConfig
+from relayrl.config.trainer import AfterFinish
 from relayrl.trainer.collectives import Collectives, CollectiveTimeout
 from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.server import create_trainer_server
@@ -92,7 +93,11 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
                 logging.shutdown()
                 os._exit(3)
             log.info("training finished after %d steps", trainer.progress.step)
-            await asyncio.sleep(cfg.trainer.linger_s)  # let rollout see `finished`
+            if cfg.trainer.after_finish is AfterFinish.STAY:
+                log.info("the run is finished; serving its status until stopped (trainer.after_finish stay)")
+                await stopper
+            else:
+                await asyncio.sleep(cfg.trainer.linger_s)  # let rollout see `finished`
         else:
             log.info("stopping before the end of training (step %d)", trainer.progress.step)
             train.cancel()

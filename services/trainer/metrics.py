@@ -39,6 +39,9 @@ class _TrainerCollector(Collector):
                                   value=s.episodes_invalid)
         yield GaugeMetricFamily("relayrl_trainer_last_checkpoint_step", "Step of the newest durable checkpoint.",
                                 value=t.checkpoints.last_step)
+        if s.last_reward_mean is not None:
+            yield GaugeMetricFamily("relayrl_trainer_reward_mean", "Mean reward of the last step's episodes.",
+                                    value=s.last_reward_mean)
         lag, pending = s.queue_depth
         if lag is not None:
             yield GaugeMetricFamily("relayrl_trainer_queue_lag", "Stream entries not yet delivered to the trainer's "

@@ -28,6 +28,7 @@ class TrainerProgress:
     episodes_excluded_reward_error: int = 0
     queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending) at the last step (rank 0)
     staleness_counts: dict[int, int] = field(default_factory=dict)  # samples trained per staleness (rank 0)
+    last_reward_mean: float | None = None  # mean reward of the last step's episodes (rank 0; None before one)
     # notified whenever the status may have changed (WatchStatus, relayrl.trainer.status_watch)
     changed: StatusPulse = field(default_factory=StatusPulse, compare=False, repr=False)
 

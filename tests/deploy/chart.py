@@ -21,6 +21,8 @@ VALUE_SETS = ("default", "small-cpu", "multinode-gpu", "external-redis")
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.27.0", "1.37.0")
 RELEASE, NAMESPACE = "rl", "ml"
+# run.id is required; renders that do not test it get this one (``{"run": {"id": ""}}`` renders without one)
+RUN_ID = "test-run"
 CONFIG_PATH = "/config/relayrl.yaml"
 HEALTH_NAMES = {
     "inference": inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
@@ -28,14 +30,16 @@ HEALTH_NAMES = {
     "rollout": rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name,
     "trainer": trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name,
 }
-WORKLOADS = ("Deployment", "StatefulSet")
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
+# prometheus-operator kinds: no schema in kubernetes-validate (their structure is checked in test_helm_monitoring)
+CRD_KINDS = ("ServiceMonitor", "PodMonitor")
 
 Manifest = dict[str, Any]
 
 
 def value_set(name: str) -> dict[str, Any]:
     if name == "default":
-        return {}
+        return {"run": {"id": RUN_ID}}  # the chart's defaults and the one value it requires
     data = yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text())
     assert isinstance(data, dict)
     return data
@@ -54,6 +58,7 @@ def _chart() -> helm.Chart:
 
 
 def render(values: dict[str, Any]) -> list[Manifest]:
+    values = values if "run" in values else {**values, "run": {"id": RUN_ID}}
     files = _chart().render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     docs: list[Manifest] = []
     for path, text in sorted(files.items()):
@@ -105,7 +110,7 @@ def main_container(docs: list[Manifest], svc: str) -> Manifest:
 
 
 def config_text(docs: list[Manifest]) -> str:
-    (cm,) = objects(docs, "ConfigMap")
+    (cm,) = [d for d in objects(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config")]
     return str(cm["data"]["relayrl.yaml"])
 
 
@@ -117,7 +122,7 @@ def load_config(docs: list[Manifest], tmp_path: Path) -> RunConfig:
 
 def checksums(docs: list[Manifest]) -> dict[str, str]:
     return {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-            for d in docs if d["kind"] in WORKLOADS and component(d) != "redis"}
+            for d in docs if d["kind"] in WORKLOADS and component(d) not in ("redis", "model-fill")}
 
 
 def render_error(values: dict[str, Any]) -> str:

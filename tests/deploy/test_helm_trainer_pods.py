@@ -1,152 +1,143 @@
-"""The chart's multi-node trainer, run for real as two "pods" on this machine.
+"""The chart's multi-node trainer, run for real as two simulated pods (tests/deploy/pods.py) on this machine.
 
-No cluster here, so the pods are process trees that see the cluster's DNS names through a private /etc/hosts
-(a mount namespace per process, `unshare --mount`): the Services' names and the trainer pods' stable names under
-the headless Service resolve to loopback addresses, pod 1 on another one than pod 0. Everything else is what the
-chart renders: the ConfigMap's run config (service addresses, Redis URL, world size), the trainer container's
-torchrun script (c10d rendezvous hosted by pod 0, `--local-addr`, `is_host`), and `relayrl serve` for the other
-services. Checks that the two agents form one world, that pod 0 holds rank 0 even when pod 1 starts first, and that
-training runs to the end with checkpoints.
+Each scenario ends in a clean group or a clean failure, never a hang: pod 0 (the rendezvous store's host) coming
+up 90 s after pod 1, longer than the c10d store client's default read timeout of 60 s; pod 0 lost mid-run and
+recreated; two pods created from different configs. A finished run stays up, idle, until the pods are stopped.
 """
 
 from __future__ import annotations
 
-import base64
+import copy
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import helm_python as helm
 import pytest
-import yaml
 
-from tests.conftest import REPO, RedisServer, free_port
+from tests.conftest import RedisServer
+from tests.deploy.pods import Release, render, values
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.integration]
 
-CHART = REPO / "charts" / "relayrl"
-RELEASE = "rl"
 STEPS = 6
-
-
-def _render(values: dict[str, Any]) -> list[dict[str, Any]]:
-    files = helm.Chart.load(CHART).render(values, name=RELEASE, namespace="ml", is_install=True)
-    return [d for path, text in sorted(files.items()) if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
-
-
-def _in_pod(hosts: Path, command: list[str], volume: tuple[Path, Path] | None = None) -> list[str]:
-    """``command`` in its own mount namespace where /etc/hosts is ``hosts`` (cluster DNS for one process tree)
-    and, with ``volume`` = (pod's own directory, mount path), the pod's own volume is mounted at the mount path."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.fail("unshare (util-linux) is required to give the simulated pods their DNS names")
-    user_ns = [] if os.geteuid() == 0 else ["--map-root-user"]
-    source, target = volume or (hosts.parent, hosts.parent)
-    return [unshare, *user_ns, "--mount", "--", "sh", "-c",
-            'mount --bind "$1" /etc/hosts && mount --bind "$2" "$3" && shift 3 && exec "$@"',
-            "sh", str(hosts), str(source), str(target), *command]
-
-
-class Pods:
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, command: list[str], env: dict[str, str]) -> None:
-        with (self.logs / f"{name}.log").open("wb") as log:
-            self.procs[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
-
-    def log(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+# > 60 s, torch's default read_timeout of the c10d store client (which, measured here, gives up after one retry,
+# 135 s after the start, when pod 0 never comes: docs/deploy.md)
+POD0_DELAY_S = 90
+OTHER_SERVICES = ("inference", "reward", "rollout")
 
 
 @pytest.fixture
-def pods(tmp_path: Path) -> Iterator[Pods]:
-    (tmp_path / "logs").mkdir()
-    running = Pods(tmp_path / "logs")
-    yield running
-    running.stop()
+def release_dir(tmp_path: Path) -> Path:
+    (tmp_path / "runs").mkdir()
+    return tmp_path
 
 
-def test_two_trainer_pods_rendezvous_at_pod_zero_and_train_to_the_end(
-        tmp_path: Path, redis_server: RedisServer, demo_model: Path, pods: Pods) -> None:
-    runs = tmp_path / "runs"
-    values = {
-        "redis": {"external": {"url": redis_server.url}},
-        **{svc: {"port": free_port()} for svc in ("reward", "rollout")},
-        "inference": {"port": free_port(), "weightsPort": free_port()},
-        "trainer": {"port": free_port(), "nodes": 2, "nprocPerNode": 1, "rendezvous": {"port": free_port()},
-                    "persistence": {"mountPath": str(runs)}},
-        "config": {"model": {"path": str(demo_model)},
-                   "rollout": {"dataset": str(REPO / "examples" / "data" / "arithmetic.jsonl")},
-                   "trainer": {"total_steps": STEPS, "checkpoint_every": 3, "groups_per_step": 4,
-                               "collective_timeout_s": 60}},
-    }
-    docs = _render(values)
-    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    config = tmp_path / "relayrl.yaml"
-    config.write_text(configmap["data"]["relayrl.yaml"])
-    trainer = next(d for d in docs if d["kind"] == "StatefulSet" and d["spec"]["serviceName"].endswith("-headless"))
-    name, headless = trainer["metadata"]["name"], trainer["spec"]["serviceName"]
-    script = trainer["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    assert "/config/relayrl.yaml" in script
-    script = script.replace("/config/relayrl.yaml", str(config))
+@pytest.fixture
+def cleanup() -> Iterator[list[Release]]:
+    releases: list[Release] = []
+    yield releases
+    for release in releases:
+        release.stop_all()
 
-    services = [f"{RELEASE}-relayrl-{svc}" for svc in ("inference", "reward", "rollout", "trainer")]
-    hosts = tmp_path / "hosts"
-    hosts.write_text(f"127.0.0.1 localhost {' '.join(services)}\n"
-                     f"127.0.0.1 {name}-0.{headless}\n"
-                     f"127.0.0.2 {name}-1.{headless}\n")
-    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-credentials"))
-    tokens = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONUNBUFFERED": "1",  # the credentials the chart's Secret gives its pods (secretKeyRef)
-           "RELAYRL_CONTROL_TOKEN": tokens["control-token"], "RELAYRL_WEIGHTS_TOKEN": tokens["weights-token"]}
-    for svc in ("inference", "reward"):
-        pods.start(svc, _in_pod(hosts, [sys.executable, "-m", "relayrl.cli", "serve", svc, str(config)]), env)
-    runs.mkdir()
-    volumes = {index: tmp_path / f"trainer-{index}-volume" for index in (0, 1)}  # one PVC per pod, not shared
-    for index in (1, 0):  # pod 1 first: rank 0 must still land on pod 0
-        volumes[index].mkdir()
-        pods.start(f"trainer-{index}", _in_pod(hosts, ["sh", "-c", script], (volumes[index], runs)),
-                   {**env, "POD_NAME": f"{name}-{index}"})
-    pods.start("rollout", _in_pod(hosts, [sys.executable, "-m", "relayrl.cli", "serve", "rollout", str(config)]), env)
 
-    deadline = time.monotonic() + 300
-    agents = [pods.procs["trainer-0"], pods.procs["trainer-1"]]
-    while time.monotonic() < deadline and any(p.poll() is None for p in agents):
-        for svc in ("inference", "reward", "rollout"):
-            assert pods.procs[svc].poll() is None, f"{svc} died:\n{pods.log(svc)[-3000:]}"
-        time.sleep(0.5)
-    codes = [p.poll() for p in agents]
-    tails = "\n".join(pods.log(f"trainer-{i}")[-3000:] for i in (0, 1))
-    assert codes == [0, 0], f"trainer exit codes {codes}\n{tails}"
+def _release(tmp: Path, redis: RedisServer, model: Path, cleanup: list[Release], **trainer: object) -> Release:
+    release = Release(tmp, render(values(redis.url, model, tmp / "runs", STEPS, **trainer)))
+    cleanup.append(release)
+    return release
 
-    assert "[trainer rank=0]" in pods.log("trainer-0") and "[trainer rank=1]" not in pods.log("trainer-0")
-    assert "[trainer rank=1]" in pods.log("trainer-1") and "[trainer rank=0]" not in pods.log("trainer-1")
-    rows = [json.loads(line) for line in (volumes[0] / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+
+def _finished(release: Release, index: int) -> bool:
+    return "the run is finished" in release.log(f"trainer-{index}")
+
+
+def _steps(release: Release) -> list[int]:
+    path = release.output(0) / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_pod_zero_ninety_seconds_late_still_gets_rank_zero_and_the_finished_run_stays_up_until_stopped(
+        release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]) -> None:
+    release = _release(release_dir, redis_server, demo_model, cleanup)
+    release.start_services("inference", "reward")
+    release.start_trainer_pod(1)
+    started = time.monotonic()
+    while time.monotonic() - started < POD0_DELAY_S:  # pod 0's image pull / GPU node scale-up / volume attach
+        assert release.procs["trainer-1"].poll() is None, f"pod 1 gave up:\n{release.log('trainer-1')[-3000:]}"
+        time.sleep(1)
+    release.start_trainer_pod(0)
+    release.start_services("rollout")
+
+    release.wait(lambda: _finished(release, 0) and _finished(release, 1), 300, "both pods to finish the run",
+                 OTHER_SERVICES)
+
+    # finished, yet up (a StatefulSet would restart an exit): both agents still run, nothing crashed
+    assert [release.procs[f"trainer-{i}"].poll() for i in (0, 1)] == [None, None]
+    assert "[trainer rank=0]" in release.log("trainer-0") and "[trainer rank=1]" not in release.log("trainer-0")
+    assert "[trainer rank=1]" in release.log("trainer-1") and "[trainer rank=0]" not in release.log("trainer-1")
+    assert _steps(release) == list(range(1, STEPS + 1))
+    rows = [json.loads(line) for line in (release.output(0) / "metrics.jsonl").read_text().splitlines()]
     assert {r["world_size"] for r in rows} == {2}
-    checkpoints = volumes[0] / "checkpoints"
+    checkpoints = release.output(0) / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000003", "step_000006"]
-    assert {p.name for p in (checkpoints / "step_000006").glob("rank*.pt")} == {"rank0.pt", "rank1.pt"}
-    assert not (volumes[1] / "checkpoints").exists()  # pod 1 never needs pod 0's volume
+    assert not (release.output(1) / "checkpoints").exists()  # pod 1 never needs pod 0's volume
+    # SIGTERM (a drain, `helm uninstall`): each agent ends its ranks within its shutdown timeout, none by SIGKILL
+    # (torchrun itself then exits 1 with a SignalException, which Kubernetes ignores for a terminating pod)
+    assert [release.stop(f"trainer-{i}") for i in (1, 0)] == [1, 1]
+    for i in (0, 1):
+        log = release.log(f"trainer-{i}")
+        assert "closing signal SIGTERM" in log and "closing signal SIGKILL" not in log
+        assert "SignalException" in log and "got signal: 15" in log
+    assert release.stop("rollout") == 0
+    state = json.loads((release.rollout_volume / "sim-run" / "rollout_state.json").read_text())
+    assert state["groups_produced"] > 0  # rollout's state is on its own volume, under the run's directory
+
+
+def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_checkpoint(
+        release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]) -> None:
+    release = _release(release_dir, redis_server, demo_model, cleanup)
+    release.start_services("inference", "reward")
+    for index in (0, 1):
+        release.start_trainer_pod(index, restart=True)
+    release.start_services("rollout")
+    first = release.output(0) / "checkpoints" / "step_000003"
+    release.wait(first.exists, 300, "the first checkpoint", OTHER_SERVICES)
+
+    release.kill("trainer-0")  # pod 0 deleted: its agent, the rendezvous store and rank 0 vanish at once
+    release.start_trainer_pod(0, restart=True)  # the StatefulSet recreates it under the same name
+
+    release.wait(lambda: _finished(release, 0) and _finished(release, 1), 420, "the regrouped pods to finish",
+                 OTHER_SERVICES)
+    log0 = release.log("trainer-0")
+    assert "resumed from" in log0 and "step_00000" in log0  # from a checkpoint, not from scratch
+    assert (release.output(0) / "checkpoints" / f"step_{STEPS:06d}").is_dir()
+    assert max(_steps(release)) == STEPS
+    assert [release.procs[f"trainer-{i}"].poll() for i in (0, 1)] == [None, None]
+
+
+def test_pods_created_from_different_configs_never_form_a_group_and_fail_cleanly(
+        release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]) -> None:
+    timing = {"rendezvous": {"joinTimeoutSeconds": 20, "readTimeoutSeconds": 20}}
+    before = values(redis_server.url, demo_model, release_dir / "runs", STEPS, **timing)
+    after = copy.deepcopy(before)
+    after["config"]["trainer"]["total_steps"] = STEPS + 2  # `helm upgrade` with a changed run config
+    old = Release(release_dir, render(before))
+    cleanup.append(old)
+    (release_dir / "new").mkdir()
+    new = Release(release_dir / "new", render(after))
+    # a rolling update (or a pod recreated after `helm upgrade`) puts a new-config pod 1 next to the old pod 0, at
+    # the same rendezvous endpoint; its rendezvous id carries the new config's checksum
+    assert new.trainer_script() != old.trainer_script().replace(str(old.config), str(new.config))
+    old.start_trainer_pod(0)
+    old.start_trainer_pod(1, script=new.trainer_script(), env=new.trainer_env())
+
+    old.wait(lambda: all(old.procs[f"trainer-{i}"].poll() is not None for i in (0, 1)), 180,
+             "both agents to give up")
+
+    assert all(old.procs[f"trainer-{i}"].poll() != 0 for i in (0, 1))
+    logs = [old.log(f"trainer-{i}") for i in (0, 1)]
+    for log in logs:
+        assert "[trainer rank=" not in log, log[-3000:]  # no worker ever started: no mixed group
+        # the first to reach its join timeout gives up; the other may first lose the store that pod 0 hosted
+        assert "RendezvousTimeoutError" in log or "RendezvousConnectionError" in log, log[-3000:]
+    assert any("RendezvousTimeoutError" in log for log in logs)

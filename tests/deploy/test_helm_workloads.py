@@ -59,12 +59,15 @@ def test_multinode_trainer_runs_torchrun_with_c10d_rendezvous_at_pod_zero(tmp_pa
     assert selector["statefulset.kubernetes.io/pod-name"] == f"{sts['metadata']['name']}-0"
 
 
-def test_single_pod_trainer_runs_torchrun_standalone_for_several_ranks(tmp_path: Path) -> None:
+def test_single_pod_trainer_runs_torchrun_with_its_rendezvous_on_loopback_for_several_ranks(tmp_path: Path) -> None:
     docs = rendered("small-cpu")
     container = main_container(docs, "trainer")
-    assert container["command"] == ["python", "-m", "torch.distributed.run"]
-    assert container["args"][:2] == ["--standalone", "--nproc-per-node=2"]
-    assert container["args"][-5:] == ["-m", "relayrl.cli", "serve", "trainer", CONFIG_PATH]
+    assert container["command"] == ["tini", "--", "sh", "-c"]
+    script = container["args"][0]
+    flags = dict(re.findall(r"--([a-z-]+)=(\S+)", script))
+    assert (flags["nnodes"], flags["nproc-per-node"]) == ("1", "2")
+    assert flags["rdzv-endpoint"] == "127.0.0.1:29400" and "local-addr" not in flags
+    assert script.rstrip().endswith(f"-m relayrl.cli serve trainer {CONFIG_PATH}")
     assert load_config(docs, tmp_path).trainer.distributed.world_size == 2
     assert workload(docs, "trainer")["spec"]["replicas"] == 1
 
@@ -153,6 +156,7 @@ def test_external_redis_secret_passes_url_and_password_in_the_environment_only(t
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_every_pod_is_restricted_and_mounts_no_service_account_token(name: str) -> None:
     docs = rendered(name)
+    values = merged(_chart().values, value_set(name))
     specs = pod_specs(docs)
     assert len(specs) >= 5
     for where, spec in specs.items():
@@ -163,7 +167,8 @@ def test_every_pod_is_restricted_and_mounts_no_service_account_token(name: str) 
         for container in [*spec.get("initContainers", []), *spec["containers"]]:
             sc = container["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, (where, container["name"])
-            assert sc["capabilities"] == {"drop": ["ALL"]}, (where, container["name"])
+            added = values[where.rsplit("-", 1)[-1]].get("capabilitiesAdd", []) if container["name"] in SERVICES else []
+            assert sc["capabilities"] == {"drop": ["ALL"], **({"add": added} if added else {})}, where
             assert sc["runAsNonRoot"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
             assert sc.get("privileged", False) is False, where
     for account in objects(docs, "ServiceAccount"):
@@ -173,26 +178,27 @@ def test_every_pod_is_restricted_and_mounts_no_service_account_token(name: str) 
 @pytest.mark.parametrize("name", ["default", "small-cpu"])
 def test_services_have_native_grpc_probes_on_their_port_and_health_name(name: str) -> None:
     docs = rendered(name)
-    for svc in SERVICES:
+    trainer = merged(_chart().values, value_set(name))["trainer"]
+    torchrun = trainer["nodes"] * trainer["nprocPerNode"] > 1  # probes on the agent (test_helm_lifecycle)
+    for svc in (s for s in SERVICES if not (s == "trainer" and torchrun)):
         container = main_container(docs, svc)
         port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert container[probe]["grpc"] == {"port": port, "service": HEALTH_NAMES[svc]}, (svc, probe)
 
 
-def test_multinode_trainer_probes_rank_zero_health_on_pod_zero_only() -> None:
+def test_multinode_trainer_is_ready_when_rank_zero_serves_on_pod_zero() -> None:
     container = main_container(rendered("multinode-gpu"), "trainer")
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        command = container[probe]["exec"]["command"]
-        assert command[:2] == ["sh", "-c"], command
-        assert '[ "${POD_NAME##*-}" != 0 ] || exec relayrl health --target 127.0.0.1:50054' in command[2]
-        assert f"--service {HEALTH_NAMES['trainer']}" in command[2]
+    command = container["readinessProbe"]["exec"]["command"]
+    assert command[:2] == ["sh", "-c"], command
+    assert '[ "${POD_NAME##*-}" != 0 ] || exec relayrl health --target 127.0.0.1:50054' in command[2]
+    assert f"--service {HEALTH_NAMES['trainer']}" in command[2]
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_each_service_serves_itself_with_the_mounted_configmap(name: str) -> None:
     docs = rendered(name)
-    (cm,) = objects(docs, "ConfigMap")
+    (cm,) = [d for d in objects(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config")]
     for svc in SERVICES:
         spec = workload(docs, svc)["spec"]["template"]["spec"]
         container = main_container(docs, svc)
@@ -243,10 +249,13 @@ def test_network_policy_denies_by_default_and_allows_only_the_service_flows(name
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
-def test_disruption_budgets_protect_the_trainer_and_replicated_rewards_only(name: str) -> None:
+def test_disruption_budgets_never_block_a_drain_and_cover_replicated_rewards_only(name: str) -> None:
     docs = rendered(name)
     budgets = {component(p): p for p in objects(docs, "PodDisruptionBudget")}
-    assert budgets["trainer"]["spec"]["maxUnavailable"] == 0
+    assert "trainer" not in budgets  # off by default: no budget can protect a torchrun group (test_helm_lifecycle)
+    for budget in budgets.values():
+        assert budget["spec"]["maxUnavailable"] >= 1
+        assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     values = merged(_chart().values, value_set(name))
     reward = values["reward"]
     most = reward["autoscaling"]["maxReplicas"] if reward["autoscaling"]["enabled"] else reward["replicas"]

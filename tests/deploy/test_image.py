@@ -8,6 +8,9 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
+
+import yaml
 
 from tests.conftest import REPO
 
@@ -50,3 +53,62 @@ def test_build_time_sandbox_check_fails_without_a_bwrap() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
     assert result.returncode != 0 and "no bwrap" in result.stderr
+
+
+# -- layers, extras, init process, labels; compose and chart on the same images -------------------------------------
+
+def _builder_stage() -> str:
+    text = DOCKERFILE.read_text().replace("\\\n", "")
+    return text[text.index(" AS builder"):text.index(" AS runtime")]
+
+
+def test_dependencies_are_installed_in_a_layer_before_the_code_is_copied() -> None:
+    stage = _builder_stage()
+    deps = stage.index("pip install -r /tmp/requirements.txt")
+    assert stage.index("COPY pyproject.toml") < deps < stage.index("COPY services")
+    assert "pip install --no-deps ." in stage[stage.index("COPY services"):]  # the code layer installs nothing else
+    assert re.search(r"^ARG EXTRAS=", stage, flags=re.M) and '"${EXTRAS}"' in stage
+
+
+def _requirements(extras: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "image_requirements.py"), extras],
+                          input=(REPO / "pyproject.toml").read_text(), capture_output=True, text=True, timeout=60)
+
+
+def test_the_dependency_layer_installs_exactly_the_projects_requirements_and_the_chosen_extras() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    plain = _requirements("")
+    with_wandb = _requirements("wandb")
+    unknown = _requirements("nonexistent")
+
+    assert plain.returncode == 0 and plain.stdout.splitlines() == project["dependencies"]
+    assert with_wandb.stdout.splitlines() == [*project["dependencies"], *project["optional-dependencies"]["wandb"]]
+    assert unknown.returncode != 0 and "unknown extras ['nonexistent']" in unknown.stderr
+
+
+def test_tini_is_pid_one_and_the_image_carries_oci_labels() -> None:
+    stage = _runtime_stage()
+    assert re.search(r"^ENTRYPOINT \[\"tini\", \"--\", \"relayrl\"\]$", stage, flags=re.M)
+    assert stage.index("install -y --no-install-recommends tini") < stage.index("USER relayrl")
+    labels = dict(re.findall(r"(org\.opencontainers\.image\.[a-z]+)=\"([^\"]*)\"", stage))
+    license_ = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]
+    assert labels["org.opencontainers.image.licenses"] == license_
+    assert {"title", "version", "revision", "source", "description"} <= {k.rsplit(".", 1)[1] for k in labels}
+
+
+def _compose_image(service: dict[str, object]) -> str:
+    image = str(service["image"])
+    default = re.fullmatch(r"\$\{[A-Z_]+:-([^}]+)\}", image)  # ${RELAYRL_IMAGE:-relayrl:0.1.0}
+    return default.group(1) if default else image
+
+
+def test_compose_and_the_chart_run_the_same_relayrl_and_redis_images() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    chart = yaml.safe_load((REPO / "charts" / "relayrl" / "Chart.yaml").read_text())
+    values = yaml.safe_load((REPO / "charts" / "relayrl" / "values.yaml").read_text())
+    relayrl = f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}"
+    redis = values["redis"]["image"]
+
+    assert _compose_image(compose["x-relayrl"]) == relayrl
+    assert _compose_image(compose["services"]["redis"]) == f"{redis['repository']}:{redis['tag']}"
+    assert redis["tag"] != "7.2.5-alpine"  # published CVEs (see values.yaml)

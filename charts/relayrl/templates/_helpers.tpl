@@ -64,6 +64,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* repository:tag, or repository@digest when a digest is given. Call with an image block. */}}
+{{- define "relayrl.pinnedImage" -}}
+{{- if .digest }}{{ printf "%s@%s" .repository .digest }}{{ else }}{{ printf "%s:%s" .repository .tag }}{{ end }}
+{{- end }}
+
 {{/* The trainer's world size: one rank per process, nprocPerNode processes on each of nodes pods. */}}
 {{- define "relayrl.worldSize" -}}
 {{- mul (int .Values.trainer.nodes) (int .Values.trainer.nprocPerNode) }}
@@ -84,6 +89,7 @@ Refuse values that would contradict each other or what the chart sets itself; `h
 message instead of pods crash-looping on a config error.
 */}}
 {{- define "relayrl.validate" -}}
+{{- include "relayrl.validateCluster" . }}
 {{- $cfg := .Values.config }}
 {{- range $key := list "output_dir" }}
 {{- if hasKey $cfg $key }}
@@ -150,7 +156,7 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- define "relayrl.runConfig" -}}
 {{- include "relayrl.validate" . }}
 {{- $cfg := deepCopy .Values.config }}
-{{- $_ := set $cfg "output_dir" .Values.trainer.persistence.mountPath }}
+{{- $_ := set $cfg "output_dir" (include "relayrl.outputDir" .) }}
 {{- $redis := default dict $cfg.redis }}
 {{- if .Values.redis.external.url }}
 {{- $_ := set $redis "url" .Values.redis.external.url }}
@@ -191,6 +197,8 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- $distributed := default dict $cfg.trainer.distributed }}
 {{- $_ := set $distributed "world_size" (int (include "relayrl.worldSize" .)) }}
 {{- $_ := set $cfg.trainer "distributed" $distributed }}
+{{- /* a StatefulSet restarts whatever exits: a finished trainer stays up, idle, answering `finished` */}}
+{{- $_ := set $cfg.trainer "after_finish" "stay" }}
 {{- regexReplaceAll "(?m)^(\\s*[A-Za-z0-9_]+: |\\s*- )(-?[0-9]+)e([-+][0-9]+)$" (toYaml $cfg) "${1}${2}.0e${3}" }}
 {{- end }}
 
@@ -232,6 +240,9 @@ seccompProfile:
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- /* the config this pod was created for: `relayrl serve` refuses a mounted config that changed since */}}
+- name: RELAYRL_CONFIG_SHA256
+  value: {{ include "relayrl.configChecksum" $ | quote }}
 {{- $creds := default (printf "%s-credentials" (include "relayrl.fullname" $)) $.Values.credentials.existingSecret }}
 {{- if has $svc (list "rollout" "trainer") }}
 - name: RELAYRL_CONTROL_TOKEN
@@ -343,34 +354,9 @@ initContainers:
         mountPath: {{ .Values.models.mountPath }}
       - name: tmp
         mountPath: /tmp
-{{- end }}
-{{- end }}
-
-{{/* Pod-level fields every relayrl pod shares. (list $ svc) */}}
-{{- define "relayrl.podCommon" -}}
-{{- $ := index . 0 }}{{- $svc := index . 1 -}}
-{{- $values := index $.Values $svc -}}
-serviceAccountName: {{ include "relayrl.serviceAccountName" $ }}
-automountServiceAccountToken: false
-enableServiceLinks: false
-securityContext:
-  {{- include "relayrl.podSecurityContext" $ | nindent 2 }}
-terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds }}
-{{- with $.Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $values.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $values.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $values.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
+{{- else if .Values.models.fill.enabled -}}
+initContainers:
+  {{- include "relayrl.waitModel" . | nindent 2 }}
 {{- end }}
 {{- end }}
 
