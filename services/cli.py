@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from relayrl.common.config import ConfigError, apply_override, check_config_digest, from_dict
 from relayrl.common.logging import records_held, setup_logging
@@ -24,7 +25,14 @@ EXIT_CONFIG = 2
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="relayrl", description="Asynchronous RL post-training over gRPC.")
     sub = p.add_subparsers(dest="command", required=True)
+    _running_commands(sub)
+    _model_commands(sub)
+    _operating_commands(sub)
+    return p
 
+
+def _running_commands(sub: Any) -> None:
+    """run, serve."""
     run = sub.add_parser("run", help="run the whole stack locally (embedded Redis, four services)")
     run.add_argument("config", type=Path, help="run config YAML")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -41,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--resume", choices=("never", "auto"), default=None,
                        help="trainer: auto restores the newest complete checkpoint (same as trainer.checkpoint.resume)")
 
+
+def _model_commands(sub: Any) -> None:
+    """init-model, import-model, merge-lora, eval, make-dataset."""
     init = sub.add_parser("init-model", help="create the tiny demo model and tokenizer (random init)")
     init.add_argument("--out", type=Path, default=Path("models/tiny"), help="model directory to write")
     init.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -91,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="chat-addition: where the held-out split goes")
     data.add_argument("--heldout-rows", type=int, default=200, help="chat-addition: held-out questions")
 
+
+def _operating_commands(sub: Any) -> None:
+    """debug, health, status, control, plot, dashboard."""
     debug = sub.add_parser("debug", help="debugging tools")
     debug_sub = debug.add_subparsers(dest="debug_command", required=True)
     coll = debug_sub.add_parser("collectives", help="compare the ranks' recorded collectives; name the first "
@@ -129,7 +143,6 @@ def _parser() -> argparse.ArgumentParser:
     dash.add_argument("run_dir", type=Path, help="run folder (holding metrics.jsonl) or a metrics.jsonl file")
     dash.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
     dash.add_argument("--port", type=_port, default=0, help="TCP port (0: any free port; the URL is printed)")
-    return p
 
 
 def _tls_arguments(p: argparse.ArgumentParser) -> None:
