@@ -13,7 +13,8 @@ from relayrl.common.http import HttpServer
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig
-from relayrl.rollout.producer import RolloutClients, RolloutProducer
+from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.producer import RolloutProducer
 from relayrl.rollout.server import create_rollout_server
 
 log = logging.getLogger(__name__)

@@ -16,13 +16,9 @@ import socket
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 import grpc
 
-from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy, RewardClient, TrainerClient
 from relayrl.common.dataset import Prompt, PromptCursor
 from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2, trainer_pb2
@@ -30,51 +26,18 @@ from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
 from relayrl.config.rollout import RolloutConfig
-from relayrl.config.tls import TlsConfig
 from relayrl.rollout.admission import Admission, TrainerView
+from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.progress import Progress, ProgressStore
 
 log = logging.getLogger(__name__)
 
-# Generate and ScoreBatch are safe to repeat (relayrl.client says why): a restarting server is retried briefly
-# before the group counts as failed. The trainer's status is polled every status_poll_s anyway: no retry.
-GENERATE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
-SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
-TRAINER_STATUS_POLICY = NO_RETRY
-TRAINER_STATUS_TIMEOUT_S = 5.0
 # While admission waits for the trainer, its status is polled this many times as often: the window reopens when a
 # step is published, and a full status_poll_s of lag per step would leave the engine idle meanwhile. (Polling is the
 # fallback: rollout follows the trainer's WatchStatus stream, which brings each change at once.)
 BLOCKED_POLL_DIVISOR = 5
 # Deadline of one WatchStatus stream; rollout subscribes again when it passes.
 WATCH_DEADLINE_S = 60.0
-
-
-@dataclass
-class RolloutClients:
-    """The services rollout calls, each through its typed client with rollout's retry policies."""
-
-    inference: InferenceClient
-    reward: RewardClient
-    trainer: TrainerClient
-
-    @classmethod
-    def connect(cls, inference: str, reward: str, trainer: str, tls: TlsConfig | None = None) -> RolloutClients:
-        """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on."""
-        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY}, tls=tls),
-                   RewardClient(reward, policies={"ScoreBatch": SCORE_POLICY}, tls=tls),
-                   TrainerClient(trainer, timeout_s=TRAINER_STATUS_TIMEOUT_S,
-                                 policies={"GetStatus": TRAINER_STATUS_POLICY}, tls=tls))
-
-    async def close(self) -> None:
-        await asyncio.gather(self.inference.close(), self.reward.close(), self.trainer.close())
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
 
 
 class GroupFailed(RuntimeError):
@@ -104,6 +67,8 @@ class RolloutProducer:
         self._retry: deque[tuple[int, int]] = deque()  # (seq, attempt)
         self._appending: set[asyncio.Future[None]] = set()
         self._record_lock = asyncio.Lock()
+        self._records: list[tuple[int, episode_pb2.EpisodeGroup | None, asyncio.Future[None]]] = []
+        self.records_committed = 0  # Redis transactions that appended groups or recorded skips (group commit)
         self._wake = asyncio.Event()
         self.paused = False  # by an operator: admit no new group
         self.append_blocked = False  # Redis refuses the append for lack of memory: admit no new group meanwhile
@@ -295,24 +260,48 @@ class RolloutProducer:
         await self._record(seq, None)
 
     async def _record(self, seq: int, group: episode_pb2.EpisodeGroup | None) -> None:
-        """One MULTI: the group's XADD (unless skipped) and the record of its seq, retried through a Redis
-        outage. One at a time: the recorded watermark must follow the order in which transactions execute.
-        A transaction whose reply was lost may be applied twice: the trainer never trains a group id twice."""
+        """The group's XADD (unless skipped) and the record of its seq in one MULTI, retried through a Redis
+        outage. Group commit: records queue, and whoever holds the lock next writes every queued record in one
+        transaction (in queue order: the recorded watermark follows the order in which they execute), so groups
+        that finish together cost one round trip. A transaction whose reply was lost may be applied twice: the
+        trainer never trains a group id twice."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._records.append((seq, group, done))
+        async with self._record_lock:
+            if not done.done():  # not yet written by an earlier holder of the lock
+                batch, self._records = self._records, []
+                try:
+                    await self._commit(batch)
+                except BaseException as exc:
+                    for _, _, other in batch:
+                        if other is not done and not other.done():
+                            other.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+                    raise
+        await done
+
+    async def _commit(self, batch: list[tuple[int, episode_pb2.EpisodeGroup | None, asyncio.Future[None]]]) -> None:
+        """One MULTI for ``batch``; then the records count as applied and their callers are released."""
         async def attempt() -> None:
+            planned = Progress(self.progress.watermark, set(self.progress.done))  # each seq planned after the last
             async with self.stream.client.pipeline(transaction=True) as pipe:
-                if group is not None:
-                    await self.stream.append(group, pipe)
-                self.store.queue(pipe, self.progress, seq, appended=group is not None)
+                for seq, group, _ in batch:
+                    if group is not None:
+                        await self.stream.append(group, pipe)
+                    self.store.queue(pipe, planned, seq, appended=group is not None)
+                    planned.mark(seq)
                 await pipe.execute()
 
-        async with self._record_lock:
-            try:
-                await redis_retry(attempt, "append group", self.redis_retry_s, on_oom=self._on_oom)
-            finally:
-                if self.append_blocked:
-                    self.append_blocked = False
-                    self._wake.set()
+        try:
+            await redis_retry(attempt, "append group", self.redis_retry_s, on_oom=self._on_oom)
+        finally:
+            if self.append_blocked:
+                self.append_blocked = False
+                self._wake.set()
+        self.records_committed += 1
+        for seq, group, done in batch:
             self.store.applied(self.progress, seq, appended=group is not None)
+            if not done.done():
+                done.set_result(None)
 
     def _on_oom(self) -> None:
         """A full Redis refused the append (nothing of the MULTI applied): count it, and admit nothing until the

@@ -22,7 +22,8 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig
 from relayrl.config.control import ControlConfig
 from relayrl.config.endpoints import HttpConfig
-from relayrl.rollout.producer import RolloutClients, RolloutProducer
+from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.producer import RolloutProducer
 from relayrl.rollout.server import create_rollout_server
 from relayrl.status import Target, collect, render
 from relayrl.tasks.arithmetic import reward

@@ -19,7 +19,8 @@ from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.admission import TrainerView
-from relayrl.rollout.producer import RolloutClients, RolloutProducer
+from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.producer import RolloutProducer
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,8 @@ from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.pb import common_pb2, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
 from relayrl.config.rollout import RolloutConfig
-from relayrl.rollout.producer import BLOCKED_POLL_DIVISOR, RolloutClients, RolloutProducer
+from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.producer import BLOCKED_POLL_DIVISOR, RolloutProducer
 from relayrl.trainer.status_watch import StatusPulse, status_changes
 from tests.conftest import RedisServer
 

@@ -18,7 +18,8 @@ from relayrl.common.logging import setup_logging
 from relayrl.common.metrics_row import SftRow, parse_row
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
-from relayrl.rollout.producer import RolloutClients, RolloutProducer
+from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.producer import RolloutProducer
 from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.server import create_trainer_server
 from tests.conftest import RedisServer

@@ -1,0 +1,46 @@
+"""The services rollout calls (inference, reward, trainer), each through its typed client with rollout's retry
+policies."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy, RewardClient, TrainerClient
+from relayrl.config.tls import TlsConfig
+
+# Generate and ScoreBatch are safe to repeat (relayrl.client says why): a restarting server is retried briefly
+# before the group counts as failed. The trainer's status is followed (WatchStatus) or polled anyway: no retry.
+GENERATE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
+SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
+TRAINER_STATUS_POLICY = NO_RETRY
+TRAINER_STATUS_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RolloutClients:
+    """The services rollout calls, each through its typed client with rollout's retry policies."""
+
+    inference: InferenceClient
+    reward: RewardClient
+    trainer: TrainerClient
+
+    @classmethod
+    def connect(cls, inference: str, reward: str, trainer: str, tls: TlsConfig | None = None) -> RolloutClients:
+        """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on."""
+        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY}, tls=tls),
+                   RewardClient(reward, policies={"ScoreBatch": SCORE_POLICY}, tls=tls),
+                   TrainerClient(trainer, timeout_s=TRAINER_STATUS_TIMEOUT_S,
+                                 policies={"GetStatus": TRAINER_STATUS_POLICY}, tls=tls))
+
+    async def close(self) -> None:
+        await asyncio.gather(self.inference.close(), self.reward.close(), self.trainer.close())
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
