@@ -48,11 +48,11 @@ def _turn(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def create_tool_model(out: Path, steps: int = 300) -> Path:
+def create_tool_model(out: Path, steps: int = 150) -> Path:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     chars = string.ascii_letters + string.digits + ' {}[]":,<>/_=+-*.;?\n'
-    create_tiny_model(out, TinyModelConfig(chars=chars, hidden_size=64, intermediate_size=128, num_layers=2,
+    create_tiny_model(out, TinyModelConfig(chars=chars, hidden_size=128, intermediate_size=256, num_layers=2,
                                            max_position_embeddings=512, seed=3))
     tok = AutoTokenizer.from_pretrained(str(out))
     tok.chat_template = TEMPLATE
@@ -67,7 +67,7 @@ def create_tool_model(out: Path, steps: int = 300) -> Path:
         t = tok(target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         batch.append((torch.tensor(p + t), torch.tensor([-100] * len(p) + t)))
     torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
         loss = sum(model(input_ids=ids[None], labels=labels[None]).loss for ids, labels in batch)
