@@ -59,6 +59,11 @@ class OpenAiApi:
         if req.model not in (None, "", service.model_name):
             raise ApiError(f"model {req.model!r} is not served here (this server serves {service.model_name!r})",
                            "model", 404)
+        if (top or prompt_logprobs is not None) and not getattr(service.engine, "computes_alternatives", False):
+            param = ("echo" if prompt_logprobs is not None
+                     else "logprobs" if isinstance(req, CompletionRequest) else "top_logprobs")
+            raise ApiError(f"{param}: this engine ({service.cfg.engine.value}) does not compute logprob "
+                           "alternatives or prompt logprobs", param)
         inp = GenerationInput(
             prompt_ids=ids, n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
             max_new_tokens=max_tokens or 16, stop=req.stops(), stop_token_ids=list(req.stop_token_ids),

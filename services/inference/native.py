@@ -48,6 +48,8 @@ class _Swap:
 class NativeEngine:
     """Continuous-batching generation with a Hugging Face causal LM (CPU or CUDA)."""
 
+    computes_alternatives = True  # top_logprobs / prompt_logprobs of GenerationInput are honoured
+
     def __init__(self, model: Any, tokenizer: Any, device: torch.device, version: int = 0,
                  kv_on_update: KvOnUpdate = KvOnUpdate.RECOMPUTE, max_batch_sequences: int = 256,
                  max_prefill_tokens: int = 8192) -> None:
