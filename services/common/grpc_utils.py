@@ -73,7 +73,8 @@ def create_server(
         add(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    enable_reflection(server, service_names)
+    if cfg.reflection:
+        enable_reflection(server, service_names)
     bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
              else server.add_insecure_port(f"{host}:{port}"))
     if bound == 0:

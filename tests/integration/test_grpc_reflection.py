@@ -56,3 +56,26 @@ def test_reward_service_is_reflected_too() -> None:
             return listed
 
     assert "relayrl.v1.RewardService" in asyncio.run(go())
+
+
+def test_reflection_off_leaves_only_health() -> None:
+    from relayrl.common.grpc_utils import create_server
+    from relayrl.config.endpoints import ServerConfig
+
+    def listing(target: str) -> grpc.StatusCode | None:
+        with grpc.insecure_channel(target) as channel:
+            try:
+                ProtoReflectionDescriptorDatabase(channel).get_services()
+            except grpc.RpcError as exc:
+                return exc.code()  # type: ignore[no-any-return]
+        return None
+
+    async def go() -> grpc.StatusCode | None:
+        handle = create_server(ServerConfig(port=0, reflection=False), [], [])
+        await handle.start()
+        try:
+            return await asyncio.to_thread(listing, f"127.0.0.1:{handle.port}")
+        finally:
+            await handle.stop(0)
+
+    assert asyncio.run(go()) == grpc.StatusCode.UNIMPLEMENTED

@@ -91,3 +91,36 @@ def test_history_replays_through_the_template_like_the_model_was_fitted(tool_mod
             assert resp.choices[0].message.content == ANSWER
 
     asyncio.run(go())
+
+
+def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: Path) -> None:
+    """A higher-level client agent builders use: langchain-openai's ChatOpenAI with bound tools, then streaming."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    async def go() -> None:
+        async with inference_server(tool_model_dir, http=True) as (_, service):
+            llm = ChatOpenAI(base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key="unused",  # type: ignore[attr-defined,arg-type]
+                             model=service.model_name, temperature=0, max_tokens=80, max_retries=0, timeout=30)
+            question = [HumanMessage(QUESTION[0]["content"])]
+            asked = await llm.bind_tools([add]).ainvoke(question)
+            [call] = asked.tool_calls  # type: ignore[attr-defined]
+            assert call["name"] == "add" and call["args"] == {"a": 1, "b": 2}
+
+            result = await add.ainvoke(call["args"])
+            answer = await llm.bind_tools([add]).ainvoke(
+                [*question, asked, ToolMessage(str(result), tool_call_id=call["id"])])
+            assert answer.content == ANSWER
+
+            chunks = [c async for c in llm.astream("What is 1+2?")]
+            assert len(chunks) > 2  # streamed in pieces
+            whole = await llm.ainvoke("What is 1+2?")
+            assert "".join(str(c.content) for c in chunks) == whole.content
+
+    asyncio.run(go())

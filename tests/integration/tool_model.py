@@ -48,7 +48,7 @@ def _turn(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def create_tool_model(out: Path, steps: int = 150) -> Path:
+def create_tool_model(out: Path, steps: int = 100, lr: float = 5e-3) -> Path:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     chars = string.ascii_letters + string.digits + ' {}[]":,<>/_=+-*.;?\n'
@@ -61,18 +61,22 @@ def create_tool_model(out: Path, steps: int = 150) -> Path:
               CALL),
              (tok.apply_chat_template(_turn(CALLED), tools=TOOLS, add_generation_prompt=True, tokenize=False),
               ANSWER)]
-    batch = []
+    rows = []
     for prompt, target in pairs:
         p = tok(prompt, add_special_tokens=False)["input_ids"]
         t = tok(target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        batch.append((torch.tensor(p + t), torch.tensor([-100] * len(p) + t)))
+        rows.append((p + t, [-100] * len(p) + t))
+    width = max(len(ids) for ids, _ in rows)  # one right-padded batch: one forward pass per step
+    ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in rows])
     torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
-        loss = sum(model(input_ids=ids[None], labels=labels[None]).loss for ids, labels in batch)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
-        loss.backward()  # type: ignore[union-attr]
+        loss.backward()
         opt.step()
     model.eval()
     model.save_pretrained(str(out))
