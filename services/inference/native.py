@@ -6,7 +6,10 @@ the weights changed (``kv_on_update: recompute``), admit queued requests that fi
 together, once per prompt: the n samples of a prompt share its prefill and start from copies of its cache),
 then one decode step for every running row. Rows whose sample finished leave the batch at once; the request's
 future resolves when its last sample finishes. Every token is stamped with the weight version of the step that
-produced it. A seeded request runs alone with its own generator, so it is reproducible.
+produced it. A seeded request runs alone with its own generator, so it is reproducible. Logprob alternatives
+(``top_logprobs``) come from the same tempered softmax in the same sampling step, into a [rows, steps, k] tensor
+(k: the batch's largest ask); prompt logprobs need the prefill's logits at every position, which are kept only
+when an admitted request asks for them. A request with ``on_token`` gets each of its tokens as it is sampled.
 """
 
 from __future__ import annotations

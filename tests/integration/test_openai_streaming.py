@@ -98,6 +98,9 @@ def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_reques
             assert stats.cancelled_sequences == 1 and stats.running_sequences == 0
             assert stats.decode_steps - steps_at_disconnect < max_tokens // 2
             assert service.requests_served == 0  # it was dropped, not finished
+            async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+                metrics = (await http.get("/metrics")).text
+            assert "relayrl_inference_cancelled_sequences_total 1.0" in metrics
             ok = await _client(service).completions.create(model=service.model_name, prompt="1", max_tokens=2)
             assert len(ok.choices) == 1
 
