@@ -149,7 +149,9 @@ class OpenAiApi:
         refuse_unsupported(req)
         ids = await _tokens(self.service, chat_prompt(self.service.tokenizer, req))
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        return self.generation_input(req, ids, req.max_completion_tokens or req.max_tokens, top)
+        # OpenAI's chat default is "until the context is full": here, up to the server's max_new_tokens_limit
+        room = min(self.service.cfg.max_new_tokens_limit, self.service.engine.context_length - len(ids))
+        return self.generation_input(req, ids, req.max_completion_tokens or req.max_tokens or max(1, room), top)
 
     async def chat(self, req: ChatRequest) -> dict[str, Any]:
         inp = await self.chat_input(req)

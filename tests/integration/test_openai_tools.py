@@ -124,3 +124,29 @@ def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: 
             assert "".join(str(c.content) for c in chunks) == whole.content
 
     asyncio.run(go())
+
+
+def test_openai_agents_sdk_runs_a_tool_calling_turn_to_its_final_answer(tool_model_dir: Path) -> None:
+    """The openai-agents SDK (chat-completions model): the agent calls the tool, runs it, and answers."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # nothing is sent anywhere
+    ran: list[tuple[int, int]] = []
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        ran.append((a, b))
+        return a + b
+
+    async def go() -> str:
+        async with inference_server(tool_model_dir, http=True) as (_, service):
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key="unused",  # type: ignore[attr-defined]
+                                        max_retries=0, timeout=30)
+            agent = Agent(name="calc", tools=[add],
+                          model=OpenAIChatCompletionsModel(model=service.model_name, openai_client=client))
+            result = await Runner.run(agent, QUESTION[0]["content"], max_turns=3)
+            return str(result.final_output)
+
+    assert asyncio.run(go()) == ANSWER
+    assert ran == [(1, 2)]
