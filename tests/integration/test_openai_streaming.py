@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import httpx
@@ -71,11 +72,18 @@ def test_streamed_chat_with_n_and_stop_list_gives_each_choice_its_role_deltas_an
 
 def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_request_would_end(
         tiny_model_dir: Path) -> None:
-    max_tokens = 200  # far more steps than the cancellation may take
+    max_tokens = 200
 
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             engine = service.engine
+            gate = threading.Event()  # the engine holds before its 4th forward pass until the client is gone
+
+            def hold(*_: object) -> None:
+                if engine.decode_steps >= 3:
+                    assert gate.wait(30)
+
+            hook = engine.model.register_forward_pre_hook(hold)  # type: ignore[attr-defined]
             base = f"http://127.0.0.1:{service.http_port}"  # type: ignore[attr-defined]
             body = {"prompt": "1+", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
             async with (httpx.AsyncClient(base_url=base, timeout=30) as http,
@@ -85,18 +93,28 @@ def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_reques
                     if line.startswith("data: "):
                         first = json.loads(line[6:])
                         break
-                steps_at_disconnect = engine.stats().decode_steps
-            # the connection is closed: wait on the engine's counter (bounded), never a fixed sleep
+            # the connection is closed: wait (bounded) until the server has cancelled the request, then let the
+            # engine go on; it must drop the row at its next step instead of generating the other ~197 tokens
+            def cancelled() -> bool:  # held with the cancelled row, or (disconnect seen sooner) already dropped it
+                rows = engine._rows  # type: ignore[attr-defined]
+                return engine.stats().cancelled_sequences == 1 or bool(rows and rows[0].req.future.cancelled())
+
             for _ in range(2000):
-                stats = engine.stats()
-                if stats.cancelled_sequences == 1 and stats.running_sequences == 0:
+                if cancelled():
                     break
                 await asyncio.sleep(0.005)
+            assert cancelled(), engine.stats()
+            gate.set()
+            for _ in range(2000):
+                if engine.stats().cancelled_sequences == 1 and engine.stats().running_sequences == 0:
+                    break
+                await asyncio.sleep(0.005)
+            hook.remove()
             stats = engine.stats()
 
             assert first["choices"][0]["weight_versions"] == [0]
             assert stats.cancelled_sequences == 1 and stats.running_sequences == 0
-            assert stats.decode_steps - steps_at_disconnect < max_tokens // 2
+            assert stats.decode_steps <= 5  # held at step 4; dropped before step 5 could start
             assert service.requests_served == 0  # it was dropped, not finished
             async with httpx.AsyncClient(base_url=base, timeout=10) as http:
                 metrics = (await http.get("/metrics")).text
