@@ -112,7 +112,8 @@ def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_reques
             hook.remove()
             stats = engine.stats()
 
-            assert first["choices"][0]["weight_versions"] == [0]
+            versions = first["choices"][0]["weight_versions"]  # the tokens behind its text (a special one has none)
+            assert versions and set(versions) == {0}
             assert stats.cancelled_sequences == 1 and stats.running_sequences == 0
             assert stats.decode_steps <= 5  # held at step 4; dropped before step 5 could start
             assert service.requests_served == 0  # it was dropped, not finished
