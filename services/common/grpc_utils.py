@@ -1,6 +1,7 @@
 """gRPC plumbing shared by the services: server creation with health, graceful shutdown, channels.
 
-Every server comes from :func:`create_server` and every channel from :func:`channel` (async) or
+Every server comes from :func:`create_server` (with health and server reflection, so ``grpcurl``-style tools can
+list and call its services from their descriptors) and every channel from :func:`channel` (async) or
 :func:`health_status` (blocking): with a ``tls`` section that is on, servers listen with TLS (mutual TLS with
 ``require_client_cert``) and channels verify servers against its CA; without it, plaintext.
 """
@@ -72,11 +73,22 @@ def create_server(
         add(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if cfg.reflection:
+        enable_reflection(server, service_names)
     bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
              else server.add_insecure_port(f"{host}:{port}"))
     if bound == 0:
         raise OSError(f"could not bind gRPC server to {host}:{port}")
     return ServerHandle(server=server, port=bound, health=health, service_names=list(service_names))
+
+
+def enable_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> None:
+    """Register gRPC server reflection for the given services, health and reflection itself. It exposes only the
+    schema (the same protos the repository publishes), never data; calls still need their credentials."""
+    from grpc_reflection.v1alpha import reflection
+
+    names = [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
 
 
 def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:

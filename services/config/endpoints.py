@@ -23,6 +23,9 @@ class ServerConfig:
     max_concurrent_rpcs: int = field(default=32, metadata={
         "help": "Calls (and streams) served at once; one more is refused at once with RESOURCE_EXHAUSTED.",
         "ge": 1})
+    reflection: bool = field(default=True, metadata={
+        "help": "Register gRPC server reflection, so grpcurl-style tools list and call the services without the "
+                "protos. It describes the (public) schema only; calls still need their credentials."})
 
     def validate(self) -> None:
         if not self.host:

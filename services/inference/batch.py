@@ -28,6 +28,11 @@ def _pad_right(t: torch.Tensor, width: int, value: float = 0) -> torch.Tensor:
     return t if missing == 0 else F.pad(t, [0, missing], value=value)
 
 
+def _pad_top(t: torch.Tensor, steps: int, k: int, value: float) -> torch.Tensor:
+    """[B, T, K] padded on the right of dims 1 and 2 to [B, steps, k]."""
+    return F.pad(t, [0, k - t.shape[2], 0, steps - t.shape[1]], value=value)
+
+
 @dataclass
 class RowParams:
     """Per-row sampling parameters [B] (stop_ids [B, W], -1 = unused)."""
@@ -52,6 +57,12 @@ class BatchState:
     out_ver: torch.Tensor  # [B, T] the weight version that produced each
     length: torch.Tensor  # [B] tokens generated so far
     cache_version: int  # weights the cached keys/values were computed with
+    out_top_lp: torch.Tensor  # [B, T, K] logprobs of the K most likely tokens at each step (K: the batch's max ask)
+    out_top_id: torch.Tensor  # [B, T, K] their token ids
+
+    @property
+    def alternatives(self) -> int:
+        return int(self.out_top_lp.shape[2])
 
     @property
     def rows(self) -> int:
@@ -65,6 +76,7 @@ class BatchState:
         b, w = self.mask.shape
         assert self.ids.shape == (b, w) and self.next_tok.shape == (b,) and self.pos.shape == (b,)
         assert self.out_tok.shape == self.out_lp.shape == self.out_ver.shape and self.out_tok.shape[0] == b
+        assert self.out_top_lp.shape == self.out_top_id.shape and self.out_top_lp.shape[:2] == self.out_tok.shape
         assert all(k.shape[0] == b and k.shape[2] == w and v.shape == k.shape for k, v in self.kv)
 
     def select(self, index: torch.Tensor) -> BatchState:
@@ -80,7 +92,8 @@ class BatchState:
             params=RowParams(*(getattr(p, f.name).index_select(0, index) for f in fields(p))),
             out_tok=self.out_tok.index_select(0, index), out_lp=self.out_lp.index_select(0, index),
             out_ver=self.out_ver.index_select(0, index), length=self.length.index_select(0, index),
-            cache_version=self.cache_version,
+            cache_version=self.cache_version, out_top_lp=self.out_top_lp.index_select(0, index),
+            out_top_id=self.out_top_id.index_select(0, index),
         )
 
     @staticmethod
@@ -89,6 +102,7 @@ class BatchState:
         w = max(a.width, b.width)
         t = max(a.out_tok.shape[1], b.out_tok.shape[1])
         s = max(a.params.stop_ids.shape[1], b.params.stop_ids.shape[1])
+        k = max(a.alternatives, b.alternatives)
         kv = [(torch.cat([_pad_left(ka, w, 2), _pad_left(kb, w, 2)]), torch.cat([_pad_left(va, w, 2),
                                                                                   _pad_left(vb, w, 2)]))
               for (ka, va), (kb, vb) in zip(a.kv, b.kv, strict=True)]
@@ -107,14 +121,20 @@ class BatchState:
             out_ver=torch.cat([_pad_right(a.out_ver, t), _pad_right(b.out_ver, t)]),
             length=torch.cat([a.length, b.length]),
             cache_version=min(a.cache_version, b.cache_version),
+            out_top_lp=torch.cat([_pad_top(x.out_top_lp, t, k, float("-inf")) for x in (a, b)]),
+            out_top_id=torch.cat([_pad_top(x.out_top_id, t, k, -1) for x in (a, b)]),
         )
 
-    def record(self, tok: torch.Tensor, lp: torch.Tensor, version: int) -> None:
-        """Store each row's newly sampled token at its own output position."""
+    def record(self, tok: torch.Tensor, lp: torch.Tensor, version: int,
+               top: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Store each row's newly sampled token (and its step's alternatives) at its own output position."""
         rows = torch.arange(self.rows, device=tok.device)
         self.out_tok[rows, self.length] = tok
         self.out_lp[rows, self.length] = lp
         self.out_ver[rows, self.length] = version
+        if top is not None and self.alternatives:
+            self.out_top_lp[rows, self.length] = top[0]
+            self.out_top_id[rows, self.length] = top[1]
         self.length += 1
         self.next_tok = tok
 

@@ -8,7 +8,7 @@ tempered distribution.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -30,6 +30,23 @@ class GenerationInput:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    top_logprobs: int = 0  # alternatives per generated token (the k most likely under the tempered softmax)
+    prompt_logprobs: int | None = None  # None: none; k >= 0: the prompt tokens' logprobs and k alternatives each
+    on_token: Callable[[TokenEvent], None] | None = None  # streaming: called on the engine thread per token
+
+
+Alternatives = list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token of one sample, as soon as it is sampled (before stop strings are applied)."""
+
+    index: int  # sample index within the request
+    token_id: int
+    logprob: float
+    version: int
+    top: Alternatives
 
 
 @dataclass
@@ -39,6 +56,9 @@ class SampleOutput:
     weight_versions: list[int]
     finish_reason: int
     text: str
+    top_logprobs: list[Alternatives] = field(default_factory=list)  # per token, when asked
+    prompt_logprobs: list[float | None] = field(default_factory=list)  # per prompt token (first: None)
+    prompt_top_logprobs: list[Alternatives] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,7 @@ class EngineStats:
     running_requests: int
     queued_requests: int
     decode_steps: int
+    cancelled_sequences: int = 0  # rows freed because their request was cancelled (client gone)
 
 
 class Engine(Protocol):
@@ -99,6 +120,27 @@ def sample_tokens(
 
     logits [B, V] (any float dtype), temperature [B] (> 0), top_k [B] (0 = off), top_p [B] (1 = off).
     """
+    tokens, lp, _ = sample_with_alternatives(logits, temperature, top_k, top_p, generator, 0)
+    return tokens, lp
+
+
+def top_alternatives(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely entries along the last dim of ``logprobs``: (logprobs [..., k], token ids [..., k])."""
+    k = min(k, logprobs.shape[-1])
+    values, ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[..., :0], logprobs[..., :0].long())
+    return values, ids
+
+
+def sample_with_alternatives(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    generator: torch.Generator | None,
+    alternatives: int,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`sample_tokens` plus the ``alternatives`` most likely tokens of every row under the same tempered
+    full softmax: (tokens [B], logprobs [B], (top logprobs [B, k], top ids [B, k]))."""
     assert logits.dim() == 2 and temperature.shape == logits.shape[:1], (logits.shape, temperature.shape)
     scaled = logits.float() / temperature.unsqueeze(1)
     logprobs = torch.log_softmax(scaled, dim=-1)
@@ -117,7 +159,7 @@ def sample_tokens(
         tokens = sorted_idx.gather(1, choice).squeeze(1)
     else:
         tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(1)
-    return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1), top_alternatives(logprobs, alternatives)
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:

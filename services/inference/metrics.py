@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from relayrl.inference.engine import EngineStats
@@ -16,7 +16,7 @@ class _EngineCollector(Collector):
         self._stats = stats
         self._version = version
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._stats()
         yield GaugeMetricFamily("relayrl_inference_weight_version", "Weight version served now.",
                                 value=self._version())
@@ -24,6 +24,8 @@ class _EngineCollector(Collector):
                                 value=s.running_sequences)
         yield GaugeMetricFamily("relayrl_inference_requests_queued", "Requests waiting to join the batch.",
                                 value=s.queued_requests)
+        yield CounterMetricFamily("relayrl_inference_cancelled_sequences", "Sequences freed because their request "
+                                  "was cancelled (e.g. a streaming client went away).", value=s.cancelled_sequences)
 
 
 class InferenceMetrics:

@@ -6,7 +6,10 @@ the weights changed (``kv_on_update: recompute``), admit queued requests that fi
 together, once per prompt: the n samples of a prompt share its prefill and start from copies of its cache),
 then one decode step for every running row. Rows whose sample finished leave the batch at once; the request's
 future resolves when its last sample finishes. Every token is stamped with the weight version of the step that
-produced it. A seeded request runs alone with its own generator, so it is reproducible.
+produced it. A seeded request runs alone with its own generator, so it is reproducible. Logprob alternatives
+(``top_logprobs``) come from the same tempered softmax in the same sampling step, into a [rows, steps, k] tensor
+(k: the batch's largest ask); prompt logprobs need the prefill's logits at every position, which are kept only
+when an admitted request asks for them. A request with ``on_token`` gets each of its tokens as it is sampled.
 """
 
 from __future__ import annotations
@@ -29,24 +32,13 @@ from relayrl.common.probe import probe_logprobs, timed_probe_logprobs
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
 from relayrl.config.inference import KvOnUpdate
 from relayrl.inference.batch import KV, BatchState, RowParams
-from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput, cut_at_stop, sample_tokens
+from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput, sample_with_alternatives
+from relayrl.inference.native_rows import Request as _Request
+from relayrl.inference.native_rows import Row as _Row
+from relayrl.inference.native_rows import fail as _fail
+from relayrl.inference.native_rows import finished_samples, prompt_logprobs, resolve, stop_string_hits, stream_step
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    inp: GenerationInput
-    future: Future[list[SampleOutput]]
-    samples: list[SampleOutput | None]
-    remaining: int
-    generator: torch.Generator | None = None
-
-
-@dataclass
-class _Row:
-    req: _Request
-    index: int  # sample index within the request
 
 
 @dataclass
@@ -60,6 +52,8 @@ class _Swap:
 class NativeEngine:
     """Continuous-batching generation with a Hugging Face causal LM (CPU or CUDA)."""
 
+    computes_alternatives = True  # top_logprobs / prompt_logprobs of GenerationInput are honoured
+
     def __init__(self, model: Any, tokenizer: Any, device: torch.device, version: int = 0,
                  kv_on_update: KvOnUpdate = KvOnUpdate.RECOMPUTE, max_batch_sequences: int = 256,
                  max_prefill_tokens: int = 8192) -> None:
@@ -70,6 +64,7 @@ class NativeEngine:
         self.max_rows = max_batch_sequences
         self.max_prefill_tokens = max_prefill_tokens
         self.decode_steps, self.last_probe_s = 0, 0.0  # forward passes so far; seconds of the last probe
+        self.cancelled_sequences = 0  # rows dropped because their request was cancelled
         self._version = version
         self._specs = parameter_specs(model)
         self._params = dict(model.named_parameters())
@@ -111,7 +106,8 @@ class NativeEngine:
     def stats(self) -> EngineStats:
         with self._cond:
             requests = len({id(r.req) for r in self._rows})
-            return EngineStats(len(self._rows), requests, len(self._queue), self.decode_steps)
+            return EngineStats(len(self._rows), requests, len(self._queue), self.decode_steps,
+                               self.cancelled_sequences)
 
     def submit(self, inp: GenerationInput) -> Future[list[SampleOutput]]:
         if inp.n > self.max_rows:
@@ -243,17 +239,20 @@ class NativeEngine:
             self._decode_step(self._batch)
             self._retire()
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv: KV | None) -> tuple[Any, KV]:
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv: KV | None,
+                 all_logits: bool = False) -> tuple[Any, KV]:
+        """Logits of the last position [B, V] (of every position [B, L, V] with ``all_logits``) and the cache."""
         from transformers import DynamicCache
 
         cache = DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
         kwargs: dict[str, Any] = {self._cache_arg: cache}
-        if self._logits_to_keep:
+        if self._logits_to_keep and not all_logits:
             kwargs["logits_to_keep"] = 1  # only the last position's logits are sampled from
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
         cache = getattr(out, self._cache_arg)
         self.decode_steps += 1
-        return out.logits[:, -1, :], [(layer.keys, layer.values) for layer in cache.layers]
+        logits = out.logits if all_logits else out.logits[:, -1, :]
+        return logits, [(layer.keys, layer.values) for layer in cache.layers]
 
     def _prefill(self, reqs: list[_Request]) -> tuple[BatchState, list[_Row]]:
         dev = self.device
@@ -265,7 +264,11 @@ class NativeEngine:
             mask[i, width - len(r.inp.prompt_ids):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, kv = self._forward(ids, mask, pos, None)
+        want_prompt = any(r.inp.prompt_logprobs is not None for r in reqs)
+        logits, kv = self._forward(ids, mask, pos, None, all_logits=want_prompt)
+        if want_prompt:  # the prompt's own logprobs need every position's logits (only computed when asked)
+            prompt_logprobs(reqs, logits, ids, mask)
+            logits = logits[:, -1, :]
         # the n samples of a prompt share its prefill: expand rows after the forward pass
         counts = torch.tensor([r.inp.n for r in reqs], dtype=torch.long, device=dev)
         expand = torch.repeat_interleave(torch.arange(len(reqs), device=dev), counts)
@@ -283,6 +286,7 @@ class NativeEngine:
             stop_ids=stop_ids.to(dev),
         )
         steps = max(x.max_new_tokens for x in inputs)
+        alternatives = max(x.top_logprobs for x in inputs)
         batch = BatchState(
             kv=[(k.index_select(0, expand), v.index_select(0, expand)) for k, v in kv],
             mask=mask.index_select(0, expand), ids=ids.index_select(0, expand),
@@ -292,6 +296,8 @@ class NativeEngine:
             out_lp=torch.zeros((len(rows), steps), dtype=torch.float32, device=dev),
             out_ver=torch.zeros((len(rows), steps), dtype=torch.long, device=dev),
             length=torch.zeros(len(rows), dtype=torch.long, device=dev), cache_version=self._version,
+            out_top_lp=torch.full((len(rows), steps, alternatives), float("-inf"), device=dev),
+            out_top_id=torch.full((len(rows), steps, alternatives), -1, dtype=torch.long, device=dev),
         )
         self._sample(batch, logits.index_select(0, expand), rows)
         return batch, rows
@@ -314,9 +320,11 @@ class NativeEngine:
     def _sample(self, batch: BatchState, logits: torch.Tensor, rows: list[_Row]) -> None:
         p = batch.params
         generator = rows[0].req.generator if self._exclusive else None
-        tok, lp = sample_tokens(logits, p.temperature, p.top_k, p.top_p, generator)
-        batch.record(tok, lp, self._version)
+        tok, lp, top = sample_with_alternatives(logits, p.temperature, p.top_k, p.top_p, generator,
+                                                batch.alternatives)
+        batch.record(tok, lp, self._version, top)
         batch.check()
+        stream_step(rows, tok, lp, top, self._version)
 
     def _retire(self) -> None:
         """Move finished rows out of the batch and resolve requests whose samples are all done."""
@@ -325,7 +333,7 @@ class NativeEngine:
         hit_stop = batch.hit_stop()
         finished = hit_stop | (batch.length >= batch.params.max_new)
         reason = torch.where(hit_stop, FINISH_REASON_STOP, FINISH_REASON_LENGTH)
-        string_hits = self._stop_string_hits(batch, finished)
+        string_hits = stop_string_hits(batch, self._rows, finished, self.tokenizer)
         if string_hits:
             idx = torch.tensor(string_hits, dtype=torch.long, device=finished.device)
             finished = finished.index_fill(0, idx, True)
@@ -333,23 +341,13 @@ class NativeEngine:
         done = finished.nonzero().squeeze(1)
         if done.numel() == 0:
             return
-        done_list = done.tolist()
-        lengths = batch.length.index_select(0, done).tolist()
-        toks = batch.out_tok.index_select(0, done).tolist()
-        lps = batch.out_lp.index_select(0, done).tolist()
-        vers = batch.out_ver.index_select(0, done).tolist()
-        reasons = reason.index_select(0, done).tolist()
-        for k, i in enumerate(done_list):
+        for i, sample in finished_samples(batch, self._rows, done, reason, self.tokenizer):
             row = self._rows[i]
-            n = lengths[k]
-            text = self.tokenizer.decode(toks[k][:n], skip_special_tokens=True)
-            if reasons[k] == FINISH_REASON_STOP_STRING:
-                text = cut_at_stop(text, row.req.inp.stop)
-            row.req.samples[row.index] = SampleOutput(toks[k][:n], lps[k][:n], vers[k][:n], int(reasons[k]), text)
+            row.req.samples[row.index] = sample
             row.req.remaining -= 1
             if row.req.remaining == 0:
-                _resolve(row.req)
-        done_set = set(done_list)
+                resolve(row.req)
+        done_set = set(done.tolist())
         self._keep_rows([i for i in range(batch.rows) if i not in done_set])
 
     def _keep_rows(self, keep: list[int]) -> None:
@@ -369,34 +367,5 @@ class NativeEngine:
         keep = [i for i, r in enumerate(self._rows) if not r.req.future.cancelled()]
         if len(keep) != len(self._rows):
             log.info("dropping %d rows of cancelled requests", len(self._rows) - len(keep))
+            self.cancelled_sequences += len(self._rows) - len(keep)
             self._keep_rows(keep)
-
-    def _stop_string_hits(self, batch: BatchState, finished: torch.Tensor) -> list[int]:
-        """Rows (not otherwise finished) whose text now contains one of their stop strings. Only rows of requests
-        with stop strings are decoded, each up to its own length."""
-        candidates = [i for i, r in enumerate(self._rows) if r.req.inp.stop]
-        if not candidates:
-            return []
-        idx = torch.tensor(candidates, dtype=torch.long, device=finished.device)
-        fin = finished.index_select(0, idx).tolist()
-        lens = batch.length.index_select(0, idx).tolist()
-        toks = batch.out_tok.index_select(0, idx).tolist()
-        hits = []
-        for k, i in enumerate(candidates):
-            if fin[k]:
-                continue
-            text = self.tokenizer.decode(toks[k][: lens[k]], skip_special_tokens=True)
-            if any(s in text for s in self._rows[i].req.inp.stop):
-                hits.append(i)
-        return hits
-
-
-def _resolve(req: _Request) -> None:
-    if not req.future.cancelled():
-        samples = [s for s in req.samples if s is not None]
-        req.future.set_result(samples)
-
-
-def _fail(req: _Request, exc: BaseException) -> None:
-    if not req.future.done():
-        req.future.set_exception(exc)

@@ -66,7 +66,8 @@ def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_
 
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"max_tokens": 100_000}, "max_new_tokens"),
-    ({"logprobs": 3}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"echo": True, "stream": True}, "echo"),
     ({"prompt": "1" * 300}, "context"),
 ])
 def test_bad_completion_request_is_a_400_and_the_server_keeps_serving(tiny_model_dir: Path, kwargs: dict[str, object],

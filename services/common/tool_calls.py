@@ -1,0 +1,72 @@
+"""Tool calls in model output, Hermes convention (Qwen2.5, SmolLM2/3, Hermes and most templates that render
+``tools``): each call is a JSON object ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and
+``</tool_call>`` tags. Pure functions (no torch, no service): the inference REST API and rollout both use them.
+
+A tag whose body is not such an object is left in the text (the model's output is never silently dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+_CALL = re.compile(re.escape(OPEN_TAG) + r"(.*?)" + re.escape(CLOSE_TAG), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's ``function.arguments``)
+    id: str = ""
+
+    def openai(self, index: int | None = None) -> dict[str, object]:
+        """The call as an OpenAI ``tool_calls`` entry (with ``index`` for a streamed delta)."""
+        out: dict[str, object] = {"id": self.id, "type": "function",
+                                  "function": {"name": self.name, "arguments": self.arguments}}
+        if index is not None:
+            out["index"] = index
+        return out
+
+
+def _parse_one(body: str) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models emit the arguments already encoded
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}")
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """Split model output into (the text outside well-formed tool-call tags, stripped; the calls in order)."""
+    calls: list[ToolCall] = []
+    kept: list[str] = []
+    pos = 0
+    for m in _CALL.finditer(text):
+        call = _parse_one(m.group(1).strip())
+        if call is None:
+            continue  # malformed: stays in the text
+        kept.append(text[pos:m.start()])
+        calls.append(call)
+        pos = m.end()
+    kept.append(text[pos:])
+    return "".join(kept).strip() if calls else text, calls
+
+
+def render_tool_call(name: str, arguments: str | dict[str, object]) -> str:
+    """A call as the model writes it (for prompts that replay an assistant's earlier calls)."""
+    args = json.loads(arguments) if isinstance(arguments, str) else arguments
+    return f"{OPEN_TAG}\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n{CLOSE_TAG}"
