@@ -54,9 +54,11 @@ async def _pause_over_rest_then_resume_over_grpc(worker: RolloutProducer, cfg: R
         paused = await rest.post("/pause", headers=AUTH)
         assert paused.status_code == 200 and paused.json()["paused"] is True
         await _until(lambda: worker.running == 0)
-        produced, decided = worker.groups_produced, worker.refused_while_paused
-        # each trainer status poll wakes the admission loop: three more decisions, all refusals
-        await _until(lambda: worker.refused_while_paused >= decided + 3)
+        produced = worker.groups_produced
+        for _ in range(3):  # wake the admission loop (as a trainer status change does): each decision refuses
+            decided = worker.refused_while_paused
+            worker._wake.set()
+            await _until(lambda d=decided: worker.refused_while_paused > d)  # type: ignore[misc]
         assert worker.groups_produced == produced  # nothing new is admitted while paused
         metrics = (await rest.get("/metrics")).text
         assert "relayrl_rollout_paused 1.0" in metrics
