@@ -11,6 +11,7 @@ the other services. A trainer pod may run under a restart loop, as the kubelet r
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import psutil
 import pytest
 import yaml
 
@@ -130,8 +132,12 @@ class Release:
                    {**self.env, **(env or self.trainer_env()), "POD_NAME": f"{self.name}-{index}"})
 
     def kill(self, name: str) -> None:
-        """The pod is gone at once (deleted, its node lost): SIGKILL to its whole process tree."""
+        """The pod is gone at once (deleted, its node lost): SIGKILL to its whole process tree. torchrun starts
+        its workers in sessions of their own, so the process group alone would leave them running (a container's
+        end kills every process in it)."""
+        tree = _descendants(self.procs[name].pid)
         os.killpg(self.procs[name].pid, signal.SIGKILL)
+        _kill_all(tree)
         self.procs[name].wait()
 
     def log(self, name: str) -> str:
@@ -160,6 +166,7 @@ class Release:
         return proc.wait(timeout_s)
 
     def stop_all(self) -> None:
+        tree = [p for proc in self.procs.values() for p in _descendants(proc.pid)]
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -169,3 +176,17 @@ class Release:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        _kill_all(tree)  # nothing of a pod outlives the test (workers in sessions of their own included)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    for p in processes:
+        with contextlib.suppress(psutil.Error):  # already gone
+            p.kill()
