@@ -4,6 +4,9 @@ service's own user."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -18,10 +21,29 @@ SANDBOX = Sandbox(SandboxConfig(wall_timeout_s=4.0, total_timeout_s=8.0))
 TESTS = ["assert solve(2) == 4", "assert solve(3) == 9", "assert 16 == solve(4)"]
 
 
-def _score(program: str, tests: list[str]) -> tuple[float, str]:
+Verify = Callable[[str, list[str]], tuple[float, str]]  # (program, tests) -> (score, details)
+
+
+def _score_here(program: str, tests: list[str]) -> tuple[float, str]:
     result = code_reward(RewardInput(prompt="", completion=program, reference="", metadata={"tests": tests}),
                          sandbox=SANDBOX)
     return result.score, result.details
+
+
+@pytest.fixture(scope="module")
+def verifier_process() -> Iterator[ProcessPoolExecutor]:
+    """One spawned process that runs the verifier, as the reward service runs verifiers: the sandbox forks its
+    child, and a fork of the pytest process (which holds gRPC's threads from earlier tests) can abort in gRPC's
+    fork handlers before the child execs."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
+@pytest.fixture
+def verify(verifier_process: ProcessPoolExecutor) -> Verify:
+    def run(program: str, tests: list[str]) -> tuple[float, str]:
+        return verifier_process.submit(_score_here, program, tests).result(timeout=60)
+    return run
 
 
 def _forger(lines: list[dict[str, object]]) -> str:
@@ -30,41 +52,41 @@ def _forger(lines: list[dict[str, object]]) -> str:
     return f"import os\nos.write(3, {payload.encode()!r})\nos._exit(0)\n"
 
 
-def test_forged_pass_lines_on_the_result_channel_score_zero() -> None:
+def test_forged_pass_lines_on_the_result_channel_score_zero(verify: Verify) -> None:
     program = _forger([{"test": i, "passed": True} for i in range(len(TESTS))])
 
-    score, details = _score(program, TESTS)
+    score, details = verify(program, TESTS)
 
     assert score == 0.0, details
 
 
-def test_forged_guesses_of_every_value_score_zero_once_reported_twice() -> None:
+def test_forged_guesses_of_every_value_score_zero_once_reported_twice(verify: Verify) -> None:
     program = _forger([{"test": i, "value": repr(v)} for i in range(len(TESTS)) for v in range(20)])
 
-    score, details = _score(program, TESTS)
+    score, details = verify(program, TESTS)
 
     assert score == 0.0
     assert "reported twice" in details
 
 
-def test_the_expected_answers_never_enter_the_sandbox() -> None:
+def test_the_expected_answers_never_enter_the_sandbox(verify: Verify) -> None:
     program = "import os\nTESTS = open(os.path.join('/src', 'tests.json')).read()\n" \
               "def solve(x):\n    return '==' in TESTS or '16' in TESTS\n"  # does it see an answer?
 
-    score, details = _score(program, TESTS)
+    score, details = verify(program, TESTS)
 
     assert score == 0.0
     assert "test 0: got False" in details  # it saw the expressions only
 
 
-def test_an_honest_program_passes_hidden_answer_tests() -> None:
-    score, details = _score("def solve(x):\n    return x * x\n", TESTS)
+def test_an_honest_program_passes_hidden_answer_tests(verify: Verify) -> None:
+    score, details = verify("def solve(x):\n    return x * x\n", TESTS)
 
     assert score == 1.0, details
 
 
-def test_statement_tests_that_cannot_hide_their_answer_are_counted_as_self_reported() -> None:
-    score, details = _score("def solve(x):\n    return x * x\n", ["assert solve(2) > 3", "assert solve(2) == 4"])
+def test_statement_tests_that_cannot_hide_their_answer_are_counted_as_self_reported(verify: Verify) -> None:
+    score, details = verify("def solve(x):\n    return x * x\n", ["assert solve(2) > 3", "assert solve(2) == 4"])
 
     assert score == 1.0
     assert "1 of 2 tests self-reported" in details
