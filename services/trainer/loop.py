@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,15 @@ def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode
             "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[6:].tolist()) if c}}
 
 
+
+class Batch(NamedTuple):
+    """This rank's share of one step's batch."""
+
+    entries: list[StreamEntry]  # the stream entries (groups) read
+    episodes: list[Episode]  # their valid episodes (errored ones never reach the loss)
+    excluded: int  # errored episodes left out
+    staleness: torch.Tensor  # each valid episode's staleness (of its oldest token)
+
 class TrainingLoop:
     def __init__(self, cfg: RunConfig, learner: Learner, tokenizer: Any, coll: Collectives, stream: EpisodeStream,
                  collector: GroupCollector, publication: VersionPublication, checkpoints: CheckpointAck,
@@ -80,7 +89,7 @@ class TrainingLoop:
         self.is_main = coll.rank == 0
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
-        self._prefetch: asyncio.Task[tuple[list[StreamEntry], list[Episode], int, torch.Tensor]] | None = None
+        self._prefetch: asyncio.Task[Batch] | None = None
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
         # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
         self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
@@ -103,9 +112,7 @@ class TrainingLoop:
         if self.resumed_from is not None and self.progress.step >= tc.total_steps:
             # a finished run restarted (a pod rescheduled): no weights pushed, no version allocated, nothing trained
             log.info("the run finished at step %d (%s): nothing to train", self.progress.step, self.resumed_from)
-            self.progress.finished = True
-            self.header.state = ServingState.SERVING_STATE_STOPPED
-            self.progress.changed.notify()
+            self._announce(ServingState.SERVING_STATE_STOPPED, finished=True)
             return
         await self.stream.ensure_group()
         if self.is_main:
@@ -119,8 +126,7 @@ class TrainingLoop:
         await self.publish(self.progress.step)
         if tc.sft.warmup_steps > 0 and self.resumed_from is None:
             await self.sft_warmup()
-        self.header.state = ServingState.SERVING_STATE_SERVING
-        self.progress.changed.notify()
+        self._announce(ServingState.SERVING_STATE_SERVING)
         self.clock.reset()  # the first step's cycle starts here, not at start-up
         try:
             while self.progress.step < tc.total_steps:
@@ -131,8 +137,12 @@ class TrainingLoop:
         finally:
             await self._drop_prefetch()
         await self.checkpoint_and_ack()
-        self.progress.finished = True
-        self.header.state = ServingState.SERVING_STATE_STOPPED
+        self._announce(ServingState.SERVING_STATE_STOPPED, finished=True)
+
+    def _announce(self, state: ServingState.ValueType, finished: bool = False) -> None:
+        """A new serving state (and, at the end, the finished run), seen by status watchers at once."""
+        self.header.state = state
+        self.progress.finished = self.progress.finished or finished
         self.progress.changed.notify()
 
     async def train_step(self) -> None:
@@ -162,8 +172,7 @@ class TrainingLoop:
             self._audit(entries)
         with clock.part("publish"):
             await self.publish(progress.step + 1, wait=not tc.publication.overlap)
-        progress.step += 1
-        progress.changed.notify()
+        progress.advance()
         if progress.step < tc.total_steps and not self.checkpoints.due(progress.step, tc.total_steps):
             # the next batch is read (or waited for) while this step's metrics are summed and written; never
             # across a checkpoint, which acknowledges what was consumed before it
@@ -178,16 +187,15 @@ class TrainingLoop:
                 await books
         await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
 
-    async def _collect(self) -> tuple[list[StreamEntry], list[Episode], int, torch.Tensor]:
-        """This rank's share of the next batch: (entries, their valid episodes, errored episodes left out,
-        each valid episode's staleness). No collective: it may run beside the previous step's metrics."""
+    async def _collect(self) -> Batch:
+        """This rank's share of the next batch. No collective: it may run beside the previous step's metrics."""
         tc = self.cfg.trainer
         entries = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
                                                self.staleness)
         # errored episodes never reach the loss; their groups train on the valid ones (relayrl.trainer.groups)
         episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
         excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
-        return entries, episodes, excluded, await self._staleness_of(episodes)
+        return Batch(entries, episodes, excluded, await self._staleness_of(episodes))
 
     async def _drop_prefetch(self) -> None:
         """Cancel a read of the next batch nobody will train (an error or a stop): its entries stay pending."""

@@ -43,6 +43,11 @@ class TrainerProgress:
         self.groups_trained = int(counters.get("groups_trained", 0))
         self.episodes_excluded_reward_error = int(counters.get("episodes_excluded_reward_error", 0))
 
+    def advance(self) -> None:
+        """The step is done (trained and its weights published or publishing): status watchers see it at once."""
+        self.step += 1
+        self.changed.notify()
+
     def exclude(self, episodes: int) -> None:
         """``episodes`` errored episodes of trained groups were excluded from the loss (counted in the drops at
         once, whether or not a :meth:`refresh_drops` is under way)."""
