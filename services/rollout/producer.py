@@ -263,7 +263,8 @@ class RolloutProducer:
         """The group's XADD (unless skipped) and the record of its seq in one MULTI, retried through a Redis
         outage. Group commit: records queue, and whoever holds the lock next writes every queued record in one
         transaction (in queue order: the recorded watermark follows the order in which they execute), so groups
-        that finish together cost one round trip. A transaction whose reply was lost may be applied twice: the
+        that finish together cost one round trip. A failed transaction fails its caller's record only; the others
+        go back to the head of the queue, and the next holder of the lock (one of their callers) writes them. A transaction whose reply was lost may be applied twice: the
         trainer never trains a group id twice."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._records.append((seq, group, done))
@@ -272,10 +273,8 @@ class RolloutProducer:
                 batch, self._records = self._records, []
                 try:
                     await self._commit(batch)
-                except BaseException as exc:
-                    for _, _, other in batch:
-                        if other is not done and not other.done():
-                            other.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+                except BaseException:  # nothing of the batch is known applied: the others are written by their
+                    self._records[:0] = [r for r in batch if r[2] is not done]  # own callers, next, in order
                     raise
         await done
 

@@ -4,6 +4,7 @@ and the stream and the recorded progress are exactly what one transaction per gr
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis
@@ -35,3 +36,38 @@ def test_groups_finishing_together_share_one_transaction_and_every_seq_is_record
     assert commits == 2  # the first group alone (it took the lock at once), then the four queued behind it
     assert watermark == 5 and done == []  # every seq below the watermark: none missing, none regenerated
     assert counts == {"appended": 5, "memory_watermark": 5}
+
+
+def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_written_after_it(
+        redis_server: RedisServer) -> None:
+    async def go() -> tuple[list[BaseException | None], int, list[int]]:
+        async with producer_on(redis_server, retry_s=5.0) as producer:
+            commit = producer._commit
+            entered, release, calls = asyncio.Event(), asyncio.Event(), []
+
+            async def fail_first(batch: list[Any]) -> None:
+                calls.append([seq for seq, _, _ in batch])
+                if len(calls) == 1:  # the first holder of the lock waits until the others queue, then fails
+                    entered.set()
+                    await release.wait()
+                    raise ConnectionError("redis went away")
+                await commit(batch)
+
+            producer._commit = fail_first  # type: ignore[method-assign]
+            first = asyncio.create_task(producer._append(0, episodes("g0")))
+            await entered.wait()
+            queued = [asyncio.create_task(producer._append(seq, episodes(f"g{seq}"))) for seq in (1, 2)]
+            await asyncio.sleep(0)  # let them queue their records behind the lock
+            release.set()
+            results = await asyncio.gather(first, *queued, return_exceptions=True)
+            stored = await ProgressStore(producer.stream.client, producer.stream.keys).load()
+            return [r if isinstance(r, BaseException) else None for r in results], producer.groups_produced, \
+                sorted(stored.done | set(range(stored.watermark)))
+
+    results, produced, recorded = asyncio.run(go())
+
+    admin = redis.Redis(port=redis_server.port)
+    assert isinstance(results[0], ConnectionError)  # the caller whose transaction failed sees why
+    assert results[1:] == [None, None]  # the queued groups were written by their own callers afterwards
+    assert produced == 2 and admin.xlen(STREAM) == 2
+    assert recorded == [1, 2]  # seq 0 is missing: its group is retried (or skipped) by _group, not lost
