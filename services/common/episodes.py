@@ -97,8 +97,6 @@ def _values(ep: Episode, limits: Limits) -> str | None:
         return f"behaviour_logprobs: outside [{LOGPROB_MIN}, {LOGPROB_MAX}]"
     if any(m not in (0, 1) for m in ep.loss_mask):
         return "loss_mask: value other than 0 or 1"
-    if 1 not in ep.loss_mask:
-        return "loss_mask: no token to train on"
     if min(ep.token_weight_versions) < 0:
         return "token_weight_versions: negative version"
     if max(ep.token_weight_versions) > limits.newest_version:
