@@ -7,9 +7,11 @@ Prompt ``"12+35="``, answer ``"47"``. The ideal episode (tagged tool format, too
 
 The model writes the call (loss mask 1), the tool's output comes back as observation tokens (loss mask 0), then
 the model copies the result. Reward (components ``call``, ``answer``, ``exact``): half for the first turn's
-match with the ideal call, half for the final answer's, each per character position (partial credit, as in
-relayrl.tasks.arithmetic): 1.0 only for the ideal episode. The character vocabulary of the tiny model must hold
-``CHARS``: ``relayrl init-model --set chars='0123456789+=<>/cr'``.
+match with the ideal call, half for the final answer's, each the length of the longest common prefix over the
+longer of the two strings: 1.0 only for the ideal episode. Prefix credit (rather than credit per position) ties the
+reward to the first character that goes wrong, so a group's reward differences point at one position at a time.
+The character vocabulary of the tiny model must hold
+``CHARS``: ``relayrl init-model --set chars='0123456789+*=<>/cr'``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from relayrl.reward.api import RewardInput, RewardResult
 
-CHARS = "0123456789+=<>/cr"
+CHARS = "0123456789+*=<>/cr"
 TOOL = "c"
 
 
@@ -32,7 +34,13 @@ def c(expression: str) -> str:
 
 
 def _match(got: str, want: str) -> float:
-    return sum(a == b for a, b in zip(got, want, strict=False)) / max(len(got), len(want), 1)
+    """The common prefix of ``got`` and ``want`` over the longer of the two."""
+    n = 0
+    for a, b in zip(got, want, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n / max(len(got), len(want), 1)
 
 
 def ideal_call(prompt: str) -> str:
@@ -55,13 +63,15 @@ def reward(inp: RewardInput) -> RewardResult:
                         details=transcript[:64])
 
 
-def make_dataset(path: Path, low: int = 10, high: int = 99, rows: int = 2000, seed: int = 0) -> int:
-    """Write ``rows`` distinct ``a+b=`` prompts with ``low <= a, b <= high`` to ``path`` (JSONL); returns the count."""
+def make_dataset(path: Path, low: int = 10, high: int = 99, rows: int = 2000, seed: int = 0, op: str = "+") -> int:
+    """Write ``rows`` distinct ``a<op>b=`` prompts (op ``+`` or ``*``) with ``low <= a, b <= high`` to ``path``
+    (JSONL); returns the count."""
     rng = random.Random(seed)
     pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
     rng.shuffle(pairs)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for a, b in pairs[:rows]:
-            f.write(json.dumps({"id": f"{a}+{b}", "prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+            answer = a + b if op == "+" else a * b
+            f.write(json.dumps({"id": f"{a}{op}{b}", "prompt": f"{a}{op}{b}=", "answer": str(answer)}) + "\n")
     return min(rows, len(pairs))

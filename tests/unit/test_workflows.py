@@ -114,7 +114,8 @@ def test_tool_episode_is_one_token_sequence_with_observation_tokens_masked() -> 
     assert (ep.turns, ep.tool_calls, ep.tool_errors, ep.episode_end) == (2, 1, 0, END.EPISODE_END_DONE)
     assert ep.reward == pytest.approx(1.0, abs=1e-12) and ep.reward_components["exact"] == 1.0
     assert ep.completion_text == "<c>12+35</c><r>47</r>47"
-    assert validate_group(episode_pb2.EpisodeGroup(group_id="g", episodes=episodes), Limits(len(VOCAB) + 3, 48, 1)) is None
+    group = episode_pb2.EpisodeGroup(group_id="g", episodes=episodes)
+    assert validate_group(group, Limits(len(VOCAB) + 3, 48, 1)) is None
 
 
 def test_weight_update_between_turns_stamps_each_turn_with_its_version() -> None:
