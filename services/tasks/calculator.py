@@ -1,17 +1,16 @@
-"""The multi-turn example task: two-digit addition that a tiny model learns to solve with a calculator tool.
+"""The multi-turn example task: single-digit multiplication that a tiny model learns to do with a calculator tool.
 
-Prompt ``"12+35="``, answer ``"47"``. The ideal episode (tagged tool format, tool ``c``)::
+Prompt ``"7*8="``, answer ``"56"``. The ideal episode (tagged tool format, tool ``c``)::
 
-    12+35=<c>12+35</c><r>47</r>47<eos>
-          ^ model turn 1  ^ tool   ^ model turn 2 (copies the tool's output)
+    7*8=<c>7*8</c><r>56</r>56<eos>
+        ^ model turn 1 ^ tool  ^ model turn 2 (copies the tool's output)
 
 The model writes the call (loss mask 1), the tool's output comes back as observation tokens (loss mask 0), then
 the model copies the result. Reward (components ``call``, ``answer``, ``exact``): half for the first turn's
-match with the ideal call, half for the final answer's, each the length of the longest common prefix over the
-longer of the two strings: 1.0 only for the ideal episode. Prefix credit (rather than credit per position) ties the
-reward to the first character that goes wrong, so a group's reward differences point at one position at a time.
-The character vocabulary of the tiny model must hold
-``CHARS``: ``relayrl init-model --set chars='0123456789+*=<>/cr'``.
+match with the ideal call, half for the final answer's, each per character position (partial credit, as in
+relayrl.tasks.arithmetic): 1.0 only for the ideal episode. The character vocabulary of the tiny model must hold
+``CHARS``: ``relayrl init-model --set chars='0123456789+*=<>/cr'``. ``make_dataset`` also writes two-digit
+additions (``op="+"``, operands 10 to 99), a harder variant.
 """
 
 from __future__ import annotations
@@ -34,13 +33,8 @@ def c(expression: str) -> str:
 
 
 def _match(got: str, want: str) -> float:
-    """The common prefix of ``got`` and ``want`` over the longer of the two."""
-    n = 0
-    for a, b in zip(got, want, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n / max(len(got), len(want), 1)
+    """Positions where ``got`` and ``want`` agree, over the longer of the two."""
+    return sum(a == b for a, b in zip(got, want, strict=False)) / max(len(got), len(want), 1)
 
 
 def ideal_call(prompt: str) -> str:
@@ -63,7 +57,7 @@ def reward(inp: RewardInput) -> RewardResult:
                         details=transcript[:64])
 
 
-def make_dataset(path: Path, low: int = 10, high: int = 99, rows: int = 2000, seed: int = 0, op: str = "+") -> int:
+def make_dataset(path: Path, low: int = 0, high: int = 9, rows: int = 2000, seed: int = 0, op: str = "*") -> int:
     """Write ``rows`` distinct ``a<op>b=`` prompts (op ``+`` or ``*``) with ``low <= a, b <= high`` to ``path``
     (JSONL); returns the count."""
     rng = random.Random(seed)

@@ -43,7 +43,7 @@ def calc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _trained_episodes(model: Path) -> list[episode_pb2.Episode]:
     """Greedy episodes of the trained model on a few training prompts, through real inference and reward."""
     cfg = RolloutConfig(workflow="tools", tools=["relayrl.tasks.calculator:c"], tool_format=ToolFormat.TAGGED,
-                        max_new_tokens=12, max_turns=3, max_tool_calls=2, max_episode_tokens=48, group_size=1,
+                        max_new_tokens=10, max_turns=3, max_tool_calls=2, max_episode_tokens=40, group_size=1,
                         top_k=1)
     workflow, env = build_workflow(cfg)
     rows = load_jsonl(REPO / "examples" / "data" / "calculator.jsonl")[:8]

@@ -13,6 +13,7 @@ leaves no episode to mark, so it fails the group (retried, then skipped and coun
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -106,7 +107,7 @@ class MultiTurnWorkflow:
             gen = await ctx.inference.generate(first, self._sampling(ctx, want), timeout_s=cfg.generate_timeout_s,
                                                request_id=rid)
             traj.prompt_ids = list(gen.prompt_token_ids)
-            traj.prompt_text = first if isinstance(first, str) else "".join(m["content"] for m in first)
+            traj.prompt_text = first if isinstance(first, str) else json.dumps(first, ensure_ascii=False)
         else:
             context = traj.context()
             gen = await ctx.inference.generate(context, self._sampling(ctx, want), timeout_s=cfg.generate_timeout_s,
