@@ -5,6 +5,10 @@ rollout sampling settings; each completion is scored by the reward service exact
 as reference, its other keys as metadata). A completion is correct when its score is OK and at least
 ``correct_threshold``; a score that failed (error, timeout) counts as wrong and is reported in ``reward_errors``.
 
+A multi-turn run (rollout.workflow other than single_turn) plays whole episodes of its workflow instead (greedy:
+``top_k = 1``), scored as in training, and adds ``turns_mean``, ``tool_calls_mean``, ``tool_errors`` and
+``episode_ends`` (how the episodes ended) to the figures.
+
 Figures: ``greedy_accuracy``, ``mean_reward`` (greedy), ``sampled_mean_reward``, and ``pass@k`` with the unbiased
 estimator of Chen et al. (2021): the mean over rows of 1 - C(n - c, k) / C(n, k) for n samples of which c are
 correct. Works on any model and task: the dataset and verifier come from the run config.
@@ -62,9 +66,53 @@ async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s:
     return [(r.score, r.status == reward_pb2.SCORE_STATUS_OK) for r in resp.responses]
 
 
+async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
+                        reward: RewardClient) -> dict[str, Any]:
+    """A row of a multi-turn run: whole episodes of the configured workflow (greedy, then sampled), scored as in
+    training, with their turns, tool calls and how they ended."""
+    from relayrl.rollout.turns import end_name
+    from relayrl.rollout.workflows.api import WorkflowContext
+    from relayrl.rollout.workflows.loader import build_workflow
+
+    rc = cfg.rollout
+    workflow, environment = build_workflow(rc)
+
+    async def play(settings: Any, n: int) -> list[Any]:
+        ctx = WorkflowContext(inference=inference, reward=reward, group_id=uuid.uuid4().hex, group_size=n,
+                              producer_id="eval", created_at=time.time(), config=settings, environment=environment)
+        return list(await workflow(row, ctx))
+
+    episodes = await play(replace(rc, top_k=1, temperature=1.0), 1)
+    n = s.samples or s.k
+    if n:
+        episodes += await play(rc, n)
+    ok = [e.reward_status in (reward_pb2.SCORE_STATUS_OK, reward_pb2.SCORE_STATUS_UNSPECIFIED) for e in episodes]
+    correct = [good and e.reward >= s.correct_threshold for e, good in zip(episodes, ok, strict=True)]
+    return {"id": row.prompt_id, "answer": row.answer, "greedy": episodes[0].completion_text,
+            "greedy_reward": episodes[0].reward, "greedy_correct": correct[0],
+            "sampled_rewards": [e.reward for e in episodes[1:]], "sampled_correct": sum(correct[1:]),
+            "reward_errors": sum(not good for good in ok), "turns": [max(e.turns, 1) for e in episodes],
+            "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
+            "episode_ends": [end_name(e.episode_end) for e in episodes]}
+
+
+def _multi_turn_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Turns and tool calls per episode, failed tool calls and how the episodes ended (multi-turn runs)."""
+    episodes = sum(len(r["turns"]) for r in results)
+    ends: dict[str, int] = {}
+    for r in results:
+        for end in r["episode_ends"]:
+            ends[end] = ends.get(end, 0) + 1
+    return {"turns_mean": sum(sum(r["turns"]) for r in results) / episodes,
+            "tool_calls_mean": sum(r["tool_calls"] for r in results) / episodes,
+            "tool_errors": sum(r["tool_errors"] for r in results), "episode_ends": ends}
+
+
 async def _row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
                reward: RewardClient) -> dict[str, Any]:
     rc = cfg.rollout
+    if rc.multi_turn:
+        return await _workflow_row(cfg, s, row, inference, reward)
     prompt: Any = row.chat() or row.prompt
     greedy = await inference.generate(prompt, inference_pb2.SamplingParams(
         n=1, temperature=1.0, top_k=1, max_new_tokens=rc.max_new_tokens, stop=rc.stop), timeout_s=rc.generate_timeout_s)
@@ -103,6 +151,8 @@ async def evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt], inferenc
         "mean_reward": sum(r["greedy_reward"] for r in results) / len(results),
         "reward_errors": sum(r["reward_errors"] for r in results), "correct_threshold": s.correct_threshold,
         "max_new_tokens": cfg.rollout.max_new_tokens, "seconds": round(time.perf_counter() - t0, 2)}
+    if cfg.rollout.multi_turn:
+        out |= _multi_turn_figures(results)
     if n:
         out["samples_per_prompt"] = n
         out["temperature"] = cfg.rollout.temperature

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from relayrl.client import InferenceClient, RewardClient, RolloutClient, ServiceClient, TrainerClient
-from relayrl.common.metrics_row import format_time_shares, read_rows, rl_rows, time_shares
+from relayrl.common.metrics_row import RlRow, format_time_shares, read_rows, rl_rows, time_shares
 from relayrl.common.redis_conn import async_client
 from relayrl.common.redis_keys import RedisKeys
 from relayrl.common.service import as_dict
@@ -94,7 +94,21 @@ def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
             "staleness_mean": mean(r.staleness_mean for r in recent),
             "staleness_max": max(r.staleness_max for r in recent),
             "episodes_per_s": mean(r.episodes_per_s for r in recent), "window_steps": len(recent),
-            "time_shares": time_shares(recent)}
+            "time_shares": time_shares(recent), **_multi_turn(recent)}
+
+
+def _multi_turn(rows: list[RlRow]) -> dict[str, Any]:
+    """Turns and tool calls per episode, failed tool calls and how episodes ended over ``rows`` (empty when none of
+    their episodes was multi-turn)."""
+    ends: dict[str, int] = {}
+    for r in rows:
+        for end, n in r.episode_ends.items():
+            ends[end] = ends.get(end, 0) + n
+    if not ends or set(ends) == {"single_turn"}:
+        return {}
+    return {"turns_mean": sum(r.turns_mean for r in rows) / len(rows),
+            "tool_calls_mean": sum(r.tool_calls_mean for r in rows) / len(rows),
+            "tool_errors": sum(r.tool_errors for r in rows), "episode_ends": ends}
 
 
 async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None = None) -> dict[str, Any]:
@@ -116,6 +130,15 @@ async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None 
     return out
 
 
+def _rollout_turns(s: dict[str, Any]) -> str:
+    """The rollout's multi-turn counters, when it produced multi-turn episodes."""
+    ends = s.get("episode_ends") or {}
+    if not ends or set(ends) == {"single_turn"}:
+        return ""
+    return (f"; {s.get('episode_turns', 0)} turns, {s.get('tool_calls', 0)} tool calls ({s.get('tool_errors', 0)} "
+            f"failed); ended: " + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())))
+
+
 def render(state: dict[str, Any]) -> str:
     lines = []
     versions = []
@@ -129,7 +152,8 @@ def render(state: dict[str, Any]) -> str:
                                    f"running, {s.get('requests_queued', 0)} queued",
             "reward": lambda s: f"{s.get('requests_served', s.get('scored', ''))} scored",
             "rollout": lambda s: f"{s.get('groups_produced')} groups produced, {s.get('groups_running')} running"
-                                 f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}",
+                                 f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}"
+                                 + _rollout_turns(s),
             "trainer": lambda s: f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
                                  f"episodes trained, {s.get('episodes_dropped_stale')} dropped stale, "
                                  f"{s.get('episodes_invalid', 0)} invalid"
@@ -154,6 +178,11 @@ def render(state: dict[str, Any]) -> str:
         lines.append(f"training   last {training['window_steps']} steps to step {training['step']}: reward "
                      f"{training['reward_mean']:.3f}, staleness mean {training['staleness_mean']:.2f} max "
                      f"{training['staleness_max']}, {training['episodes_per_s']:.0f} episodes/s")
+        if "episode_ends" in training:
+            ends = ", ".join(f"{k} {v}" for k, v in sorted(training["episode_ends"].items()))
+            lines.append(f"           multi-turn: {training['turns_mean']:.2f} turns and "
+                         f"{training['tool_calls_mean']:.2f} tool calls per episode, {training['tool_errors']} tool "
+                         f"errors; ended: {ends}")
         if training.get("time_shares"):
             lines.append(f"           {format_time_shares(training['time_shares'])}")
     return "\n".join(lines)

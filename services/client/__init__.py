@@ -144,9 +144,11 @@ class InferenceClient(ServiceClient):
                                policy=self.policy_for("GetStatus"))
 
     async def generate(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
-                       timeout_s: float = 120.0, request_id: str = "") -> inference_pb2.GenerateResponse:
+                       timeout_s: float = 120.0, request_id: str = "",
+                       suffix_text: str = "") -> inference_pb2.GenerateResponse:
         """``prompt``: text, token ids, or a conversation (``[{"role": ..., "content": ...}]``) that the server
-        renders with the model's chat template."""
+        renders with the model's chat template. ``suffix_text``: text the server tokenizes and appends to the
+        prompt (multi-turn: the new observation after the exact ids of the earlier turns)."""
         if isinstance(prompt, str):
             request = inference_pb2.GenerateRequest(prompt_text=prompt, sampling=sampling)
         elif prompt and isinstance(prompt[0], dict):
@@ -159,6 +161,7 @@ class InferenceClient(ServiceClient):
             request = inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=ids),
                                                     sampling=sampling)
         request.request_id = request_id
+        request.suffix_text = suffix_text
         return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
 
     async def update_weights(self, messages: Sequence[inference_pb2.WeightUpdateMessage], version: int,

@@ -11,7 +11,8 @@ Rules (per episode, ``Limits`` from the run config, the model and the version co
 - the group holds at least one episode; every episode carries the group's ``group_id``; ``group_size`` equals
   the number of episodes and the ``sample_index`` values are distinct and below it;
 - ``prompt_token_ids`` and ``completion_token_ids`` are non-empty, the completion at most
-  ``max_completion_tokens`` long, and every id in ``[0, vocab_size)``;
+  ``max_completion_tokens`` long (rollout.max_new_tokens; for a multi-turn workflow rollout.max_episode_tokens, model
+  and observation tokens together), and every id in ``[0, vocab_size)``;
 - ``behaviour_logprobs``, ``token_weight_versions`` and ``loss_mask`` have the completion's length;
   logprobs are finite and in ``[LOGPROB_MIN, LOGPROB_MAX]`` (a log-probability; see the constants); loss-mask
   values are 0 or 1;
@@ -49,7 +50,7 @@ class EpisodeDecodeError(ValueError):
 @dataclass(frozen=True)
 class Limits:
     vocab_size: int  # token ids in [0, vocab_size)
-    max_completion_tokens: int  # rollout.max_new_tokens
+    max_completion_tokens: int  # rollout.episode_token_cap(): max_new_tokens, or max_episode_tokens if multi-turn
     newest_version: int  # the last weight version allocated (the version counter)
 
 
@@ -77,7 +78,8 @@ def _tokens(ep: Episode, limits: Limits) -> str | None:
     if n == 0:
         return "completion_token_ids: empty"
     if n > limits.max_completion_tokens:
-        return f"completion_token_ids: {n} tokens > max_new_tokens {limits.max_completion_tokens}"
+        return (f"completion_token_ids: {n} tokens > the episode cap {limits.max_completion_tokens} "
+                "(rollout.max_new_tokens, or rollout.max_episode_tokens for a multi-turn workflow)")
     for name in ("prompt_token_ids", "completion_token_ids"):
         ids = getattr(ep, name)
         if min(ids) < 0 or max(ids) >= limits.vocab_size:

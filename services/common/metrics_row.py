@@ -88,6 +88,13 @@ class RlRow:
     time_publish_transfer_s: float = 0.0  # the UpdateWeights call less inference's own time
     time_publish_swap_s: float = 0.0  # inference's own time: assemble, validate, swap, score the probe (apply_s)
     time_publish_probe_s: float = 0.0  # the trainer's reference probe logprobs and their comparison
+    # Multi-turn episodes (relayrl.rollout.workflows), over every rank's trained episodes; a single-turn episode
+    # counts one turn and ends "single_turn". Absent from older rows (listed in ``missing``).
+    turns_mean: float = 0.0  # model turns per episode
+    tool_calls_mean: float = 0.0  # tool calls per episode
+    tool_errors: int = 0  # failed tool calls in this step's episodes
+    episodes_multi_version: int = 0  # episodes whose tokens came from more than one weight version
+    episode_ends: dict[str, int] = field(default_factory=dict)  # how the step's episodes ended -> episodes
     missing: frozenset[str] = field(default=frozenset(), compare=False, repr=False)  # when parsed: see module
 
     def to_json(self) -> dict[str, Any]:
@@ -149,7 +156,7 @@ def _parse(cls: type[RlRow] | type[SftRow], data: Mapping[str, Any]) -> MetricsR
             comps = {k.removeprefix(REWARD_COMPONENT_PREFIX): _number(v, "float") for k, v in data.items()
                      if k.startswith(REWARD_COMPONENT_PREFIX)}
             values[f.name] = {k: v for k, v in comps.items() if v is not None}
-        elif f.name == "staleness_hist":
+        elif f.name in ("staleness_hist", "episode_ends"):
             if isinstance(raw, Mapping):
                 hist = {str(k): _number(v, "int") for k, v in raw.items()}
                 values[f.name] = {k: int(v) for k, v in hist.items() if v is not None}

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.threads import ThreadsConfig
+
+# The built-in workflows (relayrl.rollout.workflows); any other value of rollout.workflow is a user workflow.
+BUILTIN_WORKFLOWS = ("single_turn", "multi_turn", "tools")
+
+
+class ToolFormat(StrEnum):
+    HERMES = "hermes"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5, SmolLM2/3, Hermes)
+    TAGGED = "tagged"  # <name>argument text</name>: a plain format a tiny character-level model can learn
 
 
 @dataclass
@@ -39,6 +48,32 @@ class RolloutConfig:
         "help": "At shutdown, how long groups in flight may finish before they are cancelled.", "ge": 0})
     max_group_attempts: int = field(default=3, metadata={
         "help": "Attempts per group before it is counted as failed and skipped.", "ge": 1})
+    workflow: str = field(default="single_turn", metadata={
+        "help": "How a dataset row becomes a group of episodes: single_turn (one completion per episode, scored by "
+                "the reward service), multi_turn (an environment over several turns: rollout.environment), tools "
+                "(the model calls rollout.tools and answers; the answer is scored by the reward service), or a user "
+                "workflow as package.module:function or an entry point of group relayrl.workflows."})
+    environment: str = field(default="", metadata={
+        "help": "multi_turn: the environment factory (package.module:function, or an entry point of group "
+                "relayrl.environments) that builds one environment per episode from its dataset row."})
+    tools: list[str] = field(default_factory=list, metadata={
+        "help": "tools: the tool functions (package.module:function each), called by name; a tool's JSON schema is "
+                "its `schema` attribute or is built from its signature."})
+    tool_format: ToolFormat = field(default=ToolFormat.HERMES, metadata={
+        "help": "How the model writes a tool call: hermes (<tool_call> JSON, the chat templates' convention) or "
+                "tagged (<name>argument</name>, for tiny models)."})
+    tool_timeout_s: float = field(default=10.0, metadata={
+        "help": "Deadline of one tool call; a call past it is a tool error shown to the model.", "gt": 0})
+    max_turns: int = field(default=4, metadata={
+        "help": "Multi-turn: model turns per episode at most (finish reason max_turns).", "ge": 1})
+    max_episode_tokens: int = field(default=256, metadata={
+        "help": "Multi-turn: tokens after the prompt per episode at most, model and observation tokens together "
+                "(finish reason max_tokens); the trainer's cap on an episode's length. Each turn samples at most "
+                "rollout.max_new_tokens of them.", "ge": 1})
+    max_tool_calls: int = field(default=8, metadata={
+        "help": "Multi-turn: tool calls per episode at most (finish reason max_tool_calls).", "ge": 0})
+    episode_timeout_s: float = field(default=300.0, metadata={
+        "help": "Multi-turn: wall time of one episode at most (finish reason timeout).", "gt": 0})
     threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
         "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8003), metadata={
@@ -49,3 +84,22 @@ class RolloutConfig:
     def validate(self) -> None:
         if any(not s for s in self.stop):
             raise ConfigError("stop", self.stop, "stop strings must not be empty")
+        if not self.workflow.strip():
+            raise ConfigError("workflow", self.workflow, f"must be one of {', '.join(BUILTIN_WORKFLOWS)}, "
+                                                         "package.module:function or a registered workflow")
+        if self.workflow == "multi_turn" and not self.environment:
+            raise ConfigError("environment", self.environment, "the multi_turn workflow needs an environment")
+        if self.workflow == "tools" and not self.tools:
+            raise ConfigError("tools", self.tools, "the tools workflow needs at least one tool")
+        if self.multi_turn and self.max_episode_tokens < self.max_new_tokens:
+            raise ConfigError("max_episode_tokens", self.max_episode_tokens,
+                              f"must be at least max_new_tokens ({self.max_new_tokens})")
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether episodes may hold several turns (any workflow but single_turn)."""
+        return self.workflow != "single_turn"
+
+    def episode_token_cap(self) -> int:
+        """The most tokens after the prompt an episode may hold: the trainer's validation cap."""
+        return self.max_episode_tokens if self.multi_turn else self.max_new_tokens

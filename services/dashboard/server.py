@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 # The fields of a training-step row (relayrl.common.metrics_row.RlRow) that the page draws or shows; the rest of
 # a row is not sent, nor a field the row lacks (written by an older version, or null).
 FIELDS = ("step", "time_s", "weight_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max",
-          "episodes_per_s", "tokens", "step_time_s", "episodes_dropped_stale", "queue_lag", "queue_pending")
+          "episodes_per_s", "tokens", "step_time_s", "episodes_dropped_stale", "queue_lag", "queue_pending",
+          "turns_mean", "tool_calls_mean", "tool_errors")
 assert set(FIELDS) <= {f.name for f in dataclasses.fields(RlRow)}, "FIELDS names a field RlRow does not have"
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 

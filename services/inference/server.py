@@ -39,6 +39,8 @@ async def generation_input(service: InferenceService, request: pb.GenerateReques
         ids = await asyncio.to_thread(service.render_chat, messages)
     else:
         raise ValueError("one of prompt_text, prompt_token_ids or prompt_messages is required")
+    if request.suffix_text:  # token-in/token-out: the observation's ids after the exact ids of earlier turns
+        ids = [*ids, *await asyncio.to_thread(service.tokenize, request.suffix_text)]
     s = request.sampling
     return service.check(GenerationInput(
         prompt_ids=ids, n=s.n or 1, temperature=s.temperature if s.temperature != 0 else 1.0,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -21,7 +20,7 @@ import grpc
 
 from relayrl.common.dataset import Prompt, PromptCursor
 from relayrl.common.logging import bind_log_context
-from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2, trainer_pb2
+from relayrl.common.pb import episode_pb2, reward_pb2, trainer_pb2
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
@@ -29,6 +28,9 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.progress import Progress, ProgressStore
+from relayrl.rollout.turns import TurnCounters
+from relayrl.rollout.workflows.api import GroupFailed, WorkflowContext
+from relayrl.rollout.workflows.loader import build_workflow
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +40,6 @@ log = logging.getLogger(__name__)
 BLOCKED_POLL_DIVISOR = 5
 # Deadline of one WatchStatus stream; rollout subscribes again when it passes.
 WATCH_DEADLINE_S = 60.0
-
-
-class GroupFailed(RuntimeError):
-    pass
 
 
 class RolloutProducer:
@@ -76,6 +74,8 @@ class RolloutProducer:
         self.refused_while_paused = 0  # admission decisions the loop made (and refused) while paused
         self.wait_s: dict[str, float] = {}  # seconds the loop waited, by blocked_by() reason
         self._poll_now = asyncio.Event()  # the window is closed: refresh the trainer's view without waiting
+        self.workflow, self.environment = build_workflow(cfg)  # a ConfigError names the field that cannot load
+        self.turns = TurnCounters()  # multi-turn counters (turns, tool calls and errors, how episodes ended)
 
     def can_admit(self) -> bool:
         return self.blocked_by() is None
@@ -316,48 +316,24 @@ class RolloutProducer:
                 "episodes_reward_errors": self.episodes_reward_errors, "redis_oom_retries": self.redis_oom_retries,
                 "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
                 "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index,
+                **self.turns.state(),
                 **{f"wait_ms_{reason}": round(s * 1000) for reason, s in sorted(self.wait_s.items())}}
 
     async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:
-        cfg = self.cfg
-        created = time.time()
+        """One group from the configured workflow (rollout.workflow), checked and counted."""
         group_id = uuid.uuid4().hex
         bind_log_context(group_id=group_id)  # the rest of this group's task (_group), its failure warnings too
-        gen = await self.clients.inference.generate(  # a conversation is rendered once, by inference's template
-            prompt.chat() or prompt.prompt, inference_pb2.SamplingParams(
-                n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                max_new_tokens=cfg.max_new_tokens, stop=cfg.stop),
-            timeout_s=cfg.generate_timeout_s, request_id=group_id)
-        if len(gen.samples) != cfg.group_size:
-            raise GroupFailed(f"inference returned {len(gen.samples)} samples, expected {cfg.group_size}")
-        episode_ids = [uuid.uuid4().hex for _ in gen.samples]
-        log.debug("scoring group for prompt %s: episodes %s", prompt.prompt_id, ", ".join(episode_ids))
-        meta = {k: json.dumps(v) for k, v in prompt.metadata.items()}
-        scores = await self.clients.reward.score_batch([
-            reward_pb2.ScoreRequest(episode_id=eid, prompt=prompt.prompt, completion=s.text,
-                                    reference=prompt.answer, metadata=meta)
-            for eid, s in zip(episode_ids, gen.samples, strict=True)
-        ], timeout_s=cfg.score_timeout_s)
-        if len(scores.responses) != len(gen.samples):
-            raise GroupFailed(f"reward returned {len(scores.responses)} scores for {len(gen.samples)} samples")
-        bad = [r for r in scores.responses if r.status != reward_pb2.SCORE_STATUS_OK]
+        ctx = WorkflowContext(inference=self.clients.inference, reward=self.clients.reward, group_id=group_id,
+                              group_size=self.cfg.group_size, producer_id=self.producer_id, created_at=time.time(),
+                              config=self.cfg, environment=self.environment)
+        episodes = await self.workflow(prompt, ctx)
+        if len(episodes) != self.cfg.group_size:
+            raise GroupFailed(f"the workflow returned {len(episodes)} episodes, expected {self.cfg.group_size}")
+        bad = [e for e in episodes if e.reward_status not in (reward_pb2.SCORE_STATUS_OK,
+                                                              reward_pb2.SCORE_STATUS_UNSPECIFIED)]
         if bad:  # appended all the same, marked: the trainer excludes and counts them (trainer.on_reward_error)
             self.episodes_reward_errors += len(bad)
-            log.warning("reward failed for %d of %d samples of prompt %s: %s %s", len(bad), len(gen.samples),
-                        prompt.prompt_id, reward_pb2.ScoreStatus.Name(bad[0].status), bad[0].error)
-        now = time.time()
-        prompt_text = json.dumps(prompt.chat(), ensure_ascii=False) if prompt.messages else prompt.prompt
-        return [
-            episode_pb2.Episode(
-                episode_id=eid, prompt_id=prompt.prompt_id, group_id=group_id, sample_index=i,
-                group_size=cfg.group_size, prompt_token_ids=gen.prompt_token_ids,
-                completion_token_ids=s.token_ids, behaviour_logprobs=s.logprobs,
-                token_weight_versions=s.weight_versions, loss_mask=[1] * len(s.token_ids),
-                reward=r.score if r.status == reward_pb2.SCORE_STATUS_OK else 0.0,
-                reward_components=dict(r.components), reward_status=r.status, reward_error=r.error,
-                finish_reason=s.finish_reason,
-                producer_id=self.producer_id, created_at=created, enqueued_at=now,
-                prompt_text=prompt_text, completion_text=s.text, sampling_temperature=cfg.temperature,
-            )
-            for i, (eid, s, r) in enumerate(zip(episode_ids, gen.samples, scores.responses, strict=True))
-        ]
+            log.warning("reward failed for %d of %d episodes of prompt %s: %s %s", len(bad), len(episodes),
+                        prompt.prompt_id, reward_pb2.ScoreStatus.Name(bad[0].reward_status), bad[0].reward_error)
+        self.turns.count(episodes)
+        return episodes

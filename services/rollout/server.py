@@ -31,7 +31,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             component=self.header.message(), groups_produced=p.groups_produced,
             episodes_produced=p.episodes_produced, groups_running=p.running, groups_failed=p.groups_failed,
             dataset_epoch=epoch, dataset_index=index, trainer_version=p.trainer_view.weight_version,
-            paused=p.paused, redis_oom_retries=p.redis_oom_retries, append_blocked=p.append_blocked)
+            paused=p.paused, redis_oom_retries=p.redis_oom_retries, append_blocked=p.append_blocked,
+            episode_turns=p.turns.turns, tool_calls=p.turns.tool_calls, tool_errors=p.turns.tool_errors,
+            episode_ends=dict(p.turns.ends))
 
     async def pause(self, reason: str = "") -> rollout_pb2.RolloutStatus:
         self.producer.set_paused(True, reason)

@@ -21,7 +21,7 @@ from relayrl.common.logging import log_context
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
 from relayrl.common.model import chat_token_ids
 from relayrl.common.pb.common_pb2 import ServingState
-from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.common.pb.episode_pb2 import Episode, EpisodeEnd
 from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
@@ -37,27 +37,41 @@ from relayrl.trainer.steptime import StepClock, StepTimes
 
 log = logging.getLogger(__name__)
 
+# EpisodeEnd values by number, as metrics name them (UNSPECIFIED: a single-turn episode)
+EPISODE_ENDS = tuple("single_turn" if v == 0 else EpisodeEnd.Name(v).removeprefix("EPISODE_END_").lower()
+                     for v in range(max(EpisodeEnd.values()) + 1))
+
 
 def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode], staleness: torch.Tensor,
                    excluded: int = 0) -> dict[str, Any]:
     """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors)."""
     s = max_staleness
     hist = torch.bincount(staleness.long().clamp(0, s + 1), minlength=s + 2).to(torch.float64)
+    ends = torch.zeros(len(EPISODE_ENDS), dtype=torch.float64)  # how episodes ended, by EpisodeEnd value
+    for ep in episodes:
+        ends[ep.episode_end if 0 <= ep.episode_end < len(EPISODE_ENDS) else 0] += 1
     rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float64)
     lengths = sum(len(ep.completion_token_ids) for ep in episodes)
+    turns = [float(sum(max(ep.turns, 1) for ep in episodes)), float(sum(ep.tool_calls for ep in episodes)),
+             float(sum(ep.tool_errors for ep in episodes)),
+             float(sum(len(set(ep.token_weight_versions)) > 1 for ep in episodes))]
     sums = torch.cat([torch.tensor([float(len(episodes)), float(rewards.sum()), float((rewards ** 2).sum()),
-                                    float(staleness.sum()), float(lengths), float(excluded)], dtype=torch.float64),
-                      hist])
+                                    float(staleness.sum()), float(lengths), float(excluded), *turns],
+                                   dtype=torch.float64), hist, ends])
     coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
     maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
     coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
     n = max(float(sums[0]), 1.0)
     mean = float(sums[1]) / n
+    k = 10 + s + 2  # where the ends' counts start
     return {"episodes": int(sums[0]), "reward_mean": mean,
             "reward_std": max(float(sums[2]) / n - mean * mean, 0.0) ** 0.5,
             "staleness_mean": float(sums[3]) / n, "staleness_max": int(maxima[0]),
             "completion_len_mean": float(sums[4]) / n, "reward_errors": int(sums[5]),
-            "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[6:].tolist()) if c}}
+            "turns_mean": float(sums[6]) / n, "tool_calls_mean": float(sums[7]) / n, "tool_errors": int(sums[8]),
+            "episodes_multi_version": int(sums[9]),
+            "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[10:k].tolist()) if c},
+            "episode_ends": {EPISODE_ENDS[i]: int(c) for i, c in enumerate(sums[k:].tolist()) if c}}
 
 
 
@@ -292,6 +306,9 @@ class TrainingLoop:
             logprob_diff_mean=stats.logprob_diff_mean, mismatch_masked_frac=stats.mismatch_masked_frac,
             ref_kl=stats.ref_kl,
             completion_len_mean=summary["completion_len_mean"],
+            turns_mean=summary["turns_mean"], tool_calls_mean=summary["tool_calls_mean"],
+            tool_errors=summary["tool_errors"], episodes_multi_version=summary["episodes_multi_version"],
+            episode_ends=summary["episode_ends"],
             episodes_per_s=summary["episodes"] / max(now - self._last_step_t, 1e-9),
             step_time_s=step_s, time_s=now - self._t0, world_size=self.coll.world_size,
             queue_lag=queue_lag, queue_pending=queue_pending,

@@ -73,7 +73,7 @@ class Trainer:
         # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
         reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 else None
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
-                               max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll,
+                               max_completion_tokens=cfg.rollout.episode_token_cap(), collectives=self.coll,
                                reference=reference)
         if tc.micro_batch_layout is MicroBatchLayout.PACKED:
             check_packing(self.model, self.device)
@@ -81,7 +81,7 @@ class Trainer:
         self.progress = TrainerProgress()
         already_done, resumed_version = self._restore()
         self.stream = EpisodeStream.from_config(cfg.redis)
-        checks = EntryChecks(int(self.model.get_input_embeddings().num_embeddings), cfg.rollout.max_new_tokens,
+        checks = EntryChecks(int(self.model.get_input_embeddings().num_embeddings), cfg.rollout.episode_token_cap(),
                              VersionSource(self.stream.client, self.stream.keys).latest, tc.stream.dead_letter_maxlen)
         self.collector = GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank),
                                         cfg.rollout.max_staleness, tc.stream.read_block_ms, already_done, checks,

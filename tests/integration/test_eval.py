@@ -53,3 +53,24 @@ def test_eval_with_only_one_service_address_is_a_config_error(tmp_path: Path, ch
     cfg.write_text(yaml.safe_dump({"model": {"path": str(chat_model_dir)}, "rollout": {"dataset": str(data)}}))
 
     assert main(["eval", str(cfg), "--dataset", str(data), "--inference", "127.0.0.1:1"]) == 2
+
+
+def test_eval_of_a_tool_workflow_plays_whole_episodes_and_reports_multi_turn_figures(tmp_path: Path,
+                                                                                     tiny_model_dir: Path) -> None:
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"1{i}+2{i}=", "answer": str(33 + 2 * i)}) + "\n" for i in range(3)))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_model_dir)}, "reward": {"function": "relayrl.tasks.calculator:reward", "workers": 1},
+        "rollout": {"dataset": str(data), "workflow": "tools", "tools": ["relayrl.tasks.calculator:c"],
+                    "tool_format": "tagged", "max_new_tokens": 6, "max_turns": 2, "max_episode_tokens": 40}}))
+
+    rc = main(["eval", str(cfg), "--dataset", str(data), "--samples", "2", "--out", str(tmp_path / "eval.json")])
+
+    assert rc == 0
+    out = json.loads((tmp_path / "eval.json").read_text())
+    assert out["rows"] == 3 and out["reward_errors"] == 0
+    assert sum(out["episode_ends"].values()) == 3 * (1 + 2)  # one greedy and two sampled episodes per row
+    assert set(out["episode_ends"]) <= {"done", "max_turns", "max_tokens", "max_tool_calls"}
+    assert 1.0 <= out["turns_mean"] <= 2.0 and out["tool_calls_mean"] >= 0 and out["tool_errors"] >= 0
+    assert all(len(r["turns"]) == 3 for r in out["per_row"])

@@ -303,7 +303,7 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
         return [r for r in lines if r["logger"] == logger and r["message"].startswith(prefix)]
 
     # rollout names each group's episodes under the group's id
-    scoring = where("relayrl.rollout.producer", "scoring group")
+    scoring = where("relayrl.rollout.workflows.single_turn", "scoring group")
     episodes_of = {r["group_id"]: r["message"].split("episodes ")[1].split(", ") for r in scoring}
     assert len(episodes_of) == len(scoring) >= 8
     # each reward failure names its episode, which belongs to a group rollout scored

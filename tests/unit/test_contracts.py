@@ -130,6 +130,24 @@ def test_each_reader_consumes_rows_built_from_the_definition(tmp_path: Path) -> 
     assert (tmp_path / "metrics.png").stat().st_size > 0
 
 
+def test_multi_turn_figures_reach_status_and_dashboard(tmp_path: Path) -> None:
+    from relayrl.dashboard import read_metrics_chunk
+    from relayrl.status import _training, render
+
+    rows: list[RlRow | SftRow] = [_rl(s, turns_mean=2.0, tool_calls_mean=1.0, tool_errors=s,
+                                      episode_ends={"done": 6, "max_turns": 2}) for s in (1, 2)]
+    _write(tmp_path / "metrics.jsonl", rows)
+
+    training = _training(tmp_path, window=2)
+    chunk = read_metrics_chunk(tmp_path / "metrics.jsonl")
+
+    assert read_rows(tmp_path / "metrics.jsonl") == rows  # episode_ends round-trips like staleness_hist
+    assert training["episode_ends"] == {"done": 12, "max_turns": 4} and training["tool_errors"] == 3
+    assert "multi-turn: 2.00 turns and 1.00 tool calls per episode, 3 tool errors; ended: done 12, max_turns 4" in \
+        render({"services": {}, "training": training})
+    assert chunk.rows[1]["turns_mean"] == 2.0 and chunk.rows[1]["tool_errors"] == 2
+
+
 def test_readers_tolerate_a_row_of_an_older_version(tmp_path: Path) -> None:
     from relayrl.dashboard import read_metrics_chunk
     from relayrl.launcher import progress_line, run_summary
@@ -196,7 +214,8 @@ def test_policies_are_chosen_per_method() -> None:
 
 
 def test_rollout_calls_generate_and_score_through_the_typed_clients() -> None:
-    source = (REPO / "services" / "rollout" / "producer.py").read_text()
+    rollout = REPO / "services" / "rollout"
+    source = "".join(p.read_text() for p in [rollout / "producer.py", *sorted((rollout / "workflows").glob("*.py"))])
 
     assert "Stub(" not in source and "_pb2_grpc" not in source
     assert ".generate(" in source and ".score_batch(" in source and ".trainer.status()" in source

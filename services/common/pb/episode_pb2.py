@@ -27,7 +27,7 @@ from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 from relayrl.common.pb import reward_pb2 as relayrl_dot_v1_dot_reward__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/episode.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\x1a\x17relayrl/v1/reward.proto\"\x82\x05\n\x07\x45pisode\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x14\n\x0csample_index\x18\x04 \x01(\r\x12\x12\n\ngroup_size\x18\x05 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12\x1c\n\x14\x63ompletion_token_ids\x18\x07 \x03(\x05\x12\x1a\n\x12\x62\x65haviour_logprobs\x18\x08 \x03(\x02\x12\x1d\n\x15token_weight_versions\x18\t \x03(\x03\x12\x11\n\tloss_mask\x18\n \x03(\r\x12\x0e\n\x06reward\x18\x0b \x01(\x01\x12\x44\n\x11reward_components\x18\x0c \x03(\x0b\x32).relayrl.v1.Episode.RewardComponentsEntry\x12/\n\rfinish_reason\x18\r \x01(\x0e\x32\x18.relayrl.v1.FinishReason\x12\x13\n\x0bproducer_id\x18\x0e \x01(\t\x12\x12\n\ncreated_at\x18\x0f \x01(\x01\x12\x13\n\x0b\x65nqueued_at\x18\x10 \x01(\x01\x12\x13\n\x0bprompt_text\x18\x11 \x01(\t\x12\x17\n\x0f\x63ompletion_text\x18\x12 \x01(\t\x12\x1c\n\x14sampling_temperature\x18\x13 \x01(\x02\x12.\n\rreward_status\x18\x14 \x01(\x0e\x32\x17.relayrl.v1.ScoreStatus\x12\x14\n\x0creward_error\x18\x15 \x01(\t\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0c\x45pisodeGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x08\x65pisodes\x18\x02 \x03(\x0b\x32\x13.relayrl.v1.Episode\x12\x12\n\nprompt_seq\x18\x03 \x01(\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/episode.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\x1a\x17relayrl/v1/reward.proto\"\xe7\x05\n\x07\x45pisode\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x14\n\x0csample_index\x18\x04 \x01(\r\x12\x12\n\ngroup_size\x18\x05 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12\x1c\n\x14\x63ompletion_token_ids\x18\x07 \x03(\x05\x12\x1a\n\x12\x62\x65haviour_logprobs\x18\x08 \x03(\x02\x12\x1d\n\x15token_weight_versions\x18\t \x03(\x03\x12\x11\n\tloss_mask\x18\n \x03(\r\x12\x0e\n\x06reward\x18\x0b \x01(\x01\x12\x44\n\x11reward_components\x18\x0c \x03(\x0b\x32).relayrl.v1.Episode.RewardComponentsEntry\x12/\n\rfinish_reason\x18\r \x01(\x0e\x32\x18.relayrl.v1.FinishReason\x12\x13\n\x0bproducer_id\x18\x0e \x01(\t\x12\x12\n\ncreated_at\x18\x0f \x01(\x01\x12\x13\n\x0b\x65nqueued_at\x18\x10 \x01(\x01\x12\x13\n\x0bprompt_text\x18\x11 \x01(\t\x12\x17\n\x0f\x63ompletion_text\x18\x12 \x01(\t\x12\x1c\n\x14sampling_temperature\x18\x13 \x01(\x02\x12.\n\rreward_status\x18\x14 \x01(\x0e\x32\x17.relayrl.v1.ScoreStatus\x12\x14\n\x0creward_error\x18\x15 \x01(\t\x12+\n\x0b\x65pisode_end\x18\x16 \x01(\x0e\x32\x16.relayrl.v1.EpisodeEnd\x12\r\n\x05turns\x18\x17 \x01(\r\x12\x12\n\ntool_calls\x18\x18 \x01(\r\x12\x13\n\x0btool_errors\x18\x19 \x01(\r\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0c\x45pisodeGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x08\x65pisodes\x18\x02 \x03(\x0b\x32\x13.relayrl.v1.Episode\x12\x12\n\nprompt_seq\x18\x03 \x01(\x04*\xe5\x01\n\nEpisodeEnd\x12\x1b\n\x17\x45PISODE_END_UNSPECIFIED\x10\x00\x12\x14\n\x10\x45PISODE_END_DONE\x10\x01\x12\x19\n\x15\x45PISODE_END_TRUNCATED\x10\x02\x12\x19\n\x15\x45PISODE_END_MAX_TURNS\x10\x03\x12\x1a\n\x16\x45PISODE_END_MAX_TOKENS\x10\x04\x12\x17\n\x13\x45PISODE_END_TIMEOUT\x10\x05\x12\x1e\n\x1a\x45PISODE_END_MAX_TOOL_CALLS\x10\x06\x12\x19\n\x15\x45PISODE_END_ENV_ERROR\x10\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,10 +36,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EPISODE_REWARDCOMPONENTSENTRY']._loaded_options = None
   _globals['_EPISODE_REWARDCOMPONENTSENTRY']._serialized_options = b'8\001'
+  _globals['_EPISODEEND']._serialized_start=930
+  _globals['_EPISODEEND']._serialized_end=1159
   _globals['_EPISODE']._serialized_start=91
-  _globals['_EPISODE']._serialized_end=733
-  _globals['_EPISODE_REWARDCOMPONENTSENTRY']._serialized_start=678
-  _globals['_EPISODE_REWARDCOMPONENTSENTRY']._serialized_end=733
-  _globals['_EPISODEGROUP']._serialized_start=735
-  _globals['_EPISODEGROUP']._serialized_end=826
+  _globals['_EPISODE']._serialized_end=834
+  _globals['_EPISODE_REWARDCOMPONENTSENTRY']._serialized_start=779
+  _globals['_EPISODE_REWARDCOMPONENTSENTRY']._serialized_end=834
+  _globals['_EPISODEGROUP']._serialized_start=836
+  _globals['_EPISODEGROUP']._serialized_end=927
 # @@protoc_insertion_point(module_scope)

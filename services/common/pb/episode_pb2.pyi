@@ -2,6 +2,7 @@
 from relayrl.common.pb import common_pb2 as _common_pb2
 from relayrl.common.pb import reward_pb2 as _reward_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -9,8 +10,27 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EpisodeEnd(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EPISODE_END_UNSPECIFIED: _ClassVar[EpisodeEnd]
+    EPISODE_END_DONE: _ClassVar[EpisodeEnd]
+    EPISODE_END_TRUNCATED: _ClassVar[EpisodeEnd]
+    EPISODE_END_MAX_TURNS: _ClassVar[EpisodeEnd]
+    EPISODE_END_MAX_TOKENS: _ClassVar[EpisodeEnd]
+    EPISODE_END_TIMEOUT: _ClassVar[EpisodeEnd]
+    EPISODE_END_MAX_TOOL_CALLS: _ClassVar[EpisodeEnd]
+    EPISODE_END_ENV_ERROR: _ClassVar[EpisodeEnd]
+EPISODE_END_UNSPECIFIED: EpisodeEnd
+EPISODE_END_DONE: EpisodeEnd
+EPISODE_END_TRUNCATED: EpisodeEnd
+EPISODE_END_MAX_TURNS: EpisodeEnd
+EPISODE_END_MAX_TOKENS: EpisodeEnd
+EPISODE_END_TIMEOUT: EpisodeEnd
+EPISODE_END_MAX_TOOL_CALLS: EpisodeEnd
+EPISODE_END_ENV_ERROR: EpisodeEnd
+
 class Episode(_message.Message):
-    __slots__ = ("episode_id", "prompt_id", "group_id", "sample_index", "group_size", "prompt_token_ids", "completion_token_ids", "behaviour_logprobs", "token_weight_versions", "loss_mask", "reward", "reward_components", "finish_reason", "producer_id", "created_at", "enqueued_at", "prompt_text", "completion_text", "sampling_temperature", "reward_status", "reward_error")
+    __slots__ = ("episode_id", "prompt_id", "group_id", "sample_index", "group_size", "prompt_token_ids", "completion_token_ids", "behaviour_logprobs", "token_weight_versions", "loss_mask", "reward", "reward_components", "finish_reason", "producer_id", "created_at", "enqueued_at", "prompt_text", "completion_text", "sampling_temperature", "reward_status", "reward_error", "episode_end", "turns", "tool_calls", "tool_errors")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +59,10 @@ class Episode(_message.Message):
     SAMPLING_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     REWARD_STATUS_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_END_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     prompt_id: str
     group_id: str
@@ -60,7 +84,11 @@ class Episode(_message.Message):
     sampling_temperature: float
     reward_status: _reward_pb2.ScoreStatus
     reward_error: str
-    def __init__(self, episode_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., token_weight_versions: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., producer_id: _Optional[str] = ..., created_at: _Optional[float] = ..., enqueued_at: _Optional[float] = ..., prompt_text: _Optional[str] = ..., completion_text: _Optional[str] = ..., sampling_temperature: _Optional[float] = ..., reward_status: _Optional[_Union[_reward_pb2.ScoreStatus, str]] = ..., reward_error: _Optional[str] = ...) -> None: ...
+    episode_end: EpisodeEnd
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    def __init__(self, episode_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., token_weight_versions: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., producer_id: _Optional[str] = ..., created_at: _Optional[float] = ..., enqueued_at: _Optional[float] = ..., prompt_text: _Optional[str] = ..., completion_text: _Optional[str] = ..., sampling_temperature: _Optional[float] = ..., reward_status: _Optional[_Union[_reward_pb2.ScoreStatus, str]] = ..., reward_error: _Optional[str] = ..., episode_end: _Optional[_Union[EpisodeEnd, str]] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ...) -> None: ...
 
 class EpisodeGroup(_message.Message):
     __slots__ = ("group_id", "episodes", "prompt_seq")

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arelayrl/v1/inference.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xbc\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x42\x07\n\x05_seed\"\xdb\x01\n\x0fGenerateRequest\x12\x15\n\x0bprompt_text\x18\x01 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x14.relayrl.v1.TokenIdsH\x00\x12\x33\n\x0fprompt_messages\x18\x05 \x01(\x0b\x32\x18.relayrl.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.relayrl.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\tB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.relayrl.v1.ChatMessage\"\x85\x01\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.relayrl.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"e\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12#\n\x07samples\x18\x03 \x03(\x0b\x32\x12.relayrl.v1.Sample\"l\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\x8e\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12#\n\x05probe\x18\x06 \x03(\x0b\x32\x14.relayrl.v1.TokenIds\"z\n\x13WeightUpdateMessage\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x17.relayrl.v1.TensorChunkH\x00\x12.\n\x08manifest\x18\x02 \x01(\x0b\x32\x1a.relayrl.v1.WeightManifestH\x00\x42\t\n\x07payload\"\xb1\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pply_s\x18\x02 \x01(\x01\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x12\x16\n\x0eprobe_logprobs\x18\x04 \x03(\x02\x12\x11\n\treceive_s\x18\x05 \x01(\x01\x12\x12\n\nassemble_s\x18\x06 \x01(\x01\x12\x0e\n\x06swap_s\x18\x07 \x01(\x01\x12\x0f\n\x07probe_s\x18\x08 \x01(\x01\"\x1b\n\x19GetInferenceStatusRequest\"\x96\x02\n\x0fInferenceStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x17\n\x0frequests_served\x18\x04 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x04\x12\x18\n\x10requests_running\x18\x06 \x01(\r\x12\x16\n\x0eweight_updates\x18\x07 \x01(\x04\x12\x17\n\x0frequests_queued\x18\x08 \x01(\r\x12\x19\n\x11sequences_running\x18\t \x01(\r\x12\x0e\n\x06\x65ngine\x18\n \x01(\t2\x81\x02\n\x10InferenceService\x12\x45\n\x08Generate\x12\x1b.relayrl.v1.GenerateRequest\x1a\x1c.relayrl.v1.GenerateResponse\x12U\n\rUpdateWeights\x12\x1f.relayrl.v1.WeightUpdateMessage\x1a!.relayrl.v1.UpdateWeightsResponse(\x01\x12O\n\tGetStatus\x12%.relayrl.v1.GetInferenceStatusRequest\x1a\x1b.relayrl.v1.InferenceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arelayrl/v1/inference.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xbc\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x42\x07\n\x05_seed\"\xf0\x01\n\x0fGenerateRequest\x12\x15\n\x0bprompt_text\x18\x01 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x14.relayrl.v1.TokenIdsH\x00\x12\x33\n\x0fprompt_messages\x18\x05 \x01(\x0b\x32\x18.relayrl.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.relayrl.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x13\n\x0bsuffix_text\x18\x06 \x01(\tB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.relayrl.v1.ChatMessage\"\x85\x01\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.relayrl.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"e\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12#\n\x07samples\x18\x03 \x03(\x0b\x32\x12.relayrl.v1.Sample\"l\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\x8e\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12#\n\x05probe\x18\x06 \x03(\x0b\x32\x14.relayrl.v1.TokenIds\"z\n\x13WeightUpdateMessage\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x17.relayrl.v1.TensorChunkH\x00\x12.\n\x08manifest\x18\x02 \x01(\x0b\x32\x1a.relayrl.v1.WeightManifestH\x00\x42\t\n\x07payload\"\xb1\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pply_s\x18\x02 \x01(\x01\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x12\x16\n\x0eprobe_logprobs\x18\x04 \x03(\x02\x12\x11\n\treceive_s\x18\x05 \x01(\x01\x12\x12\n\nassemble_s\x18\x06 \x01(\x01\x12\x0e\n\x06swap_s\x18\x07 \x01(\x01\x12\x0f\n\x07probe_s\x18\x08 \x01(\x01\"\x1b\n\x19GetInferenceStatusRequest\"\x96\x02\n\x0fInferenceStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x17\n\x0frequests_served\x18\x04 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x04\x12\x18\n\x10requests_running\x18\x06 \x01(\r\x12\x16\n\x0eweight_updates\x18\x07 \x01(\x04\x12\x17\n\x0frequests_queued\x18\x08 \x01(\r\x12\x19\n\x11sequences_running\x18\t \x01(\r\x12\x0e\n\x06\x65ngine\x18\n \x01(\t2\x81\x02\n\x10InferenceService\x12\x45\n\x08Generate\x12\x1b.relayrl.v1.GenerateRequest\x1a\x1c.relayrl.v1.GenerateResponse\x12U\n\rUpdateWeights\x12\x1f.relayrl.v1.WeightUpdateMessage\x1a!.relayrl.v1.UpdateWeightsResponse(\x01\x12O\n\tGetStatus\x12%.relayrl.v1.GetInferenceStatusRequest\x1a\x1b.relayrl.v1.InferenceStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,29 +36,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=68
   _globals['_SAMPLINGPARAMS']._serialized_end=256
   _globals['_GENERATEREQUEST']._serialized_start=259
-  _globals['_GENERATEREQUEST']._serialized_end=478
-  _globals['_TOKENIDS']._serialized_start=480
-  _globals['_TOKENIDS']._serialized_end=503
-  _globals['_CHATMESSAGE']._serialized_start=505
-  _globals['_CHATMESSAGE']._serialized_end=549
-  _globals['_CHATMESSAGES']._serialized_start=551
-  _globals['_CHATMESSAGES']._serialized_end=608
-  _globals['_SAMPLE']._serialized_start=611
-  _globals['_SAMPLE']._serialized_end=744
-  _globals['_GENERATERESPONSE']._serialized_start=746
-  _globals['_GENERATERESPONSE']._serialized_end=847
-  _globals['_TENSORCHUNK']._serialized_start=849
-  _globals['_TENSORCHUNK']._serialized_end=957
-  _globals['_WEIGHTMANIFEST']._serialized_start=960
-  _globals['_WEIGHTMANIFEST']._serialized_end=1102
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=1104
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=1226
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1229
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1406
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=1408
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=1435
-  _globals['_INFERENCESTATUS']._serialized_start=1438
-  _globals['_INFERENCESTATUS']._serialized_end=1716
-  _globals['_INFERENCESERVICE']._serialized_start=1719
-  _globals['_INFERENCESERVICE']._serialized_end=1976
+  _globals['_GENERATEREQUEST']._serialized_end=499
+  _globals['_TOKENIDS']._serialized_start=501
+  _globals['_TOKENIDS']._serialized_end=524
+  _globals['_CHATMESSAGE']._serialized_start=526
+  _globals['_CHATMESSAGE']._serialized_end=570
+  _globals['_CHATMESSAGES']._serialized_start=572
+  _globals['_CHATMESSAGES']._serialized_end=629
+  _globals['_SAMPLE']._serialized_start=632
+  _globals['_SAMPLE']._serialized_end=765
+  _globals['_GENERATERESPONSE']._serialized_start=767
+  _globals['_GENERATERESPONSE']._serialized_end=868
+  _globals['_TENSORCHUNK']._serialized_start=870
+  _globals['_TENSORCHUNK']._serialized_end=978
+  _globals['_WEIGHTMANIFEST']._serialized_start=981
+  _globals['_WEIGHTMANIFEST']._serialized_end=1123
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=1125
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=1247
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1250
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1427
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=1429
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=1456
+  _globals['_INFERENCESTATUS']._serialized_start=1459
+  _globals['_INFERENCESTATUS']._serialized_end=1737
+  _globals['_INFERENCESERVICE']._serialized_start=1740
+  _globals['_INFERENCESERVICE']._serialized_end=1997
 # @@protoc_insertion_point(module_scope)

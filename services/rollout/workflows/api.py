@@ -13,15 +13,23 @@ turn before them, so that staleness counts from the oldest model token).
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.pb import episode_pb2
 
 ENTRY_POINT_GROUP = "relayrl.workflows"
 ENVIRONMENT_ENTRY_POINT_GROUP = "relayrl.environments"
+
+
+class GroupFailed(RuntimeError):
+    """A workflow's group cannot be completed (a wrong sample count, no model token): rollout retries the group up
+    to rollout.max_group_attempts times, then skips and counts it."""
 
 
 @dataclass
@@ -33,6 +41,9 @@ class StepResult:
     done: bool = False  # the task ended (solved, failed, game over)
     truncated: bool = False  # the environment cut the episode short (its own step or time limit)
     info: dict[str, Any] = field(default_factory=dict)
+    tool_calls: int = 0  # tool calls this step executed (counted on the episode)
+    tool_errors: int = 0  # of which failed (unknown tool, bad arguments, an error or a timeout)
+    limit: str = ""  # with truncated: the workflow limit that cut the episode ("max_tool_calls"), if any
 
 
 class Environment(Protocol):
@@ -62,6 +73,8 @@ class WorkflowContext:
     group_size: int  # episodes the group must hold (rollout.group_size)
     producer_id: str  # stamped on every episode
     created_at: float  # Unix time the group started
+    config: Any = None  # relayrl.config.rollout.RolloutConfig: sampling, timeouts and the per-episode limits
+    environment: EnvironmentFactory | None = None  # multi_turn: builds the environment of each episode
 
 
 class Workflow(Protocol):
@@ -69,3 +82,25 @@ class Workflow(Protocol):
     rollout.max_group_attempts, then skipped and counted); a failed score or environment marks the episode."""
 
     async def __call__(self, row: Prompt, ctx: WorkflowContext) -> list[episode_pb2.Episode]: ...
+
+
+def load_callable(spec: str, group: str, field_name: str) -> Callable[..., Any]:
+    """Import ``module:function``, or the entry point ``spec`` of entry-point ``group``; errors name the config
+    field (a ConfigError)."""
+    if ":" not in spec:
+        registered = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)}
+        if spec not in registered:
+            raise ConfigError(field_name, spec, f"must look like package.module:function or be registered under "
+                                                f"{group} ({', '.join(sorted(registered)) or 'none installed'})")
+        spec = registered[spec]
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(field_name, spec, "must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(field_name, spec, f"module cannot be imported ({exc})") from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(field_name, spec, f"{module_name} has no callable {attr!r}")
+    return fn  # type: ignore[no-any-return]

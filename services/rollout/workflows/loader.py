@@ -1,0 +1,42 @@
+"""The configured workflow (rollout.workflow): a built-in one or a user's, loaded at start-up."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from relayrl.common.dataset import Prompt
+from relayrl.config.rollout import RolloutConfig
+from relayrl.rollout.workflows.api import (
+    ENTRY_POINT_GROUP,
+    ENVIRONMENT_ENTRY_POINT_GROUP,
+    Environment,
+    EnvironmentFactory,
+    Workflow,
+    load_callable,
+)
+from relayrl.rollout.workflows.multi_turn import MultiTurnWorkflow
+from relayrl.rollout.workflows.single_turn import SingleTurnWorkflow
+from relayrl.rollout.workflows.tools import ToolEnvironment, ToolSet
+
+
+def build_workflow(cfg: RolloutConfig) -> tuple[Workflow, EnvironmentFactory | None]:
+    """The workflow of ``cfg`` and the environment factory it plays (multi_turn only); a ConfigError names the
+    field that cannot be loaded."""
+    if cfg.workflow == "single_turn":
+        return SingleTurnWorkflow(), None
+    if cfg.workflow == "multi_turn":
+        factory = cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP,
+                                                         "rollout.environment"))
+        return MultiTurnWorkflow(factory), factory
+    if cfg.workflow == "tools":
+        tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s)
+
+        def environment(row: Prompt) -> Environment:
+            return ToolEnvironment(tools, cfg.max_tool_calls)
+
+        return MultiTurnWorkflow(environment, score=True, stop=tools.stops(), answer=tools.answer), environment
+    factory = None
+    if cfg.environment:
+        factory = cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP,
+                                                         "rollout.environment"))
+    return cast(Workflow, load_callable(cfg.workflow, ENTRY_POINT_GROUP, "rollout.workflow")), factory
