@@ -1,0 +1,190 @@
+"""Black-box agents through the session endpoint: small agent loops written against the official ``openai`` client
+talk to a real inference server (tiny chat model, port 0) through AgentWorkflow's proxy; their sessions become
+episodes whose tokens are exactly what inference saw and sampled."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+
+from relayrl.client import InferenceClient, RewardClient
+from relayrl.common.dataset import Prompt
+from relayrl.common.model import chat_token_ids, load_model, load_tokenizer
+from relayrl.common.pb import episode_pb2, reward_pb2
+from relayrl.config.agents import AgentConfig, AgentReward
+from relayrl.config.model import ModelConfig
+from relayrl.rollout.workflows.agent import AgentWorkflow
+from relayrl.rollout.workflows.agent_proxy import Sampling
+from relayrl.rollout.workflows.api import WorkflowContext
+from relayrl.trainer.learner import pack
+from relayrl.trainer.loss import token_logprobs
+from tests.integration.helpers import inference_server, reward_server
+
+pytestmark = pytest.mark.integration
+ROW = Prompt("p1", "What is 17 + 25?", "42")
+SAMPLING = Sampling(temperature=0.9, generate_timeout_s=30)
+
+
+def _client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url, api_key="unused", timeout=30, max_retries=0)
+
+
+async def multi_turn_agent(base_url: str, row: Prompt) -> float:
+    """Three turns: ask, then twice more with the model's own answers kept in the history. Seeded: a random model
+    may sample a special token (say ``<|endoftext|>``) that the answer's text leaves out, and then the history the
+    agent sends back honestly differs from what the model saw (a new episode starts); seed 1 samples none."""
+    client = _client(base_url)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": row.prompt}]
+    for turn in range(3):
+        r = await client.chat.completions.create(model="any", messages=messages, max_tokens=5,  # type: ignore[arg-type]
+                                                 temperature=0.9, logprobs=True, seed=1)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                     {"role": "user", "content": f"Try again ({turn})"}]
+    return 0.5
+
+
+async def rewriting_agent(base_url: str, row: Prompt) -> float:
+    """Two calls; the second replaces the model's answer in the history: the prefixes differ."""
+    client = _client(base_url)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": row.prompt}]
+    await client.chat.completions.create(model="any", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    messages += [{"role": "assistant", "content": "(summarised)"}, {"role": "user", "content": "Again"}]
+    await client.chat.completions.create(model="any", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    return 1.0
+
+
+async def _run(model_dir: Path, agent: Callable[[str, Prompt], Awaitable[Any]], group_size: int = 2,
+               reward_target: str = "", after: Callable[[], Awaitable[None]] | None = None,
+               **cfg: Any) -> tuple[list[episode_pb2.Episode], AgentWorkflow]:
+    """One group of ``agent`` sessions through AgentWorkflow; ``after`` runs once the group is done, while the
+    proxy still serves."""
+    workflow = AgentWorkflow(AgentConfig(**cfg), load_tokenizer(model_dir), SAMPLING, max_episode_tokens=64,
+                             agent=agent)  # type: ignore[arg-type]
+    async with inference_server(model_dir) as (target, _), InferenceClient(target) as inference:
+        reward = RewardClient(reward_target) if reward_target else None
+        ctx = WorkflowContext(inference=inference, reward=reward, group_id="g1", group_size=group_size,
+                              producer_id="test", created_at=time.time())
+        try:
+            episodes = await workflow(ROW, ctx)
+            if after is not None:
+                await after()
+            return episodes, workflow
+        finally:
+            await workflow.close()
+            if reward is not None:
+                await reward.close()
+
+
+def test_multi_turn_session_becomes_one_episode_with_the_tokens_inference_sampled(chat_model_dir: Path) -> None:
+    tok = load_tokenizer(chat_model_dir)
+
+    episodes, workflow = asyncio.run(_run(chat_model_dir, multi_turn_agent))
+
+    assert len(episodes) == 2 and workflow.proxy.calls_served == 6  # one episode per session of 3 calls
+    model = load_model(ModelConfig(path=chat_model_dir))
+    for i, ep in enumerate(episodes):
+        assert ep.group_size == 2 and ep.sample_index == i and ep.reward == 0.5
+        assert ep.reward_status == reward_pb2.SCORE_STATUS_OK
+        assert list(ep.prompt_token_ids) == chat_token_ids(tok, [{"role": "user", "content": ROW.prompt}])
+        n = len(ep.completion_token_ids)
+        assert len(ep.behaviour_logprobs) == len(ep.token_weight_versions) == len(ep.loss_mask) == n
+        assert 3 <= sum(ep.loss_mask) <= 15 and set(ep.token_weight_versions) == {0}
+        gaps = tok.decode([t for t, m in zip(ep.completion_token_ids, ep.loss_mask, strict=True) if m == 0])
+        assert "Try again (0)" in gaps and "Try again (1)" in gaps and "Try again (2)" not in gaps
+        assert all(lp == 0.0 for lp, m in zip(ep.behaviour_logprobs, ep.loss_mask, strict=True) if m == 0)
+        # the model itself scores the episode's sampled tokens as inference did: the ids in the episode are the
+        # ids the model conditioned on at every turn (a re-tokenised history would shift these logprobs)
+        prompt, completion = list(ep.prompt_token_ids), list(ep.completion_token_ids)
+        batch = pack([prompt], [completion], None, None, [0.9], tok.pad_token_id, torch.device("cpu"))
+        with torch.no_grad():
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        want = token_logprobs(logits, batch.targets, batch.temperature)[0, len(prompt) - 1:len(prompt) - 1 + n]
+        got = torch.tensor(list(ep.behaviour_logprobs))
+        mask = torch.tensor(list(ep.loss_mask), dtype=torch.bool)
+        # float32, KV-cache decode vs one forward over the whole transcript: summation order only
+        assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
+
+
+def test_rewritten_history_gives_one_episode_per_call(chat_model_dir: Path) -> None:
+    episodes, _ = asyncio.run(_run(chat_model_dir, rewriting_agent, group_size=1))
+
+    assert len(episodes) == 2 and [ep.group_size for ep in episodes] == [2, 2]
+    assert all(list(ep.loss_mask) == [1] * len(ep.completion_token_ids) for ep in episodes)
+    assert all(ep.reward == 1.0 for ep in episodes)
+
+
+def test_session_limits_refuse_with_413_and_a_finished_session_is_404(chat_model_dir: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    async def greedy_agent(base_url: str, row: Prompt) -> float:
+        client = _client(base_url)
+        seen["url"] = base_url
+        messages = [{"role": "user", "content": row.prompt}]
+        for _ in range(2):
+            await client.chat.completions.create(model="any", messages=messages, max_tokens=3)  # type: ignore[arg-type]
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.chat.completions.create(model="any", messages=messages, max_tokens=3)  # type: ignore[arg-type]
+        seen["third"] = refused.value.status_code
+        with pytest.raises(openai.BadRequestError):  # sampling is the rollout's
+            await client.chat.completions.create(model="any", messages=messages, temperature=0.2)  # type: ignore[arg-type]
+        return 0.0
+
+    async def after() -> None:
+        with pytest.raises(openai.NotFoundError):
+            await _client(seen["url"]).chat.completions.create(model="any", messages=[{"role": "user",
+                                                                                        "content": "hi"}])
+
+    episodes, _ = asyncio.run(_run(chat_model_dir, greedy_agent, group_size=1, after=after, max_calls=2))
+
+    assert seen["third"] == 413
+    assert len(episodes) == 2  # same prompt twice: neither call extends the other
+
+
+def test_agent_that_times_out_or_raises_marks_its_episodes(chat_model_dir: Path) -> None:
+    async def stuck_agent(base_url: str, row: Prompt) -> float:
+        await _client(base_url).chat.completions.create(model="any", messages=[{"role": "user", "content": "x"}],
+                                                        max_tokens=2)
+        await asyncio.sleep(60)
+        return 1.0
+
+    async def broken_agent(base_url: str, row: Prompt) -> float:
+        await _client(base_url).chat.completions.create(model="any", messages=[{"role": "user", "content": "x"}],
+                                                        max_tokens=2)
+        raise RuntimeError("agent bug")
+
+    timed_out, w1 = asyncio.run(_run(chat_model_dir, stuck_agent, group_size=1, session_timeout_s=2.0))
+    failed, w2 = asyncio.run(_run(chat_model_dir, broken_agent, group_size=1))
+
+    assert [ep.reward_status for ep in timed_out] == [reward_pb2.SCORE_STATUS_TIMEOUT]
+    assert w1.sessions_timed_out == 1
+    assert [ep.reward_status for ep in failed] == [reward_pb2.SCORE_STATUS_ERROR]
+    assert "RuntimeError" in failed[0].reward_error and "agent bug" not in failed[0].reward_error
+    assert w2.sessions_failed == 1
+
+
+def test_agent_without_reward_is_scored_by_the_reward_service_on_its_last_answer(chat_model_dir: Path) -> None:
+    last: list[str] = []
+
+    async def silent_agent(base_url: str, row: Prompt) -> None:
+        r = await _client(base_url).chat.completions.create(
+            model="any", messages=[{"role": "user", "content": row.prompt}], max_tokens=6)  # type: ignore[arg-type]
+        last.append(r.choices[0].message.content or "")
+        return None
+
+    async def go() -> list[episode_pb2.Episode]:
+        async with reward_server("tests.reward_fns:length") as (target, _):
+            episodes, _ = await _run(chat_model_dir, silent_agent, group_size=1, reward_target=target,
+                                     reward=AgentReward.AUTO)
+            return episodes
+
+    [ep] = asyncio.run(go())
+
+    assert ep.reward_status == reward_pb2.SCORE_STATUS_OK
+    assert ep.reward == float(len(last[0]))  # tests.reward_fns:length scores len(completion)
