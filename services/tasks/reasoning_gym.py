@@ -22,6 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# imported with this module (only when a reasoning-gym reward or environment is chosen): the library takes seconds
+# to import, which a verifier worker then spends at start-up, before it is ready, not inside a timed call
+import reasoning_gym
+from reasoning_gym.utils import extract_answer
+
 INSTRUCTION = "Answer the question directly. Give your final answer between <answer> and </answer> tags."
 METADATA_KEY = "reasoning_gym"
 
@@ -51,8 +56,6 @@ class TaskRef:
 
 @functools.lru_cache(maxsize=64)
 def _dataset(name: str, seed: int, size: int, config_json: str) -> Any:
-    import reasoning_gym
-
     return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
 
 
@@ -75,8 +78,6 @@ def entry(ref: TaskRef) -> dict[str, Any]:
 
 def final_answer(completion: str) -> str:
     """The text between the last ``<answer>`` tags, else the whole completion (stripped)."""
-    from reasoning_gym.utils import extract_answer
-
     found = extract_answer(completion)
     return (found if found is not None else completion).strip()
 
