@@ -233,3 +233,19 @@ def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_request
     assert {got[k][0] for k in ("not_json", "n", "stream", "unsupported", "tools")} == {400}
     assert "logit_bias" in got["unsupported"][1]
     assert got["models"][0] == 200
+
+
+def test_workflow_from_config_loads_the_agent_function_and_refuses_a_bad_one(chat_model_dir: Path) -> None:
+    from relayrl.common.config import ConfigError
+    from relayrl.config.rollout import RolloutConfig
+
+    rollout = RolloutConfig(temperature=0.7, max_new_tokens=32)
+    spec = "tests.integration.test_agent_sessions:multi_turn_agent"
+
+    workflow = AgentWorkflow.from_config(AgentConfig(function=spec), rollout, chat_model_dir)
+
+    assert workflow.agent is multi_turn_agent
+    assert workflow.sampling.temperature == 0.7 and workflow.limits.max_episode_tokens == 32
+    with pytest.raises(ConfigError, match=r"rollout\.agent\.function"):
+        AgentWorkflow.from_config(AgentConfig(function="tests.integration.test_agent_sessions:ROW"), rollout,
+                                  chat_model_dir)

@@ -111,7 +111,7 @@ def test_reasoning_gym_rows_are_scored_by_the_reward_service(tmp_path: Path) -> 
     rows = load_jsonl(path)
 
     async def go() -> reward_pb2.ScoreBatchResponse:
-        async with reward_server("reasoning_gym") as (target, _), RewardClient(target) as client:
+        async with reward_server("reasoning_gym", workers=1) as (target, _), RewardClient(target) as client:
             requests = [reward_pb2.ScoreRequest(  # as rollout sends them: metadata values JSON-encoded
                 episode_id=f"e{i}", prompt=row.prompt, completion=text, reference=row.answer,
                 metadata={k: json.dumps(v) for k, v in row.metadata.items()})

@@ -26,12 +26,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.pb import episode_pb2, reward_pb2
 from relayrl.config.agents import AgentConfig, AgentReward
+from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.workflows.agent_chat import Renderer
 from relayrl.rollout.workflows.agent_proxy import Sampling, SessionProxy
 from relayrl.rollout.workflows.agent_session import Session, SessionLimits
@@ -91,6 +93,17 @@ class AgentWorkflow:
         self.sessions_run = 0
         self.sessions_failed = 0  # the agent raised or returned an invalid reward
         self.sessions_timed_out = 0
+
+    @classmethod
+    def from_config(cls, cfg: AgentConfig, rollout: RolloutConfig, model_path: Path) -> AgentWorkflow:
+        """The workflow of a run: the agent ``cfg.function``, the rollout's sampling and deadlines, the tokenizer of
+        the served model (``model.path``), episodes no longer than ``rollout.max_new_tokens`` (the trainer's
+        limit)."""
+        from relayrl.common.model import load_tokenizer
+
+        sampling = Sampling(rollout.temperature, rollout.top_p, rollout.top_k, tuple(rollout.stop),
+                            rollout.generate_timeout_s)
+        return cls(cfg, load_tokenizer(model_path), sampling, rollout.max_new_tokens, rollout.score_timeout_s)
 
     async def close(self) -> None:
         await self.proxy.stop()
