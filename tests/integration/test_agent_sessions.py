@@ -249,3 +249,47 @@ def test_workflow_from_config_loads_the_agent_function_and_refuses_a_bad_one(cha
     with pytest.raises(ConfigError, match=r"rollout\.agent\.function"):
         AgentWorkflow.from_config(AgentConfig(function="tests.integration.test_agent_sessions:ROW"), rollout,
                                   chat_model_dir)
+
+
+@pytest.mark.slow  # fitting the tool model takes ~20 s
+def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_result(tmp_path: Path) -> None:
+    import json
+
+    from tests.integration.tool_model import ANSWER, QUESTION, TOOLS, create_tool_model
+
+    model_dir = create_tool_model(tmp_path / "tool")
+    replies: list[Any] = []
+
+    async def tool_agent(base_url: str, row: Prompt) -> float:
+        client = _client(base_url)
+        messages: list[Any] = list(QUESTION)
+        first = await client.chat.completions.create(model="any", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                                     max_tokens=80)
+        [call] = first.choices[0].message.tool_calls or []
+        args = json.loads(call.function.arguments)  # type: ignore[union-attr]
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+        second = await client.chat.completions.create(model="any", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                                      max_tokens=40)
+        replies.extend([first.choices[0], second.choices[0]])
+        return float(second.choices[0].message.content == ANSWER)
+
+    async def go() -> list[episode_pb2.Episode]:
+        greedy = Sampling(temperature=1.0, top_k=1, generate_timeout_s=30)
+        workflow = AgentWorkflow(AgentConfig(), load_tokenizer(model_dir), greedy, max_episode_tokens=128,
+                                 agent=tool_agent)
+        async with inference_server(model_dir) as (target, _), InferenceClient(target) as inference:
+            ctx = WorkflowContext(inference=inference, reward=None, group_id="g", group_size=1, producer_id="t",
+                                  created_at=time.time())
+            try:
+                return await workflow(Prompt("t", "What is 1+2?", "3"), ctx)
+            finally:
+                await workflow.close()
+
+    episodes = asyncio.run(go())
+
+    assert replies[0].finish_reason == "tool_calls" and replies[1].message.content == ANSWER
+    assert all(ep.reward == 1.0 for ep in episodes)
+    # this template writes no end-of-turn token after the call, while the model's turn ended with its EOS: the
+    # history re-rendered for the second call differs from the tokens of the first, so each call is its own episode
+    assert len(episodes) == 2 and all(set(ep.loss_mask) == {1} for ep in episodes)
