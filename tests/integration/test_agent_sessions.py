@@ -293,3 +293,49 @@ def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_r
     # this template writes no end-of-turn token after the call, while the model's turn ended with its EOS: the
     # history re-rendered for the second call differs from the tokens of the first, so each call is its own episode
     assert len(episodes) == 2 and all(set(ep.loss_mask) == {1} for ep in episodes)
+
+
+def test_tokens_of_a_session_carry_the_weight_version_that_sampled_them_across_an_update(
+        chat_model_dir: Path) -> None:
+    from relayrl.common.weights import iter_update_messages, model_tensors
+    from tests.conftest import WEIGHTS_TOKEN
+
+    tensors = model_tensors(load_model(ModelConfig(path=chat_model_dir)))
+
+    async def go() -> list[episode_pb2.Episode]:
+        workflow = AgentWorkflow(AgentConfig(), load_tokenizer(chat_model_dir), SAMPLING, max_episode_tokens=64,
+                                 agent=updating_agent)
+        async with inference_server(chat_model_dir) as (target, service), InferenceClient(target) as inference, \
+                InferenceClient(service.weights_target, token=WEIGHTS_TOKEN) as weights:
+
+            async def publish() -> None:  # the trainer publishes version 1 between the agent's two calls
+                await weights.update_weights(list(iter_update_messages(tensors, 1)), 1, 30, attempts=1)
+
+            published.append(publish)
+            ctx = WorkflowContext(inference=inference, reward=None, group_id="g", group_size=1, producer_id="t",
+                                  created_at=time.time())
+            try:
+                return await workflow(ROW, ctx)
+            finally:
+                await workflow.close()
+
+    published: list[Callable[[], Awaitable[None]]] = []
+
+    async def updating_agent(base_url: str, row: Prompt) -> float:
+        client = _client(base_url)
+        messages: list[Any] = [{"role": "user", "content": row.prompt}]
+        r = await client.chat.completions.create(model="any", messages=messages, max_tokens=5, seed=1)
+        await published[0]()
+        messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                     {"role": "user", "content": "Again"}]
+        await client.chat.completions.create(model="any", messages=messages, max_tokens=5, seed=1)
+        return 0.0
+
+    [ep] = asyncio.run(go())  # one episode: the second call extends the first (seed 1 samples no special token)
+
+    mask, versions = list(ep.loss_mask), list(ep.token_weight_versions)
+    first_turn = mask.index(0)
+    second_turn = len(mask) - mask[::-1].index(0)
+    assert set(versions[:first_turn]) == {0}  # sampled before the update
+    assert set(versions[first_turn:second_turn]) == {0}  # gap tokens: the version of the model turn before them
+    assert set(versions[second_turn:]) == {1} and all(m == 1 for m in mask[second_turn:])

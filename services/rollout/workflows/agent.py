@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -54,7 +55,7 @@ def load_agent(spec: str, field_name: str = "rollout.agent.function") -> AgentFn
     except ImportError as exc:
         raise ConfigError(field_name, spec, f"module cannot be imported ({exc})") from None
     fn = getattr(module, attr, None)
-    if fn is None or not asyncio.iscoroutinefunction(fn):
+    if fn is None or not inspect.iscoroutinefunction(fn):
         raise ConfigError(field_name, spec, f"{module_name} has no async function {attr!r}")
     return fn  # type: ignore[no-any-return]
 
