@@ -92,7 +92,7 @@ class AgentWorkflow:
         self.score_timeout_s = score_timeout_s
         self.proxy = SessionProxy(cfg, Renderer(tokenizer), sampling)
         self.sessions_run = 0
-        self.sessions_failed = 0  # the agent raised or returned an invalid reward
+        self.sessions_failed = 0  # the agent raised, or returned no valid reward where it had to
         self.sessions_timed_out = 0
 
     @classmethod
@@ -142,7 +142,8 @@ class AgentWorkflow:
             out.needs_score = True
             return out
         if value is None:
-            out.status, out.error = reward_pb2.SCORE_STATUS_ERROR, "the agent returned no reward (agents.reward=agent)"
+            self.sessions_failed += 1
+            out.status, out.error = reward_pb2.SCORE_STATUS_ERROR, "the agent returned no reward (reward: agent)"
         elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             self.sessions_failed += 1
             out.status, out.error = reward_pb2.SCORE_STATUS_ERROR, (
