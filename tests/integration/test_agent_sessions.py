@@ -251,13 +251,13 @@ def test_workflow_from_config_loads_the_agent_function_and_refuses_a_bad_one(cha
                                   chat_model_dir)
 
 
-@pytest.mark.slow  # fitting the tool model takes ~20 s
-def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_result(tmp_path: Path) -> None:
+@pytest.mark.slow  # fitting the tool model takes ~20 s (once per session, shared with test_openai_tools.py)
+def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_result(tool_model_dir: Path) -> None:
     import json
 
-    from tests.integration.tool_model import ANSWER, QUESTION, TOOLS, create_tool_model
+    from tests.integration.tool_model import ANSWER, QUESTION, TOOLS
 
-    model_dir = create_tool_model(tmp_path / "tool")
+    model_dir = tool_model_dir
     replies: list[Any] = []
 
     async def tool_agent(base_url: str, row: Prompt) -> float:
