@@ -106,6 +106,15 @@ def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model fitted to call a tool and answer from its result (tests/integration/tool_model.py; ~20 s to fit
+    on a quiet machine, once per session for every test that needs it)."""
+    from tests.integration.tool_model import create_tool_model
+
+    return create_tool_model(tmp_path_factory.mktemp("models") / "tool")
+
+
+@pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model exactly as `make demo` creates it (the CLI's init-model with its defaults)."""
     import sys

@@ -13,14 +13,9 @@ import openai
 import pytest
 
 from tests.integration.helpers import inference_server
-from tests.integration.tool_model import ANSWER, CALLED, QUESTION, TOOLS, create_tool_model
+from tests.integration.tool_model import ANSWER, CALLED, QUESTION, TOOLS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # fitting the model takes ~20 s on a quiet machine
-
-
-@pytest.fixture(scope="module")
-def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return create_tool_model(tmp_path_factory.mktemp("models") / "tool")
 
 
 def _client(service: object) -> openai.AsyncOpenAI:
