@@ -7,11 +7,12 @@ from enum import StrEnum
 from pathlib import Path
 
 from relayrl.common.config import ConfigError
+from relayrl.config.agents import AgentConfig
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.threads import ThreadsConfig
 
 # The built-in workflows (relayrl.rollout.workflows); any other value of rollout.workflow is a user workflow.
-BUILTIN_WORKFLOWS = ("single_turn", "multi_turn", "tools")
+BUILTIN_WORKFLOWS = ("single_turn", "multi_turn", "tools", "agent")
 
 
 class ToolFormat(StrEnum):
@@ -51,7 +52,9 @@ class RolloutConfig:
     workflow: str = field(default="single_turn", metadata={
         "help": "How a dataset row becomes a group of episodes: single_turn (one completion per episode, scored by "
                 "the reward service), multi_turn (an environment over several turns: rollout.environment), tools "
-                "(the model calls rollout.tools and answers; the answer is scored by the reward service), or a user "
+                "(the model calls rollout.tools and answers; the answer is scored by the reward service), agent (a "
+                "black-box agent program talks to the model through an OpenAI-compatible endpoint: rollout.agent), "
+                "or a user "
                 "workflow as package.module:function or an entry point of group relayrl.workflows."})
     environment: str = field(default="", metadata={
         "help": "multi_turn: the environment factory (package.module:function, or an entry point of group "
@@ -74,6 +77,8 @@ class RolloutConfig:
         "help": "Multi-turn: tool calls per episode at most (finish reason max_tool_calls).", "ge": 0})
     episode_timeout_s: float = field(default=300.0, metadata={
         "help": "Multi-turn: wall time of one episode at most (finish reason timeout).", "gt": 0})
+    agent: AgentConfig = field(default_factory=AgentConfig, metadata={
+        "help": "agent: the black-box agent function and its OpenAI-compatible session endpoint (docs/agents.md)."})
     threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
         "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8003), metadata={
@@ -89,6 +94,8 @@ class RolloutConfig:
                                                          "package.module:function or a registered workflow")
         if self.workflow == "multi_turn" and not self.environment:
             raise ConfigError("environment", self.environment, "the multi_turn workflow needs an environment")
+        if self.workflow == "agent" and not self.agent.function:
+            raise ConfigError("agent.function", self.agent.function, "the agent workflow needs an agent function")
         if self.workflow == "tools" and not self.tools:
             raise ConfigError("tools", self.tools, "the tools workflow needs at least one tool")
         if self.multi_turn and self.max_episode_tokens < self.max_new_tokens:

@@ -32,7 +32,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     async with RolloutClients.connect(cfg.inference.server.target, cfg.reward.server.target,
                                       cfg.trainer.server.target, cfg.tls) as clients:
         producer = RolloutProducer(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed), clients,
-                                   redis_retry_s=cfg.redis.retry_s)
+                                   redis_retry_s=cfg.redis.retry_s, model_path=cfg.model.path)
         handle, servicer = create_rollout_server(producer, cfg)
         http = HttpServer(servicer.http_app(), rc.http, "rollout") if rc.http.enabled else None
         await handle.start()

@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 
 import grpc
 
@@ -44,7 +45,8 @@ WATCH_DEADLINE_S = 60.0
 
 class RolloutProducer:
     def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor, clients: RolloutClients,
-                 redis_retry_s: float = 60.0) -> None:
+                 redis_retry_s: float = 60.0,
+                 model_path: Path | None = None) -> None:
         self.cfg = cfg
         self.redis_retry_s = redis_retry_s
         self.stream = stream
@@ -74,7 +76,8 @@ class RolloutProducer:
         self.refused_while_paused = 0  # admission decisions the loop made (and refused) while paused
         self.wait_s: dict[str, float] = {}  # seconds the loop waited, by blocked_by() reason
         self._poll_now = asyncio.Event()  # the window is closed: refresh the trainer's view without waiting
-        self.workflow, self.environment = build_workflow(cfg)  # a ConfigError names the field that cannot load
+        # a ConfigError names the field that cannot load
+        self.workflow, self.environment = build_workflow(cfg, model_path)
         self.turns = TurnCounters()  # multi-turn counters (turns, tool calls and errors, how episodes ended)
 
     def can_admit(self) -> bool:
@@ -213,6 +216,9 @@ class RolloutProducer:
                 t.cancel()
             await asyncio.gather(poller, *tasks, return_exceptions=True)
             await asyncio.gather(*self._appending, return_exceptions=True)
+            close = getattr(self.workflow, "close", None)
+            if close is not None:  # a workflow that holds resources (the agent workflow's session endpoint)
+                await close()
         log.info("rollout loop ended: %d groups produced, %d failed attempts, %d skipped",
                  self.groups_produced, self.groups_failed, self.groups_skipped)
 
@@ -264,8 +270,8 @@ class RolloutProducer:
         outage. Group commit: records queue, and whoever holds the lock next writes every queued record in one
         transaction (in queue order: the recorded watermark follows the order in which they execute), so groups
         that finish together cost one round trip. A failed transaction fails its caller's record only; the others
-        go back to the head of the queue, and the next holder of the lock (one of their callers) writes them. A transaction whose reply was lost may be applied twice: the
-        trainer never trains a group id twice."""
+        go back to the head of the queue, and the next holder of the lock (one of their callers) writes them. A
+        transaction whose reply was lost may be applied twice: the trainer never trains a group id twice."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._records.append((seq, group, done))
         async with self._record_lock:
@@ -327,8 +333,10 @@ class RolloutProducer:
                               group_size=self.cfg.group_size, producer_id=self.producer_id, created_at=time.time(),
                               config=self.cfg, environment=self.environment)
         episodes = await self.workflow(prompt, ctx)
-        if len(episodes) != self.cfg.group_size:
-            raise GroupFailed(f"the workflow returned {len(episodes)} episodes, expected {self.cfg.group_size}")
+        # an agent's sessions give as many episodes as their call chains (relayrl.rollout.workflows.agent_session)
+        expected = len(episodes) if self.cfg.workflow == "agent" and episodes else self.cfg.group_size
+        if len(episodes) != expected or any(e.group_size != expected for e in episodes):
+            raise GroupFailed(f"the workflow returned {len(episodes)} episodes, expected {expected}, each saying so")
         bad = [e for e in episodes if e.reward_status not in (reward_pb2.SCORE_STATUS_OK,
                                                               reward_pb2.SCORE_STATUS_UNSPECIFIED)]
         if bad:  # appended all the same, marked: the trainer excludes and counts them (trainer.on_reward_error)

@@ -248,6 +248,7 @@ def test_user_workflow_loads_from_module_function() -> None:
     ({"workflow": "tools"}, "tools"),
     ({"workflow": "tools", "tools": ["x:y"], "max_episode_tokens": 4, "max_new_tokens": 8}, "max_episode_tokens"),
     ({"workflow": " "}, "workflow"),
+    ({"workflow": "agent"}, "agent.function"),
 ])
 def test_incomplete_workflow_config_is_refused_naming_the_field(kw: dict[str, Any], field_name: str) -> None:
     with pytest.raises(ConfigError) as err:

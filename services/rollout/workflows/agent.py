@@ -37,7 +37,7 @@ from relayrl.config.agents import AgentConfig, AgentReward
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.workflows.agent_chat import Renderer
 from relayrl.rollout.workflows.agent_proxy import Sampling, SessionProxy
-from relayrl.rollout.workflows.agent_session import Session, SessionLimits
+from relayrl.rollout.workflows.agent_session import Call, Session, SessionLimits
 from relayrl.rollout.workflows.api import WorkflowContext
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class AgentWorkflow:
 
     ``tokenizer``: the served model's tokenizer (``relayrl.common.model.load_tokenizer(model.path)``), used to
     render conversations; ``max_episode_tokens``: the longest completion sequence the trainer accepts
-    (``rollout.max_new_tokens`` today). Call :meth:`close` when done (it stops the proxy)."""
+    (``rollout.episode_token_cap()``). Call :meth:`close` when done (it stops the proxy)."""
 
     def __init__(self, cfg: AgentConfig, tokenizer: Any, sampling: Sampling, max_episode_tokens: int,
                  score_timeout_s: float = 60.0, agent: AgentFn | None = None) -> None:
@@ -98,13 +98,13 @@ class AgentWorkflow:
     @classmethod
     def from_config(cls, cfg: AgentConfig, rollout: RolloutConfig, model_path: Path) -> AgentWorkflow:
         """The workflow of a run: the agent ``cfg.function``, the rollout's sampling and deadlines, the tokenizer of
-        the served model (``model.path``), episodes no longer than ``rollout.max_new_tokens`` (the trainer's
+        the served model (``model.path``), episodes no longer than ``rollout.max_episode_tokens`` (the trainer's
         limit)."""
         from relayrl.common.model import load_tokenizer
 
         sampling = Sampling(rollout.temperature, rollout.top_p, rollout.top_k, tuple(rollout.stop),
                             rollout.generate_timeout_s)
-        return cls(cfg, load_tokenizer(model_path), sampling, rollout.max_new_tokens, rollout.score_timeout_s)
+        return cls(cfg, load_tokenizer(model_path), sampling, rollout.episode_token_cap(), rollout.score_timeout_s)
 
     async def close(self) -> None:
         await self.proxy.stop()
@@ -183,9 +183,25 @@ class AgentWorkflow:
                     finish_reason=last.finish_reason, producer_id=ctx.producer_id, created_at=ctx.created_at,
                     enqueued_at=now, prompt_text=json.dumps(first.messages, ensure_ascii=False),
                     completion_text="".join(c.text for c in chain.calls),
-                    sampling_temperature=self.sampling.temperature))
+                    sampling_temperature=self.sampling.temperature, episode_end=_end(o.status),
+                    turns=len(chain.calls), tool_calls=_tool_results(last) - _tool_results(first)))
         if not episodes:
             raise RuntimeError(f"no agent session of group {ctx.group_id} called the model")
         for ep in episodes:
             ep.group_size = len(episodes)
         return episodes
+
+
+def _end(status: int) -> int:
+    """How a session's episode ended: the agent finished (DONE), ran out of time, or failed (ENV_ERROR: marked
+    like a reward error)."""
+    if status == reward_pb2.SCORE_STATUS_TIMEOUT:
+        return episode_pb2.EPISODE_END_TIMEOUT
+    if status == reward_pb2.SCORE_STATUS_ERROR:
+        return episode_pb2.EPISODE_END_ENV_ERROR
+    return episode_pb2.EPISODE_END_DONE
+
+
+def _tool_results(call: Call) -> int:
+    """Tool results the agent sent back in this call's conversation (each answers one tool call)."""
+    return sum(1 for m in call.messages if m.get("role") == "tool")

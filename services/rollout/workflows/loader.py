@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import cast
 
+from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.config.rollout import RolloutConfig
+from relayrl.rollout.workflows.agent import AgentWorkflow
 from relayrl.rollout.workflows.api import (
     ENTRY_POINT_GROUP,
     ENVIRONMENT_ENTRY_POINT_GROUP,
@@ -19,9 +22,10 @@ from relayrl.rollout.workflows.single_turn import SingleTurnWorkflow
 from relayrl.rollout.workflows.tools import ToolEnvironment, ToolSet
 
 
-def build_workflow(cfg: RolloutConfig) -> tuple[Workflow, EnvironmentFactory | None]:
+def build_workflow(cfg: RolloutConfig, model_path: Path | None = None) -> tuple[Workflow, EnvironmentFactory | None]:
     """The workflow of ``cfg`` and the environment factory it plays (multi_turn only); a ConfigError names the
-    field that cannot be loaded."""
+    field that cannot be loaded. The agent workflow renders conversations with the served model's tokenizer
+    (``model_path``, the run's model.path)."""
     if cfg.workflow == "single_turn":
         return SingleTurnWorkflow(), None
     if cfg.workflow == "multi_turn":
@@ -35,6 +39,10 @@ def build_workflow(cfg: RolloutConfig) -> tuple[Workflow, EnvironmentFactory | N
             return ToolEnvironment(tools, cfg.max_tool_calls)
 
         return MultiTurnWorkflow(environment, score=True, stop=tools.stops(), answer=tools.answer), environment
+    if cfg.workflow == "agent":
+        if model_path is None:
+            raise ConfigError("model.path", model_path, "the agent workflow needs the served model's tokenizer")
+        return AgentWorkflow.from_config(cfg.agent, cfg, model_path), None
     factory = None
     if cfg.environment:
         factory = cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP,
