@@ -82,6 +82,8 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
             "tensorboard": tensorboard,
             "dropped": trainer.progress.groups_dropped_stale, "pending": info.pending + info.lag,
             "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
+            "dropped_zero_advantage": trainer.progress.groups_dropped_zero_advantage,
+            "episodes_dropped_zero_advantage": trainer.progress.episodes_dropped_zero_advantage,
             "invalid": trainer.progress.groups_invalid, "episodes_invalid": trainer.progress.episodes_invalid,
             "dead_letters": dead,
             "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,
