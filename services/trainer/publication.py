@@ -87,6 +87,9 @@ class VersionPublication:
         in the background while training goes on; :meth:`settle` waits for that push (and raises its error). The
         next publication settles the previous one first."""
         message = torch.zeros(2, dtype=torch.int64)  # [version, flag]
+        if self.publisher.sharded:  # FSDP2: every rank takes part in gathering the full tensors for rank 0 (fresh
+            # tensors: a push still in flight keeps reading its own)
+            await asyncio.to_thread(self.locked, self.publisher.gather, self.is_main)
         if self.is_main:
             await self.settle()
             self.publishing = True
