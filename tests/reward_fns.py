@@ -120,3 +120,8 @@ def uniform_for_some_prompts(inp: RewardInput) -> float:
     if inp.prompt[:1] in ("1", "3"):
         return 0.5
     return zlib.crc32(inp.completion.encode()) / 2 ** 32
+
+
+def constant(inp: RewardInput) -> float:
+    """0 for everything: every group-baseline advantage is zero (pure on-policy distillation)."""
+    return 0.0
