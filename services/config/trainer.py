@@ -156,6 +156,10 @@ class LossConfig:
     kl_coef: float = field(default=0.0, metadata={
         "help": "Weight of the KL against a frozen reference model (the initial weights, held by the trainer; "
                 "0: no reference model is loaded).", "ge": 0})
+    reference_address: str = field(default="", metadata={
+        "help": "host:port of an inference service serving the reference weights (e.g. the initial model): its "
+                "ScoreTokens gives log pi_ref of each batch's tokens instead of a frozen copy in the trainer's "
+                "memory (kl_coef > 0; empty: the copy). Deadline and call size as trainer.teacher."})
     kl_estimator: KlEstimator = field(default=KlEstimator.K3, metadata={
         "help": "KL estimator per token: k1 = log pi - log pi_ref; k2 = (log pi - log pi_ref)^2 / 2; "
                 "k3 = pi_ref/pi - 1 - log(pi_ref/pi)."})

@@ -76,6 +76,8 @@ class Learner:
                  reference: Reference | None = None) -> None:
         self.model = model
         self.reference = reference  # the frozen model of the KL term (relayrl.trainer.reference)
+        # or the reference's logprobs of this step's episodes, from an endpoint (trainer.loss.reference_address)
+        self._ref_scores: Sequence[Sequence[float]] | None = None
         self.collectives = collectives or Collectives(None, timeout_s=60.0)
         self.max_completion_tokens = max_completion_tokens
         self.cfg = cfg
@@ -104,26 +106,38 @@ class Learner:
         self.steps_done += 1
         return full_norm(grad_norm), lr
 
+    def _has_reference(self) -> bool:
+        return self.reference is not None or self._ref_scores is not None
+
+    def _reference_logprobs(self, episodes: Sequence[Episode], rows: Sequence[int], mb: PackedBatch) -> torch.Tensor:
+        """log pi_ref of ``mb`` (rows ``rows`` of ``episodes``): the endpoint's scores laid out like it, or the
+        trainer's frozen copy's forward."""
+        if self._ref_scores is not None:
+            return self._pack_rows(episodes, rows, self._ref_scores).behaviour_logprobs
+        assert self.reference is not None
+        return self.reference.logprobs(mb)
+
     def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor,
-                    teacher: torch.Tensor | None = None) -> LossTerms:
+                    teacher: torch.Tensor | None = None, ref: torch.Tensor | None = None) -> LossTerms:
         """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence;
-        ``teacher`` the teacher's logprobs laid out like ``mb`` (reverse_kl)."""
+        ``teacher`` the teacher's logprobs and ``ref`` the reference's, laid out like ``mb``."""
         prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
         seq = mb.sequence_index().reshape(-1)
         tokens = Tokens(logp.reshape(-1), prox.reshape(-1), mb.behaviour_logprobs.reshape(-1),
                         adv.to(logp.dtype)[seq], mb.mask.to(logp.dtype).reshape(-1), seq, mb.sequences(),
                         None if teacher is None else teacher.to(logp.dtype).reshape(-1))
-        lc = self.cfg.loss
-        ref = None
-        if self.reference is not None and lc.kl_use is KlUse.LOSS:
-            ref = self.reference.logprobs(mb).reshape(-1)
-        return loss_terms(lc, tokens, ref)
+        return loss_terms(self.cfg.loss, tokens, None if ref is None else ref.reshape(-1))
 
-    def rl_step(self, episodes: Sequence[Episode], teacher: Sequence[Sequence[float]] | None = None) -> StepStats:
-        """Gradients over the global batch (all ranks), then one AdamW step. ``teacher``: the teacher's logprobs
-        of each episode's completion tokens (policy_loss reverse_kl)."""
+    def rl_step(self, episodes: Sequence[Episode], teacher: Sequence[Sequence[float]] | None = None,
+                reference: Sequence[Sequence[float]] | None = None) -> StepStats:
+        """Gradients over the global batch (all ranks), then one AdamW step. ``teacher`` / ``reference``: the
+        teacher's (policy_loss reverse_kl) / the reference endpoint's logprobs of each episode's completion."""
         t0 = time.monotonic()
-        stats = self.rl_gradients(episodes, teacher)
+        self._ref_scores = reference
+        try:
+            stats = self.rl_gradients(episodes, teacher)
+        finally:
+            self._ref_scores = None
         t1 = time.monotonic()
         stats.grad_norm, stats.lr = self._optimizer_step()
         stats.fwd_bwd_s, stats.optimizer_s = t1 - t0, time.monotonic() - t1
@@ -137,7 +151,7 @@ class Learner:
         rewards += overlong_penalty(sequence_lengths(episodes), self.max_completion_tokens,
                                     lc.overlong_buffer_tokens, lc.overlong_penalty)
         rewards = rewards.to(self.device)
-        if self.reference is not None and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
+        if self._has_reference() and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
             rewards -= self._reference_penalty(episodes, plan)
         rewards = rewards.to(torch.float32)
         gidx = torch.tensor([group_ids[e.group_id] for e in episodes], dtype=torch.long, device=self.device)
@@ -149,12 +163,11 @@ class Learner:
 
     def _reference_penalty(self, episodes: Sequence[Episode], plan: Sequence[Sequence[int]]) -> torch.Tensor:
         """kl_coef x each episode's summed KL estimate (behaviour logprobs vs the reference), float64 [N]."""
-        assert self.reference is not None
         lc = self.cfg.loss
         out = torch.zeros(len(episodes), dtype=torch.float64, device=self.device)
         for rows in plan:
             mb = self._pack_rows(episodes, rows)
-            ref = self.reference.logprobs(mb)
+            ref = self._reference_logprobs(episodes, rows, mb)
             penalty = kl_reward_penalty(lc.kl_estimator, lc.kl_coef, mb.behaviour_logprobs.reshape(-1),
                                         ref.reshape(-1), mb.mask.reshape(-1), mb.sequence_index().reshape(-1),
                                         mb.sequences())
@@ -222,8 +235,12 @@ class Learner:
             else:  # padding: every rank runs the same micro-batches
                 mb, mb_adv = self._padding_micro_batch()
                 mb_teacher = None if teacher is None else torch.zeros_like(mb.behaviour_logprobs)
+            ref = None
+            if self._has_reference() and self.cfg.loss.kl_use is KlUse.LOSS:
+                ref = self._reference_logprobs(episodes, plan[i], mb) if i < len(plan) else \
+                    torch.zeros_like(mb.behaviour_logprobs)
             logp = model_logprobs(self.model, mb)
-            terms = self._loss_terms(logp, mb, mb_adv, mb_teacher)
+            terms = self._loss_terms(logp, mb, mb_adv, mb_teacher, ref)
             (terms.loss_sum / norm).backward()
             with torch.no_grad():
                 diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask

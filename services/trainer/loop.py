@@ -39,8 +39,10 @@ from relayrl.trainer.teacher import Teacher
 
 log = logging.getLogger(__name__)
 
-# one rank's share of a batch: entries, their valid episodes, errored episodes left out, staleness, teacher logprobs
-Batch = tuple[list[StreamEntry], list[Episode], int, torch.Tensor, list[list[float]] | None]
+# one rank's share of a batch: entries, their valid episodes, errored episodes left out, staleness, the teacher's and
+# the reference endpoint's logprobs of their tokens
+Batch = tuple[list[StreamEntry], list[Episode], int, torch.Tensor, list[list[float]] | None,
+              list[list[float]] | None]
 
 
 def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode], staleness: torch.Tensor,
@@ -69,9 +71,11 @@ class TrainingLoop:
     def __init__(self, cfg: RunConfig, learner: Learner, tokenizer: Any, coll: Collectives, stream: EpisodeStream,
                  collector: GroupCollector, publication: VersionPublication, checkpoints: CheckpointAck,
                  progress: TrainerProgress, header: StatusHeader, tracker: Tracker | None,
-                 resumed_from: Path | None, teacher: Teacher | None = None) -> None:
+                 resumed_from: Path | None, teacher: Teacher | None = None,
+                 reference: Teacher | None = None) -> None:
         self.cfg = cfg
         self.teacher = teacher  # on-policy distillation: scores each batch's tokens (relayrl.trainer.teacher)
+        self.reference = reference  # the KL term's reference served by an endpoint (trainer.loss.reference_address)
         self.learner = learner
         self.tokenizer = tokenizer
         self.coll = coll
@@ -147,12 +151,13 @@ class TrainingLoop:
         tc, progress, clock = self.cfg.trainer, self.progress, self.clock
         with clock.part("data"):  # the batch read while the previous step's metrics were written, or read now
             prefetched, self._prefetch = self._prefetch, None
-            entries, episodes, excluded, staleness, teacher = await (prefetched or self._collect())
+            entries, episodes, excluded, staleness, teacher, reference = await (prefetched or self._collect())
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
         books = asyncio.create_task(self._read_books()) if self.is_main else None
         try:
-            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes, teacher)
+            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes, teacher,
+                                            reference)
         except BaseException:
             if books is not None:
                 books.cancel()
@@ -196,7 +201,8 @@ class TrainingLoop:
         episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
         excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
         teacher = await self.teacher.logprobs(episodes) if self.teacher is not None and episodes else None
-        return entries, episodes, excluded, await self._staleness_of(episodes), teacher
+        reference = await self.reference.logprobs(episodes) if self.reference is not None and episodes else None
+        return entries, episodes, excluded, await self._staleness_of(episodes), teacher, reference
 
     async def _drop_prefetch(self) -> None:
         """Cancel a read of the next batch nobody will train (an error or a stop): its entries stay pending."""

@@ -12,6 +12,7 @@ The gRPC and REST servicer of rank 0 is relayrl.trainer.server; relayrl.trainer.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -82,7 +83,8 @@ class Trainer:
             self.model = apply_fsdp(self.model, dims.build_mesh(self.device.type), tc.distributed.param_dtype,
                                     tc.distributed.reduce_dtype)
         # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
-        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 else None
+        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 and not tc.loss.reference_address \
+            else None
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
                                max_completion_tokens=cfg.rollout.max_new_tokens, collectives=self.coll,
                                reference=reference)
@@ -110,9 +112,12 @@ class Trainer:
         self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) \
             if self.rank == 0 else None
         self.teacher = Teacher(tc.teacher, cfg.tls) if tc.teacher.address else None
+        # the reference served by an endpoint: the same scoring call as the teacher's
+        self.reference_scorer = Teacher(replace(tc.teacher, address=tc.loss.reference_address), cfg.tls) \
+            if tc.loss.kl_coef > 0 and tc.loss.reference_address else None
         self.loop = TrainingLoop(cfg, self.learner, self.tokenizer, self.coll, self.stream, self.collector,
                                  self.publication, self.checkpoints, self.progress, self.header, self.tracker,
-                                 self.resumed_from, self.teacher)
+                                 self.resumed_from, self.teacher, self.reference_scorer)
 
     def _restore(self) -> tuple[set[str], int]:
         """Counters, optimizer and step from the checkpoint resumed from: (groups it holds, its weight version)."""
@@ -184,6 +189,7 @@ class Trainer:
             self.tracker.close()
             self.tracker = self.loop.tracker = None
         await self.stream.close()
-        if self.teacher is not None:
-            await self.teacher.close()
+        for scorer in (self.teacher, self.reference_scorer):
+            if scorer is not None:
+                await scorer.close()
         self.coll.close()
