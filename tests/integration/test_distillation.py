@@ -16,7 +16,7 @@ from tests.integration.test_rollout_trainer import _config, _run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 16
+STEPS = 24
 
 
 def _peaked_teacher(out: Path) -> Path:
