@@ -87,7 +87,8 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
 def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int,
                 durable_step: int, invalid: tuple[int, int] = (0, 0), foreign: int = 0) -> dict[str, Any]:
     """summary.json: the run's books in groups (stream entries), each group counted once:
-    produced + foreign = trained + dropped as stale + dropped for reward errors + invalid + pending.
+    produced + foreign = trained + dropped as stale + dropped for reward errors + dropped with zero advantage
+    (dynamic sampling) + invalid + pending.
 
     ``foreign``: entries appended to the stream by something other than rollout (Redis's count of entries ever
     added, less rollout's ``produced``); 0 unless someone else writes to the stream, and then most likely among the
@@ -108,7 +109,8 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
     last = rl[-1] if rl else RlRow(step=0)
 
     def handled(r: RlRow) -> int:
-        return r.groups_trained + r.groups_dropped_stale + r.groups_dropped_reward_error
+        return (r.groups_trained + r.groups_dropped_stale + r.groups_dropped_reward_error
+                + r.groups_dropped_zero_advantage)
 
     return {
         "groups_produced": produced,
@@ -118,12 +120,14 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
         "groups_trained": durable.groups_trained,
         "groups_dropped_stale": durable.groups_dropped_stale,
         "groups_dropped_reward_error": durable.groups_dropped_reward_error,
+        "groups_dropped_zero_advantage": durable.groups_dropped_zero_advantage,
         "groups_invalid": invalid[0],
         "groups_pending": pending,
         "groups_after_checkpoint": handled(last) - handled(durable),
         "episodes_trained": durable.episodes_trained,
         "episodes_dropped_stale": durable.episodes_dropped_stale,
         "episodes_dropped_reward_error": durable.episodes_dropped_reward_error,
+        "episodes_dropped_zero_advantage": durable.episodes_dropped_zero_advantage,
         "episodes_invalid": invalid[1],
         "trainer_time": time_shares(rl),
     }
@@ -368,7 +372,8 @@ class Launcher:
         self._say(f"relayrl: groups produced {summary['groups_produced']}{foreign} = trained "
                   f"{summary['groups_trained']} + dropped as stale {summary['groups_dropped_stale']} + dropped for "
                   f"reward errors "
-                  f"{summary['groups_dropped_reward_error']} + invalid {summary['groups_invalid']} + pending "
+                  f"{summary['groups_dropped_reward_error']} + dropped with zero advantage "
+                  f"{summary['groups_dropped_zero_advantage']} + invalid {summary['groups_invalid']} + pending "
                   f"{summary['groups_pending']}"
                   + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
                      "again)" if after else ""))

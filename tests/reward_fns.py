@@ -110,3 +110,18 @@ def flaky(inp: RewardInput) -> RewardResult:
 def says_nothing(inp: RewardInput) -> float:
     """1.0 for an empty completion when the reference is "nothing" (the end-of-turn model's only answer)."""
     return 1.0 if not inp.completion.strip() and inp.reference == "nothing" else 0.0
+
+
+def uniform_for_some_prompts(inp: RewardInput) -> float:
+    """0.5 for every completion of prompts starting with 1 or 3 (their groups carry zero advantage); otherwise a
+    score that differs between completions (a hash of the text), so those groups carry advantage."""
+    import zlib
+
+    if inp.prompt[:1] in ("1", "3"):
+        return 0.5
+    return zlib.crc32(inp.completion.encode()) / 2 ** 32
+
+
+def constant(inp: RewardInput) -> float:
+    """0 for everything: every group-baseline advantage is zero (pure on-policy distillation)."""
+    return 0.0

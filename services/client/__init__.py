@@ -8,6 +8,7 @@ may still be working on the call). Retrying is safe for every unary method relay
 - GetStatus, GetConfig: read-only. (WatchStatus, a stream, is read-only too; its caller re-subscribes.)
 - Generate: no server-side state; a repeated call only samples again, and the caller uses one reply (its
   samples carry the weight versions that produced them, so an answer from either attempt is as good).
+- ScoreTokens (inference): read-only, like Generate without sampling.
 - Score, ScoreBatch: verifiers are pure functions of the request; only the service's counters see a repeat.
 - Pause, Resume, RequestCheckpoint: set a state (paused or not, a checkpoint after the next step), so a repeat
   has the same effect as one call.
@@ -163,6 +164,14 @@ class InferenceClient(ServiceClient):
         request.request_id = request_id
         request.suffix_text = suffix_text
         return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
+
+    async def score(self, sequences: Sequence[tuple[Sequence[int], Sequence[int], float]], timeout_s: float = 120.0,
+                    request_id: str = "") -> inference_pb2.ScoreTokensResponse:
+        """Logprobs of each (prompt ids, completion ids, temperature)'s completion tokens under the served weights."""
+        request = inference_pb2.ScoreTokensRequest(request_id=request_id, sequences=[
+            inference_pb2.ScoredSequence(prompt_token_ids=list(p), completion_token_ids=list(c), temperature=t)
+            for p, c, t in sequences])
+        return await self.call(self.stub.ScoreTokens, request, timeout_s, policy=self.policy_for("ScoreTokens"))
 
     async def update_weights(self, messages: Sequence[inference_pb2.WeightUpdateMessage], version: int,
                              timeout_s: float, attempts: int = 5) -> inference_pb2.UpdateWeightsResponse | None:

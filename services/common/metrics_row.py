@@ -47,6 +47,8 @@ class RlRow:
     groups_dropped_reward_error: int = 0
     episodes_invalid: int = 0  # run totals: entries moved to the dead-letter stream (undecodable or invalid)
     groups_invalid: int = 0
+    episodes_dropped_zero_advantage: int = 0  # run totals: zero-advantage groups dropped (dynamic sampling)
+    groups_dropped_zero_advantage: int = 0
     episodes_trained: int = 0  # run totals
     groups_trained: int = 0
     loss: float = 0.0
@@ -60,6 +62,7 @@ class RlRow:
     logprob_diff_mean: float = 0.0  # trainer vs behaviour logprobs of the sampled tokens
     mismatch_masked_frac: float = 0.0  # tokens trainer.loss.mismatch_mask left out of the loss
     ref_kl: float = 0.0  # mean KL estimate against the reference model (trainer.loss.kl_coef > 0)
+    teacher_kl: float = 0.0  # mean log pi - log pi_teacher of the trained tokens (on-policy distillation)
     completion_len_mean: float = 0.0
     episodes_per_s: float = 0.0  # since the previous step
     step_time_s: float = 0.0

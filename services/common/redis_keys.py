@@ -8,7 +8,8 @@ is typed anywhere else). Names with their defaults (``redis.stream = relayrl:epi
 - ``stream`` (``relayrl:episodes``): the stream of episode groups, one serialized group per entry under the
   field ``STREAM_FIELD``; ``group`` (``trainer``) is the trainer's consumer group on it and
   ``trainer_consumer(prefix, rank)`` (``trainer-rank0``) the consumer of one rank.
-- ``dropped(reason)`` (``relayrl:episodes:dropped_stale``, ``...:dropped_reward_error``): hash group id ->
+- ``dropped(reason)`` (``relayrl:episodes:dropped_stale``, ``...:dropped_reward_error``,
+  ``...:dropped_zero_advantage``): hash group id ->
   episodes of the groups the trainer dropped.
 - ``dead_letter`` (``relayrl:episodes:dead``): the stream of entries the trainer could not decode or refused,
   each with its original fields plus ``reason`` and ``entry_id``; ``invalid`` (``relayrl:episodes:invalid``):
@@ -33,7 +34,7 @@ from relayrl.config.redis import RedisConfig
 
 _DEFAULTS = RedisConfig()
 
-DropReason = Literal["stale", "reward_error"]
+DropReason = Literal["stale", "reward_error", "zero_advantage"]
 
 # The field of a stream entry that holds one serialized EpisodeGroup.
 STREAM_FIELD = b"group"

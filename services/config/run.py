@@ -63,6 +63,9 @@ class RunConfig:
         if self.model.lora.enabled and self.inference.engine.value != "native":
             raise ConfigError("model.lora.enabled", True, f"LoRA is served by the native engine only, not by "
                               f"inference.engine={self.inference.engine.value} (adapter updates are not wired to it)")
+        if self.model.lora.enabled and self.trainer.distributed.dp_shard > 1:
+            raise ConfigError("trainer.distributed.dp_shard", self.trainer.distributed.dp_shard,
+                              "must be 1 with model.lora.enabled (the adapter is small: replicate it)")
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:
             raise ConfigError("rollout.max_new_tokens", self.rollout.max_new_tokens,
                               f"must be <= inference.max_new_tokens_limit ({self.inference.max_new_tokens_limit})")

@@ -35,6 +35,7 @@ class PolicyLoss(StrEnum):
     TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
     GSPO = "gspo"  # sequence-level (length-normalised) ratio, clipped per sequence
     CISPO = "cispo"  # REINFORCE with the clipped, detached importance ratio as weight (every token keeps a gradient)
+    REVERSE_KL = "reverse_kl"  # on-policy distillation: PPO-clip, per-token advantage A - coef (log pi - log pi_T)
 
 
 class MismatchMask(StrEnum):
@@ -123,7 +124,9 @@ class LossConfig:
         "help": "Policy loss: ppo_clip = PPO-clip against behaviour logprobs; decoupled_ppo = PPO-clip against "
                 "the trainer's proximal logprobs times pi_prox/pi_behav; tis = policy gradient times "
                 "min(pi_prox/pi_behav, importance_cap); gspo = sequence-level length-normalised ratio, clipped "
-                "per sequence; cispo = policy gradient times the clipped, detached ratio (docs/algorithms.md)."})
+                "per sequence; cispo = policy gradient times the clipped, detached ratio; reverse_kl = on-policy "
+                "distillation: ppo_clip with each token's advantage minus distill_coef x (log pi - log pi_teacher) "
+                "(needs trainer.teacher; docs/algorithms.md)."})
     off_policy: OffPolicyCorrection = field(default=OffPolicyCorrection.NONE, metadata={
         "help": "Former choice of the loss: none = ppo_clip, decoupled_ppo, tis. Use policy_loss.",
         "deprecated": "use trainer.loss.policy_loss", "removed_in": FLAT_KEYS_REMOVED_IN})
@@ -147,9 +150,16 @@ class LossConfig:
                 "tokens lose up to overlong_penalty reward, linearly (0: off).", "ge": 0})
     overlong_penalty: float = field(default=1.0, metadata={
         "help": "Largest reward penalty of the overlong buffer.", "ge": 0})
+    distill_coef: float = field(default=1.0, metadata={
+        "help": "reverse_kl (on-policy distillation): weight of the per-token reverse-KL sample log pi - log "
+                "pi_teacher subtracted from each token's advantage (the teacher is trainer.teacher).", "ge": 0})
     kl_coef: float = field(default=0.0, metadata={
         "help": "Weight of the KL against a frozen reference model (the initial weights, held by the trainer; "
                 "0: no reference model is loaded).", "ge": 0})
+    reference_address: str = field(default="", metadata={
+        "help": "host:port of an inference service serving the reference weights (e.g. the initial model): its "
+                "ScoreTokens gives log pi_ref of each batch's tokens instead of a frozen copy in the trainer's "
+                "memory (kl_coef > 0; empty: the copy). Deadline and call size as trainer.teacher."})
     kl_estimator: KlEstimator = field(default=KlEstimator.K3, metadata={
         "help": "KL estimator per token: k1 = log pi - log pi_ref; k2 = (log pi - log pi_ref)^2 / 2; "
                 "k3 = pi_ref/pi - 1 - log(pi_ref/pi)."})
@@ -175,6 +185,31 @@ class LossConfig:
             raise ConfigError("importance_cap", self.importance_cap, "must be > 0 when policy_loss is tis")
         if self.effective_policy_loss() is PolicyLoss.CISPO and self.clip_eps >= 1:
             raise ConfigError("clip_eps", self.clip_eps, "must be < 1 for cispo (its weight is >= 1 - clip_eps)")
+
+
+@dataclass
+class TeacherConfig:
+    address: str = field(default="", metadata={
+        "help": "host:port of an inference service serving the teacher (same tokenizer as the student) whose "
+                "ScoreTokens RPC gives the teacher's logprobs of the student's sampled tokens, for policy_loss "
+                "reverse_kl (empty: no teacher)."})
+    timeout_s: float = field(default=120.0, metadata={
+        "help": "Deadline of one ScoreTokens call to the teacher.", "gt": 0})
+    sequences_per_call: int = field(default=64, metadata={
+        "help": "Episodes scored per ScoreTokens call (within the teacher's inference.max_samples_per_request).",
+        "ge": 1})
+
+
+@dataclass
+class DynamicSamplingConfig:
+    enabled: bool = field(default=False, metadata={
+        "help": "DAPO's dynamic sampling: groups whose valid episodes all have the same reward (zero advantage under "
+                "a group baseline) are dropped, recorded in Redis and counted (groups_dropped_zero_advantage); the "
+                "trainer reads more groups in their place and rollout's admission lets it produce replacements."})
+    max_drop_ratio: float = field(default=3.0, metadata={
+        "help": "Bound of the drops: each rank drops at most max_drop_ratio x its share of groups_per_step "
+                "zero-advantage groups per step; past it such groups are trained (with zero advantage) so a step "
+                "never waits for ever on a task the policy has solved or cannot solve.", "ge": 0})
 
 
 @dataclass
@@ -231,9 +266,10 @@ class DistributedConfig:
         "help": "Timeout of every collective: a dead or diverged rank fails the others within it.", "gt": 0})
     dp_shard: int = field(default=1, metadata={
         "help": "Data-parallel ranks that shard parameters, gradients and optimizer state (FSDP2 fully_shard; 1: "
-                "every rank holds the whole model). Only 1 in the trainer service for now (relayrl.trainer."
-                "parallel_dims builds the mesh and shards; checkpoint and publication of sharded weights are "
-                "missing).", "ge": 1})
+                "every rank holds the whole model). With dp_shard > 1 every rank writes its shards of each "
+                "checkpoint (torch.distributed.checkpoint under <checkpoint>/dcp, so the checkpoint directory must be "
+                "shared by the ranks), rank 0 still exports the Hugging Face directory, and each publication gathers "
+                "the full tensors on rank 0, one parameter at a time. Not with model.lora.", "ge": 1})
     dp_replicate: int = field(default=0, metadata={
         "help": "Data-parallel replicas of the sharded model (0: world_size / dp_shard). world_size must equal "
                 "dp_replicate x dp_shard x tp x cp.", "ge": 0})
@@ -302,6 +338,10 @@ class TrainerConfig:
                 "loss and count them (episodes_dropped_reward_error); a group is trained on its valid episodes "
                 "(advantages over those only) and dropped whole (groups_dropped_reward_error) when none is valid; "
                 "fail = stop the trainer with an error naming the episode."})
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig, metadata={
+        "help": "Dropping (and counting) zero-advantage groups so a step trains on informative ones (DAPO)."})
+    teacher: TeacherConfig = field(default_factory=TeacherConfig, metadata={
+        "help": "The teacher of on-policy distillation (policy_loss reverse_kl), reached over its inference endpoint."})
     sft: SftConfig = field(default_factory=SftConfig, metadata={"help": "Supervised warm-up before RL."})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={
         "help": "Checkpoints under <output_dir>/checkpoints, and resuming from them."})
@@ -332,14 +372,17 @@ class TrainerConfig:
             raise ConfigError("distributed.world_size", d.world_size,
                               f"must equal dp_replicate ({replicate}) x dp_shard ({d.dp_shard}) x tp ({d.tp}) x cp "
                               f"({d.cp})")
-        if d.dp_shard > 1:
-            raise ConfigError("distributed.dp_shard", d.dp_shard,
-                              "must be 1 in the trainer service for now: FSDP2 sharding exists as a library "
-                              "(relayrl.trainer.parallel_dims, tested on gloo) but checkpoints and weight publication "
-                              "of sharded weights are not wired in yet")
         if self.groups_per_step % self.distributed.world_size:
             raise ConfigError("groups_per_step", self.groups_per_step,
                               f"must be divisible by distributed.world_size ({self.distributed.world_size})")
+        if self.dynamic_sampling.enabled and self.loss.advantage is AdvantageEstimator.REINFORCE_PP:
+            raise ConfigError("dynamic_sampling.enabled", True,
+                              "needs a group baseline: with advantage reinforce_pp (batch baseline) a group of equal "
+                              "rewards still carries advantage")
+        distilling = self.loss.effective_policy_loss() is PolicyLoss.REVERSE_KL
+        if distilling != bool(self.teacher.address):
+            raise ConfigError("teacher.address", self.teacher.address,
+                              "must be set exactly when loss.policy_loss is reverse_kl (the teacher's logprobs)")
         if self.micro_batch_layout is MicroBatchLayout.PACKED and self.micro_batch_tokens == 0:
             raise ConfigError("micro_batch_tokens", self.micro_batch_tokens,
                               "must be > 0 when micro_batch_layout is packed (the row budget)")

@@ -50,6 +50,23 @@ async def generation_input(service: InferenceService, request: pb.GenerateReques
     ))
 
 
+def score_inputs(service: InferenceService, request: pb.ScoreTokensRequest) -> list[GenerationInput]:
+    """The engine's inputs of a ScoreTokens request (one per sequence); ValueError (LimitExceeded) for a bad one."""
+    if len(request.sequences) > service.cfg.max_samples_per_request:
+        raise LimitExceeded(f"{len(request.sequences)} sequences to score, limit is max_samples_per_request="
+                            f"{service.cfg.max_samples_per_request}")
+    inputs = []
+    for i, seq in enumerate(request.sequences):
+        if not seq.prompt_token_ids or not seq.completion_token_ids:
+            raise ValueError(f"sequence {i}: prompt and completion need at least one token each")
+        if seq.temperature < 0:
+            raise ValueError(f"sequence {i}: temperature {seq.temperature} must be > 0")
+        inputs.append(service.check(GenerationInput(
+            prompt_ids=[*seq.prompt_token_ids, *seq.completion_token_ids], max_new_tokens=1,
+            temperature=seq.temperature or 1.0, prompt_logprobs=0)))
+    return inputs
+
+
 class IdleStreamError(Exception):
     """A weight stream that sent nothing for weights_idle_timeout_s."""
 
@@ -89,6 +106,30 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             samples=[pb.Sample(token_ids=s.token_ids, logprobs=s.logprobs, weight_versions=s.weight_versions,
                                finish_reason=s.finish_reason, text=s.text) for s in samples],
         )
+
+    async def ScoreTokens(self, request: pb.ScoreTokensRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ScoreTokensResponse:
+        """Logprobs of given completion tokens: each sequence runs as a one-token generation of prompt +
+        completion that asks for its prompt logprobs (the engine batches them with other requests)."""
+        if self.weights_port:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "scoring is served on inference.server")
+        if not getattr(self.service.engine, "computes_alternatives", False):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this engine does not compute prompt logprobs")
+        try:
+            inputs = score_inputs(self.service, request)
+            submitted = [self.service.submit(inp) for inp in inputs]
+        except ValueError as exc:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) \
+                else grpc.StatusCode.INVALID_ARGUMENT
+            self.service.metrics.request_errors.labels("grpc", code.name).inc()
+            await context.abort(code, str(exc))
+        outputs = await asyncio.gather(*(self.service.result(s, "grpc_score") for s in submitted))
+        scores, version = [], 0
+        for seq, samples in zip(request.sequences, outputs, strict=True):
+            start = len(seq.prompt_token_ids)
+            scores.append(pb.TokenLogprobs(logprobs=[float(lp or 0.0) for lp in samples[0].prompt_logprobs[start:]]))
+            version = max(version, *samples[0].weight_versions)
+        return pb.ScoreTokensResponse(request_id=request.request_id, scores=scores, weight_version=version)
 
     async def _messages(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]
                         ) -> AsyncIterator[pb.WeightUpdateMessage]:

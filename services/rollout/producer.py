@@ -119,7 +119,8 @@ class RolloutProducer:
         self.trainer_view = TrainerView(
             step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
             finished=st.finished, reachable=True, publishing=st.publishing,
-            groups_dropped=st.groups_dropped_stale + st.groups_dropped_reward_error + st.groups_invalid,
+            groups_dropped=st.groups_dropped_stale + st.groups_dropped_reward_error + st.groups_invalid
+            + st.groups_dropped_zero_advantage,
             serving=st.component.state == ServingState.SERVING_STATE_SERVING)
 
     async def _follow_trainer(self, stop: asyncio.Event) -> None:

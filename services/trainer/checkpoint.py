@@ -10,6 +10,12 @@ Rank 0 owns every file: the other ranks send it their parts (one all-gather), it
 state, the optimizer state, the consumed ids; the weights follow with the initial weight broadcast). So the
 checkpoint directory only has to be on rank 0's volume: a trainer spread over several nodes needs no shared
 (ReadWriteMany) storage. Optimizer state is replicated (gradients are all-reduced), so rank 0's is every rank's.
+
+Sharded (FSDP2, ``trainer.distributed.dp_shard > 1``): no rank holds the whole optimizer state, so model and
+optimizer go through ``torch.distributed.checkpoint`` into ``dcp/`` (every rank writes its own shards, which
+needs the checkpoint directory shared by the ranks); rank 0 still exports ``model/`` (the full state dict gathered
+to its CPU, written through an unsharded copy of the architecture) and ``trainer_state.pt`` without the optimizer.
+A checkpoint with ``dcp/`` is restored from it by every rank (relayrl.trainer.dcp_checkpoint: any sharding).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch.distributed as dist
 
 from relayrl.common.checkpoints import STATE_FILE, checkpoint_name, latest_checkpoint, list_checkpoints
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.parallel_dims import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +64,23 @@ def _fsync_dir(path: Path) -> None:
 
 def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, tokenizer: Any,
                     optimizer: torch.optim.Optimizer, keep: int, extra: dict[str, Any],
-                    coll: Collectives | None = None, consumed_ids: list[str] | None = None) -> Path:
+                    coll: Collectives | None = None, consumed_ids: list[str] | None = None,
+                    export_model: Any | None = None) -> Path:
     """Collective over ``coll``'s ranks; returns the final path once the checkpoint is durable (on rank 0's
-    filesystem)."""
+    filesystem). ``export_model``: rank 0's unsharded copy for the Hugging Face export of a sharded model."""
     coll = coll or Collectives(None, timeout_s=60.0)
     final = root / checkpoint_name(step)
     part = {"consumed_ids": list(consumed_ids or []),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
     parts = coll.all_gather_object(part, "checkpoint_parts")
+    export = model
+    if is_sharded(model):
+        export = _save_shards(root / f"{final.name}.tmp", model, optimizer, coll, export_model)
+        optimizer = None  # type: ignore[assignment]  # in dcp/
     durable = torch.zeros(1)
     if coll.rank == 0:
         try:
-            _write(root, final, parts, step, weight_version, model, tokenizer, optimizer, keep, extra,
+            _write(root, final, parts, step, weight_version, export, tokenizer, optimizer, keep, extra,
                    coll.world_size)
             durable[0] = 1
         except OSError:
@@ -79,19 +91,50 @@ def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, toke
     return final
 
 
+def _save_shards(tmp: Path, model: Any, optimizer: torch.optim.Optimizer, coll: Collectives,
+                 export_model: Any | None) -> Any:
+    """Every rank: its shards of model and optimizer into ``tmp/dcp`` and its part of the full state dict, which
+    rank 0 loads into ``export_model`` (returned, for the Hugging Face export). Collectives in one order on every
+    rank: rank 0 prepares ``tmp``, a barrier, the gather of the full state dict, DCP's save."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from relayrl.trainer.dcp_checkpoint import save_state
+
+    ready = torch.zeros(1)
+    if coll.rank == 0:
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            ready[0] = 1
+        except OSError:
+            log.exception("checkpoint folder %s could not be prepared", tmp)
+    coll.broadcast(ready, 0, "checkpoint_tmp_ready")
+    if ready.item() != 1:
+        raise RuntimeError(f"checkpoint folder {tmp} could not be prepared by rank 0")
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    save_state(tmp / "dcp", model, optimizer)
+    if coll.rank != 0:
+        return None
+    assert export_model is not None, "rank 0 of a sharded trainer needs an unsharded model to export"
+    export_model.load_state_dict(full, strict=False)
+    return export_model
+
+
 def _write(root: Path, final: Path, parts: list[dict[str, Any]], step: int, weight_version: int, model: Any,
-           tokenizer: Any, optimizer: torch.optim.Optimizer, keep: int, extra: dict[str, Any],
+           tokenizer: Any, optimizer: torch.optim.Optimizer | None, keep: int, extra: dict[str, Any],
            world_size: int) -> None:
     tmp = root / f"{final.name}.tmp"
     root.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    if optimizer is not None:  # sharded: rank 0 prepared tmp and every rank wrote its shards into it already
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
     for rank, data in enumerate(parts):
         torch.save(data, tmp / f"rank{rank}.pt")
     model.save_pretrained(str(tmp / "model"))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp / "model"))
-    torch.save({"step": step, "weight_version": weight_version, "optimizer": optimizer.state_dict(),
+    torch.save({"step": step, "weight_version": weight_version,
+                "optimizer": optimizer.state_dict() if optimizer is not None else None,
                 "world_size": world_size, "extra": extra}, tmp / STATE_FILE)
     _fsync_tree(tmp)
     if final.exists():
@@ -131,7 +174,8 @@ def load_trainer_state(path: Path, optimizer: torch.optim.Optimizer, coll: Colle
     payload = coll.broadcast_object(payload, 0, "resume_state")
     rng = coll.broadcast_object(rngs, 0, "resume_rng")[coll.rank]
     assert payload is not None
-    optimizer.load_state_dict(payload["optimizer"])
+    if payload["optimizer"] is not None:  # None: a sharded checkpoint, whose optimizer state is in dcp/
+        optimizer.load_state_dict(payload["optimizer"])
     if rng is not None:  # None: this rank did not exist when the checkpoint was taken
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])

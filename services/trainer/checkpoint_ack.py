@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 class CheckpointAck:
     def __init__(self, root: Path, every: int, keep: int, model: Any, tokenizer: Any,
                  optimizer: torch.optim.Optimizer, coll: Collectives, collector: GroupCollector,
-                 stream: EpisodeStream, retry_s: float) -> None:
+                 stream: EpisodeStream, retry_s: float, export_model: Any | None = None) -> None:
         self.root = root
+        self.export_model = export_model  # FSDP2, rank 0: the unsharded copy the Hugging Face export is written from
         self.every = every
         self.keep = keep
         self.model = model
@@ -58,7 +59,7 @@ class CheckpointAck:
         collector = self.collector
         await asyncio.to_thread(
             save_checkpoint, self.root, step, weight_version, self.model, self.tokenizer, self.optimizer, self.keep,
-            counters, self.coll, collector.consumed_ids)
+            counters, self.coll, collector.consumed_ids, self.export_model)
         ids = collector.unacked + collector.done_on_resume
         acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.retry_s)
         # bounded memory: what every consumer group has acknowledged goes (never an unread or pending entry)

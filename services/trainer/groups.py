@@ -13,13 +13,20 @@ computed over its valid episodes only, since a failed score is no evidence about
 valid episode is dropped like a stale one, recorded in Redis and counted (``groups_dropped_reward_error``).
 With ``fail`` the trainer stops with an error naming the episode, before training its group.
 
+Zero-advantage groups (DAPO's dynamic sampling, ``trainer.dynamic_sampling``): a group whose valid episodes all
+have the same reward carries no advantage under a group baseline, so no policy gradient. When enabled, such a
+group is dropped, recorded in Redis and counted (``groups_dropped_zero_advantage``, with its episodes) and the
+collector reads another in its place; rollout's admission counts the drop and admits a replacement. Bounded: each
+rank drops at most ``max_drop_ratio`` x its share of groups per step; past that, zero-advantage groups are trained
+(their policy gradient is zero) rather than waiting for ever on prompts the policy has solved or cannot solve.
+
 Invalid entries: every entry read is decoded and validated (relayrl.common.episodes: lengths agree, ids in the
 vocabulary, versions not newer than the version counter, finite values, ...) before anything else looks at it.
 One that fails, or whose staleness comes out negative (a version the lineage places after the trainer's
 weights), is moved to the dead-letter stream ``<stream>:dead`` with the reason, counted (``groups_invalid``,
 ``episodes_invalid``) and acknowledged at once, in one idempotent script (EpisodeStream.dead_letter): it is never
 trained, never read again, and never stops the trainer. Groups produced = trained + dropped as stale + dropped
-for reward errors + invalid + pending.
+for reward errors + dropped with zero advantage + invalid + pending.
 
 Ranks: every rank reads its own share of groups as the stable Redis consumer ``<consumer>-rank<r>``
 (groups_per_step / world_size groups per step); pending entries of consumers that no longer exist (a larger
@@ -71,6 +78,13 @@ def reward_failed(ep: Episode) -> bool:
     return ep.reward_status not in (reward_pb2.SCORE_STATUS_UNSPECIFIED, reward_pb2.SCORE_STATUS_OK)
 
 
+def zero_advantage(entry: StreamEntry) -> bool:
+    """Whether the group's valid episodes all have the same reward (fewer than two: nothing to compare), so
+    every group-baseline advantage (grpo, dr_grpo, rloo, reinforce_pp_baseline) is zero."""
+    rewards = {ep.reward for ep in entry.group.episodes if not reward_failed(ep)}
+    return len(rewards) <= 1
+
+
 class RewardErrorStop(RuntimeError):
     """An episode's scoring failed and ``trainer.on_reward_error`` is ``fail``."""
 
@@ -94,8 +108,12 @@ class GroupCollector:
 
     def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
                  already_done: set[str], checks: EntryChecks, retry_s: float = 60.0,
-                 on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP) -> None:
+                 on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP,
+                 zero_advantage_drop_ratio: float | None = None) -> None:
         self.checks = checks
+        # dynamic sampling: None leaves zero-advantage groups in; else drops per collect <= ratio x groups asked
+        self.zero_advantage_drop_ratio = zero_advantage_drop_ratio
+        self._zero_advantage_budget = 0
         self._newest_version = 0  # the version counter as last read (re-read when an entry claims a newer one)
         self.retry_s = retry_s
         self.on_reward_error = on_reward_error
@@ -112,9 +130,12 @@ class GroupCollector:
         self.done_on_resume: list[str] = []  # entry ids of groups the restored checkpoint holds
 
     async def collect(self, num_groups: int, staleness: StalenessFn) -> list[StreamEntry]:
+        ratio = self.zero_advantage_drop_ratio
+        self._zero_advantage_budget = int(ratio * num_groups) if ratio is not None else 0
         while True:
             await self._drop_failed()
             await self._drop_stale(staleness)
+            await self._drop_zero_advantage()
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
                 return taken
@@ -204,6 +225,21 @@ class GroupCollector:
                     self.consumed(entry)
                     log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
                                 self.max_staleness)
+            else:
+                keep.append(entry)
+        self._ready = keep
+
+    async def _drop_zero_advantage(self) -> None:
+        """Dynamic sampling: drop (record, count) zero-advantage groups while this step's budget lasts."""
+        keep: list[StreamEntry] = []
+        for entry in self._ready:
+            if self._zero_advantage_budget > 0 and zero_advantage(entry):
+                self._zero_advantage_budget -= 1
+                await redis_retry(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
+                    e.group.group_id, len(e.group.episodes), "zero_advantage"), "record drop", self.retry_s)
+                self.consumed(entry)
+                log.info("dropped group %s: every valid episode has the same reward (dynamic sampling)",
+                         entry.group.group_id)
             else:
                 keep.append(entry)
         self._ready = keep

@@ -48,6 +48,7 @@ class StepStats:
     logprob_diff_mean: float = 0.0  # mean |log pi_prox - log pi_behav|: trainer vs inference mismatch
     mismatch_masked_frac: float = 0.0  # share of tokens trainer.loss.mismatch_mask left out
     ref_kl: float = 0.0  # mean KL estimate against the reference model (trainer.loss.kl_coef > 0)
+    teacher_kl: float = 0.0  # mean log pi - log pi_teacher over the batch's tokens (policy_loss reverse_kl)
     # host wall time (s) of the gradient pass (packing, forward, backward, all-reduces; it ends in a host sync)
     # and of the optimizer step (clipping, AdamW; it ends in float(grad_norm))
     fwd_bwd_s: float = 0.0
@@ -75,6 +76,8 @@ class Learner:
                  reference: Reference | None = None) -> None:
         self.model = model
         self.reference = reference  # the frozen model of the KL term (relayrl.trainer.reference)
+        # or the reference's logprobs of this step's episodes, from an endpoint (trainer.loss.reference_address)
+        self._ref_scores: Sequence[Sequence[float]] | None = None
         self.collectives = collectives or Collectives(None, timeout_s=60.0)
         self.max_completion_tokens = max_completion_tokens
         self.cfg = cfg
@@ -103,22 +106,38 @@ class Learner:
         self.steps_done += 1
         return full_norm(grad_norm), lr
 
-    def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor) -> LossTerms:
-        """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence."""
+    def _has_reference(self) -> bool:
+        return self.reference is not None or self._ref_scores is not None
+
+    def _reference_logprobs(self, episodes: Sequence[Episode], rows: Sequence[int], mb: PackedBatch) -> torch.Tensor:
+        """log pi_ref of ``mb`` (rows ``rows`` of ``episodes``): the endpoint's scores laid out like it, or the
+        trainer's frozen copy's forward."""
+        if self._ref_scores is not None:
+            return self._pack_rows(episodes, rows, self._ref_scores).behaviour_logprobs
+        assert self.reference is not None
+        return self.reference.logprobs(mb)
+
+    def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor,
+                    teacher: torch.Tensor | None = None, ref: torch.Tensor | None = None) -> LossTerms:
+        """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence;
+        ``teacher`` the teacher's logprobs and ``ref`` the reference's, laid out like ``mb``."""
         prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
         seq = mb.sequence_index().reshape(-1)
         tokens = Tokens(logp.reshape(-1), prox.reshape(-1), mb.behaviour_logprobs.reshape(-1),
-                        adv.to(logp.dtype)[seq], mb.mask.to(logp.dtype).reshape(-1), seq, mb.sequences())
-        lc = self.cfg.loss
-        ref = None
-        if self.reference is not None and lc.kl_use is KlUse.LOSS:
-            ref = self.reference.logprobs(mb).reshape(-1)
-        return loss_terms(lc, tokens, ref)
+                        adv.to(logp.dtype)[seq], mb.mask.to(logp.dtype).reshape(-1), seq, mb.sequences(),
+                        None if teacher is None else teacher.to(logp.dtype).reshape(-1))
+        return loss_terms(self.cfg.loss, tokens, None if ref is None else ref.reshape(-1))
 
-    def rl_step(self, episodes: Sequence[Episode]) -> StepStats:
-        """Gradients over the global batch (all ranks), then one AdamW step."""
+    def rl_step(self, episodes: Sequence[Episode], teacher: Sequence[Sequence[float]] | None = None,
+                reference: Sequence[Sequence[float]] | None = None) -> StepStats:
+        """Gradients over the global batch (all ranks), then one AdamW step. ``teacher`` / ``reference``: the
+        teacher's (policy_loss reverse_kl) / the reference endpoint's logprobs of each episode's completion."""
         t0 = time.monotonic()
-        stats = self.rl_gradients(episodes)
+        self._ref_scores = reference
+        try:
+            stats = self.rl_gradients(episodes, teacher)
+        finally:
+            self._ref_scores = None
         t1 = time.monotonic()
         stats.grad_norm, stats.lr = self._optimizer_step()
         stats.fwd_bwd_s, stats.optimizer_s = t1 - t0, time.monotonic() - t1
@@ -132,7 +151,7 @@ class Learner:
         rewards += overlong_penalty(sequence_lengths(episodes), self.max_completion_tokens,
                                     lc.overlong_buffer_tokens, lc.overlong_penalty)
         rewards = rewards.to(self.device)
-        if self.reference is not None and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
+        if self._has_reference() and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
             rewards -= self._reference_penalty(episodes, plan)
         rewards = rewards.to(torch.float32)
         gidx = torch.tensor([group_ids[e.group_id] for e in episodes], dtype=torch.long, device=self.device)
@@ -144,12 +163,11 @@ class Learner:
 
     def _reference_penalty(self, episodes: Sequence[Episode], plan: Sequence[Sequence[int]]) -> torch.Tensor:
         """kl_coef x each episode's summed KL estimate (behaviour logprobs vs the reference), float64 [N]."""
-        assert self.reference is not None
         lc = self.cfg.loss
         out = torch.zeros(len(episodes), dtype=torch.float64, device=self.device)
         for rows in plan:
             mb = self._pack_rows(episodes, rows)
-            ref = self.reference.logprobs(mb)
+            ref = self._reference_logprobs(episodes, rows, mb)
             penalty = kl_reward_penalty(lc.kl_estimator, lc.kl_coef, mb.behaviour_logprobs.reshape(-1),
                                         ref.reshape(-1), mb.mask.reshape(-1), mb.sequence_index().reshape(-1),
                                         mb.sequences())
@@ -162,14 +180,18 @@ class Learner:
             return plan_packed(lengths, self.cfg.micro_batch_tokens)
         return plan_micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
-    def _pack_rows(self, episodes: Sequence[Episode], rows: Sequence[int]) -> PackedBatch:
+    def _pack_rows(self, episodes: Sequence[Episode], rows: Sequence[int],
+                   logprobs: Sequence[Sequence[float]] | None = None) -> PackedBatch:
+        """Micro-batch ``rows`` of ``episodes``; ``logprobs`` (one list per episode) in place of the behaviour
+        logprobs lays out other per-token values (the teacher's) exactly like them."""
         eps = [episodes[i] for i in rows]
+        behaviour = [e.behaviour_logprobs for e in eps] if logprobs is None else [logprobs[i] for i in rows]
         if self.cfg.micro_batch_layout is MicroBatchLayout.PACKED:
             return pack_row([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps],
-                            [e.behaviour_logprobs for e in eps], [e.loss_mask for e in eps],
+                            behaviour, [e.loss_mask for e in eps],
                             [e.sampling_temperature or 1.0 for e in eps], self.device)
         return pack([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps],
-                    [e.behaviour_logprobs for e in eps], [e.loss_mask for e in eps],
+                    behaviour, [e.loss_mask for e in eps],
                     [e.sampling_temperature or 1.0 for e in eps], self.pad_id, self.device)
 
     def _padding_micro_batch(self) -> tuple[PackedBatch, torch.Tensor]:
@@ -177,7 +199,8 @@ class Learner:
         mb = pack([[self.pad_id]], [[self.pad_id]], None, [[0]], [1.0], self.pad_id, self.device)
         return mb, torch.zeros(1, dtype=torch.float32, device=self.device)
 
-    def rl_gradients(self, episodes: Sequence[Episode]) -> StepStats:
+    def rl_gradients(self, episodes: Sequence[Episode], teacher: Sequence[Sequence[float]] | None = None
+                     ) -> StepStats:
         """Accumulate into ``.grad`` the gradient of the loss over the *global* batch (every rank's episodes).
 
         Normalisation: the loss is the sum over all ranks' completion tokens divided by their global count
@@ -199,24 +222,33 @@ class Learner:
         global_tokens = max(float(counts[0]), 1.0)
         norm = denominator(self.cfg.loss, global_tokens, float(counts[1]), self.max_completion_tokens)
         n_micro = agreed_count(coll, len(plan))
-        # loss, clipped, ratio, kl, importance sum, |prox - behav| sum, mismatch-masked tokens, reference kl
-        sums = torch.zeros(8, dtype=torch.float64, device=self.device)
+        # loss, clipped, ratio, kl, importance sum, |prox - behav| sum, mismatch-masked tokens, reference kl,
+        # teacher kl
+        sums = torch.zeros(9, dtype=torch.float64, device=self.device)
         importance_max = torch.zeros(1, dtype=torch.float64, device=self.device)
         for i in range(n_micro):
             if i < len(plan):
                 mb = self._pack_rows(episodes, plan[i])
                 mb_adv = adv[torch.tensor(plan[i], dtype=torch.long, device=self.device)]
+                mb_teacher = None if teacher is None else \
+                    self._pack_rows(episodes, plan[i], teacher).behaviour_logprobs
             else:  # padding: every rank runs the same micro-batches
                 mb, mb_adv = self._padding_micro_batch()
+                mb_teacher = None if teacher is None else torch.zeros_like(mb.behaviour_logprobs)
+            ref = None
+            if self._has_reference() and self.cfg.loss.kl_use is KlUse.LOSS:
+                ref = self._reference_logprobs(episodes, plan[i], mb) if i < len(plan) else \
+                    torch.zeros_like(mb.behaviour_logprobs)
             logp = model_logprobs(self.model, mb)
-            terms = self._loss_terms(logp, mb, mb_adv)
+            terms = self._loss_terms(logp, mb, mb_adv, mb_teacher, ref)
             (terms.loss_sum / norm).backward()
             with torch.no_grad():
                 diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
                 weight = torch.exp(diff) * mb.mask
                 sums += torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum,
                                      weight.sum(), diff.abs().sum(), terms.masked_tokens.to(weight.device),
-                                     terms.ref_kl_sum.to(weight.device)]).to(sums.dtype)
+                                     terms.ref_kl_sum.to(weight.device),
+                                     terms.teacher_kl_sum.to(weight.device)]).to(sums.dtype)
                 importance_max = torch.maximum(importance_max, weight.max().to(importance_max.dtype))
         sync_gradients(self.model, coll, "gradients")
         coll.all_reduce(sums, dist.ReduceOp.SUM, "loss_stats")
@@ -225,8 +257,9 @@ class Learner:
         n = global_tokens
         return StepStats(loss=values[0] / norm, grad_norm=0.0, clip_frac=values[1] / n,
                          ratio_mean=values[2] / n, kl=values[3] / n, tokens=int(n), lr=0.0,
-                         importance_mean=values[4] / n, importance_max=values[8],
-                         logprob_diff_mean=values[5] / n, mismatch_masked_frac=values[6] / n, ref_kl=values[7] / n)
+                         importance_mean=values[4] / n, importance_max=values[9],
+                         logprob_diff_mean=values[5] / n, mismatch_masked_frac=values[6] / n, ref_kl=values[7] / n,
+                         teacher_kl=values[8] / n)
 
     def sft_step(self, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> StepStats:
         """Supervised step: mean cross-entropy of the answer tokens (incl. eos) given the prompt, over the

@@ -31,9 +31,11 @@ from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import GroupCollector, groups_per_rank, live_consumers, reward_failed
 from relayrl.trainer.learner import Learner, StepStats
+from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication
 from relayrl.trainer.steptime import StepClock, StepTimes
+from relayrl.trainer.teacher import Teacher
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +84,19 @@ class Batch(NamedTuple):
     episodes: list[Episode]  # their valid episodes (errored ones never reach the loss)
     excluded: int  # errored episodes left out
     staleness: torch.Tensor  # each valid episode's staleness (of its oldest token)
+    teacher: list[list[float]] | None  # the teacher's logprobs of their tokens (trainer.teacher), or None
+    reference: list[list[float]] | None  # the reference endpoint's logprobs of their tokens, or None
+
 
 class TrainingLoop:
     def __init__(self, cfg: RunConfig, learner: Learner, tokenizer: Any, coll: Collectives, stream: EpisodeStream,
                  collector: GroupCollector, publication: VersionPublication, checkpoints: CheckpointAck,
                  progress: TrainerProgress, header: StatusHeader, tracker: Tracker | None,
-                 resumed_from: Path | None) -> None:
+                 resumed_from: Path | None, teacher: Teacher | None = None,
+                 reference: Teacher | None = None) -> None:
         self.cfg = cfg
+        self.teacher = teacher  # on-policy distillation: scores each batch's tokens (relayrl.trainer.teacher)
+        self.reference = reference  # the KL term's reference served by an endpoint (trainer.loss.reference_address)
         self.learner = learner
         self.tokenizer = tokenizer
         self.coll = coll
@@ -132,9 +140,10 @@ class TrainingLoop:
         if self.is_main:
             live = live_consumers(tc.stream.consumer, self.coll.world_size)
             await self.stream.claim_from_gone_consumers(self.collector.consumer, live)
-        # identical starting weights on every rank, whatever each loaded
-        await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.learner.model.parameters()), 0,
-                                "initial_weights")
+        if not is_sharded(self.learner.model):  # sharded: broadcast before sharding (relayrl.trainer.runtime)
+            # identical starting weights on every rank, whatever each loaded
+            await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.learner.model.parameters()), 0,
+                                    "initial_weights")
         # The weights we start from get a fresh version too: inference and trainer agree on what is served,
         # and a restarted trainer never reuses a version.
         await self.publish(self.progress.step)
@@ -164,12 +173,13 @@ class TrainingLoop:
         tc, progress, clock = self.cfg.trainer, self.progress, self.clock
         with clock.part("data"):  # the batch read while the previous step's metrics were written, or read now
             prefetched, self._prefetch = self._prefetch, None
-            entries, episodes, excluded, staleness = await (prefetched or self._collect())
+            entries, episodes, excluded, staleness, teacher, reference = await (prefetched or self._collect())
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
         books = asyncio.create_task(self._read_books()) if self.is_main else None
         try:
-            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes)
+            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes, teacher,
+                                            reference)
         except BaseException:
             if books is not None:
                 books.cancel()
@@ -209,7 +219,9 @@ class TrainingLoop:
         # errored episodes never reach the loss; their groups train on the valid ones (relayrl.trainer.groups)
         episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
         excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
-        return Batch(entries, episodes, excluded, await self._staleness_of(episodes))
+        teacher = await self.teacher.logprobs(episodes) if self.teacher is not None and episodes else None
+        reference = await self.reference.logprobs(episodes) if self.reference is not None and episodes else None
+        return Batch(entries, episodes, excluded, await self._staleness_of(episodes), teacher, reference)
 
     async def _drop_prefetch(self) -> None:
         """Cancel a read of the next batch nobody will train (an error or a stop): its entries stay pending."""
@@ -299,12 +311,14 @@ class TrainingLoop:
             episodes_dropped_reward_error=p.episodes_dropped_reward_error,
             groups_dropped_reward_error=p.groups_dropped_reward_error,
             episodes_invalid=p.episodes_invalid, groups_invalid=p.groups_invalid,
+            episodes_dropped_zero_advantage=p.episodes_dropped_zero_advantage,
+            groups_dropped_zero_advantage=p.groups_dropped_zero_advantage,
             episodes_trained=p.episodes_trained, groups_trained=p.groups_trained,
             loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
             ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,
             importance_mean=stats.importance_mean, importance_max=stats.importance_max,
             logprob_diff_mean=stats.logprob_diff_mean, mismatch_masked_frac=stats.mismatch_masked_frac,
-            ref_kl=stats.ref_kl,
+            ref_kl=stats.ref_kl, teacher_kl=stats.teacher_kl,
             completion_len_mean=summary["completion_len_mean"],
             turns_mean=summary["turns_mean"], tool_calls_mean=summary["tool_calls_mean"],
             tool_errors=summary["tool_errors"], episodes_multi_version=summary["episodes_multi_version"],

@@ -33,6 +33,11 @@ class _TrainerCollector(Collector):
                                   "because scoring failed.", value=s.episodes_dropped_reward_error)
         yield CounterMetricFamily("relayrl_trainer_groups_dropped_reward_error", "Groups dropped because every "
                                   "episode's scoring failed.", value=s.groups_dropped_reward_error)
+        yield CounterMetricFamily("relayrl_trainer_groups_dropped_zero_advantage", "Groups dropped by dynamic "
+                                  "sampling: every valid episode had the same reward.",
+                                  value=s.groups_dropped_zero_advantage)
+        yield CounterMetricFamily("relayrl_trainer_episodes_dropped_zero_advantage", "Episodes of those groups.",
+                                  value=s.episodes_dropped_zero_advantage)
         yield CounterMetricFamily("relayrl_trainer_groups_invalid", "Stream entries that could not be decoded or "
                                   "validated, moved to the dead-letter stream (never trained).", value=s.groups_invalid)
         yield CounterMetricFamily("relayrl_trainer_episodes_invalid", "Episodes of those entries.",

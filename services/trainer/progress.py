@@ -21,6 +21,9 @@ class TrainerProgress:
     episodes_dropped_stale: int = 0
     groups_dropped_reward_error: int = 0  # whole groups, from Redis
     episodes_dropped_reward_error: int = 0  # their episodes + errored episodes of trained groups
+    # zero-advantage groups dropped by dynamic sampling (trainer.dynamic_sampling), from Redis
+    groups_dropped_zero_advantage: int = 0
+    episodes_dropped_zero_advantage: int = 0
     # entries moved to the dead-letter stream (undecodable or invalid), over all ranks and restarts, from Redis
     groups_invalid: int = 0
     episodes_invalid: int = 0
@@ -61,5 +64,7 @@ class TrainerProgress:
         groups, episodes = await redis_retry(lambda: stream.dropped("reward_error"), "count drops", retry_s)
         self.groups_dropped_reward_error = groups
         self.episodes_dropped_reward_error = episodes + self.episodes_excluded_reward_error
+        self.groups_dropped_zero_advantage, self.episodes_dropped_zero_advantage = await redis_retry(
+            lambda: stream.dropped("zero_advantage"), "count drops", retry_s)
         self.groups_invalid, self.episodes_invalid = await redis_retry(stream.invalid, "count invalid", retry_s)
         self.changed.notify()

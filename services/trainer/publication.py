@@ -40,8 +40,9 @@ class VersionPublication:
 
     def __init__(self, publisher: WeightPublisher, versions: VersionSource, lineage: VersionLineage,
                  coll: Collectives, inference_target: str, retry_s: float, resumed_version: int = 0,
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None, sharded: bool = False) -> None:
         self.publisher = publisher
+        self.sharded = sharded  # FSDP2: every rank takes part in gathering the weights before each publication
         self.versions = versions
         self.lineage_db = lineage
         self.coll = coll
@@ -87,6 +88,9 @@ class VersionPublication:
         in the background while training goes on; :meth:`settle` waits for that push (and raises its error). The
         next publication settles the previous one first."""
         message = torch.zeros(2, dtype=torch.int64)  # [version, flag]
+        if self.sharded:  # FSDP2: every rank takes part in gathering the full tensors for rank 0 (fresh
+            # tensors: a push still in flight keeps reading its own)
+            await asyncio.to_thread(self.locked, self.publisher.gather, self.is_main)
         if self.is_main:
             await self.settle()
             self.publishing = True

@@ -12,6 +12,7 @@ The gRPC and REST servicer of rank 0 is relayrl.trainer.server; relayrl.trainer.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,13 +31,16 @@ from relayrl.trainer.batching import packing_error
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.dcp_checkpoint import load_state
 from relayrl.trainer.groups import EntryChecks, GroupCollector, consumer_name
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.loop import TrainingLoop
 from relayrl.trainer.lora import load_policy
+from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp, is_sharded
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication, watch_inference
 from relayrl.trainer.reference import Reference
+from relayrl.trainer.teacher import Teacher
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
 
@@ -70,8 +74,17 @@ class Trainer:
         # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
         model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
         self.model = load_policy(cfg.model, model_path)  # base + LoRA adapter when model.lora.enabled
+        dims = ParallelDims.from_config(tc.distributed, self.coll.world_size)
+        # FSDP2: identical weights on every rank before sharding (the initial broadcast, done here), then the mesh;
+        # rank 0 keeps an unsharded copy to score the probe and write the Hugging Face export
+        self.plain_model = load_model(cfg.model) if dims.fsdp and self.rank == 0 else None
+        if dims.fsdp:
+            self.coll.broadcast_coalesced(list(self.model.parameters()), 0, "initial_weights")
+            self.model = apply_fsdp(self.model, dims.build_mesh(self.device.type), tc.distributed.param_dtype,
+                                    tc.distributed.reduce_dtype)
         # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
-        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 else None
+        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 and not tc.loss.reference_address \
+            else None
         self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
                                max_completion_tokens=cfg.rollout.episode_token_cap(), collectives=self.coll,
                                reference=reference)
@@ -85,26 +98,40 @@ class Trainer:
                              VersionSource(self.stream.client, self.stream.keys).latest, tc.stream.dead_letter_maxlen)
         self.collector = GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank),
                                         cfg.rollout.max_staleness, tc.stream.read_block_ms, already_done, checks,
-                                        cfg.redis.retry_s, tc.on_reward_error)
+                                        cfg.redis.retry_s, tc.on_reward_error,
+                                        tc.dynamic_sampling.max_drop_ratio if tc.dynamic_sampling.enabled else None)
         self.publication = VersionPublication(
             self._publisher(), VersionSource(self.stream.client, self.stream.keys),
             VersionLineage(self.stream.client, self.stream.keys), self.coll, cfg.inference.server.target,
-            cfg.redis.retry_s, resumed_version, cfg.tls)
+            cfg.redis.retry_s, resumed_version, cfg.tls, sharded=dims.fsdp)
         self.publication.on_change = self.progress.changed.notify
         self.checkpoints = CheckpointAck(cfg.checkpoint_dir, tc.checkpoint.every, tc.checkpoint.keep, self.model,
                                          self.tokenizer, self.learner.optimizer, self.coll, self.collector,
-                                         self.stream, cfg.redis.retry_s)
+                                         self.stream, cfg.redis.retry_s, self.plain_model)
         # rank 0: metrics.jsonl and the configured tracking backends (a backend that cannot start fails here)
         self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) \
             if self.rank == 0 else None
+        self.teacher = Teacher(tc.teacher, cfg.tls) if tc.teacher.address else None
+        # the reference served by an endpoint: the same scoring call as the teacher's
+        self.reference_scorer = Teacher(replace(tc.teacher, address=tc.loss.reference_address), cfg.tls) \
+            if tc.loss.kl_coef > 0 and tc.loss.reference_address else None
         self.loop = TrainingLoop(cfg, self.learner, self.tokenizer, self.coll, self.stream, self.collector,
                                  self.publication, self.checkpoints, self.progress, self.header, self.tracker,
-                                 self.resumed_from)
+                                 self.resumed_from, self.teacher, self.reference_scorer)
 
     def _restore(self) -> tuple[set[str], int]:
         """Counters, optimizer and step from the checkpoint resumed from: (groups it holds, its weight version)."""
         if self.resumed_from is None:
             return set(), 0
+        # rank 0 tells whether the checkpoint is sharded: every rank then takes the same path (and collectives)
+        dcp = self.coll.broadcast_object((self.resumed_from / "dcp").is_dir() if self.rank == 0 else None, 0,
+                                         "resume_dcp")
+        if is_sharded(self.model) or dcp:
+            # a sharded checkpoint: every rank reads its part of model and optimizer (any sharding, any world size)
+            if not dcp:
+                raise RuntimeError(f"{self.resumed_from} has no dcp/ folder: a sharded trainer (dp_shard > 1) resumes "
+                                   "only from checkpoints of a sharded one")
+            load_state(self.resumed_from / "dcp", self.model, self.learner.optimizer)
         state = load_trainer_state(self.resumed_from, self.learner.optimizer, self.coll)
         self.progress.restore(state.step, state.extra)
         self.learner.steps_done = state.step
@@ -119,7 +146,7 @@ class Trainer:
         return WeightPublisher(self.model, self.device, cfg.inference.weights_server.target,
                                make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
                                probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token(),
-                               tls=cfg.tls)
+                               tls=cfg.tls, plain_model=self.plain_model)
 
     async def train(self) -> None:
         await self.loop.train()
@@ -151,6 +178,8 @@ class Trainer:
             groups_dropped_reward_error=p.groups_dropped_reward_error,
             episodes_dropped_reward_error=p.episodes_dropped_reward_error,
             groups_invalid=p.groups_invalid, episodes_invalid=p.episodes_invalid,
+            groups_dropped_zero_advantage=p.groups_dropped_zero_advantage,
+            episodes_dropped_zero_advantage=p.episodes_dropped_zero_advantage,
             checkpoint_pending=self.checkpoints.requested, last_checkpoint_step=self.checkpoints.last_step)
 
     async def close(self) -> None:
@@ -160,4 +189,7 @@ class Trainer:
             self.tracker.close()
             self.tracker = self.loop.tracker = None
         await self.stream.close()
+        for scorer in (self.teacher, self.reference_scorer):
+            if scorer is not None:
+                await scorer.close()
         self.coll.close()

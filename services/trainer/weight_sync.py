@@ -27,6 +27,7 @@ from torch.func import functional_call
 from relayrl.client import InferenceClient
 from relayrl.common.probe import compare_probe, probe_logprobs, probe_sequences
 from relayrl.config.tls import TlsConfig
+from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.transports import Transport
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,14 @@ class _Snapshot:
 class WeightPublisher:
     def __init__(self, model: Any, device: torch.device, target: str, transport: Transport, timeout_s: float,
                  probe: list[list[int]], probe_tolerance: float | None, token: str = "",
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None, plain_model: Any | None = None) -> None:
         self.model = model
+        # FSDP2 (trainer.distributed.dp_shard > 1): the parameters are shards; every rank gathers them (gather) and
+        # rank 0 keeps the full tensors on the CPU, scoring the probe with ``plain_model`` (an unsharded copy of
+        # the architecture whose own parameters are never used)
+        self.sharded = plain_model is not None or is_sharded(model)
+        self.plain_model = plain_model
+        self._gathered: dict[str, torch.Tensor] = {}
         self.tls = tls  # the run's tls section: the channel to inference is TLS when it is on
         self.token = token  # the weights token: inference accepts updates only with it
         self.device = device
@@ -106,15 +113,36 @@ class WeightPublisher:
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the trained parameters as they are now (the caller keeps training from changing them
-        meanwhile): every parameter in full fine-tuning, the adapter only with LoRA (the frozen base never moves)."""
+        meanwhile): every parameter in full fine-tuning, the adapter only with LoRA (the frozen base never moves).
+        Sharded: the full tensors of the last :meth:`gather`."""
+        if self.sharded:
+            if not self._gathered:
+                raise RuntimeError("no gathered weights to publish: gather() runs on every rank before a publication")
+            return dict(self._gathered)
         return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def gather(self, keep: bool) -> None:
+        """Every rank, at the same point (FSDP2): one all-gather per trained parameter, in named_parameters order
+        (the same on every rank); ``keep`` (rank 0) keeps each full tensor on the CPU, the others drop theirs at
+        once, so no device ever holds more than one full tensor beside its shards."""
+        gathered = {}
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+            if keep:
+                gathered[name] = full.detach().cpu()
+            del full
+        self._gathered = gathered
 
     def expected_probe(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         with self.model_lock:
             was_training = self.model.training
             self.model.eval()
             try:
-                return probe_logprobs(_Snapshot(self.model, params), self.probe, self.device)
+                model = self.plain_model if self.plain_model is not None else self.model
+                device = next(model.parameters()).device
+                return probe_logprobs(_Snapshot(model, params), self.probe, device)
             finally:
                 self.model.train(was_training)
 

@@ -41,7 +41,7 @@ def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str)
 
 
 async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmetic",
-               inject: list[dict[bytes, bytes]] | None = None) -> dict[str, Any]:
+               inject: list[dict[bytes, bytes]] | None = None, timeout_s: float = 120) -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
     XADDed to the stream before anything else (not produced by rollout)."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
@@ -60,7 +60,7 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
                                            clients)
                 rollout = asyncio.create_task(producer.run(stop))
                 try:
-                    await asyncio.wait_for(trainer.train(), timeout=120)
+                    await asyncio.wait_for(trainer.train(), timeout=timeout_s)
                 except BaseException:
                     stop.set()
                     await asyncio.wait_for(rollout, timeout=30)
@@ -82,6 +82,8 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
             "tensorboard": tensorboard,
             "dropped": trainer.progress.groups_dropped_stale, "pending": info.pending + info.lag,
             "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
+            "dropped_zero_advantage": trainer.progress.groups_dropped_zero_advantage,
+            "episodes_dropped_zero_advantage": trainer.progress.episodes_dropped_zero_advantage,
             "invalid": trainer.progress.groups_invalid, "episodes_invalid": trainer.progress.episodes_invalid,
             "dead_letters": dead,
             "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,

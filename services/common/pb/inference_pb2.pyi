@@ -150,6 +150,40 @@ class UpdateWeightsResponse(_message.Message):
     probe_s: float
     def __init__(self, version: _Optional[int] = ..., apply_s: _Optional[float] = ..., bytes_received: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., receive_s: _Optional[float] = ..., assemble_s: _Optional[float] = ..., swap_s: _Optional[float] = ..., probe_s: _Optional[float] = ...) -> None: ...
 
+class ScoredSequence(_message.Message):
+    __slots__ = ("prompt_token_ids", "completion_token_ids", "temperature")
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    temperature: float
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., temperature: _Optional[float] = ...) -> None: ...
+
+class ScoreTokensRequest(_message.Message):
+    __slots__ = ("sequences", "request_id")
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    sequences: _containers.RepeatedCompositeFieldContainer[ScoredSequence]
+    request_id: str
+    def __init__(self, sequences: _Optional[_Iterable[_Union[ScoredSequence, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("logprobs",)
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ScoreTokensResponse(_message.Message):
+    __slots__ = ("request_id", "scores", "weight_version")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    scores: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    weight_version: int
+    def __init__(self, request_id: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+
 class GetInferenceStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -50,6 +50,11 @@ class InferenceServiceStub:
                 request_serializer=relayrl_dot_v1_dot_inference__pb2.GetInferenceStatusRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_inference__pb2.InferenceStatus.FromString,
                 _registered_method=True)
+        self.ScoreTokens = channel.unary_unary(
+                '/relayrl.v1.InferenceService/ScoreTokens',
+                request_serializer=relayrl_dot_v1_dot_inference__pb2.ScoreTokensRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_inference__pb2.ScoreTokensResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -79,6 +84,16 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScoreTokens(self, request, context):
+        """Logprobs of given completion tokens under the served weights (a teacher for on-policy distillation, a
+        reference model for the KL term). Read-only like Generate and limited like it (prompt + completion within
+        max_prompt_tokens, ids in the vocabulary: INVALID_ARGUMENT or RESOURCE_EXHAUSTED); UNIMPLEMENTED on an
+        engine that does not compute prompt logprobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +111,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=relayrl_dot_v1_dot_inference__pb2.GetInferenceStatusRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_inference__pb2.InferenceStatus.SerializeToString,
+            ),
+            'ScoreTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreTokens,
+                    request_deserializer=relayrl_dot_v1_dot_inference__pb2.ScoreTokensRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_inference__pb2.ScoreTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +199,33 @@ class InferenceService:
             '/relayrl.v1.InferenceService/GetStatus',
             relayrl_dot_v1_dot_inference__pb2.GetInferenceStatusRequest.SerializeToString,
             relayrl_dot_v1_dot_inference__pb2.InferenceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.InferenceService/ScoreTokens',
+            relayrl_dot_v1_dot_inference__pb2.ScoreTokensRequest.SerializeToString,
+            relayrl_dot_v1_dot_inference__pb2.ScoreTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

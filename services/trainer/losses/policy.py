@@ -22,6 +22,7 @@ class PolicyParams:
     clip_low: float = 0.2  # ratio lower bound 1 - clip_low
     clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO's clip-higher: > clip_low)
     importance_cap: float = 2.0  # cap of pi_prox / pi_behav (tis; decoupled_ppo when > 0)
+    distill_coef: float = 1.0  # weight of the reverse-KL sample in reverse_kl's per-token advantage
 
 
 @dataclass
@@ -103,6 +104,20 @@ def cispo(t: Tokens, p: PolicyParams) -> PolicyTerms:
     w = raw.clamp(1.0 - p.clip_low, 1.0 + p.clip_high)
     was_clipped = (w != raw).to(raw.dtype)
     return PolicyTerms(-w * t.advantages * _straight_through(t.logp), was_clipped, raw)
+
+
+@register(PolicyLoss.REVERSE_KL)
+def reverse_kl(t: Tokens, p: PolicyParams) -> PolicyTerms:
+    """On-policy distillation (Agarwal et al. 2024, GKD; Lu & Thinking Machines 2025): the student's sampled tokens
+    scored by the teacher; each token's advantage is A - coef * sg(log pi_prox - log pi_teacher) (the per-token
+    sample of the reverse KL, as a penalty) in the PPO-clip objective against the behaviour logprobs. On-policy
+    its gradient is coef * E_pi[(log pi - log pi_T) grad log pi] = coef * grad KL(pi || pi_T) (plus the RL term)."""
+    if t.teacher is None:
+        raise ValueError("reverse_kl needs the teacher's logprobs (trainer.teacher)")
+    adv = t.advantages - p.distill_coef * (t.prox - t.teacher).detach()
+    ratio = torch.exp(t.logp - t.behaviour)
+    loss, was_clipped = _clipped_objective(ratio, adv, p)
+    return PolicyTerms(loss, was_clipped, ratio.detach())
 
 
 def policy_loss(kind: PolicyLoss, t: Tokens, p: PolicyParams) -> PolicyTerms:

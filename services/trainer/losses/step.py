@@ -31,10 +31,12 @@ class LossTerms:
     kl_sum: torch.Tensor  # k3 of the loss's ratio: KL(old || current) >= 0
     masked_tokens: torch.Tensor = field(default_factory=_zero)  # tokens the mismatch mask left out
     ref_kl_sum: torch.Tensor = field(default_factory=_zero)  # the KL estimate against the reference
+    teacher_kl_sum: torch.Tensor = field(default_factory=_zero)  # log pi - log pi_teacher (reverse KL sample)
 
 
 def policy_params(lc: LossConfig) -> PolicyParams:
-    return PolicyParams(clip_low=lc.clip_eps, clip_high=lc.clip_high(), importance_cap=lc.importance_cap)
+    return PolicyParams(clip_low=lc.clip_eps, clip_high=lc.clip_high(), importance_cap=lc.importance_cap,
+                        distill_coef=lc.distill_coef)
 
 
 def denominator(lc: LossConfig, global_tokens: float, global_episodes: float, max_completion_tokens: int) -> float:
@@ -64,4 +66,6 @@ def loss_terms(lc: LossConfig, t: Tokens, ref_logp: torch.Tensor | None = None) 
         kl = (terms.ratio - 1.0) - log_ratio
     return LossTerms(loss_sum=(per_token * weights * kept).sum(), clipped_tokens=(terms.clipped * kept).sum(),
                      ratio_sum=(terms.ratio * t.mask).sum(), kl_sum=(kl * t.mask).sum(),
-                     masked_tokens=(t.mask - kept).sum().detach(), ref_kl_sum=ref_kl)
+                     masked_tokens=(t.mask - kept).sum().detach(), ref_kl_sum=ref_kl,
+                     teacher_kl_sum=((t.prox - t.teacher).detach() * t.mask).sum() if t.teacher is not None
+                     else torch.zeros((), dtype=t.logp.dtype, device=t.logp.device))

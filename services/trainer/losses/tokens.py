@@ -25,6 +25,7 @@ class Tokens:
     mask: torch.Tensor  # [N] float: 1 for tokens trained on
     seq: torch.Tensor  # [N] long: the token's sequence, in [0, num_seqs)
     num_seqs: int
+    teacher: torch.Tensor | None = None  # [N] log pi_teacher of the sampled token (on-policy distillation)
 
     @staticmethod
     def from_rows(logp: torch.Tensor, prox: torch.Tensor, behaviour: torch.Tensor, advantages: torch.Tensor,

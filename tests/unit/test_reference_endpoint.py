@@ -1,0 +1,55 @@
+"""The KL term's reference served by an endpoint (trainer.loss.reference_address): the trainer given the reference's
+logprobs of each episode (what ScoreTokens answers) takes the same step as with the frozen copy in its memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayrl.common.model import load_model
+from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.model import ModelConfig
+from relayrl.config.trainer import KlUse, LossConfig, OptimizerConfig, TrainerConfig
+from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
+from relayrl.trainer.learner import Learner
+from relayrl.trainer.reference import Reference
+from tests.synthetic import varied_episodes
+
+
+def _scores(model: torch.nn.Module, episodes: list[Episode]) -> list[list[float]]:
+    """What an inference endpoint serving ``model`` answers: log softmax(logits / T) at each completion token."""
+    out = []
+    with torch.no_grad():
+        for ep in episodes:
+            prompt, completion = list(ep.prompt_token_ids), list(ep.completion_token_ids)
+            logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
+            logp = torch.log_softmax(logits / (ep.sampling_temperature or 1.0), dim=-1)
+            out.append([float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(completion)])
+    return out
+
+
+@pytest.mark.parametrize("use", [KlUse.LOSS, KlUse.REWARD])
+def test_reference_logprobs_from_an_endpoint_give_the_same_step_as_the_frozen_copy(
+        tmp_path: Path, tiny_model_dir: Path, use: KlUse) -> None:
+    ref_dir = create_tiny_model(tmp_path / "ref", TinyModelConfig(hidden_size=64, intermediate_size=128, num_layers=2,
+                                                                  seed=5))
+    cfg = TrainerConfig(micro_batch_size=4, optimizer=OptimizerConfig(grad_clip=0.0),
+                        loss=LossConfig(kl_coef=0.5, kl_use=use))
+    episodes = varied_episodes()
+    local = Learner(load_model(ModelConfig(path=tiny_model_dir)), cfg, 0, torch.device("cpu"), 8,
+                    reference=Reference(load_model(ModelConfig(path=ref_dir))))
+    remote = Learner(load_model(ModelConfig(path=tiny_model_dir)), cfg, 0, torch.device("cpu"), 8)
+
+    want = local.rl_step(episodes)
+    got = remote.rl_step(episodes, reference=_scores(load_model(ModelConfig(path=ref_dir)), episodes))
+
+    if use is KlUse.LOSS:  # (the step statistic is measured on the loss's term only)
+        assert want.ref_kl > 0.01  # two different models: the term is there
+    # float32 logprobs of the same tokens from a padded batch vs one sequence at a time: rounding only
+    assert got.ref_kl == pytest.approx(want.ref_kl, rel=1e-4)
+    assert got.loss == pytest.approx(want.loss, rel=1e-4, abs=1e-6)
+    for (name, p), q in zip(local.model.named_parameters(), remote.model.parameters(), strict=True):
+        # one AdamW step (lr 1e-3) from the same weights, gradients equal up to that rounding
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
