@@ -189,6 +189,8 @@ class NativeEngine:
                 continue
             if req.inp.seed is not None and (rows or admitted):
                 break  # a seeded request waits until it can run alone
+            if admitted and (req.inp.prompt_logprobs is not None or admitted[-1].inp.prompt_logprobs is not None):
+                break  # a prompt-scoring request prefills alone: its [prompt, vocab] logits are the step's only ones
             tokens = len(req.inp.prompt_ids)
             if rows + req.inp.n > self.max_rows or (admitted and prefill + tokens > self.max_prefill_tokens):
                 break
