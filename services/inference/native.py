@@ -288,7 +288,7 @@ class NativeEngine:
             stop_ids=stop_ids.to(dev),
         )
         steps = max(x.max_new_tokens for x in inputs)
-        alternatives = max(x.top_logprobs for x in inputs)
+        alternatives = min(max(x.top_logprobs for x in inputs), logits.shape[-1])  # no more than the vocabulary
         batch = BatchState(
             kv=[(k.index_select(0, expand), v.index_select(0, expand)) for k, v in kv],
             mask=mask.index_select(0, expand), ids=ids.index_select(0, expand),
