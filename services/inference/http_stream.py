@@ -1,15 +1,15 @@
 """Server-sent-event streaming of /v1/completions and /v1/chat/completions (``stream=true``).
 
 The engine hands every sampled token to the request's ``on_token`` on its own thread; the tokens reach the
-response's event loop through a queue and leave as ``data: {chunk}`` events, each with the text the new tokens
-add (a trailing incomplete UTF-8 character waits for the next token), their logprobs when asked and their
+response's event loop through a queue and leave as ``data: {chunk}`` events, each with the text the new tokens add
+(a trailing incomplete UTF-8 character waits for the next token), their logprobs when asked and their
 ``weight_versions``. The stop string that ends a choice is not sent (OpenAI's convention): mid-stream, the last
-characters that could begin one wait for the next token. When a choice finishes, a last chunk carries its
-remaining text and ``finish_reason`` (the engine's final text, cut before its stop string, is authoritative); with ``stream_options.include_usage`` a last
-chunk with empty ``choices`` carries ``usage`` and the response's oldest ``weight_version``; then
-``data: [DONE]``. A chat request with tools streams its answer in one chunk when it finishes (the tool calls must
-be parsed from the whole text). If the client goes away, the generator is closed and its requests are cancelled
-in the engine, which frees their rows before its next decode step.
+characters that could begin one wait for the next token. When a choice finishes, a last chunk carries its remaining
+text and ``finish_reason`` (the engine's final text, cut before its stop string, is authoritative); with
+``stream_options.include_usage`` a last chunk with empty ``choices`` carries ``usage`` and the response's oldest
+``weight_version``; then ``data: [DONE]``. A chat request with tools streams its answer in one chunk when it
+finishes (the tool calls must be parsed from the whole text). If the client goes away, the generator is closed and
+its requests are cancelled in the engine, which frees their rows before its next decode step.
 """
 
 from __future__ import annotations
