@@ -306,8 +306,9 @@ class VllmEngine:
         """The prompt tokens' logprobs and alternatives from vLLM's per-position dicts (the first is None)."""
         k = req.inp.prompt_logprobs or 0
         ids = req.inp.prompt_ids
-        req.prompt_logprobs = [None] + [float(d[t].logprob) if d else None for d, t in zip(entries[1:], ids[1:],
-                                                                                           strict=True)]
+        scored: list[float | None] = [float(d[t].logprob) if d else None for d, t in zip(entries[1:], ids[1:],
+                                                                                          strict=True)]
+        req.prompt_logprobs = [None, *scored]
         req.prompt_top = [[]] + [_alternatives(d, k) for d in entries[1:]]
 
     def _apply_swap(self, swap: _Swap) -> None:
