@@ -188,8 +188,11 @@ def _move_fields(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
     return data
 
 
-def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
-    """Build and validate ``cls`` from a mapping; unknown keys are errors (no silent typos)."""
+def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: Any = None) -> T:
+    """Build and validate ``cls`` from a mapping; unknown keys are errors (no silent typos). Keys the mapping leaves
+    out take ``base``'s values when given, else the fields' defaults. A nested section given in part keeps the
+    values of its owner's default for it (``server: {reflection: false}`` keeps inference's port and limits, which
+    its ``default_factory`` sets, rather than resetting them to ServerConfig's class defaults)."""
     if not isinstance(data, dict):
         raise ConfigError(path or "<root>", data, "must be a mapping")
     data = _move_fields(cls, data, path)
@@ -211,16 +214,30 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
         where = f"{path}.{name}" if path else name
         if name in data:
             try:
-                value = _convert(hints[name], data[name], where)
+                value = _section(hints[name], field, data[name], where, base)
+                if value is None:
+                    value = _convert(hints[name], data[name], where)
                 _check_bounds(field, value, where)
             except ConfigError as exc:
                 raise (exc.redacted() if field.metadata.get("secret") else exc) from None
             kwargs[name] = value
+        elif base is not None:
+            kwargs[name] = getattr(base, name)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(where, None, "required field is missing")
     obj = cls(**kwargs)
     validate_tree(obj, path)
     return obj
+
+
+def _section(tp: Any, field: dataclasses.Field[Any], value: Any, path: str, base: Any) -> Any:
+    """A nested section given as a mapping, built over the default it replaces (None: not such a section)."""
+    if not (dataclasses.is_dataclass(tp) and isinstance(value, dict)):
+        return None
+    default = getattr(base, field.name) if base is not None else _field_default(field)
+    if not dataclasses.is_dataclass(default):
+        return None
+    return from_dict(typing.cast(type, tp), value, path, base=default)
 
 
 def validate_tree(obj: Any, path: str = "") -> None:

@@ -57,6 +57,15 @@ class InferenceConfig:
     max_new_tokens_limit: int = field(default=2048, metadata={
         "help": "Largest max_new_tokens a request may ask for.", "ge": 1})
     max_samples_per_request: int = field(default=256, metadata={"help": "Largest n per request.", "ge": 1})
+    max_prompt_logprob_mib: int = field(default=1024, metadata={
+        "help": "REST echo with logprobs scores every prompt token against the whole vocabulary: the engine holds a "
+                "prompt tokens x vocabulary float32 matrix (about three copies at its peak) for each such prompt, "
+                "prefilled alone. A prompt whose matrix would be larger than this many MiB is refused at once (413, "
+                "param echo). 1024 MiB: about 1,760 prompt tokens of a 152k vocabulary.", "ge": 1})
+    max_logprob_entries: int = field(default=1_048_576, metadata={
+        "help": "Most logprob values one REST request may ask for: over its prompts and n samples, (echoed prompt "
+                "tokens + max tokens) x (1 + alternatives). They are built as JSON in memory; more is refused at "
+                "once (413, param logprobs or top_logprobs).", "ge": 1})
     model_name: str = field(default="", metadata={
         "help": "Model id in the OpenAI-compatible API (empty: the model directory's name)."})
     threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={

@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
 from relayrl.inference.engine import GenerationInput, SampleOutput
-from relayrl.inference.http_format import chat_logprobs, completion_logprobs, oldest, usage
+from relayrl.inference.http_format import chat_logprobs, completion_logprobs, oldest, usage, without_stop
 from relayrl.inference.openai_schema import (
     ApiError,
     ChatRequest,
@@ -74,6 +74,24 @@ class OpenAiApi:
             return service.check(inp)
         except ValueError as exc:
             raise ApiError.refused(exc) from exc
+
+    def check_logprob_cost(self, inputs: list[GenerationInput], top: int, param: str) -> None:
+        """ApiError 413 for a request whose logprobs would cost more than the service allows, before it is queued:
+        the engine's prompt x vocabulary matrix of an echoed prompt, and the values the response would hold."""
+        cfg, vocab = self.service.cfg, self.service.engine.vocab_size
+        entries = 0
+        for inp in inputs:
+            scored = len(inp.prompt_ids) if inp.prompt_logprobs is not None else 0
+            mib = scored * vocab * 4 / 2**20
+            if mib > cfg.max_prompt_logprob_mib:
+                raise ApiError(f"echo with logprobs scores a {scored}-token prompt against a {vocab}-token vocabulary "
+                               f"({mib:.0f} MiB of float32 logprobs), over max_prompt_logprob_mib="
+                               f"{cfg.max_prompt_logprob_mib}", "echo", 413)
+            entries += inp.n * (scored + inp.max_new_tokens) * (1 + top)
+        if entries > cfg.max_logprob_entries:
+            raise ApiError(f"the request asks for up to {entries} logprob values ((echoed prompt tokens + max tokens) "
+                           f"x (1 + {top} alternatives) x samples), over max_logprob_entries={cfg.max_logprob_entries}",
+                           param, 413)
 
     def submit(self, inputs: list[GenerationInput]) -> list[Submitted]:
         """Submit every input, all or none: a refused one cancels those already queued."""
@@ -124,8 +142,11 @@ class OpenAiApi:
                            f"{self.service.cfg.max_samples_per_request}", "prompt", 413)
         top = req.logprobs or 0
         prompt_lp = top if req.echo and req.logprobs is not None else None
-        return [self.generation_input(req, ids, req.max_tokens, top, prompt_lp)
-                for ids in await self.prompts(req.prompt)]
+        inputs = [self.generation_input(req, ids, req.max_tokens, top, prompt_lp)
+                  for ids in await self.prompts(req.prompt)]
+        if req.logprobs is not None:
+            self.check_logprob_cost(inputs, top, "logprobs")
+        return inputs
 
     async def completions(self, req: CompletionRequest) -> dict[str, Any]:
         inputs = await self.completion_inputs(req)
@@ -134,7 +155,8 @@ class OpenAiApi:
         for inp, samples in zip(inputs, results, strict=True):
             prompt_text = self.service.tokenizer.decode(inp.prompt_ids) if req.echo else ""
             for s in samples:
-                choice: dict[str, Any] = {"index": len(choices), "text": prompt_text + s.text,
+                text = prompt_text + without_stop(s.text, inp.stop)
+                choice: dict[str, Any] = {"index": len(choices), "text": text,
                                           "finish_reason": finish_reason(s), "logprobs": None,
                                           "weight_versions": s.weight_versions}
                 if req.logprobs is not None:
@@ -151,14 +173,17 @@ class OpenAiApi:
         top = (req.top_logprobs or 0) if req.logprobs else 0
         # OpenAI's chat default is "until the context is full": here, up to the server's max_new_tokens_limit
         room = min(self.service.cfg.max_new_tokens_limit, self.service.engine.context_length - len(ids))
-        return self.generation_input(req, ids, req.max_completion_tokens or req.max_tokens or max(1, room), top)
+        inp = self.generation_input(req, ids, req.max_completion_tokens or req.max_tokens or max(1, room), top)
+        if req.logprobs:
+            self.check_logprob_cost([inp], top, "top_logprobs" if top else "logprobs")
+        return inp
 
     async def chat(self, req: ChatRequest) -> dict[str, Any]:
         inp = await self.chat_input(req)
         [samples] = await self.run([inp])
         choices: list[dict[str, Any]] = []
         for i, s in enumerate(samples):
-            message, calls = answer(s.text, uses_tools(req))
+            message, calls = answer(without_stop(s.text, inp.stop), uses_tools(req))
             choices.append({"index": i, "message": message,
                             "finish_reason": "tool_calls" if calls else finish_reason(s),
                             "logprobs": chat_logprobs(self.pieces, s) if req.logprobs else None,

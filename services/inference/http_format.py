@@ -67,6 +67,17 @@ def chat_logprobs(pieces: Pieces, s: SampleOutput, start: int = 0, end: int | No
     return {"content": content}
 
 
+def without_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` as OpenAI returns it: up to the first stop string, without it. (The engines keep the stop string,
+    whose tokens the sample's token ids, logprobs and usage still count, as vLLM's do.) The stop that ends first
+    wins, the longest of those ending together; a text still growing (streaming) is cut the same way."""
+    hits = [(text.find(s) + len(s), len(s)) for s in stops if s and s in text]
+    if not hits:
+        return text
+    end, length = min(hits, key=lambda h: (h[0], -h[1]))
+    return text[: end - length]
+
+
 def usage(inputs: list[GenerationInput], results: list[list[SampleOutput]]) -> dict[str, int]:
     prompt = sum(len(i.prompt_ids) for i in inputs)
     completion = sum(len(s.token_ids) for r in results for s in r)

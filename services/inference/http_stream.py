@@ -1,14 +1,15 @@
 """Server-sent-event streaming of /v1/completions and /v1/chat/completions (``stream=true``).
 
 The engine hands every sampled token to the request's ``on_token`` on its own thread; the tokens reach the
-response's event loop through a queue and leave as ``data: {chunk}`` events, each with the text the new tokens
-add (a trailing incomplete UTF-8 character waits for the next token), their logprobs when asked and their
-``weight_versions``. When a choice finishes, a last chunk carries its remaining text and ``finish_reason``
-(the engine's final text, cut at a stop string, is authoritative); with ``stream_options.include_usage`` a last
-chunk with empty ``choices`` carries ``usage`` and the response's oldest ``weight_version``; then
-``data: [DONE]``. A chat request with tools streams its answer in one chunk when it finishes (the tool calls must
-be parsed from the whole text). If the client goes away, the generator is closed and its requests are cancelled
-in the engine, which frees their rows before its next decode step.
+response's event loop through a queue and leave as ``data: {chunk}`` events, each with the text the new tokens add
+(a trailing incomplete UTF-8 character waits for the next token), their logprobs when asked and their
+``weight_versions``. The stop string that ends a choice is not sent (OpenAI's convention): mid-stream, the last
+characters that could begin one wait for the next token. When a choice finishes, a last chunk carries its remaining
+text and ``finish_reason`` (the engine's final text, cut before its stop string, is authoritative); with
+``stream_options.include_usage`` a last chunk with empty ``choices`` carries ``usage`` and the response's oldest
+``weight_version``; then ``data: [DONE]``. A chat request with tools streams its answer in one chunk when it
+finishes (the tool calls must be parsed from the whole text). If the client goes away, the generator is closed and
+its requests are cancelled in the engine, which frees their rows before its next decode step.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from relayrl.inference.engine import Alternatives, GenerationInput, SampleOutput, TokenEvent
 from relayrl.inference.http import OpenAiApi, cancel, finish_reason
-from relayrl.inference.http_format import chat_logprobs, completion_logprobs, oldest, usage
+from relayrl.inference.http_format import chat_logprobs, completion_logprobs, oldest, usage, without_stop
 from relayrl.inference.openai_schema import ApiError, ChatRequest, CompletionRequest, error_body
 from relayrl.inference.openai_tools import answer, uses_tools
 
@@ -105,6 +106,9 @@ class _Stream:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.choices = [_Choice() for _ in range(len(inputs) * n)]
+        self.stops = inputs[0].stop if inputs else []
+        # mid-stream, the last (longest stop - 1) characters wait: they may begin a stop string, which is not sent
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         return _sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -114,6 +118,9 @@ class _Stream:
         """The text not yet sent: up to the engine's final text, or (mid-stream) what the tokens decode to."""
         if final_text is None:
             text = self.api.service.tokenizer.decode(c.tokens, skip_special_tokens=True).rstrip("\ufffd")
+            if self.stops:
+                text = without_stop(text, self.stops)
+                text = text[: max(len(c.sent_text), len(text) - self.hold)]
         else:
             text = final_text
         if not text.startswith(c.sent_text):
@@ -165,9 +172,9 @@ async def _run(stream: _Stream, logprobs: int | None, include_usage: bool, buffe
                 index = p * n + j
                 c = stream.choices[index]
                 c.take(s)
-                final, extra, reason = s.text, None, finish_reason(s)
+                final, extra, reason = without_stop(s.text, stream.stops), None, finish_reason(s)
                 if with_tools:
-                    message, calls = answer(s.text, True)
+                    message, calls = answer(final, True)
                     final = message["content"] or ""
                     if calls:
                         extra, reason = {"tool_calls": [t.openai(k) for k, t in enumerate(calls)]}, "tool_calls"

@@ -189,6 +189,8 @@ class NativeEngine:
                 continue
             if req.inp.seed is not None and (rows or admitted):
                 break  # a seeded request waits until it can run alone
+            if admitted and (req.inp.prompt_logprobs is not None or admitted[-1].inp.prompt_logprobs is not None):
+                break  # a prompt-scoring request prefills alone: its [prompt, vocab] logits are the step's only ones
             tokens = len(req.inp.prompt_ids)
             if rows + req.inp.n > self.max_rows or (admitted and prefill + tokens > self.max_prefill_tokens):
                 break
@@ -286,7 +288,7 @@ class NativeEngine:
             stop_ids=stop_ids.to(dev),
         )
         steps = max(x.max_new_tokens for x in inputs)
-        alternatives = max(x.top_logprobs for x in inputs)
+        alternatives = min(max(x.top_logprobs for x in inputs), logits.shape[-1])  # no more than the vocabulary
         batch = BatchState(
             kv=[(k.index_select(0, expand), v.index_select(0, expand)) for k, v in kv],
             mask=mask.index_select(0, expand), ids=ids.index_select(0, expand),

@@ -12,7 +12,12 @@ blocks computed under old weights) and lets running requests continue on their o
 
 Logprobs: vLLM's ``processed_logprobs`` mode, i.e. after temperature. That equals relayrl's convention (full
 tempered softmax, before truncation) only without top-k/top-p truncation, so this engine refuses ``top_p < 1``
-and ``top_k > 0`` rather than return logprobs the trainer would misread.
+and ``top_k > 0`` rather than return logprobs the trainer would misread; greedy (``top_k == 1`` at temperature
+1, what the OpenAI API's ``temperature: 0`` becomes) is vLLM's temperature 0, whose logprobs vLLM takes at
+temperature 1: the same numbers. Alternatives (``top_logprobs``) are vLLM's top-k of that same distribution.
+Prompt logprobs (``prompt_logprobs``, the OpenAI API's echo) are vLLM's, which it takes untempered: they are
+refused at a temperature other than 1. Every token reaches the request's ``on_token`` after the step that
+sampled it (streaming).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
 from relayrl.config.inference import InferenceConfig, KvOnUpdate
 from relayrl.config.model import ModelConfig
-from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput
+from relayrl.inference.engine import Alternatives, EngineStats, GenerationInput, SampleOutput, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,7 @@ class _Partial:
     versions: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: int = FINISH_REASON_LENGTH
+    tops: list[Alternatives] = field(default_factory=list)
 
 
 @dataclass
@@ -58,6 +64,8 @@ class _Request:
     future: Future[list[SampleOutput]]
     id: str
     samples: list[_Partial]
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top: list[Alternatives] = field(default_factory=list)
 
 
 @dataclass
@@ -79,7 +87,21 @@ def hf_parameter_specs(path: str, dtype: torch.dtype) -> dict[str, TensorSpec]:
     return parameter_specs(model)
 
 
+def _greedy(inp: GenerationInput) -> bool:
+    return inp.top_k == 1 and inp.temperature == 1.0
+
+
+def _alternatives(entries: Mapping[int, Any] | None, k: int) -> Alternatives:
+    """The k most likely tokens of one position of vLLM's logprobs (it adds the sampled or prompt token, ranked)."""
+    if not k or not entries:
+        return []
+    ranked = sorted((lp.rank, tid, lp.logprob) for tid, lp in entries.items() if lp.rank is not None and lp.rank <= k)
+    return [(tid, float(lp)) for _, tid, lp in ranked]
+
+
 class VllmEngine:
+    computes_alternatives = True  # top_logprobs / prompt_logprobs of GenerationInput are honoured
+
     def __init__(self, model_cfg: ModelConfig, cfg: InferenceConfig, version: int = 0) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: tensors are handed over
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm.cpu_kv_cache_gib))
@@ -137,9 +159,15 @@ class VllmEngine:
             return EngineStats(running, len(self._active), len(self._queue), self.decode_steps)
 
     def submit(self, inp: GenerationInput) -> Future[list[SampleOutput]]:
-        if inp.top_p < 1.0 or inp.top_k > 0:
+        if inp.top_p < 1.0 or (inp.top_k > 0 and not _greedy(inp)):
             raise ValueError("the vllm engine does not sample with top_p/top_k truncation: its logprobs would be "
                              "taken after truncation, against relayrl's convention (use the native engine)")
+        if _greedy(inp) and inp.n > 1:
+            raise ValueError(f"the vllm engine decodes greedily one sample at a time (n=1, got n={inp.n}): vLLM "
+                             "refuses n > 1 at temperature 0")
+        if inp.prompt_logprobs is not None and inp.temperature != 1.0:
+            raise ValueError("the vllm engine scores prompts (prompt logprobs, echo) at temperature 1 only: vLLM "
+                             f"does not temper them, and this request samples at {inp.temperature}")
         if len(inp.prompt_ids) + inp.max_new_tokens > self._context:
             raise ValueError(f"prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) "
                              f"exceeds the model's context length {self._context}")
@@ -205,10 +233,13 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        if "prompt_logprobs" not in extra and inp.prompt_logprobs is not None:
+            extra["prompt_logprobs"] = inp.prompt_logprobs
         return SamplingParams(
-            n=inp.n, temperature=inp.temperature, max_tokens=inp.max_new_tokens, stop=list(inp.stop) or None,
+            n=inp.n, temperature=0.0 if _greedy(inp) else inp.temperature, max_tokens=inp.max_new_tokens,
+            stop=list(inp.stop) or None,
             stop_token_ids=[*inp.stop_token_ids, *([] if inp.ignore_eos else self._end_ids)] or None,
-            seed=inp.seed, ignore_eos=inp.ignore_eos, logprobs=0,
+            seed=inp.seed, ignore_eos=inp.ignore_eos, logprobs=inp.top_logprobs,
             include_stop_str_in_output=True, output_kind=RequestOutputKind.DELTA, **extra)
 
     def _add(self, req: _Request) -> None:
@@ -240,13 +271,22 @@ class VllmEngine:
             req = self._active.get(out.request_id)
             if req is None:
                 continue
+            if out.prompt_logprobs and not req.prompt_logprobs:  # sent once, with the request's first output
+                self._take_prompt_logprobs(req, out.prompt_logprobs)
             for o in out.outputs:
                 part = req.samples[o.index]
                 new = list(o.token_ids)
+                entries = list(o.logprobs or [])
+                lps = [float(d[t].logprob) for d, t in zip(entries, new, strict=True)]
+                tops = [_alternatives(d, req.inp.top_logprobs) for d in entries]
                 part.token_ids += new
-                part.logprobs += [d[t].logprob for d, t in zip(o.logprobs or [], new, strict=True)]
+                part.logprobs += lps
+                part.tops += tops
                 part.versions += [version] * len(new)
                 part.text += o.text
+                if req.inp.on_token is not None and not req.future.cancelled():
+                    for t, lp, top in zip(new, lps, tops, strict=True):
+                        req.inp.on_token(TokenEvent(o.index, t, lp, version, top))
                 if o.finish_reason == "stop":
                     part.finish_reason = FINISH_REASON_STOP_STRING if isinstance(o.stop_reason, str) \
                         else FINISH_REASON_STOP
@@ -256,8 +296,20 @@ class VllmEngine:
                 with self._cond:
                     del self._active[out.request_id]
                 if not req.future.cancelled():
-                    req.future.set_result([SampleOutput(p.token_ids, p.logprobs, p.versions, p.finish_reason, p.text)
-                                           for p in req.samples])
+                    req.future.set_result([SampleOutput(
+                        p.token_ids, p.logprobs, p.versions, p.finish_reason, p.text,
+                        p.tops if req.inp.top_logprobs else [], list(req.prompt_logprobs), list(req.prompt_top))
+                        for p in req.samples])
+
+    @staticmethod
+    def _take_prompt_logprobs(req: _Request, entries: Sequence[Mapping[int, Any] | None]) -> None:
+        """The prompt tokens' logprobs and alternatives from vLLM's per-position dicts (the first is None)."""
+        k = req.inp.prompt_logprobs or 0
+        ids = req.inp.prompt_ids
+        scored: list[float | None] = [float(d[t].logprob) if d else None for d, t in zip(entries[1:], ids[1:],
+                                                                                          strict=True)]
+        req.prompt_logprobs = [None, *scored]
+        req.prompt_top = [[]] + [_alternatives(d, k) for d in entries[1:]]
 
     def _apply_swap(self, swap: _Swap) -> None:
         try:

@@ -79,3 +79,31 @@ def test_reflection_off_leaves_only_health() -> None:
             await handle.stop(0)
 
     assert asyncio.run(go()) == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_reflected_descriptors_do_not_bypass_the_weights_token(tiny_model_dir: Path) -> None:
+    """Reflection tells how to call UpdateWeights, not the right to: without the token the call is refused before
+    any weight is read, and the served version does not move."""
+
+    def push_without_token(target: str) -> grpc.StatusCode:
+        with grpc.insecure_channel(target) as channel:
+            pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
+            m = pool.FindServiceByName("relayrl.v1.InferenceService").FindMethodByName("UpdateWeights")
+            req_cls = message_factory.GetMessageClass(m.input_type)
+            resp_cls = message_factory.GetMessageClass(m.output_type)
+            call = channel.stream_unary("/relayrl.v1.InferenceService/UpdateWeights",
+                                        request_serializer=req_cls.SerializeToString,
+                                        response_deserializer=resp_cls.FromString)
+            try:
+                call(iter([json_format.ParseDict({"manifest": {"version": 7}}, req_cls())]), timeout=30)
+            except grpc.RpcError as exc:
+                return exc.code()  # type: ignore[no-any-return]
+        raise AssertionError("UpdateWeights without the token was accepted")
+
+    async def go() -> tuple[grpc.StatusCode, int]:
+        async with inference_server(tiny_model_dir) as (_, service):
+            code = await asyncio.to_thread(push_without_token, service.weights_target)
+            return code, service.engine.version
+
+    code, version = asyncio.run(go())
+    assert code is grpc.StatusCode.UNAUTHENTICATED and version == 0

@@ -71,16 +71,18 @@ def test_seed_n_stop_list_and_max_completion_tokens_are_honoured(tiny_model_dir:
                 model=service.model_name, messages=msgs, n=3, seed=seed, max_completion_tokens=6,
                 temperature=1.5, extra_body={"ignore_eos": True}) for seed in (11, 11, 12)))  # type: ignore[call-overload]
             stopped = await client.completions.create(model=service.model_name, prompt="1", max_tokens=30,
-                                                      temperature=0, stop=["1", "2", "3", "4"],
+                                                      temperature=0, stop=["1", "2", "3", "4"], logprobs=0,
                                                       extra_body={"ignore_eos": True})
 
             texts = [[ch.message.content for ch in r.choices] for r in (a, b, c)]
             assert texts[0] == texts[1] and texts[0] != texts[2]  # the seed decides the samples
             assert len(texts[0]) == 3 and a.usage is not None and a.usage.completion_tokens == 18  # 3 x 6 tokens
             [s] = stopped.choices
-            ends = [s.text.find(x) for x in "1234" if x in s.text]
-            assert s.finish_reason == "stop" or len(s.text) == 30
-            if ends:
-                assert s.text.endswith(s.text[min(ends)]) and len(s.text) == min(ends) + 1  # cut at the first stop
+            assert not any(x in s.text for x in "1234")  # the text ends before the first stop string, without it
+            assert s.logprobs is not None and s.logprobs.tokens is not None
+            if s.finish_reason == "stop":  # the stop string's token still counts: last in logprobs (and usage)
+                assert s.logprobs.tokens[-1] in "1234" and "".join(s.logprobs.tokens) == s.text + s.logprobs.tokens[-1]
+            else:
+                assert len(s.text) == 30
 
     asyncio.run(go())

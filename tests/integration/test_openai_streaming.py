@@ -124,3 +124,29 @@ def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_reques
             assert len(ok.choices) == 1
 
     asyncio.run(go())
+
+
+def test_stop_string_is_never_sent_streamed_or_not_and_streamed_text_joins_to_the_whole(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tests.integration.eval_model import create_eval_model
+
+    model_dir = create_eval_model(tmp_path_factory.mktemp("models") / "evalmodel")  # varied greedy answers
+
+    async def go() -> None:
+        async with inference_server(model_dir, http=True) as (_, service):
+            client = _client(service)
+            args = {"model": service.model_name, "prompt": "75+3=", "max_tokens": 16, "temperature": 0,
+                    "extra_body": {"ignore_eos": True}}
+            free = (await client.completions.create(**args)).choices[0].text  # type: ignore[call-overload]
+            # a 3-character stop string that first occurs after a few characters of the free answer
+            at = next(k for k in range(2, len(free) - 3) if free.find(free[k:k + 3]) == k)
+            stop = free[at:at + 3]
+            whole = await client.completions.create(stop=stop, **args)  # type: ignore[call-overload]
+            stream = await client.completions.create(stop=stop, stream=True, **args)  # type: ignore[call-overload]
+            pieces = [c.choices[0].text for c in [c async for c in stream] if c.choices]
+
+            assert whole.choices[0].text == free[:at] and whole.choices[0].finish_reason == "stop"
+            assert "".join(pieces) == free[:at]  # no piece of the stop string was ever sent
+            assert whole.usage is not None and whole.usage.completion_tokens == at + 3  # its tokens still count
+
+    asyncio.run(go())

@@ -93,3 +93,19 @@ def test_tis_without_a_cap_is_rejected() -> None:
         load_run_config(None, ["trainer.loss.off_policy=tis", "trainer.loss.importance_cap=0"])
 
     assert info.value.field == "trainer.loss.importance_cap"
+
+
+def test_partial_server_section_keeps_its_services_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("inference:\n  server: {reflection: false}\n  weights_server: {reflection: false}\n"
+                    "reward:\n  server: {port: 6000}\n")
+
+    cfg, defaults = load_run_config(path), load_run_config(None)
+
+    assert cfg.inference.server.reflection is False and cfg.inference.weights_server.reflection is False
+    # only the key given changes: inference's port and limits (its default_factory) stay, not ServerConfig's own
+    assert cfg.inference.server.port == defaults.inference.server.port == 50051
+    assert cfg.inference.server.max_receive_mib == defaults.inference.server.max_receive_mib == 8
+    assert cfg.inference.weights_server.max_concurrent_rpcs == defaults.inference.weights_server.max_concurrent_rpcs
+    assert cfg.reward.server.port == 6000
+    assert cfg.reward.server.max_receive_mib == defaults.reward.server.max_receive_mib == 16

@@ -42,3 +42,35 @@ def test_joining_request_gets_its_alternatives_and_streams_exactly_its_final_tok
     assert [e.token_id for e in events] == b.token_ids
     assert [e.logprob for e in events] == b.logprobs and [e.top for e in events] == b.top_logprobs
     assert [e.version for e in events] == b.weight_versions
+
+
+def test_prompt_scoring_requests_prefill_alone_and_get_the_logprobs_of_a_lone_prefill(tiny_model_dir: Path) -> None:
+    model = load_model(ModelConfig(path=tiny_model_dir))
+    engine = NativeEngine(model, load_tokenizer(tiny_model_dir), torch.device("cpu"))
+    prefills: list[list[bool]] = []  # per prefill step: which of its requests score their prompt
+    inner = engine._prefill
+
+    def recording(reqs):  # type: ignore[no-untyped-def]
+        prefills.append([r.inp.prompt_logprobs is not None for r in reqs])
+        return inner(reqs)
+
+    engine._prefill = recording  # type: ignore[method-assign]
+    try:
+        # a seeded request runs alone: the three after it wait in the queue and are admitted in one go
+        first = engine.submit(GenerationInput(prompt_ids=[3, 4], max_new_tokens=30, ignore_eos=True, seed=1))
+        rest = [engine.submit(GenerationInput(prompt_ids=ids, max_new_tokens=2, prompt_logprobs=lp))
+                for ids, lp in (([5, 6, 7], None), ([8, 9, 10, 11], 2), ([4, 4, 5], 0))]
+        first.result(60)
+        outs = [f.result(60) for f in rest]
+    finally:
+        engine.close()
+
+    assert [True] in prefills and sorted(map(sum, prefills)) == [0, 0, 1, 1]  # never two scored prompts together
+    assert all(len(p) == 1 for p in prefills if any(p))  # a scored prompt's prefill holds nothing else
+    with torch.inference_mode():  # the reference: one forward pass of the prompt alone
+        ref = torch.log_softmax(model(input_ids=torch.tensor([[8, 9, 10, 11]])).logits[0, :-1].float(), dim=-1)
+    scored = outs[1][0].prompt_logprobs
+    assert scored[0] is None
+    expected = ref.gather(1, torch.tensor([[9], [10], [11]])).squeeze(1)
+    # same model, same shapes (no padding): float32 rounding only
+    torch.testing.assert_close(torch.tensor(scored[1:]), expected, rtol=0, atol=1e-5)
