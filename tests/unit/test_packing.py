@@ -75,7 +75,12 @@ def test_packed_row_logprobs_equal_padded_rows(tiny_model_dir: Path) -> None:
 def _gradients(model_dir: Path, cfg: TrainerConfig) -> tuple[dict[str, torch.Tensor], float]:
     model = load_model(ModelConfig(path=model_dir))
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=8)
-    stats = learner.rl_gradients(varied_episodes(seed=3))
+    episodes = varied_episodes(seed=3)
+    # reverse_kl needs the teacher's logprobs of each completion: a fixed shift of the behaviour's, laid out by the
+    # learner like them (packed rows or padded ones)
+    teacher = ([[lp - 0.1 * (i % 3) for i, lp in enumerate(ep.behaviour_logprobs)] for ep in episodes]
+               if cfg.loss.policy_loss is PolicyLoss.REVERSE_KL else None)
+    stats = learner.rl_gradients(episodes, teacher)
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats.loss
 
 
