@@ -101,6 +101,11 @@ class OptimizerConfig:
     beta2: float = field(default=0.99, metadata={"help": "AdamW beta2.", "ge": 0, "lt": 1})
     warmup_steps: int = field(default=0, metadata={"help": "Linear learning-rate warm-up steps.", "ge": 0})
     grad_clip: float = field(default=1.0, metadata={"help": "Max gradient norm (0: no clipping).", "ge": 0})
+    master_weights: bool = field(default=True, metadata={
+        "help": "With model.dtype bfloat16 or float16 and trained parameters in that dtype (full fine-tuning): AdamW "
+                "steps float32 master copies (moments in float32 too) and writes them back rounded, so updates "
+                "smaller than the dtype's rounding accumulate instead of being lost. Costs 12 bytes per trained "
+                "parameter. false: AdamW steps the low-precision parameters directly."})
 
 
 OFF_POLICY_TO_LOSS = {OffPolicyCorrection.NONE: PolicyLoss.PPO_CLIP,
