@@ -17,100 +17,22 @@ merged into its base first (``relayrl merge-lora``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import secrets
 import tempfile
-import time
-import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt, load_jsonl
-from relayrl.common.pb import inference_pb2, reward_pb2
+from relayrl.common.evaluation import EvalSettings, evaluate, pass_at_k
 from relayrl.config import RunConfig
 
+__all__ = ["EvalSettings", "evaluate", "pass_at_k", "run_eval"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    k: int = 0  # pass@k (0: greedy only)
-    samples: int = 0  # sampled completions per row (0: k)
-    correct_threshold: float = 1.0
-    concurrency: int = 8  # rows evaluated at once
-    limit: int = 0  # first rows only (0: all)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for n samples of which c are correct (k <= n)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s: float) -> list[tuple[float, bool]]:
-    """(score, ok) per completion."""
-    meta = {key: json.dumps(v) for key, v in row.metadata.items()}
-    resp = await reward.score_batch([
-        reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt, completion=t, reference=row.answer,
-                                metadata=meta) for t in texts], timeout_s=timeout_s)
-    return [(r.score, r.status == reward_pb2.SCORE_STATUS_OK) for r in resp.responses]
-
-
-async def _row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
-               reward: RewardClient) -> dict[str, Any]:
-    rc = cfg.rollout
-    prompt: Any = row.chat() or row.prompt
-    greedy = await inference.generate(prompt, inference_pb2.SamplingParams(
-        n=1, temperature=1.0, top_k=1, max_new_tokens=rc.max_new_tokens, stop=rc.stop), timeout_s=rc.generate_timeout_s)
-    texts = [greedy.samples[0].text]
-    n = s.samples or s.k
-    if n:
-        sampled = await inference.generate(prompt, inference_pb2.SamplingParams(
-            n=n, temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_new_tokens=rc.max_new_tokens,
-            stop=rc.stop), timeout_s=rc.generate_timeout_s)
-        texts += [x.text for x in sampled.samples]
-    scores = await _score(reward, row, texts, rc.score_timeout_s)
-    correct = [ok and score >= s.correct_threshold for score, ok in scores]
-    return {"id": row.prompt_id, "answer": row.answer, "greedy": texts[0], "greedy_reward": scores[0][0],
-            "greedy_correct": correct[0], "sampled_rewards": [x for x, _ in scores[1:]],
-            "sampled_correct": sum(correct[1:]), "reward_errors": sum(not ok for _, ok in scores)}
-
-
-async def evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt], inference: InferenceClient,
-                   reward: RewardClient) -> dict[str, Any]:
-    """Score ``rows`` through running services; the figures and every row's outcome."""
-    n = s.samples or s.k
-    if s.k and n < s.k:
-        raise ConfigError("samples", n, f"must be >= k ({s.k})")
-    gate = asyncio.Semaphore(s.concurrency)
-    t0 = time.perf_counter()
-
-    async def one(row: Prompt) -> dict[str, Any]:
-        async with gate:
-            return await _row(cfg, s, row, inference, reward)
-
-    results = await asyncio.gather(*(one(r) for r in rows))
-    status = await inference.status()
-    out: dict[str, Any] = {
-        "rows": len(results), "weight_version": status.weight_version, "model_path": status.model_path,
-        "greedy_accuracy": sum(r["greedy_correct"] for r in results) / len(results),
-        "mean_reward": sum(r["greedy_reward"] for r in results) / len(results),
-        "reward_errors": sum(r["reward_errors"] for r in results), "correct_threshold": s.correct_threshold,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "seconds": round(time.perf_counter() - t0, 2)}
-    if n:
-        out["samples_per_prompt"] = n
-        out["temperature"] = cfg.rollout.temperature
-        out["sampled_mean_reward"] = sum(sum(r["sampled_rewards"]) for r in results) / (n * len(results))
-        if s.k:
-            out[f"pass@{s.k}"] = sum(pass_at_k(n, r["sampled_correct"], s.k) for r in results) / len(results)
-    out["per_row"] = results
-    return out
 
 
 def _servable(model: Path, cfg: RunConfig, tmp: Path) -> Path:

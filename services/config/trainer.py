@@ -15,6 +15,7 @@ from typing import ClassVar, Literal
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+from relayrl.config.evaluation import InRunEvalConfig
 from relayrl.config.threads import ThreadsConfig
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
@@ -312,6 +313,8 @@ class TrainerConfig:
         "help": "Checkpoints under <output_dir>/checkpoints, and resuming from them."})
     publication: PublicationConfig = field(default_factory=PublicationConfig, metadata={
         "help": "Publishing weight versions to inference and verifying them by the probe."})
+    eval: InRunEvalConfig = field(default_factory=InRunEvalConfig, metadata={
+        "help": "Held-out evaluation every N steps during the run (greedy accuracy, pass@k), logged under eval/."})
     distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={
         "help": "Trainer ranks and their collectives."})
     stream: StreamReadConfig = field(default_factory=StreamReadConfig, metadata={

@@ -30,6 +30,7 @@ from relayrl.config import RunConfig
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import GroupCollector, groups_per_rank, live_consumers, reward_failed
+from relayrl.trainer.in_run_eval import InRunEval
 from relayrl.trainer.learner import Learner, StepStats
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication
@@ -86,6 +87,9 @@ class TrainingLoop:
         self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
         (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
         self._trained_log = (cfg.output_dir / "trained" / f"rank{coll.rank}.jsonl").open("a")
+        # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
+        self.evals = InRunEval(cfg, self._write_metrics, self._t0) \
+            if self.is_main and cfg.trainer.eval.every_steps else None
 
     async def publish(self, policy_step: int, wait: bool = True) -> int:
         """Publish the current weights; every rank learns the version and whether to checkpoint after this step.
@@ -131,6 +135,8 @@ class TrainingLoop:
         finally:
             await self._drop_prefetch()
         await self.checkpoint_and_ack()
+        if self.evals is not None:
+            await self.evals.finish(self.progress.step, self.publication.weight_version)
         self.progress.finished = True
         self.header.state = ServingState.SERVING_STATE_STOPPED
         self.progress.changed.notify()
@@ -177,6 +183,8 @@ class TrainingLoop:
             if books is not None:
                 await books
         await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+        if self.evals is not None:
+            self.evals.after_step(progress.step, self.publication.weight_version, progress.step >= tc.total_steps)
 
     async def _collect(self) -> tuple[list[StreamEntry], list[Episode], int, torch.Tensor]:
         """This rank's share of the next batch: (entries, their valid episodes, errored episodes left out,
@@ -302,6 +310,8 @@ class TrainingLoop:
                          self.publication.weight_version, row.reward_mean, row.staleness_max, stats.loss)
 
     def close(self) -> None:
+        if self.evals is not None:
+            self.evals.cancel()
         self._trained_log.close()
 
 
