@@ -219,6 +219,13 @@ class PublicationConfig:
     probe_tokens: int = field(default=16, metadata={
         "help": "Tokens per probe sequence (16 x 4 sequences: every layer and 64 vocabulary rows take part; a reload "
                 "that leaves a layer behind moves every logprob).", "ge": 2})
+    probe_every: int = field(default=10, metadata={
+        "help": "Score the probe on the first publication, then on every N-th (0: never again). Every publication "
+                "is verified exactly in any case where the engine can (native): the checksum of the bytes sent "
+                "matches what inference received, and every module path of every updated parameter (tied "
+                "aliases included) reads those very tensors after the swap. The probe adds an end-to-end "
+                "check of the forward pass (logprob parity), at the cost of a forward pass on each side; an "
+                "engine that cannot confirm the served weights (vLLM) is probed on every publication.", "ge": 0})
     overlap: bool = field(default=True, metadata={
         "help": "Push each step's weights in the background while the trainer reads and trains its next batch "
                 "(the version is allocated before the push, so staleness stays exact; the push is awaited before "
