@@ -34,7 +34,7 @@ def test_smollm2_trains_a_lora_adapter_through_the_stack_with_its_chat_template(
            "reward": {"function": "math", "workers": 1},
            "rollout": {"dataset": str(data), "group_size": 4, "max_new_tokens": 6, "max_concurrent_groups": 2},
            "trainer": {"total_steps": 2, "groups_per_step": 2, "checkpoint": {"every": 2},
-                       "publication": {"probe_sequences": 2, "probe_tokens": 8}}}
+                       "publication": {"probe_sequences": 2, "probe_tokens": 8, "probe_every": 1}}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"
 
