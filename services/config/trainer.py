@@ -215,7 +215,8 @@ class PublicationConfig:
     push_timeout_s: float = field(default=60.0, metadata={
         "help": "Deadline of one weight push to inference.", "gt": 0})
     probe_sequences: int = field(default=4, metadata={
-        "help": "Sequences of the probe batch inference scores after every weight swap (verification).", "ge": 1})
+        "help": "Sequences of the probe batch inference scores after a weight swap when a probe is due (see "
+                "probe_every).", "ge": 1})
     probe_tokens: int = field(default=16, metadata={
         "help": "Tokens per probe sequence (16 x 4 sequences: every layer and 64 vocabulary rows take part; a reload "
                 "that leaves a layer behind moves every logprob).", "ge": 2})
