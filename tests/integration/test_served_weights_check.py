@@ -56,7 +56,7 @@ def test_tied_output_layer_left_behind_fails_a_publication_without_a_probe(tiny_
             _perturb(pub, 2)
 
             assert not pub.probe_due()
-            with pytest.raises(WeightVerificationError, match="lm_head.weight does not read the update"):
+            with pytest.raises(WeightVerificationError, match=r"lm_head\.weight does not read the update"):
                 await pub.push(pub.snapshot(), 2)
 
     asyncio.run(go())
