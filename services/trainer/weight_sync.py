@@ -137,9 +137,10 @@ class WeightPublisher:
                 self.model.train(was_training)
 
     async def push(self, params: Mapping[str, torch.Tensor], version: int) -> PushResult:
-        """Send ``params`` as ``version``; verify the served weights by the probe. Raises RuntimeError when the
-        push fails, WeightVerificationError when inference serves something else; an unverified result when
-        the push landed but its answer was lost. The trainer's probe is scored while the update travels."""
+        """Send ``params`` as ``version``; verify the served weights by the engine's served-weights check and, when
+        due, the probe. Raises RuntimeError when the push fails, WeightVerificationError when inference serves
+        something else; an unverified result when the push landed but its answer was lost (or neither check
+        covered it). The trainer's probe is scored while the update travels."""
         t0 = time.perf_counter()
         probe = self.probe if self.probe_due() else []
         messages = await asyncio.to_thread(self.transport.prepare, params, version, probe)
