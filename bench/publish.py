@@ -7,7 +7,7 @@ versions (each a fresh perturbation of the weights) after one warm-up push and p
 (seconds) and of the whole publication, then the same building blocks timed alone. Usage:
 
     python bench/publish.py MODEL_DIR [--pushes 10] [--transports grpc_stream shared_path shared_memory]
-        [--probe-sequences 4] [--probe-tokens 32] [--dtype float32|bfloat16] [--lora-rank R]
+        [--probe-sequences 4] [--probe-tokens 32] [--dtype float32|bfloat16] [--lora-rank R] [--probe-every N]
 
 ``--lora-rank``: both sides hold base + a LoRA adapter of that rank (model.lora defaults otherwise) and each
 publication carries the adapter only.
@@ -62,7 +62,7 @@ async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any) -> tuple[Any, An
 
 
 async def bench_transport(model_dir: Path, transport: str, pushes: int,
-                          probe_shape: tuple[int, int], mcfg: Any) -> dict[str, float]:
+                          probe_shape: tuple[int, int], mcfg: Any, probe_every: int = 1) -> dict[str, float]:
     from relayrl.common.model import load_tokenizer
     from relayrl.config.control import ControlConfig
     from relayrl.config.trainer import WeightTransport
@@ -78,7 +78,8 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int,
             probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), *probe_shape, seed=0)
             pub = WeightPublisher(model, torch.device("cpu"), service.weights_target,
                                   make_transport(WeightTransport(transport), 2 * 1024 * 1024, weights_dir), 60.0,
-                                  probe, None, token=ControlConfig().effective_weights_token())
+                                  probe, None, token=ControlConfig().effective_weights_token(),
+                                  probe_every=probe_every)
             rows: list[dict[str, float]] = []
             for version in range(1, pushes + 2):
                 with torch.no_grad():
@@ -131,6 +132,9 @@ def main() -> None:
     ap.add_argument("--transports", nargs="+", default=["grpc_stream", "shared_path", "shared_memory"])
     ap.add_argument("--probe-sequences", type=int, default=4)
     ap.add_argument("--probe-tokens", type=int, default=32)
+    ap.add_argument("--probe-every", type=int, default=1,
+                    help="trainer.publication.probe_every: 1 probes every push; 0 only the warm-up push, the others "
+                         "verified by the served-weights check alone")
     ap.add_argument("--no-blocks", action="store_true", help="skip timing the building blocks alone")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--lora-rank", type=int, default=0, help="publish a LoRA adapter of this rank (0: full weights)")
@@ -145,9 +149,9 @@ def main() -> None:
     n = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(
         str(args.model_dir / "model.safetensors")).values())
     print(f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), {args.dtype}, LoRA rank {args.lora_rank}, "
-          f"probe {probe_shape}, load {os.getloadavg()[0]:.2f}")
+          f"probe {probe_shape} every {args.probe_every}, load {os.getloadavg()[0]:.2f}")
     for transport in args.transports:
-        r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape, mcfg))
+        r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape, mcfg, args.probe_every))
         print(f"{transport:14s} " + "  ".join(f"{k} {v * 1000:7.1f} ms" for k, v in r.items()))
     if args.no_blocks:
         return

@@ -5,13 +5,13 @@ rollout sampling settings; each completion is scored by the reward service exact
 as reference, its other keys as metadata). A completion is correct when its score is OK and at least
 ``correct_threshold``; a score that failed (error, timeout) counts as wrong and is reported in ``reward_errors``.
 
-A multi-turn run (rollout.workflow other than single_turn) plays whole episodes of its workflow instead (greedy:
-``top_k = 1``), scored as in training, and adds ``turns_mean``, ``tool_calls_mean``, ``tool_errors`` and
-``episode_ends`` (how the episodes ended) to the figures.
-
 Figures: ``greedy_accuracy``, ``mean_reward`` (greedy), ``sampled_mean_reward``, and ``pass@k`` with the unbiased
 estimator of Chen et al. (2021): the mean over rows of 1 - C(n - c, k) / C(n, k) for n samples of which c are
 correct. Works on any model and task: the dataset and verifier come from the run config.
+
+A multi-turn run (rollout.workflow other than single_turn) plays whole episodes of its workflow instead (greedy:
+``top_k = 1``), scored as in training, and adds ``turns_mean``, ``tool_calls_mean``, ``tool_errors`` and
+``episode_ends`` (how the episodes ended) to the figures.
 
 Without ``--inference``/``--reward`` addresses the command serves the model itself: inference and reward start in
 this process on free loopback ports (the same service code as a run) and stop at the end. A LoRA checkpoint is
@@ -21,49 +21,25 @@ merged into its base first (``relayrl merge-lora``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import secrets
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt, load_jsonl
-from relayrl.common.pb import inference_pb2, reward_pb2
+from relayrl.common.evaluation import EvalSettings, RowPlayer, evaluate, pass_at_k
+from relayrl.common.pb import reward_pb2
 from relayrl.config import RunConfig
 
+__all__ = ["EvalSettings", "evaluate", "pass_at_k", "run_eval"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    k: int = 0  # pass@k (0: greedy only)
-    samples: int = 0  # sampled completions per row (0: k)
-    correct_threshold: float = 1.0
-    concurrency: int = 8  # rows evaluated at once
-    limit: int = 0  # first rows only (0: all)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for n samples of which c are correct (k <= n)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s: float) -> list[tuple[float, bool]]:
-    """(score, ok) per completion."""
-    meta = {key: json.dumps(v) for key, v in row.metadata.items()}
-    resp = await reward.score_batch([
-        reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt, completion=t, reference=row.answer,
-                                metadata=meta) for t in texts], timeout_s=timeout_s)
-    return [(r.score, r.status == reward_pb2.SCORE_STATUS_OK) for r in resp.responses]
 
 
 async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
@@ -75,92 +51,38 @@ async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference:
     from relayrl.rollout.workflows.loader import build_workflow
 
     rc = cfg.rollout
-    workflow, environment = build_workflow(rc)
+    workflow, environment = build_workflow(rc, cfg.model.path)
 
     async def play(settings: Any, n: int) -> list[Any]:
         ctx = WorkflowContext(inference=inference, reward=reward, group_id=uuid.uuid4().hex, group_size=n,
                               producer_id="eval", created_at=time.time(), config=settings, environment=environment)
         return list(await workflow(row, ctx))
 
-    episodes = await play(replace(rc, top_k=1, temperature=1.0), 1)
-    n = s.samples or s.k
-    if n:
-        episodes += await play(rc, n)
+    try:
+        episodes = await play(replace(rc, top_k=1, temperature=1.0), 1)
+        n = s.samples or s.k
+        if n:
+            episodes += await play(rc, n)
+    finally:
+        close = getattr(workflow, "close", None)
+        if close is not None:
+            await close()
     ok = [e.reward_status in (reward_pb2.SCORE_STATUS_OK, reward_pb2.SCORE_STATUS_UNSPECIFIED) for e in episodes]
     correct = [good and e.reward >= s.correct_threshold for e, good in zip(episodes, ok, strict=True)]
+    versions = list(episodes[0].token_weight_versions)
     return {"id": row.prompt_id, "answer": row.answer, "greedy": episodes[0].completion_text,
             "greedy_reward": episodes[0].reward, "greedy_correct": correct[0],
+            "versions": (min(versions), max(versions)) if versions else None,
             "sampled_rewards": [e.reward for e in episodes[1:]], "sampled_correct": sum(correct[1:]),
             "reward_errors": sum(not good for good in ok), "turns": [max(e.turns, 1) for e in episodes],
             "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
             "episode_ends": [end_name(e.episode_end) for e in episodes]}
 
 
-def _multi_turn_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Turns and tool calls per episode, failed tool calls and how the episodes ended (multi-turn runs)."""
-    episodes = sum(len(r["turns"]) for r in results)
-    ends: dict[str, int] = {}
-    for r in results:
-        for end in r["episode_ends"]:
-            ends[end] = ends.get(end, 0) + 1
-    return {"turns_mean": sum(sum(r["turns"]) for r in results) / episodes,
-            "tool_calls_mean": sum(r["tool_calls"] for r in results) / episodes,
-            "tool_errors": sum(r["tool_errors"] for r in results), "episode_ends": ends}
-
-
-async def _row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
-               reward: RewardClient) -> dict[str, Any]:
-    rc = cfg.rollout
-    if rc.multi_turn:
-        return await _workflow_row(cfg, s, row, inference, reward)
-    prompt: Any = row.chat() or row.prompt
-    greedy = await inference.generate(prompt, inference_pb2.SamplingParams(
-        n=1, temperature=1.0, top_k=1, max_new_tokens=rc.max_new_tokens, stop=rc.stop), timeout_s=rc.generate_timeout_s)
-    texts = [greedy.samples[0].text]
-    n = s.samples or s.k
-    if n:
-        sampled = await inference.generate(prompt, inference_pb2.SamplingParams(
-            n=n, temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_new_tokens=rc.max_new_tokens,
-            stop=rc.stop), timeout_s=rc.generate_timeout_s)
-        texts += [x.text for x in sampled.samples]
-    scores = await _score(reward, row, texts, rc.score_timeout_s)
-    correct = [ok and score >= s.correct_threshold for score, ok in scores]
-    return {"id": row.prompt_id, "answer": row.answer, "greedy": texts[0], "greedy_reward": scores[0][0],
-            "greedy_correct": correct[0], "sampled_rewards": [x for x, _ in scores[1:]],
-            "sampled_correct": sum(correct[1:]), "reward_errors": sum(not ok for _, ok in scores)}
-
-
-async def evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt], inference: InferenceClient,
-                   reward: RewardClient) -> dict[str, Any]:
-    """Score ``rows`` through running services; the figures and every row's outcome."""
-    n = s.samples or s.k
-    if s.k and n < s.k:
-        raise ConfigError("samples", n, f"must be >= k ({s.k})")
-    gate = asyncio.Semaphore(s.concurrency)
-    t0 = time.perf_counter()
-
-    async def one(row: Prompt) -> dict[str, Any]:
-        async with gate:
-            return await _row(cfg, s, row, inference, reward)
-
-    results = await asyncio.gather(*(one(r) for r in rows))
-    status = await inference.status()
-    out: dict[str, Any] = {
-        "rows": len(results), "weight_version": status.weight_version, "model_path": status.model_path,
-        "greedy_accuracy": sum(r["greedy_correct"] for r in results) / len(results),
-        "mean_reward": sum(r["greedy_reward"] for r in results) / len(results),
-        "reward_errors": sum(r["reward_errors"] for r in results), "correct_threshold": s.correct_threshold,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "seconds": round(time.perf_counter() - t0, 2)}
-    if cfg.rollout.multi_turn:
-        out |= _multi_turn_figures(results)
-    if n:
-        out["samples_per_prompt"] = n
-        out["temperature"] = cfg.rollout.temperature
-        out["sampled_mean_reward"] = sum(sum(r["sampled_rewards"]) for r in results) / (n * len(results))
-        if s.k:
-            out[f"pass@{s.k}"] = sum(pass_at_k(n, r["sampled_correct"], s.k) for r in results) / len(results)
-    out["per_row"] = results
-    return out
+def player(cfg: RunConfig) -> RowPlayer | None:
+    """How ``relayrl eval`` plays a row of this run: whole workflow episodes for a multi-turn run, else the default
+    single-turn generation."""
+    return _workflow_row if cfg.rollout.multi_turn else None
 
 
 def _servable(model: Path, cfg: RunConfig, tmp: Path) -> Path:
@@ -208,7 +130,7 @@ async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt
                     await asyncio.sleep(0.2)
             async with InferenceClient(served.inference.server.target, tls=served.tls) as inference, \
                     RewardClient(served.reward.server.target, tls=served.tls) as reward:
-                result = await evaluate(served, s, rows, inference, reward)
+                result = await evaluate(served, s, rows, inference, reward, player(served))
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -227,7 +149,7 @@ def run_eval(cfg: RunConfig, s: EvalSettings, dataset: Path, model: Path | None 
     async def against(inference_target: str, reward_target: str) -> dict[str, Any]:
         async with InferenceClient(inference_target, tls=cfg.tls) as inf, \
                 RewardClient(reward_target, tls=cfg.tls) as rew:
-            return await evaluate(cfg, s, rows, inf, rew)
+            return await evaluate(cfg, s, rows, inf, rew, player(cfg))
 
     if inference:
         result = asyncio.run(against(inference, reward))

@@ -35,6 +35,7 @@ from relayrl.common.lifecycle import (
     restore_signals,
 )
 from relayrl.common.metrics_row import (
+    EvalRow,
     MetricsRow,
     RlRow,
     SftRow,
@@ -77,6 +78,9 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
     """The launcher's line for one metrics row (every 10th warm-up step, every training step)."""
     if isinstance(row, SftRow):
         return f"  warm-up {row.sft_step:>4}  loss {row.loss:.3f}" if row.sft_step % 10 == 0 else None
+    if isinstance(row, EvalRow):
+        return (f"  eval after step {row.eval_step:>4}  greedy accuracy {row.greedy_accuracy:.3f}  "
+                f"({row.rows} rows, versions {row.weight_version_min}-{row.weight_version_max}, {row.seconds:.0f}s)")
     if isinstance(row, RlRow):
         return (f"  step {row.step:>4}/{total}  reward {row.reward_mean:.3f}  "
                 f"staleness {row.staleness_mean:.2f} (max {row.staleness_max})  "

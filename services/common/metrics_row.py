@@ -1,7 +1,8 @@
 """One row of ``metrics.jsonl``: the one definition the trainer writes and every reader parses.
 
 The trainer's rank 0 writes one :class:`RlRow` per optimizer step and, during the supervised warm-up, one
-:class:`SftRow` per warm-up step (``"phase": "sft"``; an RL row carries no ``phase`` key, and a row without one
+:class:`SftRow` per warm-up step (``"phase": "sft"``), one :class:`EvalRow` per evaluation inside the run
+(``"phase": "eval"``, ``trainer.eval``; an RL row carries no ``phase`` key, and a row without one
 is an RL row). Readers (the launcher's progress line and summary, ``relayrl status``, the dashboard,
 ``relayrl plot``) parse each line with :func:`parse_row` and use the typed fields, never string keys.
 
@@ -129,9 +130,35 @@ class SftRow:
         return {"phase": self.phase, **{f.name: getattr(self, f.name) for f in _fields(SftRow)}}
 
 
-MetricsRow = RlRow | SftRow
+@dataclass
+class EvalRow:
+    """One held-out evaluation inside the run (``trainer.eval``), after optimizer step ``eval_step``."""
+
+    phase: ClassVar[Literal["eval"]] = "eval"
+
+    eval_step: int  # the training step after which it started (its x-axis, the same as the RL rows')
+    weight_version: int = 0  # published at that step
+    weight_version_min: int = 0  # oldest and newest version of any greedy token (weights may swap meanwhile)
+    weight_version_max: int = 0
+    greedy_accuracy: float = 0.0
+    mean_reward: float = 0.0  # of the greedy completions
+    sampled_mean_reward: float = 0.0  # with trainer.eval.k
+    pass_at_k: float = 0.0  # with trainer.eval.k
+    k: int = 0
+    rows: int = 0
+    reward_errors: int = 0
+    seconds: float = 0.0
+    skipped: int = 0  # evaluations due while another ran, so far
+    time_s: float = 0.0  # since the trainer started, when it ended
+    missing: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"phase": self.phase, **{f.name: getattr(self, f.name) for f in _fields(EvalRow)}}
+
+
+MetricsRow = RlRow | SftRow | EvalRow
 _OMITTED_WHEN_NONE = frozenset({"weight_sync_s", "weight_sync_bytes", "probe_max_diff"})
-_STEP = {RlRow: "step", SftRow: "sft_step"}
+_STEP = {RlRow: "step", SftRow: "sft_step", EvalRow: "eval_step"}
 
 
 def _fields(cls: type) -> list[dataclasses.Field[Any]]:
@@ -149,7 +176,7 @@ def _number(value: Any, kind: str) -> int | float | None:
     return int(value)
 
 
-def _parse(cls: type[RlRow] | type[SftRow], data: Mapping[str, Any]) -> MetricsRow | None:
+def _parse(cls: type[RlRow] | type[SftRow] | type[EvalRow], data: Mapping[str, Any]) -> MetricsRow | None:
     values: dict[str, Any] = {}
     missing: set[str] = set()
     for f in _fields(cls):
@@ -181,7 +208,9 @@ def parse_row(data: Any) -> MetricsRow | None:
     if not isinstance(data, Mapping):
         return None
     phase = data.get("phase", RlRow.phase)
-    cls = {RlRow.phase: RlRow, SftRow.phase: SftRow}.get(phase) if isinstance(phase, str) else None
+    classes: dict[str, type[RlRow] | type[SftRow] | type[EvalRow]] = {RlRow.phase: RlRow, SftRow.phase: SftRow,
+                                                                       EvalRow.phase: EvalRow}
+    cls = classes.get(phase) if isinstance(phase, str) else None
     return _parse(cls, data) if cls is not None else None
 
 

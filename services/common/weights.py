@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -160,7 +161,6 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     """Shared-path transport, receiver side: load the named file (which must lie under ``root``) and check it
     against the expected specs and the manifest's checksum."""
     from safetensors import SafetensorError
-    from safetensors.torch import load
 
     path = Path(m.path).resolve()
     if not path.is_relative_to(root.resolve()):
@@ -168,12 +168,14 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     if not path.is_file():
         raise WeightUpdateError(f"shared weights file {m.path} does not exist")
     try:
-        # read into private memory first: tensors from load_file map the file, so a change to it after the
-        # checksum below would reach the served weights
+        # read into private memory first (tensors that mapped the file would let a later change to it reach the
+        # served weights after the checksum below); the tensors are views of that one copy
         with open(path, "rb") as f:
-            data = f.read()
-        tensors = load(data)
-    except (SafetensorError, OSError) as exc:
+            data = bytearray(os.fstat(f.fileno()).st_size)
+            if f.readinto(data) != len(data):
+                raise OSError("the file changed size while being read")
+        tensors = _tensor_views(data)
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:
         raise WeightUpdateError(f"shared weights file {m.path} is unreadable: {exc}") from exc
     check_tensors(tensors, expected)
     if m.num_tensors != len(tensors):
@@ -181,6 +183,33 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     digest = checksum(tensors)
     if digest != m.sha256:
         raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {m.sha256}")
+    return tensors
+
+
+def _tensor_views(data: bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in ``data``, as views of it (no copy); ValueError when the header
+    does not describe well-formed, in-bounds, non-overlapping tensors."""
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (head_len,) = struct.unpack("<Q", data[:8])
+    if 8 + head_len > len(data):
+        raise ValueError("header longer than the file")
+    header = json.loads(bytes(data[8 : 8 + head_len]))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    base, end = 8 + head_len, 8 + head_len
+    dtypes = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        dtype, shape, (start, stop) = dtypes[info["dtype"]], info["shape"], info["data_offsets"]
+        count = math.prod(shape)
+        if base + start != end or stop - start != count * dtype.itemsize or base + stop > len(data):
+            raise ValueError(f"{name}: offsets {start}..{stop} do not fit its shape or the file")
+        flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + start) if count else \
+            torch.empty(0, dtype=dtype)
+        tensors[name] = flat.view(shape)
+        end = base + stop
     return tensors
 
 

@@ -66,6 +66,10 @@ class RunConfig:
         if self.model.lora.enabled and self.trainer.distributed.dp_shard > 1:
             raise ConfigError("trainer.distributed.dp_shard", self.trainer.distributed.dp_shard,
                               "must be 1 with model.lora.enabled (the adapter is small: replicate it)")
+        if self.trainer.eval.every_steps > 0 and self.rollout.multi_turn:
+            raise ConfigError("trainer.eval.every_steps", self.trainer.eval.every_steps,
+                              f"must be 0 with rollout.workflow={self.rollout.workflow}: the evaluation inside a run "
+                              "plays single-turn rows; evaluate multi-turn workflows with `relayrl eval`")
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:
             raise ConfigError("rollout.max_new_tokens", self.rollout.max_new_tokens,
                               f"must be <= inference.max_new_tokens_limit ({self.inference.max_new_tokens_limit})")

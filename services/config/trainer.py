@@ -15,6 +15,7 @@ from typing import ClassVar, Literal
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+from relayrl.config.evaluation import InRunEvalConfig
 from relayrl.config.threads import ThreadsConfig
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
@@ -102,6 +103,11 @@ class OptimizerConfig:
     beta2: float = field(default=0.99, metadata={"help": "AdamW beta2.", "ge": 0, "lt": 1})
     warmup_steps: int = field(default=0, metadata={"help": "Linear learning-rate warm-up steps.", "ge": 0})
     grad_clip: float = field(default=1.0, metadata={"help": "Max gradient norm (0: no clipping).", "ge": 0})
+    master_weights: bool = field(default=True, metadata={
+        "help": "With model.dtype bfloat16 or float16 and trained parameters in that dtype (full fine-tuning): AdamW "
+                "steps float32 master copies (moments in float32 too) and writes them back rounded, so updates "
+                "smaller than the dtype's rounding accumulate instead of being lost. Costs 12 bytes per trained "
+                "parameter. false: AdamW steps the low-precision parameters directly."})
 
 
 OFF_POLICY_TO_LOSS = {OffPolicyCorrection.NONE: PolicyLoss.PPO_CLIP,
@@ -244,10 +250,18 @@ class PublicationConfig:
     push_timeout_s: float = field(default=60.0, metadata={
         "help": "Deadline of one weight push to inference.", "gt": 0})
     probe_sequences: int = field(default=4, metadata={
-        "help": "Sequences of the probe batch inference scores after every weight swap (verification).", "ge": 1})
+        "help": "Sequences of the probe batch inference scores after a weight swap when a probe is due (see "
+                "probe_every).", "ge": 1})
     probe_tokens: int = field(default=16, metadata={
         "help": "Tokens per probe sequence (16 x 4 sequences: every layer and 64 vocabulary rows take part; a reload "
                 "that leaves a layer behind moves every logprob).", "ge": 2})
+    probe_every: int = field(default=10, metadata={
+        "help": "Score the probe on the first publication, then on every N-th (0: never again). Every publication "
+                "is verified exactly in any case where the engine can (native): the checksum of the bytes sent "
+                "matches what inference received, and every module path of every updated parameter (tied "
+                "aliases included) reads those very tensors after the swap. The probe adds an end-to-end "
+                "check of the forward pass (logprob parity), at the cost of a forward pass on each side; an "
+                "engine that cannot confirm the served weights (vLLM) is probed on every publication.", "ge": 0})
     overlap: bool = field(default=True, metadata={
         "help": "Push each step's weights in the background while the trainer reads and trains its next batch "
                 "(the version is allocated before the push, so staleness stays exact; the push is awaited before "
@@ -347,6 +361,8 @@ class TrainerConfig:
         "help": "Checkpoints under <output_dir>/checkpoints, and resuming from them."})
     publication: PublicationConfig = field(default_factory=PublicationConfig, metadata={
         "help": "Publishing weight versions to inference and verifying them by the probe."})
+    eval: InRunEvalConfig = field(default_factory=InRunEvalConfig, metadata={
+        "help": "Held-out evaluation every N steps during the run (greedy accuracy, pass@k), logged under eval/."})
     distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={
         "help": "Trainer ranks and their collectives."})
     stream: StreamReadConfig = field(default_factory=StreamReadConfig, metadata={

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from torch import Tensor
@@ -77,6 +77,15 @@ _REFUSALS: dict[type[Exception], tuple[grpc.StatusCode, str]] = {
     IdleStreamError: (grpc.StatusCode.DEADLINE_EXCEEDED, "idle"),
     WeightSwapError: (grpc.StatusCode.FAILED_PRECONDITION, "swap_failed"),
 }
+
+
+def served_check(engine: Any, sha256: str) -> dict[str, str]:
+    """The response's served-weights fields: the manifest's checksum when the engine confirmed that its modules read
+    the update's tensors, the offending module path when one does not, nothing when the engine cannot tell."""
+    mismatch = getattr(engine, "last_served_mismatch", None)
+    if mismatch is None:
+        return {}
+    return {"served_mismatch": mismatch} if mismatch else {"served_sha256": sha256}
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
@@ -229,7 +238,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         return pb.UpdateWeightsResponse(version=manifest.version, apply_s=elapsed, bytes_received=nbytes,
                                         probe_logprobs=probe_lp, receive_s=t_received - t0,
                                         assemble_s=t_assembled - t_received, swap_s=t_end - t_assembled - probe_s,
-                                        probe_s=probe_s)
+                                        probe_s=probe_s, **served_check(service.engine, manifest.sha256))
 
     async def GetStatus(self, request: pb.GetInferenceStatusRequest,
                         context: grpc.aio.ServicerContext) -> pb.InferenceStatus:

@@ -28,6 +28,7 @@ from relayrl.trainer.losses.advantages import (
 from relayrl.trainer.losses.kl import kl_reward_penalty
 from relayrl.trainer.losses.step import LossTerms, denominator, loss_terms
 from relayrl.trainer.losses.tokens import Tokens
+from relayrl.trainer.master_weights import LOW_PRECISION, MasterWeightAdamW
 from relayrl.trainer.parallel_dims import full_norm, sync_gradients
 from relayrl.trainer.reference import Reference, model_logprobs, sequence_lengths
 
@@ -84,8 +85,13 @@ class Learner:
         self.pad_id = pad_id
         self.device = device
         opt = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
-                                           weight_decay=opt.weight_decay)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        if opt.master_weights and any(p.dtype in LOW_PRECISION for p in trained):
+            self.optimizer: torch.optim.Optimizer = MasterWeightAdamW(
+                trained, lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
+                                               weight_decay=opt.weight_decay)
         self.steps_done = 0
 
     def _lr(self) -> float:

@@ -30,6 +30,7 @@ from relayrl.config import RunConfig
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import GroupCollector, groups_per_rank, live_consumers, reward_failed
+from relayrl.trainer.in_run_eval import InRunEval
 from relayrl.trainer.learner import Learner, StepStats
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.progress import TrainerProgress
@@ -117,6 +118,9 @@ class TrainingLoop:
         self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
         (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
         self._trained_log = (cfg.output_dir / "trained" / f"rank{coll.rank}.jsonl").open("a")
+        # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
+        self.evals = InRunEval(cfg, self._write_metrics, self._t0) \
+            if self.is_main and cfg.trainer.eval.every_steps else None
 
     async def publish(self, policy_step: int, wait: bool = True) -> int:
         """Publish the current weights; every rank learns the version and whether to checkpoint after this step.
@@ -160,6 +164,8 @@ class TrainingLoop:
         finally:
             await self._drop_prefetch()
         await self.checkpoint_and_ack()
+        if self.evals is not None:
+            await self.evals.finish(self.progress.step, self.publication.weight_version)
         self._announce(ServingState.SERVING_STATE_STOPPED, finished=True)
 
     def _announce(self, state: ServingState.ValueType, finished: bool = False) -> None:
@@ -210,6 +216,8 @@ class TrainingLoop:
             if books is not None:
                 await books
         await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+        if self.evals is not None:
+            self.evals.after_step(progress.step, self.publication.weight_version, progress.step >= tc.total_steps)
 
     async def _collect(self) -> Batch:
         """This rank's share of the next batch. No collective: it may run beside the previous step's metrics."""
@@ -341,6 +349,8 @@ class TrainingLoop:
                          self.publication.weight_version, row.reward_mean, row.staleness_max, stats.loss)
 
     def close(self) -> None:
+        if self.evals is not None:
+            self.evals.cancel()
         self._trained_log.close()
 
 

@@ -51,6 +51,7 @@ def init_collectives(cfg: RunConfig) -> Collectives:
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     """Train until trainer.total_steps (then exit 0) or until SIGTERM/SIGINT. Rank 0 serves the status API."""
     cfg.model.check_exists()
+    cfg.trainer.eval.check_exists()
     cfg.redis.require_url()
     tc = cfg.trainer
     hosts = {"trainer.server.host": tc.server.host, **({"trainer.http.host": tc.http.host} if tc.http.enabled else {})}

@@ -167,8 +167,8 @@ class VersionPublication:
                 result = await self.publisher.push(params, version)
             if result.verified:
                 break
-            # inference serves this version but its probe answer was lost: the same weights as a fresh version
-            # (a version it serves is refused as stale) bring the probe back; both map to the same policy step
+            # inference serves this version but its answer (probe, served check) was lost: the same weights as a
+            # fresh version (a version it serves is refused as stale) bring it back; both map to the same policy step
             version = await self._allocate(policy_step, version)
             log.info("verifying the landed weights by a push as version %d", version)
         else:
@@ -179,9 +179,12 @@ class VersionPublication:
                                                          total_s=pushed.total_s + snapshot_s))
         self.served_step = policy_step
         t = self.last_push.timings
+        checks = ("served weights confirmed" if result.served_verified else "") + (
+            f"{'; ' if result.served_verified else ''}probe max |Δ logprob| {result.probe_max_diff:.2e}"
+            if result.probe_max_diff is not None else "")
         log.info("published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; "
-                 "probe max |Δ logprob| %.2e)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s,
-                 t.swap_s, t.probe_s, result.probe_max_diff)
+                 "%s)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s, t.swap_s, t.probe_s,
+                 checks)
         return version
 
     def admission_step(self, step: int) -> int:

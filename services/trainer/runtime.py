@@ -146,7 +146,7 @@ class Trainer:
         return WeightPublisher(self.model, self.device, cfg.inference.weights_server.target,
                                make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
                                probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token(),
-                               tls=cfg.tls, plain_model=self.plain_model)
+                               tls=cfg.tls, plain_model=self.plain_model, probe_every=pc.probe_every)
 
     async def train(self) -> None:
         await self.loop.train()

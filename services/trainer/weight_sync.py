@@ -1,13 +1,20 @@
-"""Publishing weights to inference through a :class:`~relayrl.trainer.transports.Transport`, verified by the probe.
+"""Publishing weights to inference through a :class:`~relayrl.trainer.transports.Transport`, verified.
 
-Inference validates the whole update before an atomic swap, then returns the logprobs of the probe batch under
-the new weights; :class:`WeightPublisher` compares them with the logprobs of the very snapshot it sent and raises
-:class:`WeightVerificationError` when they differ by more than the dtype's tolerance.
+Inference validates the whole update (its checksum against the manifest, names, shapes, finite values) before an
+atomic swap. Every publication is then verified exactly where the engine can (native): after the swap it confirms
+that every module path of every updated parameter, tied aliases included, reads the very tensors whose checksum
+matched, and answers that checksum (``served_sha256``), which must be the one the trainer computed over what it
+sent; a module that reads anything else (``served_mismatch``: a reload that left a copy behind) fails the
+publication. On the first publication, every ``probe_every``-th after it, and on every one to an engine that cannot
+confirm (vLLM), inference also returns the logprobs of the probe batch under the new weights, which
+:class:`WeightPublisher` compares with the logprobs of the very snapshot it sent: an end-to-end check of the
+forward pass at the cost of one forward on each side. Either check failing raises
+:class:`WeightVerificationError`.
 
 The push goes through the typed client (``InferenceClient.update_weights``): a push that timed out or met
 UNAVAILABLE may have landed, so the client asks the served version before retrying. A landed push whose answer
-(and so its probe logprobs) was lost comes back unverified (``PushResult.verified`` false): the caller verifies
-the same snapshot by pushing it again as a fresh version (inference refuses a version it already serves).
+was lost comes back unverified (``PushResult.verified`` false): the caller verifies the same snapshot by pushing
+it again as a fresh version (inference refuses a version it already serves).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import torch
 from torch.func import functional_call
 
 from relayrl.client import InferenceClient
-from relayrl.common.probe import compare_probe, probe_logprobs, probe_sequences
+from relayrl.common.probe import WeightVerificationError, compare_probe, probe_logprobs, probe_sequences
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.transports import Transport
@@ -62,12 +69,14 @@ class PushResult:
     version: int
     bytes_sent: int
     seconds: float
-    probe_max_diff: float | None  # None: the push landed but its answer was lost (not verified yet)
+    probe_max_diff: float | None  # None: no probe this time (or the answer was lost)
     timings: PublishTimings = PublishTimings()
+    served_verified: bool = False  # the engine confirmed that its modules read exactly the sent tensors
 
     @property
     def verified(self) -> bool:
-        return self.probe_max_diff is not None
+        """False: the push landed but its answer was lost, or nothing verified it."""
+        return self.probe_max_diff is not None or self.served_verified
 
 
 class _Snapshot:
@@ -84,7 +93,7 @@ class _Snapshot:
 class WeightPublisher:
     def __init__(self, model: Any, device: torch.device, target: str, transport: Transport, timeout_s: float,
                  probe: list[list[int]], probe_tolerance: float | None, token: str = "",
-                 tls: TlsConfig | None = None, plain_model: Any | None = None) -> None:
+                 tls: TlsConfig | None = None, plain_model: Any | None = None, probe_every: int = 1) -> None:
         self.model = model
         # FSDP2 (trainer.distributed.dp_shard > 1): the parameters are shards; every rank gathers them (gather) and
         # rank 0 keeps the full tensors on the CPU, scoring the probe with ``plain_model`` (an unsharded copy of
@@ -100,6 +109,11 @@ class WeightPublisher:
         self.timeout_s = timeout_s
         self.probe = probe
         self.probe_tolerance = probe_tolerance
+        # the probe runs on the first push, every probe_every-th after it (0: never again) and on every push while
+        # the engine does not confirm the served weights itself (served_sha256)
+        self.probe_every = probe_every
+        self.answered = 0  # pushes answered so far
+        self.engine_confirms = False  # the last answer carried the engine's served-weights check
         self.dtype = next(model.parameters()).dtype
         # held by optimizer steps (VersionPublication.locked) and by the probe, which evaluates the live module
         # with the snapshot's tensors swapped in: a push overlapping training never runs inside an optimizer step
@@ -110,6 +124,10 @@ class WeightPublisher:
         vocab = int(model.get_input_embeddings().num_embeddings)
         special = [i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None]
         return probe_sequences(vocab, sequences, tokens, seed, exclude=special)
+
+    def probe_due(self) -> bool:
+        every = self.probe_every
+        return not self.engine_confirms or self.answered == 0 or (every > 0 and self.answered % every == 0)
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the trained parameters as they are now (the caller keeps training from changing them
@@ -147,22 +165,31 @@ class WeightPublisher:
                 self.model.train(was_training)
 
     async def push(self, params: Mapping[str, torch.Tensor], version: int) -> PushResult:
-        """Send ``params`` as ``version``; verify the served weights by the probe. Raises RuntimeError when the
-        push fails, WeightVerificationError when inference serves something else; an unverified result when
-        the push landed but its answer was lost. The trainer's probe is scored while the update travels."""
+        """Send ``params`` as ``version``; verify the served weights by the engine's served-weights check and, when
+        due, the probe. Raises RuntimeError when the push fails, WeightVerificationError when inference serves
+        something else; an unverified result when the push landed but its answer was lost (or neither check
+        covered it). The trainer's probe is scored while the update travels."""
         t0 = time.perf_counter()
-        messages = await asyncio.to_thread(self.transport.prepare, params, version, self.probe)
+        probe = self.probe if self.probe_due() else []
+        messages = await asyncio.to_thread(self.transport.prepare, params, version, probe)
         t_prepared = time.perf_counter()
-        expected_task = asyncio.create_task(asyncio.to_thread(self.expected_probe, params))
+        expected_task = asyncio.create_task(asyncio.to_thread(self.expected_probe, params)) if probe else None
         try:
             resp = await self._send(messages, version)
         finally:
             t_answered = time.perf_counter()
-            expected = await expected_task
+            expected = await expected_task if expected_task is not None else None
         if resp is None:
             log.warning("weight version %d landed but its answer was lost", version)
             return PushResult(version, 0, t_answered - t0, None)
-        diff = compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
+        self.answered += 1
+        served = check_served(resp, messages[-1].manifest.sha256, version)
+        self.engine_confirms = served
+        diff = None if expected is None else compare_probe(expected, resp.probe_logprobs, self.dtype, version,
+                                                           self.probe_tolerance)
+        if diff is None and not served:
+            log.warning("weight version %d landed unverified: no probe and no served-weights check", version)
+            return PushResult(version, int(resp.bytes_received), time.perf_counter() - t0, None)
         t_compared = time.perf_counter()
         await asyncio.to_thread(self.transport.after_success, version)
         total = time.perf_counter() - t0
@@ -171,7 +198,7 @@ class WeightPublisher:
             serialise_s=(t_prepared - t0) + (total - (t_compared - t0)),
             transfer_s=max(t_answered - t_prepared - inference_s, 0.0), swap_s=resp.assemble_s + resp.swap_s,
             probe_s=resp.probe_s + (t_compared - t_answered), total_s=total, bytes=int(resp.bytes_received))
-        return PushResult(version, int(resp.bytes_received), total, diff, timings)
+        return PushResult(version, int(resp.bytes_received), total, diff, timings, served)
 
     async def _send(self, messages: list[Any], version: int) -> Any:
         async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5,
@@ -181,3 +208,15 @@ class WeightPublisher:
             except grpc.aio.AioRpcError as exc:
                 raise RuntimeError(f"weight push of version {version} failed: "
                                    f"{exc.code().name}: {exc.details()}") from exc
+
+
+def check_served(resp: Any, sent_sha256: str, version: int) -> bool:
+    """True when inference confirmed that its modules read exactly the tensors that hash to what was sent; raises
+    WeightVerificationError when it found a module reading other weights, or confirmed another checksum."""
+    if resp.served_mismatch:
+        raise WeightVerificationError(f"inference serves weights that disagree with the trainer's at version "
+                                      f"{version}: {resp.served_mismatch} does not read the update's tensors")
+    if resp.served_sha256 and resp.served_sha256 != sent_sha256:
+        raise WeightVerificationError(f"inference serves weights that disagree with the trainer's at version "
+                                      f"{version}: checksum {resp.served_sha256[:12]} served, {sent_sha256[:12]} sent")
+    return bool(resp.served_sha256)

