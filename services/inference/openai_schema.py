@@ -13,6 +13,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from relayrl.common.openai_messages import Strict, TextPart, ToolCallIn
 from relayrl.inference.serving import LimitExceeded
 
 MAX_ALTERNATIVES = 20  # top_logprobs / logprobs=N: OpenAI's own cap on chat
@@ -41,15 +42,11 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
     return JSONResponse(status_code=status, content=error_body(status, message, param))
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
+class _Sampling(Strict):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0)
@@ -83,22 +80,6 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str | dict[str, Any] = "{}"
-
-
-class ToolCallIn(BaseModel):
-    id: str = ""
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
 class ChatMessage(BaseModel):
     # extra keys that clients echo back from a response (refusal, annotations, audio: None) are accepted only
     # when empty; see refuse_unsupported
@@ -115,14 +96,14 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class FunctionDef(_Strict):
+class FunctionDef(Strict):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] = Field(default_factory=dict)
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDef
 

@@ -14,8 +14,6 @@ by their entry-point name (``reward.function: my_reward``). relayrl's own verifi
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.metadata
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.common.config import ConfigError
+from relayrl.common.plugins import load_callable, registered
 
 
 @dataclass(frozen=True)
@@ -52,29 +51,13 @@ ENTRY_POINT_GROUP = "relayrl.rewards"
 
 def registered_rewards() -> dict[str, str]:
     """Entry-point name -> ``module:function`` of every reward function registered by installed packages."""
-    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return registered(ENTRY_POINT_GROUP)
 
 
 def load_reward_function(spec: str, field_name: str = "reward.function") -> RewardFn:
     """Import ``module:function``, or the entry point ``spec`` of group ``relayrl.rewards``; errors name the
     config field."""
-    if ":" not in spec:
-        registered = registered_rewards()
-        if spec not in registered:
-            raise ConfigError(field_name, spec, "must look like package.module:function or be a registered reward "
-                                                f"({', '.join(sorted(registered)) or 'none installed'})")
-        spec = registered[spec]
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(field_name, spec, "must look like package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(field_name, spec, f"module cannot be imported ({exc})") from None
-    fn = getattr(module, attr, None)
-    if fn is None or not callable(fn):
-        raise ConfigError(field_name, spec, f"{module_name} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return load_callable(spec, ENTRY_POINT_GROUP, field_name, registered_as="a registered reward")
 
 
 def bind_params(fn: RewardFn, params: Mapping[str, Any], field_name: str = "reward.params") -> RewardFn:

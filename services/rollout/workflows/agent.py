@@ -18,7 +18,6 @@ excludes and counts them (no episode is lost). A group in which no session made 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
@@ -33,6 +32,7 @@ from typing import Any
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.pb import episode_pb2, reward_pb2
+from relayrl.common.plugins import load_callable
 from relayrl.config.agents import AgentConfig, AgentReward
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.workflows.agent_chat import Renderer
@@ -43,20 +43,15 @@ from relayrl.rollout.workflows.api import WorkflowContext
 log = logging.getLogger(__name__)
 
 AgentFn = Callable[[str, Prompt], Awaitable[float | None]]
+AGENT_ENTRY_POINT_GROUP = "relayrl.agents"
 
 
 def load_agent(spec: str, field_name: str = "rollout.agent.function") -> AgentFn:
-    """Import the agent ``module:function``; errors name the config field."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(field_name, spec, "must look like package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(field_name, spec, f"module cannot be imported ({exc})") from None
-    fn = getattr(module, attr, None)
-    if fn is None or not inspect.iscoroutinefunction(fn):
-        raise ConfigError(field_name, spec, f"{module_name} has no async function {attr!r}")
+    """Import the agent ``module:function`` (or an entry point of group ``relayrl.agents``); errors name the config
+    field."""
+    fn = load_callable(spec, AGENT_ENTRY_POINT_GROUP, field_name)
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(field_name, spec, "must be an async function")
     return fn  # type: ignore[no-any-return]
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from relayrl.common.openai_messages import Strict, TextPart, ToolCallIn
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
 from relayrl.common.tool_calls import parse_tool_calls
 
@@ -32,26 +33,6 @@ class ChatError(Exception):
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         code = {404: "session_not_found", 413: "session_limit_exceeded"}.get(self.status)
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": code}}
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str | dict[str, Any] = "{}"
-
-
-class ToolCallIn(BaseModel):
-    id: str = ""
-    type: Literal["function"] = "function"
-    function: FunctionCall
 
 
 class Message(BaseModel):
@@ -81,7 +62,7 @@ class Message(BaseModel):
         return turn
 
 
-class ChatRequest(_Strict):
+class ChatRequest(Strict):
     """What a session accepts. Sampling is the rollout's (temperature, top_p, top_k): the logprobs must be the
     policy's at the temperature the trainer uses, so a request may repeat those values but not change them."""
 

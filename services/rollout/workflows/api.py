@@ -13,13 +13,10 @@ turn before them, so that staleness counts from the oldest model token).
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.pb import episode_pb2
 
@@ -82,25 +79,3 @@ class Workflow(Protocol):
     rollout.max_group_attempts, then skipped and counted); a failed score or environment marks the episode."""
 
     async def __call__(self, row: Prompt, ctx: WorkflowContext) -> list[episode_pb2.Episode]: ...
-
-
-def load_callable(spec: str, group: str, field_name: str) -> Callable[..., Any]:
-    """Import ``module:function``, or the entry point ``spec`` of entry-point ``group``; errors name the config
-    field (a ConfigError)."""
-    if ":" not in spec:
-        registered = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)}
-        if spec not in registered:
-            raise ConfigError(field_name, spec, f"must look like package.module:function or be registered under "
-                                                f"{group} ({', '.join(sorted(registered)) or 'none installed'})")
-        spec = registered[spec]
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(field_name, spec, "must look like package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(field_name, spec, f"module cannot be imported ({exc})") from None
-    fn = getattr(module, attr, None)
-    if fn is None or not callable(fn):
-        raise ConfigError(field_name, spec, f"{module_name} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]

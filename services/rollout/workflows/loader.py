@@ -7,6 +7,7 @@ from typing import cast
 
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
+from relayrl.common.plugins import load_callable
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.workflows.agent import AgentWorkflow
 from relayrl.rollout.workflows.api import (
@@ -15,7 +16,6 @@ from relayrl.rollout.workflows.api import (
     Environment,
     EnvironmentFactory,
     Workflow,
-    load_callable,
 )
 from relayrl.rollout.workflows.multi_turn import MultiTurnWorkflow
 from relayrl.rollout.workflows.single_turn import SingleTurnWorkflow

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.common.dataset import Prompt
+from relayrl.common.plugins import load_callable
 from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls
 from relayrl.config.rollout import ToolFormat
-from relayrl.rollout.workflows.api import StepResult, load_callable
+from relayrl.rollout.workflows.api import StepResult
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>\n"
