@@ -1,17 +1,8 @@
 """``relayrl eval``: score a model on a held-out dataset through the inference and reward services.
 
-For each row: one greedy sample (``top_k = 1``) and, with ``k`` > 0, ``samples`` sampled completions at the run's
-rollout sampling settings; each completion is scored by the reward service exactly as in training (the row's answer
-as reference, its other keys as metadata). A completion is correct when its score is OK and at least
-``correct_threshold``; a score that failed (error, timeout) counts as wrong and is reported in ``reward_errors``.
-
-Figures: ``greedy_accuracy``, ``mean_reward`` (greedy), ``sampled_mean_reward``, and ``pass@k`` with the unbiased
-estimator of Chen et al. (2021): the mean over rows of 1 - C(n - c, k) / C(n, k) for n samples of which c are
-correct. Works on any model and task: the dataset and verifier come from the run config.
-
-A multi-turn run (rollout.workflow other than single_turn) plays whole episodes of its workflow instead (greedy:
-``top_k = 1``), scored as in training, and adds ``turns_mean``, ``tool_calls_mean``, ``tool_errors`` and
-``episode_ends`` (how the episodes ended) to the figures.
+The figures and how each row is scored are relayrl.common.evaluation's (shared with the evaluation inside a run).
+Works on any model and task: the dataset and verifier come from the run config. A multi-turn run (rollout.workflow
+other than single_turn) plays whole episodes of its workflow per row (greedy: ``top_k = 1``; :func:`player`).
 
 Without ``--inference``/``--reward`` addresses the command serves the model itself: inference and reward start in
 this process on free loopback ports (the same service code as a run) and stop at the end. A LoRA checkpoint is
