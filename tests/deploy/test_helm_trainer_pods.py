@@ -7,6 +7,7 @@ recreated; two pods created from different configs. A finished run stays up, idl
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
@@ -14,7 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from relayrl.client import RolloutClient
 from tests.conftest import RedisServer
 from tests.deploy.pods import Release, render, values
 
@@ -24,6 +27,7 @@ STEPS = 6
 # > 60 s, torch's default read_timeout of the c10d store client (which, measured here, gives up after one retry,
 # 135 s after the start, when pod 0 never comes: docs/deploy.md)
 POD0_DELAY_S = 90
+LOST_RUN_STEPS = 12  # checkpoints at 3, 6, 9, 12: pod 0 is lost after the first
 OTHER_SERVICES = ("inference", "reward", "rollout")
 
 
@@ -41,10 +45,19 @@ def cleanup() -> Iterator[list[Release]]:
         release.stop_all()
 
 
-def _release(tmp: Path, redis: RedisServer, model: Path, cleanup: list[Release], **trainer: object) -> Release:
-    release = Release(tmp, render(values(redis.url, model, tmp / "runs", STEPS, **trainer)))
+def _release(tmp: Path, redis: RedisServer, model: Path, cleanup: list[Release], steps: int = STEPS,
+             **trainer: object) -> Release:
+    release = Release(tmp, render(values(redis.url, model, tmp / "runs", steps, **trainer)))
     cleanup.append(release)
     return release
+
+
+async def _rollout_control(release: Release, pause: bool) -> None:
+    """Pause or resume generation through rollout's control API, with the release's control token."""
+    port = yaml.safe_load(release.config.read_text())["rollout"]["server"]["port"]
+    async with RolloutClient(f"127.0.0.1:{port}", token=release.env["RELAYRL_CONTROL_TOKEN"]) as rollout:
+        status = await (rollout.pause("test: pod 0 is about to be lost") if pause else rollout.resume())
+    assert status.paused == pause
 
 
 def _finished(release: Release, index: int) -> bool:
@@ -95,23 +108,27 @@ def test_pod_zero_ninety_seconds_late_still_gets_rank_zero_and_the_finished_run_
 
 def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_checkpoint(
         release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]) -> None:
-    release = _release(release_dir, redis_server, demo_model, cleanup)
+    release = _release(release_dir, redis_server, demo_model, cleanup, steps=LOST_RUN_STEPS)
     release.start_services("inference", "reward")
     for index in (0, 1):
         release.start_trainer_pod(index, restart=True)
     release.start_services("rollout")
     first = release.output(0) / "checkpoints" / "step_000003"
     release.wait(first.exists, 300, "the first checkpoint", OTHER_SERVICES)
+    # generation is held, so the run cannot finish before pod 0 is lost: the trainer runs out of episodes within
+    # the staleness window (a step or two past the checkpoint), far from its last step
+    asyncio.run(_rollout_control(release, pause=True))
 
     release.kill("trainer-0")  # pod 0 deleted: its agent, the rendezvous store and rank 0 vanish at once
     release.start_trainer_pod(0, restart=True)  # the StatefulSet recreates it under the same name
+    asyncio.run(_rollout_control(release, pause=False))
 
     release.wait(lambda: _finished(release, 0) and _finished(release, 1), 420, "the regrouped pods to finish",
                  OTHER_SERVICES)
     log0 = release.log("trainer-0")
     assert "resumed from" in log0 and "step_00000" in log0  # from a checkpoint, not from scratch
-    assert (release.output(0) / "checkpoints" / f"step_{STEPS:06d}").is_dir()
-    assert max(_steps(release)) == STEPS
+    assert (release.output(0) / "checkpoints" / f"step_{LOST_RUN_STEPS:06d}").is_dir()
+    assert max(_steps(release)) == LOST_RUN_STEPS
     assert [release.procs[f"trainer-{i}"].poll() for i in (0, 1)] == [None, None]
 
 
