@@ -24,6 +24,7 @@ from typing import Any
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt, load_jsonl
+from relayrl.common.episodes import end_name
 from relayrl.common.evaluation import EvalSettings, RowPlayer, evaluate, pass_at_k
 from relayrl.common.pb import reward_pb2
 from relayrl.config import RunConfig
@@ -37,7 +38,6 @@ async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference:
                         reward: RewardClient) -> dict[str, Any]:
     """A row of a multi-turn run: whole episodes of the configured workflow (greedy, then sampled), scored as in
     training, with their turns, tool calls and how they ended."""
-    from relayrl.rollout.turns import end_name
     from relayrl.rollout.workflows.api import WorkflowContext
     from relayrl.rollout.workflows.loader import build_workflow
 

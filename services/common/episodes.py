@@ -31,7 +31,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
+from relayrl.common.pb.episode_pb2 import Episode, EpisodeEnd, EpisodeGroup
 from relayrl.common.redis_keys import STREAM_FIELD
 
 # A sampled token's log-probability is log(p) for p > 0 in float32: at least log(1.4e-45) ~= -103.3, so anything
@@ -41,6 +41,14 @@ LOGPROB_MAX = 1e-5
 # The trainer divides logits by the temperature: a forged subnormal one (1e-40) turns them into inf and the loss into
 # NaN. No useful sampler runs colder than this.
 TEMPERATURE_MIN = 1e-4
+
+
+def end_name(end: int) -> str:
+    """How an episode ended, as metrics and status name it: ``done``, ``max_turns``, ... for an EpisodeEnd value
+    (``single_turn`` for UNSPECIFIED, which single-turn episodes carry)."""
+    if end == EpisodeEnd.EPISODE_END_UNSPECIFIED:
+        return "single_turn"
+    return EpisodeEnd.Name(end).removeprefix("EPISODE_END_").lower()
 
 
 class EpisodeDecodeError(ValueError):

@@ -5,14 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from relayrl.common.episodes import end_name
 from relayrl.common.pb import episode_pb2
-
-
-def end_name(end: int) -> str:
-    """``done``, ``max_turns``, ... for an EpisodeEnd value (``single_turn`` for UNSPECIFIED)."""
-    if end == episode_pb2.EPISODE_END_UNSPECIFIED:
-        return "single_turn"
-    return episode_pb2.EpisodeEnd.Name(end).removeprefix("EPISODE_END_").lower()
 
 
 class TurnCounters:

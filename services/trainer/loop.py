@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from relayrl.common.dataset import load_jsonl
+from relayrl.common.episodes import end_name
 from relayrl.common.logging import log_context
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
 from relayrl.common.model import chat_token_ids
@@ -41,8 +42,7 @@ from relayrl.trainer.teacher import Teacher
 log = logging.getLogger(__name__)
 
 # EpisodeEnd values by number, as metrics name them (UNSPECIFIED: a single-turn episode)
-EPISODE_ENDS = tuple("single_turn" if v == 0 else EpisodeEnd.Name(v).removeprefix("EPISODE_END_").lower()
-                     for v in range(max(EpisodeEnd.values()) + 1))
+EPISODE_ENDS = tuple(end_name(v) for v in range(max(EpisodeEnd.values()) + 1))
 
 
 def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode], staleness: torch.Tensor,
