@@ -63,13 +63,17 @@ class _TrainerCollector(Collector):
                                     "optimizer steps.", buckets=buckets,
                                     sum_value=float(sum(lag * c for lag, c in counts)))
         push = publication.last_push
-        if push is not None and push.probe_max_diff is not None:
+        if push is not None:  # every publication that landed was verified (probe or served-weights check)
             yield GaugeMetricFamily("relayrl_trainer_weight_sync_seconds", "Duration of the last weight publication "
                                     "(snapshot, transfer, swap, probe).", value=push.seconds)
             yield GaugeMetricFamily("relayrl_trainer_weight_sync_bytes", "Bytes of the last weight publication.",
                                     value=push.bytes_sent)
+        probed = publication.last_probe
+        if probed is not None and probed.probe_max_diff is not None:  # stays between probes (probe_every)
             yield GaugeMetricFamily("relayrl_trainer_probe_max_abs_diff", "Largest |logprob difference| between "
-                                    "trainer and inference on the last probe.", value=push.probe_max_diff)
+                                    "trainer and inference on the last probe.", value=probed.probe_max_diff)
+            yield GaugeMetricFamily("relayrl_trainer_probe_weight_version", "Weight version of the last probe.",
+                                    value=probed.version)
 
 
 def trainer_metrics(trainer: Trainer) -> CollectorRegistry:

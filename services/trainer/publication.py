@@ -56,6 +56,7 @@ class VersionPublication:
         self.on_change: Callable[[], None] = lambda: None  # the status changed (a push started or ended)
         self._publishing = False
         self.last_push: PushResult | None = None
+        self.last_probe: PushResult | None = None  # the last push that ran the probe (most are confirmed without)
         self.served_step = -1  # policy step of the last verified push
         self._pending: asyncio.Task[int] | None = None  # a push started by publish(wait=False)
         self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
@@ -177,6 +178,8 @@ class VersionPublication:
         pushed = result.timings  # the snapshot is part of serialising
         self.last_push = replace(result, timings=replace(pushed, serialise_s=pushed.serialise_s + snapshot_s,
                                                          total_s=pushed.total_s + snapshot_s))
+        if result.probe_max_diff is not None:
+            self.last_probe = self.last_push
         self.served_step = policy_step
         t = self.last_push.timings
         checks = ("served weights confirmed" if result.served_verified else "") + (
