@@ -19,6 +19,7 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SERVICES = ("inference", "reward", "rollout", "trainer")
+QUICKSTART_STEPS = 400
 
 
 def _relayrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -29,14 +30,16 @@ def _relayrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def test_quickstart_learns_and_honours_the_metrics_contract(tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "run"
 
+    # 400 of the example's 800 steps: it passes 0.9 at steps 230-320 (docs/benchmarks.md), so the final reward
+    # of a working stack is far above the bar below, and CI saves a minute
     proc = _relayrl("run", "examples/quickstart.yaml", "--set", f"model.path={demo_model}", "--out", str(out),
-                    timeout=900)
+                    "--set", f"trainer.total_steps={QUICKSTART_STEPS}", timeout=900)
 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "all services healthy" in proc.stdout and "step" in proc.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r.get("phase", "rl") == "rl"]
-    assert [r["step"] for r in rl] == list(range(1, len(rl) + 1))
+    assert [r["step"] for r in rl] == list(range(1, QUICKSTART_STEPS + 1))
     assert all(b["weight_version"] > a["weight_version"] for a, b in itertools.pairwise(rl))
     required = {"step", "weight_version", "reward_mean", "episodes", "tokens", "staleness_mean", "staleness_max",
                 "time_s"}
