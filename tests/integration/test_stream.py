@@ -240,14 +240,14 @@ def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_b
 
 
 def test_the_summary_counts_every_entry_ever_added_even_after_trimming(redis_server: RedisServer) -> None:
-    from relayrl.launcher import _entries_added
+    from relayrl.run_report import entries_added
 
     client = redis.Redis.from_url(redis_server.url)
-    missing = _entries_added(client, "s", fallback=7)
+    missing = entries_added(client, "s", fallback=7)
     for _ in range(3):
         last = client.xadd("s", {STREAM_FIELD: b""})
     client.xtrim("s", minid=last.decode(), approximate=False)  # type: ignore[union-attr]
-    added, length = _entries_added(client, "s", fallback=7), client.xlen("s")
+    added, length = entries_added(client, "s", fallback=7), client.xlen("s")
     client.close()
 
     assert (missing, added, length) == (7, 3, 1)

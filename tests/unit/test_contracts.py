@@ -99,8 +99,8 @@ def test_rows_of_older_versions_take_defaults_and_non_rows_are_skipped() -> None
 
 def test_each_reader_consumes_rows_built_from_the_definition(tmp_path: Path) -> None:
     from relayrl.dashboard import read_metrics_chunk
-    from relayrl.launcher import progress_line, run_summary
     from relayrl.plot import plot_metrics, read_metrics
+    from relayrl.run_report import progress_line, run_summary
     from relayrl.status import _training, render
 
     rows: list[RlRow | SftRow] = [SftRow(sft_step=10, loss=2.0), *(_rl(s) for s in range(1, 6)),
@@ -150,7 +150,7 @@ def test_multi_turn_figures_reach_status_and_dashboard(tmp_path: Path) -> None:
 
 def test_readers_tolerate_a_row_of_an_older_version(tmp_path: Path) -> None:
     from relayrl.dashboard import read_metrics_chunk
-    from relayrl.launcher import progress_line, run_summary
+    from relayrl.run_report import progress_line, run_summary
     from relayrl.status import _training
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5, "time_s": 2.0}) + "\n")
@@ -222,7 +222,7 @@ def test_rollout_calls_generate_and_score_through_the_typed_clients() -> None:
 
 
 def test_summary_counts_groups_handled_after_the_last_checkpoint_once_as_pending() -> None:
-    from relayrl.launcher import run_summary
+    from relayrl.run_report import run_summary
 
     # 6 steps of 2 groups (+1 stale drop per step); the checkpoint holds step 4; the run stopped after step 6.
     rows: list[MetricsRow] = [_rl(s, groups_dropped_stale=s) for s in range(1, 7)]
@@ -237,7 +237,7 @@ def test_summary_counts_groups_handled_after_the_last_checkpoint_once_as_pending
 
 
 def test_summary_counts_dead_lettered_entries_as_invalid_apart_from_the_checkpoint() -> None:
-    from relayrl.launcher import run_summary
+    from relayrl.run_report import run_summary
 
     # 4 steps of 2 groups; the checkpoint holds step 4; 3 entries (7 episodes) were dead-lettered (acknowledged when
     # moved, so never pending), 1 of them appended by something other than rollout; 2 groups are pending;

@@ -69,7 +69,7 @@ def test_rows_without_a_breakdown_are_left_out_and_none_at_all_gives_no_shares(t
 
 
 def test_run_summary_and_status_report_the_shares(tmp_path: Path) -> None:
-    from relayrl.launcher import run_summary
+    from relayrl.run_report import run_summary
     from relayrl.status import _training, render
 
     rows = [_timed(1, 1.0, 0.5, 0.25, 0.125)]
