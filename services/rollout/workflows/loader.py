@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
@@ -22,10 +22,12 @@ from relayrl.rollout.workflows.single_turn import SingleTurnWorkflow
 from relayrl.rollout.workflows.tools import ToolEnvironment, ToolSet
 
 
-def build_workflow(cfg: RolloutConfig, model_path: Path | None = None) -> tuple[Workflow, EnvironmentFactory | None]:
+def build_workflow(cfg: RolloutConfig, model_path: Path | None = None,
+                   reward: Any = None) -> tuple[Workflow, EnvironmentFactory | None]:
     """The workflow of ``cfg`` and the environment factory it plays (multi_turn only); a ConfigError names the
     field that cannot be loaded. The agent workflow renders conversations with the served model's tokenizer
-    (``model_path``, the run's model.path)."""
+    (``model_path``, the run's model.path). Tools that run code (the ``python`` tool) run it through ``reward``'s
+    RunCode (a RewardClient holding the code token)."""
     if cfg.workflow == "single_turn":
         return SingleTurnWorkflow(), None
     if cfg.workflow == "multi_turn":
@@ -33,7 +35,7 @@ def build_workflow(cfg: RolloutConfig, model_path: Path | None = None) -> tuple[
                                                          "rollout.environment"))
         return MultiTurnWorkflow(factory), factory
     if cfg.workflow == "tools":
-        tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s)
+        tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, reward)
 
         def environment(row: Prompt) -> Environment:
             return ToolEnvironment(tools, cfg.max_tool_calls)

@@ -8,13 +8,15 @@ plain format a tiny character-level model can learn. A tool is a function (sync 
 parameters are the call's arguments (tagged: one string parameter); its JSON schema is its ``schema`` attribute
 or is built from its signature. A failure (unknown tool, bad arguments, an exception, the deadline) is shown to
 the model as the tool's output and counted on the episode (``tool_errors``), never hidden. A sync tool runs in a
-thread; a tool that runs model-written code must not run here: it belongs in the reward service's sandbox.
+thread; a tool that runs model-written code must not run here: it takes ``run_code`` and runs it in the reward
+service's sandbox (code_tool.py; the built-in ``python`` tool does).
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import inspect
 import json
 import operator
@@ -28,6 +30,7 @@ from relayrl.common.plugins import load_callable
 from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls
 from relayrl.config.rollout import ToolFormat
 from relayrl.rollout.workflows.api import StepResult
+from relayrl.rollout.workflows.code_tool import RUN_CODE, CodeRunner, takes_runner
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>\n"
@@ -43,7 +46,7 @@ def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     props: dict[str, Any] = {}
     required: list[str] = []
     for p in inspect.signature(fn).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (p.name == RUN_CODE and p.kind is p.KEYWORD_ONLY):
             continue
         ann = p.annotation if not isinstance(p.annotation, str) else {"str": str, "int": int, "float": float,
                                                                      "bool": bool}.get(p.annotation, str)
@@ -59,6 +62,7 @@ class Tool:
     name: str
     fn: Callable[..., Any]
     schema: dict[str, Any]
+    bound: frozenset[str] = frozenset()  # keywords the workflow binds (run_code): never the model's arguments
 
 
 class ToolSet:
@@ -70,12 +74,19 @@ class ToolSet:
         self._tagged = re.compile(rf"<({names})>(.*?)</\1>", re.DOTALL)
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float) -> ToolSet:
+    def from_specs(cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float, reward: Any = None) -> ToolSet:
+        """The tools of ``specs``; one that takes ``run_code`` runs programs through ``reward`` (a RewardClient
+        holding the code token) with the deadline ``timeout_s`` (code_tool.py)."""
         tools = []
         for spec in specs:
             fn = load_callable(spec, "relayrl.tools", "rollout.tools")
             name = str(getattr(fn, "tool_name", None) or getattr(fn, "__name__", spec.rpartition(":")[2]))
-            tools.append(Tool(name, fn, tool_schema(fn, name)))
+            if takes_runner(fn):
+                runner = CodeRunner(reward, timeout_s)
+                tools.append(Tool(name, functools.partial(fn, run_code=runner), tool_schema(fn, name),
+                                  frozenset({RUN_CODE})))
+            else:
+                tools.append(Tool(name, fn, tool_schema(fn, name)))
         return cls(tools, fmt, timeout_s)
 
     def stops(self) -> list[str]:
@@ -100,6 +111,8 @@ class ToolSet:
         if tool is None:
             return f"error: unknown tool {name!r}", True
         pos, kw = ((args,), {}) if isinstance(args, str) else ((), args)
+        if tool.bound & set(kw):
+            return f"error: {name} takes no argument {', '.join(sorted(tool.bound & set(kw)))}", True
         try:
             inspect.signature(tool.fn).bind(*pos, **kw)  # wrong arguments: the model's error, shown to it
             run = tool.fn(*pos, **kw) if inspect.iscoroutinefunction(tool.fn) else asyncio.to_thread(tool.fn, *pos,
