@@ -8,7 +8,7 @@ from typing import Any, cast
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.plugins import load_callable
-from relayrl.config.rollout import RolloutConfig
+from relayrl.config.rollout import RolloutConfig, ToolFormat
 from relayrl.rollout.workflows.agent import AgentWorkflow
 from relayrl.rollout.workflows.api import (
     ENTRY_POINT_GROUP,
@@ -35,7 +35,12 @@ def build_workflow(cfg: RolloutConfig, model_path: Path | None = None,
                                                          "rollout.environment"))
         return MultiTurnWorkflow(factory), factory
     if cfg.workflow == "tools":
-        tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, reward)
+        tokenizer = None
+        if cfg.tool_format == ToolFormat.HERMES and model_path is not None:  # tool results in the template's turns
+            from relayrl.common.model import load_tokenizer
+
+            tokenizer = load_tokenizer(model_path)
+        tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, reward, tokenizer)
 
         def environment(row: Prompt) -> Environment:
             return ToolEnvironment(tools, cfg.max_tool_calls)

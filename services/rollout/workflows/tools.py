@@ -27,7 +27,7 @@ from typing import Any
 
 from relayrl.common.dataset import Prompt
 from relayrl.common.plugins import load_callable
-from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls
+from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls, tool_turn_text
 from relayrl.config.rollout import ToolFormat
 from relayrl.rollout.workflows.api import StepResult
 from relayrl.rollout.workflows.code_tool import RUN_CODE, CodeRunner, takes_runner
@@ -66,15 +66,20 @@ class Tool:
 
 
 class ToolSet:
-    def __init__(self, tools: Sequence[Tool], fmt: ToolFormat, timeout_s: float) -> None:
+    """``tokenizer`` (the served model's; hermes only): a chat episode's tool results are rendered as its chat
+    template renders tool messages (:meth:`render`)."""
+
+    def __init__(self, tools: Sequence[Tool], fmt: ToolFormat, timeout_s: float, tokenizer: Any = None) -> None:
         self.tools = {t.name: t for t in tools}
         self.fmt = fmt
         self.timeout_s = timeout_s
+        self.tokenizer = tokenizer if fmt == ToolFormat.HERMES else None
         names = "|".join(re.escape(n) for n in self.tools)
         self._tagged = re.compile(rf"<({names})>(.*?)</\1>", re.DOTALL)
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float, reward: Any = None) -> ToolSet:
+    def from_specs(cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float, reward: Any = None,
+                   tokenizer: Any = None) -> ToolSet:
         """The tools of ``specs``; one that takes ``run_code`` runs programs through ``reward`` (a RewardClient
         holding the code token) with the deadline ``timeout_s`` (code_tool.py)."""
         tools = []
@@ -87,7 +92,7 @@ class ToolSet:
                                   frozenset({RUN_CODE})))
             else:
                 tools.append(Tool(name, fn, tool_schema(fn, name)))
-        return cls(tools, fmt, timeout_s)
+        return cls(tools, fmt, timeout_s, tokenizer)
 
     def stops(self) -> list[str]:
         """Stop strings that end a turn right after a call, so that the tool runs before the model goes on."""
@@ -127,9 +132,17 @@ class ToolSet:
             out = out[:MAX_OUTPUT_CHARS] + f"... [{len(out) - MAX_OUTPUT_CHARS} characters cut]"
         return out, False
 
-    def render(self, outputs: Sequence[str]) -> str:
+    def render(self, outputs: Sequence[str], chat: bool = False) -> str:
+        """The observation after a turn's calls. hermes in a chat episode (``chat``: the prompt was a conversation)
+        with the model's tokenizer: the tool messages as its chat template renders them, with the end of the
+        model's turn before them and the next assistant header after them (tool_turn_text); otherwise
+        ``<tool_response>`` blocks (tagged: ``<r>`` blocks)."""
         if self.fmt == ToolFormat.TAGGED:
             return "".join(f"{TAGGED_OPEN}{o}{TAGGED_CLOSE}" for o in outputs)
+        if chat and self.tokenizer is not None:
+            text = tool_turn_text(self.tokenizer.apply_chat_template, outputs)
+            if text is not None:
+                return text
         return "".join(f"{RESPONSE_OPEN}{o}{RESPONSE_CLOSE}" for o in outputs)
 
 
@@ -142,9 +155,12 @@ class ToolEnvironment:
         self.tools = tools
         self.max_tool_calls = max_tool_calls
         self.calls = 0
+        self.chat = False  # the prompt is a conversation: tool results follow the chat template
 
     async def reset(self, row: Prompt, seed: int) -> str | list[dict[str, str]]:
-        return row.chat() or row.prompt
+        conversation = row.chat()
+        self.chat = bool(conversation)
+        return conversation or row.prompt
 
     async def step(self, action: str) -> StepResult:
         calls = self.tools.parse(action)
@@ -154,7 +170,7 @@ class ToolEnvironment:
             return StepResult("", truncated=True, limit="max_tool_calls")
         self.calls += len(calls)
         results = [await self.tools.call(name, args) for name, args in calls]
-        return StepResult(self.tools.render([out for out, _ in results]), tool_calls=len(calls),
+        return StepResult(self.tools.render([out for out, _ in results], self.chat), tool_calls=len(calls),
                           tool_errors=sum(failed for _, failed in results))
 
     async def close(self) -> None:
