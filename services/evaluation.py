@@ -42,7 +42,7 @@ async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference:
     from relayrl.rollout.workflows.loader import build_workflow
 
     rc = cfg.rollout
-    workflow, environment = build_workflow(rc, cfg.model.path)
+    workflow, environment = build_workflow(rc, cfg.model.path, reward=reward)  # tools' code runs: reward's RunCode
 
     async def play(settings: Any, n: int) -> list[Any]:
         ctx = WorkflowContext(inference=inference, reward=reward, group_id=uuid.uuid4().hex, group_size=n,
@@ -100,6 +100,7 @@ async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt
     from relayrl.reward.main import serve as serve_reward
 
     os.environ.setdefault(cfg.control.weights_token_env, secrets.token_urlsafe(32))  # nobody pushes weights here
+    os.environ.setdefault(cfg.control.code_token_env, secrets.token_urlsafe(32))  # RunCode for this eval's tools
     with tempfile.TemporaryDirectory(prefix="relayrl-eval-") as tmp:
         path = await asyncio.to_thread(_servable, model, cfg, Path(tmp))
         ports = free_ports(3)
@@ -120,7 +121,8 @@ async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt
                             raise RuntimeError("a service stopped during start-up")
                     await asyncio.sleep(0.2)
             async with InferenceClient(served.inference.server.target, tls=served.tls) as inference, \
-                    RewardClient(served.reward.server.target, tls=served.tls) as reward:
+                    RewardClient(served.reward.server.target, token=cfg.control.effective_code_token(),
+                                 tls=served.tls) as reward:
                 result = await evaluate(served, s, rows, inference, reward, player(served))
         finally:
             stop.set()
@@ -139,7 +141,7 @@ def run_eval(cfg: RunConfig, s: EvalSettings, dataset: Path, model: Path | None 
 
     async def against(inference_target: str, reward_target: str) -> dict[str, Any]:
         async with InferenceClient(inference_target, tls=cfg.tls) as inf, \
-                RewardClient(reward_target, tls=cfg.tls) as rew:
+                RewardClient(reward_target, token=cfg.control.effective_code_token(), tls=cfg.tls) as rew:
             return await evaluate(cfg, s, rows, inf, rew, player(cfg))
 
     if inference:

@@ -129,7 +129,8 @@ class Launcher:
         token is also written, readable by its owner only, to ``<run>/control_token`` for `relayrl control`."""
         control = self.cfg.control
         creds = {control.token_env: control.effective_token() or secrets.token_urlsafe(32),
-                 control.weights_token_env: control.effective_weights_token() or secrets.token_urlsafe(32)}
+                 control.weights_token_env: control.effective_weights_token() or secrets.token_urlsafe(32),
+                 control.code_token_env: control.effective_code_token() or secrets.token_urlsafe(32)}
         write_private(self.out / CONTROL_TOKEN_FILE, creds[control.token_env] + "\n")
         if self.redis_password:
             creds[self.cfg.redis.password_env] = self.redis_password

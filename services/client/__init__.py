@@ -223,6 +223,14 @@ class RewardClient(ServiceClient):
         return await self.call(self.stub.ScoreBatch, reward_pb2.ScoreBatchRequest(requests=requests), timeout_s,
                                policy=self.policy_for("ScoreBatch"))
 
+    async def run_code(self, code: str, stdin: bytes = b"", timeout_s: float = 10.0, run_timeout_s: float = 0.0,
+                       memory_mb: int = 0) -> reward_pb2.RunCodeResponse:
+        """Run one Python program in the reward service's code sandbox (needs the client's ``token``: the code
+        token). ``timeout_s`` is the call's deadline; ``run_timeout_s`` and ``memory_mb`` the run's own limits
+        (0: the service's; more than it allows is RESOURCE_EXHAUSTED)."""
+        request = reward_pb2.RunCodeRequest(code=code, stdin=stdin, timeout_s=run_timeout_s, memory_mb=memory_mb)
+        return await self.call(self.stub.RunCode, request, timeout_s, mutating=True, policy=self.policy_for("RunCode"))
+
 
 class RolloutClient(ServiceClient):
     stub_class = rollout_pb2_grpc.RolloutServiceStub

@@ -3,6 +3,10 @@
 ``</tool_call>`` tags. Pure functions (no torch, no service): the inference REST API and rollout both use them.
 
 A tag whose body is not such an object is left in the text (the model's output is never silently dropped).
+
+:func:`tool_turn_text` renders tool results the way a model's chat template renders tool messages (Qwen2.5/Hermes:
+``<|im_end|>\n<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>\n<|im_start|>assistant\n``), so
+that a multi-turn episode can append them after the model's own tokens without re-rendering earlier turns.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -70,3 +76,30 @@ def render_tool_call(name: str, arguments: str | dict[str, object]) -> str:
     """A call as the model writes it (for prompts that replay an assistant's earlier calls)."""
     args = json.loads(arguments) if isinstance(arguments, str) else arguments
     return f"{OPEN_TAG}\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n{CLOSE_TAG}"
+
+
+_TURN_MARK = "\x00relayrl-assistant-turn\x00"  # stands for the model's turn: no template writes it
+
+
+def tool_turn_text(apply_chat_template: Callable[..., Any], outputs: Sequence[str]) -> str | None:
+    """What a chat template writes between an assistant turn's text and the next assistant turn's text when tool
+    messages with ``outputs`` follow it: the end of the assistant turn, the tool messages, the next assistant
+    header. ``apply_chat_template`` is a tokenizer's. None when the template cannot say (it raises on tool
+    messages, or does not write the assistant's content or an output verbatim): the caller keeps its own format."""
+    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _TURN_MARK},
+                *({"role": "tool", "content": out} for out in outputs)]
+    try:
+        text = str(apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    except Exception:  # a template that refuses tool messages (or this shape of conversation)
+        return None
+    at = text.find(_TURN_MARK)
+    if at < 0:
+        return None
+    rest = text[at + len(_TURN_MARK):]
+    pos = 0
+    for out in outputs:  # each output, verbatim and in order
+        found = rest.find(out, pos)
+        if found < 0:
+            return None
+        pos = found + len(out)
+    return rest

@@ -1,4 +1,4 @@
-"""The control section: the credentials of mutating calls (control calls, weight updates).
+"""The control section: the credentials of mutating calls (control calls, weight updates, code runs).
 
 Credentials come from environment variables (preferred: they stay out of config files, command lines and logs),
 else from the fields below. ``relayrl run`` generates both for every run and hands them to its services through
@@ -26,9 +26,18 @@ class ControlConfig:
     weights_token: str = field(default="", metadata={
         "help": "Weights token when the environment variable is unset (empty: weight updates are refused).",
         "secret": "value"})
+    code_token_env: str = field(default="RELAYRL_CODE_TOKEN", metadata={
+        "help": "Environment variable holding the bearer token of the reward service's RunCode (a tool running "
+                "model-written code in its sandbox): only rollout and reward hold it."})
+    code_token: str = field(default="", metadata={
+        "help": "Code token when the environment variable is unset (empty: RunCode is refused).",
+        "secret": "value"})
 
     def effective_token(self) -> str:
         return os.environ.get(self.token_env, "") or self.token
 
     def effective_weights_token(self) -> str:
         return os.environ.get(self.weights_token_env, "") or self.weights_token
+
+    def effective_code_token(self) -> str:
+        return os.environ.get(self.code_token_env, "") or self.code_token

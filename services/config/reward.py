@@ -59,6 +59,20 @@ class SandboxConfig:
 
 
 @dataclass
+class CodeRunsConfig:
+    """Limits of RunCode, which runs one program for a tool in the sandbox above (its memory, output, process and
+    file limits apply too)."""
+
+    wall_timeout_s: float = field(default=4.0, metadata={
+        "help": "Wall-clock limit of a run, and the most a request may ask for (more: RESOURCE_EXHAUSTED).",
+        "gt": 0})
+    max_code_bytes: int = field(default=64 * 1024, metadata={
+        "help": "Largest program (UTF-8 bytes) accepted; a larger one is RESOURCE_EXHAUSTED.", "ge": 1})
+    max_stdin_bytes: int = field(default=64 * 1024, metadata={
+        "help": "Largest stdin accepted; a larger one is RESOURCE_EXHAUSTED.", "ge": 0})
+
+
+@dataclass
 class ComponentConfig:
     """One named, weighted part of a composite reward."""
 
@@ -108,7 +122,10 @@ class RewardConfig:
         "help": "Former number of verifier threads; when set (> 0) it is used as `workers`.", "ge": 0,
         "deprecated": "use workers (verifiers now run in worker processes)", "removed_in": "0.3"})
     sandbox: SandboxConfig = field(default_factory=SandboxConfig, metadata={
-        "help": "The sandbox that runs model-written code (the `code` verifier)."})
+        "help": "The sandbox that runs model-written code (the `code` verifier, RunCode)."})
+    code_runs: CodeRunsConfig = field(default_factory=CodeRunsConfig, metadata={
+        "help": "RunCode (a rollout tool running model-written code in the sandbox): its limits; it needs the code "
+                "token (control.code_token_env)."})
     threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
         "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8002, max_body_mib=16), metadata={
@@ -127,3 +144,7 @@ class RewardConfig:
             raise ConfigError("timeout_s", self.timeout_s,
                               f"must be >= sandbox.total_timeout_s + 1 ({self.sandbox.total_timeout_s + 1}): "
                               "a code verification must finish before its call times out")
+        if self.timeout_s < self.code_runs.wall_timeout_s + 1:
+            raise ConfigError("timeout_s", self.timeout_s,
+                              f"must be >= code_runs.wall_timeout_s + 1 ({self.code_runs.wall_timeout_s + 1}): a "
+                              "code run must finish before the verifier pool times it out")

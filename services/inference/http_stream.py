@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -24,6 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.common.openai_sse import DONE, sse
 from relayrl.inference.engine import Alternatives, GenerationInput, SampleOutput, TokenEvent
 from relayrl.inference.http import OpenAiApi, cancel, finish_reason
 from relayrl.inference.http_format import chat_logprobs, completion_logprobs, oldest, usage, without_stop
@@ -93,10 +93,6 @@ async def _events(api: OpenAiApi, inputs: list[GenerationInput], queue: asyncio.
             task.cancel()
 
 
-def _sse(chunk: dict[str, Any]) -> str:
-    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-
-
 class _Stream:
     """The chunks of one streamed response: ``delta`` turns new tokens into a chunk's choice."""
 
@@ -111,7 +107,7 @@ class _Stream:
         self.hold = max((len(s) for s in self.stops), default=1) - 1
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
-        return _sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+        return sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": self.created, "model": self.api.service.model_name, "choices": choices, **extra})
 
     def advance(self, c: _Choice, final_text: str | None = None) -> str:
@@ -182,18 +178,18 @@ async def _run(stream: _Stream, logprobs: int | None, include_usage: bool, buffe
                 yield stream.chunk([stream.piece(index, text, c, logprobs, reason, extra)],
                                    weight_version=oldest([[s]], api.service.engine.version))
     except ApiError as exc:
-        yield _sse(error_body(exc.status, str(exc), exc.param))
+        yield sse(error_body(exc.status, str(exc), exc.param))
         return
     except Exception as exc:  # the engine failed the request mid-stream: say so in the stream, then stop
         log.exception("streamed request failed")
-        yield _sse(error_body(500, f"generation failed: {type(exc).__name__}"))
+        yield sse(error_body(500, f"generation failed: {type(exc).__name__}"))
         return
     finally:
         cancel(stream.submitted)  # also when the client went away before the first event
     if include_usage:
         yield stream.chunk([], usage=usage(stream.inputs, results),
                            weight_version=oldest(results, api.service.engine.version))
-    yield "data: [DONE]\n\n"
+    yield DONE
 
 
 def stream_completions(api: OpenAiApi, req: CompletionRequest, inputs: list[GenerationInput]) -> AsyncIterator[str]:

@@ -12,7 +12,7 @@ from relayrl.reward.server import create_reward_server
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
-    handle, servicer = create_reward_server(cfg.reward, cfg.tls)
+    handle, servicer = create_reward_server(cfg.reward, cfg.tls, cfg.control.effective_code_token())
     await servicer.start()  # workers ready before health says SERVING
     http = HttpServer(create_app(servicer), cfg.reward.http, "reward") if cfg.reward.http.enabled else None
     try:

@@ -28,14 +28,13 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from relayrl.config.reward import SandboxConfig
-from relayrl.reward.api import RewardInput
-from relayrl.reward.protocol import Batch, InitError, Outcome, Ready, Results, Status, Stop, ToPool
+from relayrl.reward.protocol import Batch, InitError, Job, Outcome, Ready, Results, Status, Stop, ToPool
 from relayrl.reward.scorer import ScorerSpec
 from relayrl.reward.verifier_process import INDEX, JOB, START, verifier_main
 
@@ -44,7 +43,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Item:
-    inp: RewardInput
+    inp: Job
     future: asyncio.Future[Outcome]
 
 
@@ -189,8 +188,9 @@ class VerifierPool:
         await asyncio.get_running_loop().run_in_executor(None, join_all)
 
     # -- scoring ---------------------------------------------------------------------------------------------
-    async def score_many(self, inputs: list[RewardInput]) -> list[Outcome]:
-        """One Outcome per input, in order. Inputs are spread over the workers and scored in parallel."""
+    async def score_many(self, inputs: Sequence[Job]) -> list[Outcome]:
+        """One Outcome per input (a completion to score or a program to run), in order. Inputs are spread over the
+        workers and handled in parallel."""
         if self._closed:
             return [Outcome(Status.ERROR, error="the reward service is shutting down") for _ in inputs]
         loop = asyncio.get_running_loop()

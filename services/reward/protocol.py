@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeAlias
 
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.reward.api import RewardInput, RewardResult
+from relayrl.reward.sandbox_exec import SandboxRun
 
 
 class Status(StrEnum):
@@ -39,21 +41,38 @@ _PB_STATUS: dict[Status, pb.ScoreStatus] = {
 
 
 @dataclass(frozen=True)
+class CodeRun:
+    """A job of RunCode: run ``code`` (Python) in the verifier process's sandbox, limits already checked."""
+
+    code: str
+    stdin: bytes
+    wall_timeout_s: float
+    memory_mb: int
+
+
+Job: TypeAlias = RewardInput | CodeRun  # what the pool queues: a completion to score, or a program to run
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """The result of one request: a score (OK) or an explicit failure (ERROR / TIMEOUT) with a message."""
+    """The result of one request: a score (OK) or an explicit failure (ERROR / TIMEOUT) with a message. For a
+    :class:`CodeRun`, OK means it ran: ``ran`` says how (exit code, output, whether it was killed)."""
 
     status: Status
     result: RewardResult | None = None
     error: str = ""
     seconds: float = 0.0
+    ran: SandboxRun | None = None
 
-    def __reduce__(self) -> tuple[Callable[..., Outcome], tuple[str, RewardResult | None, str, float]]:
+    def __reduce__(self) -> tuple[Callable[..., Outcome],
+                                  tuple[str, RewardResult | None, str, float, SandboxRun | None]]:
         # the status as its value: pickling an enum member costs ~7 us each way, more than the rest of a result
-        return _outcome, (self.status.value, self.result, self.error, self.seconds)
+        return _outcome, (self.status.value, self.result, self.error, self.seconds, self.ran)
 
 
-def _outcome(status: str, result: RewardResult | None, error: str, seconds: float) -> Outcome:
-    return Outcome(_STATUS_BY_VALUE[status], result, error, seconds)
+def _outcome(status: str, result: RewardResult | None, error: str, seconds: float,
+             ran: SandboxRun | None = None) -> Outcome:
+    return Outcome(_STATUS_BY_VALUE[status], result, error, seconds, ran)
 
 
 # -- verifier process -> pool ----------------------------------------------------------------------------------
@@ -90,10 +109,11 @@ class Results:
 # -- pool -> verifier process ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Batch:
-    """Score these inputs, in order; results come back as :class:`Results` of the same ``job_id``."""
+    """Score these inputs (or run these programs), in order; results come back as :class:`Results` of the same
+    ``job_id``."""
 
     job_id: int
-    inputs: tuple[RewardInput, ...]
+    inputs: tuple[Job, ...]
 
 
 @dataclass(frozen=True)

@@ -134,14 +134,16 @@ class Sandbox:
             raise SandboxUnavailable(self._checked)
 
     def run_python(self, entry: str, files: Mapping[str, str | bytes], stdin: bytes = b"",
-                   wall_timeout_s: float | None = None) -> SandboxRun:
-        """Run ``python -I -S <src>/<entry>`` with ``files`` in its read-only source directory."""
+                   wall_timeout_s: float | None = None, memory_mb: int = 0) -> SandboxRun:
+        """Run ``python -I -S <src>/<entry>`` with ``files`` in its read-only source directory; ``memory_mb``
+        (when set) replaces ``memory_mb`` of the config for this run."""
         self.check()
         return self._run([str(self.python), "-I", "-S", f"{{src}}/{entry}"], files, stdin,
-                         wall_timeout_s or self.cfg.wall_timeout_s)
+                         wall_timeout_s or self.cfg.wall_timeout_s, memory_mb or self.cfg.memory_mb)
 
     # -- one run ---------------------------------------------------------------------------------------------
-    def _run(self, argv: list[str], files: Mapping[str, str | bytes], stdin: bytes, wall_s: float) -> SandboxRun:
+    def _run(self, argv: list[str], files: Mapping[str, str | bytes], stdin: bytes, wall_s: float,
+             memory_mb: int = 0) -> SandboxRun:
         bwrap = self.cfg.backend is SandboxBackend.BWRAP
         src = Path(tempfile.mkdtemp(prefix="relayrl-sbx-src-"))
         work = None if bwrap else Path(tempfile.mkdtemp(prefix="relayrl-sbx-work-"))
@@ -167,7 +169,7 @@ class Sandbox:
                 command = [a.replace("{src}", str(src)) for a in argv]
                 cwd, env = str(work), dict(SCRUBBED_ENV, HOME=str(work), TMPDIR=str(work))
             return execute(Command(command, cwd, env, stdin, wall_s, self.cfg.max_output_bytes,
-                                   preexec=lambda channel_fd: self._limits(uid, channel_fd),
+                                   preexec=lambda fd: self._limits(uid, fd, memory_mb or self.cfg.memory_mb),
                                    kill=lambda pid: self._kill(pid, uid), bwrap=bwrap))
         finally:
             shutil.rmtree(src, ignore_errors=True)
@@ -198,7 +200,7 @@ class Sandbox:
         cmd += ["--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--", *argv]
         return cmd
 
-    def _limits(self, uid: int | None, channel_fd: int) -> Callable[[], None]:
+    def _limits(self, uid: int | None, channel_fd: int, memory_mb: int) -> Callable[[], None]:
         cfg = self.cfg
         isolate_network = cfg.backend is SandboxBackend.PROCESS
 
@@ -208,7 +210,7 @@ class Sandbox:
             if isolate_network and uid is not None and libc.unshare(CLONE_NEWNET) != 0:
                 os._exit(NAMESPACE_FAILED)  # privileged: a network namespace before dropping root
             mb = 1024 * 1024
-            for res, value in ((resource.RLIMIT_CPU, cfg.cpu_s), (resource.RLIMIT_AS, cfg.memory_mb * mb),
+            for res, value in ((resource.RLIMIT_CPU, cfg.cpu_s), (resource.RLIMIT_AS, memory_mb * mb),
                                (resource.RLIMIT_FSIZE, cfg.max_file_mb * mb),
                                (resource.RLIMIT_NOFILE, cfg.max_open_files), (resource.RLIMIT_CORE, 0)):
                 resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))

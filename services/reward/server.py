@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from relayrl.common.control import require_token
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2 as pb
@@ -19,6 +20,7 @@ from relayrl.common.service import StatusHeader
 from relayrl.config.reward import RewardConfig
 from relayrl.config.tls import TlsConfig
 from relayrl.reward.api import RewardInput
+from relayrl.reward.code_runs import RefusedRun, check_request, status_label, to_response
 from relayrl.reward.pool import VerifierPool
 from relayrl.reward.protocol import Outcome, Status
 from relayrl.reward.sandbox import Sandbox
@@ -53,6 +55,10 @@ class RewardMetrics:
         self.seconds = Histogram("relayrl_reward_verify_seconds", "Time a verifier took on one request.",
                                  buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
                                  registry=self.registry)
+        self.code_runs = Counter("relayrl_reward_code_runs", "RunCode programs, by how they ended.", ["status"],
+                                 registry=self.registry)
+        for label in ("exited", "timeout", "output_exceeded", "error", "refused"):
+            self.code_runs.labels(label)
         Gauge("relayrl_reward_workers_ready", "Verifier workers alive and ready.",
               registry=self.registry).set_function(lambda: pool.ready_workers)
         Gauge("relayrl_reward_workers_busy", "Verifier workers scoring now.",
@@ -62,8 +68,11 @@ class RewardMetrics:
 
 
 class RewardServicer(pb_grpc.RewardServiceServicer):
-    def __init__(self, cfg: RewardConfig) -> None:
+    """``code_token``: the bearer token RunCode needs (empty: RunCode is refused)."""
+
+    def __init__(self, cfg: RewardConfig, code_token: str = "") -> None:
         self.cfg = cfg
+        self.code_token = code_token
         self.spec = ScorerSpec.from_config(cfg)
         # import and check the functions here (before serving): a bad config fails start-up naming the field
         Scorer(self.spec, sandbox=Sandbox(cfg.sandbox))
@@ -129,6 +138,21 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         outcomes = await self.score([self.to_input(r) for r in request.requests], ids)
         return pb.ScoreBatchResponse(responses=[self.to_pb(i, o) for i, o in zip(ids, outcomes, strict=True)])
 
+    async def RunCode(self, request: pb.RunCodeRequest, context: grpc.aio.ServicerContext) -> pb.RunCodeResponse:
+        """One program in the verifier pool's sandbox (code_runs.py); code token first, then limits, then the run."""
+        await require_token(context, self.code_token, "RunCode")
+        try:
+            job = check_request(request, self.cfg)
+        except RefusedRun as exc:
+            self.metrics.code_runs.labels("refused").inc()
+            await context.abort(exc.code, str(exc))
+        (outcome,) = await self.pool.score_many([job])
+        response = to_response(outcome)
+        self.metrics.code_runs.labels(status_label(response)).inc()
+        if response.status == pb.CODE_RUN_STATUS_ERROR:
+            log.warning("RunCode did not run: %s", response.error)
+        return response
+
     async def GetStatus(self, request: pb.GetRewardStatusRequest,
                         context: grpc.aio.ServicerContext) -> pb.RewardStatus:
         return pb.RewardStatus(component=self.header.message(), reward_function=self.spec.describe(),
@@ -137,10 +161,11 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
                                workers_ready=self.pool.ready_workers)
 
 
-def create_reward_server(cfg: RewardConfig, tls: TlsConfig | None = None) -> tuple[ServerHandle, RewardServicer]:
+def create_reward_server(cfg: RewardConfig, tls: TlsConfig | None = None,
+                         code_token: str = "") -> tuple[ServerHandle, RewardServicer]:
     """The gRPC server (TLS when ``tls`` is on) and its servicer; ``await servicer.start()`` starts the verifier
-    workers."""
-    servicer = RewardServicer(cfg)
+    workers. ``code_token``: what RunCode needs (control.code_token_env; empty: RunCode is refused)."""
+    servicer = RewardServicer(cfg, code_token)
     handle = create_server(
         cfg.server,
         [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)],

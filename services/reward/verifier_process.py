@@ -9,7 +9,8 @@ Before each input the process writes (start time on CLOCK_MONOTONIC, index, job 
 memory the pool reads when a deadline passes: it knows which input overran, and since when, without a message.
 
 The process builds the :class:`~relayrl.reward.sandbox.Sandbox` of the configured SandboxConfig and gives it to
-the scorer, which passes it to the verifiers that take a ``sandbox`` keyword (the ``code`` verifier).
+the scorer, which passes it to the verifiers that take a ``sandbox`` keyword (the ``code`` verifier); a
+:class:`~relayrl.reward.protocol.CodeRun` job (RunCode) runs its program in the same sandbox.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from relayrl.config.reward import SandboxConfig
-from relayrl.reward.protocol import Batch, InitError, Outcome, Ready, Results, Scored, Status, Stop
-from relayrl.reward.sandbox import Sandbox
+from relayrl.reward.protocol import Batch, CodeRun, InitError, Outcome, Ready, Results, Scored, Status, Stop
+from relayrl.reward.sandbox import Sandbox, SandboxUnavailable
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,8 @@ def score_batch(conn: Connection, progress: Any, scorer: Scorer, batch: Batch) -
         t0 = time.monotonic()
         progress[START], progress[INDEX], progress[JOB] = t0, index, batch.job_id
         try:
-            result = scorer(inp)
-            outcome = Outcome(Status.OK, result, "", time.monotonic() - t0)
+            outcome = run_code(scorer, inp, t0) if isinstance(inp, CodeRun) else \
+                Outcome(Status.OK, scorer(inp), "", time.monotonic() - t0)
         except BaseException as exc:  # a verifier that raises (even SystemExit) is an error
             outcome = Outcome(Status.ERROR, None, f"{type(exc).__name__}: {exc}"[:2000], time.monotonic() - t0)
         pending.append(Scored(index, outcome))
@@ -77,3 +78,16 @@ def score_batch(conn: Connection, progress: Any, scorer: Scorer, batch: Batch) -
         if index == last or now - t0 >= FLUSH_S or now - waiting_since >= FLUSH_S:
             conn.send(Results(batch.job_id, tuple(pending)))
             pending, waiting_since = [], 0.0
+
+
+def run_code(scorer: Scorer, job: CodeRun, t0: float) -> Outcome:
+    """A RunCode job in this process's sandbox (the code verifier's): OK with how it ran, or ERROR when the sandbox
+    cannot run it here. The program never runs in this process: the sandbox starts it isolated."""
+    if scorer.sandbox is None:
+        return Outcome(Status.ERROR, error="this verifier process has no sandbox")
+    try:
+        ran = scorer.sandbox.run_python("main.py", {"main.py": job.code}, job.stdin, job.wall_timeout_s,
+                                        memory_mb=job.memory_mb)
+    except SandboxUnavailable as exc:
+        return Outcome(Status.ERROR, error=f"the code sandbox is unavailable: {exc}", seconds=time.monotonic() - t0)
+    return Outcome(Status.OK, seconds=time.monotonic() - t0, ran=ran)

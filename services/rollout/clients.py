@@ -16,6 +16,8 @@ from relayrl.config.tls import TlsConfig
 GENERATE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
 SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
 TRAINER_STATUS_POLICY = NO_RETRY
+# A tool's program runs once: a failed RunCode is a tool error the model reads, within the tool's own deadline.
+RUN_CODE_POLICY = NO_RETRY
 TRAINER_STATUS_TIMEOUT_S = 5.0
 
 
@@ -28,10 +30,13 @@ class RolloutClients:
     trainer: TrainerClient
 
     @classmethod
-    def connect(cls, inference: str, reward: str, trainer: str, tls: TlsConfig | None = None) -> RolloutClients:
-        """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on."""
+    def connect(cls, inference: str, reward: str, trainer: str, tls: TlsConfig | None = None,
+                code_token: str = "") -> RolloutClients:
+        """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on; ``code_token``:
+        what reward's RunCode needs (control.code_token_env), sent on that call only."""
         return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY}, tls=tls),
-                   RewardClient(reward, policies={"ScoreBatch": SCORE_POLICY}, tls=tls),
+                   RewardClient(reward, token=code_token,
+                                policies={"ScoreBatch": SCORE_POLICY, "RunCode": RUN_CODE_POLICY}, tls=tls),
                    TrainerClient(trainer, timeout_s=TRAINER_STATUS_TIMEOUT_S,
                                  policies={"GetStatus": TRAINER_STATUS_POLICY}, tls=tls))
 

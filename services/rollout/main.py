@@ -30,7 +30,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     stop = stop_on_signals(stop)
     stream = EpisodeStream.from_config(cfg.redis)
     async with RolloutClients.connect(cfg.inference.server.target, cfg.reward.server.target,
-                                      cfg.trainer.server.target, cfg.tls) as clients:
+                                      cfg.trainer.server.target, cfg.tls,
+                                      code_token=cfg.control.effective_code_token()) as clients:
         producer = RolloutProducer(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed), clients,
                                    redis_retry_s=cfg.redis.retry_s, model_path=cfg.model.path)
         handle, servicer = create_rollout_server(producer, cfg)

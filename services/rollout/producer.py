@@ -77,7 +77,7 @@ class RolloutProducer:
         self.wait_s: dict[str, float] = {}  # seconds the loop waited, by blocked_by() reason
         self._poll_now = asyncio.Event()  # the window is closed: refresh the trainer's view without waiting
         # a ConfigError names the field that cannot load
-        self.workflow, self.environment = build_workflow(cfg, model_path)
+        self.workflow, self.environment = build_workflow(cfg, model_path, reward=clients.reward)
         self.turns = TurnCounters()  # multi-turn counters (turns, tool calls and errors, how episodes ended)
 
     def can_admit(self) -> bool:

@@ -76,15 +76,16 @@ def function_spec(function: str | Callable[..., object]) -> str:
 
 @asynccontextmanager
 async def reward_server(function: str | Callable[..., object] = "relayrl.tasks.arithmetic:reward",
-                        tls: TlsConfig | None = None,
+                        tls: TlsConfig | None = None, code_token: str = "",
                         **overrides: object) -> AsyncIterator[tuple[str, RewardServicer]]:
-    """The reward gRPC service on port 0 with its verifier pool (2 workers unless overridden); TLS with ``tls``."""
+    """The reward gRPC service on port 0 with its verifier pool (2 workers unless overridden); TLS with ``tls``;
+    RunCode open to ``code_token`` (empty: refused)."""
     options: dict[str, object] = {"workers": 2, **overrides}
     defaults = RewardConfig()
     cfg = RewardConfig(server=replace(defaults.server, port=0), http=replace(defaults.http, host="127.0.0.1", port=0),
                        function=function_spec(function),
                        **options)  # type: ignore[arg-type]
-    handle, servicer = create_reward_server(cfg, tls)
+    handle, servicer = create_reward_server(cfg, tls, code_token)
     await servicer.start()
     await handle.start()
     try:

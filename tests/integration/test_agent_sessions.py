@@ -113,6 +113,57 @@ def test_multi_turn_session_becomes_one_episode_with_the_tokens_inference_sample
         assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
 
 
+def test_streamed_chat_and_completions_are_recorded_as_the_tokens_logprobs_and_versions_they_sent(
+        chat_model_dir: Path) -> None:
+    sent: dict[str, dict[str, Any]] = {}
+
+    async def streaming_agent(base_url: str, row: Prompt) -> float:
+        client = _client(base_url)
+        chat = await client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": row.prompt}], max_tokens=5, temperature=0.9,
+            logprobs=True, seed=1, stream=True, stream_options={"include_usage": True})
+        got: dict[str, Any] = {"text": "", "logprobs": [], "versions": [], "finish": None, "usage": None}
+        async for chunk in chat:
+            got["usage"] = chunk.usage or got["usage"]
+            for choice in chunk.choices:
+                got["text"] += choice.delta.content or ""
+                got["logprobs"] += [t.logprob for t in (choice.logprobs.content or [])] if choice.logprobs else []
+                got["versions"] += (choice.model_extra or {}).get("weight_versions", [])
+                got["finish"] = choice.finish_reason or got["finish"]
+        sent["chat"] = got
+        plain = await client.completions.create(model="any", prompt="Once upon", max_tokens=4, logprobs=0, seed=2)
+        streamed = await client.completions.create(model="any", prompt="A time", max_tokens=4, logprobs=0, seed=3,
+                                                   stream=True)
+        got = {"text": "", "logprobs": [], "versions": [], "finish": None}
+        async for chunk in streamed:
+            for c in chunk.choices:
+                got["text"] += c.text
+                got["logprobs"] += list(c.logprobs.token_logprobs or []) if c.logprobs else []
+                got["versions"] += (c.model_extra or {}).get("weight_versions", [])
+                got["finish"] = c.finish_reason or got["finish"]
+        sent["completion"] = got
+        sent["plain"] = {"text": plain.choices[0].text, "logprobs": plain.choices[0].logprobs.token_logprobs}
+        return 1.0
+
+    tok = load_tokenizer(chat_model_dir)
+    episodes, workflow = asyncio.run(_run(chat_model_dir, streaming_agent, group_size=1))
+
+    assert workflow.proxy.calls_served == 3 and len(episodes) == 3  # three unrelated prompts: three episodes
+    by_prompt = {tok.decode(list(ep.prompt_token_ids)): ep for ep in episodes}
+    chat_ep = next(ep for text, ep in by_prompt.items() if ROW.prompt in text)
+    streamed_ep, plain_ep = by_prompt["A time"], by_prompt["Once upon"]
+    chat, completion = sent["chat"], sent["completion"]
+    assert chat["usage"].completion_tokens == len(chat_ep.completion_token_ids) == len(chat["logprobs"])
+    assert chat["finish"] in ("stop", "length") and completion["finish"] in ("stop", "length")
+    for got, ep in ((chat, chat_ep), (completion, streamed_ep), (sent["plain"], plain_ep)):
+        assert set(ep.loss_mask) == {1}
+        # the floats the stream sent (float32 from inference, through JSON) are the ones the episode recorded
+        assert got["logprobs"] == pytest.approx(list(ep.behaviour_logprobs), abs=1e-6)
+    for got, ep in ((chat, chat_ep), (completion, streamed_ep)):
+        assert got["versions"] == list(ep.token_weight_versions) == [0] * len(ep.completion_token_ids)
+    assert completion["text"] == tok.decode(list(streamed_ep.completion_token_ids), skip_special_tokens=True)
+
+
 def test_rewritten_history_gives_one_episode_per_call(chat_model_dir: Path) -> None:
     episodes, _ = asyncio.run(_run(chat_model_dir, rewriting_agent, group_size=1))
 
@@ -215,7 +266,10 @@ def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_request
                                                  headers={"content-type": "application/json"}),
                     "not_json": await http.post(f"{url}/chat/completions", content=b"{nope"),
                     "n": await http.post(f"{url}/chat/completions", json={**ok, "n": 2}),
-                    "stream": await http.post(f"{url}/chat/completions", json={**ok, "stream": True}),
+                    "stream": await http.post(f"{url}/chat/completions",  # stream_options need stream=true
+                                              json={**ok, "stream_options": {"include_usage": True}}),
+                    "completion_n": await http.post(f"{url}/completions", json={"prompt": "hi", "n": 2}),
+                    "completion_echo": await http.post(f"{url}/completions", json={"prompt": "hi", "echo": True}),
                     "unsupported": await http.post(f"{url}/chat/completions", json={**ok, "logit_bias": {"1": 5}}),
                     "tools": await http.post(f"{url}/chat/completions", json={  # this template renders no tools
                         **ok, "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]}),
@@ -230,7 +284,8 @@ def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_request
     assert got["unknown"][0] == 404 and "session_not_found" in got["unknown"][1]
     assert "not-a-session" not in got["unknown"][1]  # ids are never echoed
     assert got["too_large"][0] == 413
-    assert {got[k][0] for k in ("not_json", "n", "stream", "unsupported", "tools")} == {400}
+    assert {got[k][0] for k in ("not_json", "n", "stream", "unsupported", "tools", "completion_n",
+                                "completion_echo")} == {400}
     assert "logit_bias" in got["unsupported"][1]
     assert got["models"][0] == 200
 

@@ -112,6 +112,7 @@ def test_run_credentials_are_fresh_and_the_control_token_file_is_owner_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RELAYRL_WEIGHTS_TOKEN", raising=False)
     monkeypatch.delenv("RELAYRL_CONTROL_TOKEN", raising=False)
+    monkeypatch.delenv("RELAYRL_CODE_TOKEN", raising=False)
     from relayrl.config import load_run_config
     from relayrl.launcher import CONTROL_TOKEN_FILE, Launcher
 
@@ -127,7 +128,8 @@ def test_run_credentials_are_fresh_and_the_control_token_file_is_owner_only(
     path = tmp_path / "run" / CONTROL_TOKEN_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert path.read_text().strip() == creds["RELAYRL_CONTROL_TOKEN"]
-    assert len(set(creds.values())) == 2 and all(len(v) >= 32 for v in creds.values())
+    assert set(creds) == {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_CODE_TOKEN"}
+    assert len(set(creds.values())) == 3 and all(len(v) >= 32 for v in creds.values())
 
 
 @pytest.mark.integration

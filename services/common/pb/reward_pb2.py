@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17relayrl/v1/reward.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xc4\x01\n\x0cScoreRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x38\n\x08metadata\x18\x05 \x03(\x0b\x32&.relayrl.v1.ScoreRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xed\x01\n\rScoreResponse\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.relayrl.v1.ScoreStatus\x12\r\n\x05score\x18\x03 \x01(\x01\x12=\n\ncomponents\x18\x04 \x03(\x0b\x32).relayrl.v1.ScoreResponse.ComponentsEntry\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x06 \x01(\t\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"?\n\x11ScoreBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.relayrl.v1.ScoreRequest\"B\n\x12ScoreBatchResponse\x12,\n\tresponses\x18\x01 \x03(\x0b\x32\x19.relayrl.v1.ScoreResponse\"\x18\n\x16GetRewardStatusRequest\"\xb9\x01\n\x0cRewardStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x17\n\x0freward_function\x18\x02 \x01(\t\x12\x0e\n\x06scored\x18\x03 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x04 \x01(\x04\x12\x10\n\x08timeouts\x18\x05 \x01(\x04\x12\x17\n\x0fworker_restarts\x18\x06 \x01(\x04\x12\x15\n\rworkers_ready\x18\x07 \x01(\r*r\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORE_STATUS_OK\x10\x01\x12\x16\n\x12SCORE_STATUS_ERROR\x10\x02\x12\x18\n\x14SCORE_STATUS_TIMEOUT\x10\x03\x32\xe5\x01\n\rRewardService\x12<\n\x05Score\x12\x18.relayrl.v1.ScoreRequest\x1a\x19.relayrl.v1.ScoreResponse\x12K\n\nScoreBatch\x12\x1d.relayrl.v1.ScoreBatchRequest\x1a\x1e.relayrl.v1.ScoreBatchResponse\x12I\n\tGetStatus\x12\".relayrl.v1.GetRewardStatusRequest\x1a\x18.relayrl.v1.RewardStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17relayrl/v1/reward.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xc4\x01\n\x0cScoreRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x38\n\x08metadata\x18\x05 \x03(\x0b\x32&.relayrl.v1.ScoreRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xed\x01\n\rScoreResponse\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.relayrl.v1.ScoreStatus\x12\r\n\x05score\x18\x03 \x01(\x01\x12=\n\ncomponents\x18\x04 \x03(\x0b\x32).relayrl.v1.ScoreResponse.ComponentsEntry\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x06 \x01(\t\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"?\n\x11ScoreBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.relayrl.v1.ScoreRequest\"B\n\x12ScoreBatchResponse\x12,\n\tresponses\x18\x01 \x03(\x0b\x32\x19.relayrl.v1.ScoreResponse\"\x18\n\x16GetRewardStatusRequest\"\xb9\x01\n\x0cRewardStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x17\n\x0freward_function\x18\x02 \x01(\t\x12\x0e\n\x06scored\x18\x03 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x04 \x01(\x04\x12\x10\n\x08timeouts\x18\x05 \x01(\x04\x12\x17\n\x0fworker_restarts\x18\x06 \x01(\x04\x12\x15\n\rworkers_ready\x18\x07 \x01(\r\"S\n\x0eRunCodeRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05stdin\x18\x02 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x11\n\tmemory_mb\x18\x04 \x01(\r\"\x8e\x01\n\x0fRunCodeResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.relayrl.v1.CodeRunStatus\x12\x11\n\texit_code\x18\x02 \x01(\x11\x12\x0e\n\x06stdout\x18\x03 \x01(\x0c\x12\x0e\n\x06stderr\x18\x04 \x01(\x0c\x12\x0e\n\x06wall_s\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t*r\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORE_STATUS_OK\x10\x01\x12\x16\n\x12SCORE_STATUS_ERROR\x10\x02\x12\x18\n\x14SCORE_STATUS_TIMEOUT\x10\x03*\xa9\x01\n\rCodeRunStatus\x12\x1f\n\x1b\x43ODE_RUN_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43ODE_RUN_STATUS_EXITED\x10\x01\x12\x1b\n\x17\x43ODE_RUN_STATUS_TIMEOUT\x10\x02\x12#\n\x1f\x43ODE_RUN_STATUS_OUTPUT_EXCEEDED\x10\x03\x12\x19\n\x15\x43ODE_RUN_STATUS_ERROR\x10\x04\x32\xa9\x02\n\rRewardService\x12<\n\x05Score\x12\x18.relayrl.v1.ScoreRequest\x1a\x19.relayrl.v1.ScoreResponse\x12K\n\nScoreBatch\x12\x1d.relayrl.v1.ScoreBatchRequest\x1a\x1e.relayrl.v1.ScoreBatchResponse\x12I\n\tGetStatus\x12\".relayrl.v1.GetRewardStatusRequest\x1a\x18.relayrl.v1.RewardStatus\x12\x42\n\x07RunCode\x12\x1a.relayrl.v1.RunCodeRequest\x1a\x1b.relayrl.v1.RunCodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCOREREQUEST_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_SCORERESPONSE_COMPONENTSENTRY']._loaded_options = None
   _globals['_SCORERESPONSE_COMPONENTSENTRY']._serialized_options = b'8\001'
-  _globals['_SCORESTATUS']._serialized_start=850
-  _globals['_SCORESTATUS']._serialized_end=964
+  _globals['_SCORESTATUS']._serialized_start=1080
+  _globals['_SCORESTATUS']._serialized_end=1194
+  _globals['_CODERUNSTATUS']._serialized_start=1197
+  _globals['_CODERUNSTATUS']._serialized_end=1366
   _globals['_SCOREREQUEST']._serialized_start=65
   _globals['_SCOREREQUEST']._serialized_end=261
   _globals['_SCOREREQUEST_METADATAENTRY']._serialized_start=214
@@ -55,6 +57,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREWARDSTATUSREQUEST']._serialized_end=660
   _globals['_REWARDSTATUS']._serialized_start=663
   _globals['_REWARDSTATUS']._serialized_end=848
-  _globals['_REWARDSERVICE']._serialized_start=967
-  _globals['_REWARDSERVICE']._serialized_end=1196
+  _globals['_RUNCODEREQUEST']._serialized_start=850
+  _globals['_RUNCODEREQUEST']._serialized_end=933
+  _globals['_RUNCODERESPONSE']._serialized_start=936
+  _globals['_RUNCODERESPONSE']._serialized_end=1078
+  _globals['_REWARDSERVICE']._serialized_start=1369
+  _globals['_REWARDSERVICE']._serialized_end=1666
 # @@protoc_insertion_point(module_scope)

@@ -15,10 +15,23 @@ class ScoreStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCORE_STATUS_OK: _ClassVar[ScoreStatus]
     SCORE_STATUS_ERROR: _ClassVar[ScoreStatus]
     SCORE_STATUS_TIMEOUT: _ClassVar[ScoreStatus]
+
+class CodeRunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODE_RUN_STATUS_UNSPECIFIED: _ClassVar[CodeRunStatus]
+    CODE_RUN_STATUS_EXITED: _ClassVar[CodeRunStatus]
+    CODE_RUN_STATUS_TIMEOUT: _ClassVar[CodeRunStatus]
+    CODE_RUN_STATUS_OUTPUT_EXCEEDED: _ClassVar[CodeRunStatus]
+    CODE_RUN_STATUS_ERROR: _ClassVar[CodeRunStatus]
 SCORE_STATUS_UNSPECIFIED: ScoreStatus
 SCORE_STATUS_OK: ScoreStatus
 SCORE_STATUS_ERROR: ScoreStatus
 SCORE_STATUS_TIMEOUT: ScoreStatus
+CODE_RUN_STATUS_UNSPECIFIED: CodeRunStatus
+CODE_RUN_STATUS_EXITED: CodeRunStatus
+CODE_RUN_STATUS_TIMEOUT: CodeRunStatus
+CODE_RUN_STATUS_OUTPUT_EXCEEDED: CodeRunStatus
+CODE_RUN_STATUS_ERROR: CodeRunStatus
 
 class ScoreRequest(_message.Message):
     __slots__ = ("episode_id", "prompt", "completion", "reference", "metadata")
@@ -97,3 +110,31 @@ class RewardStatus(_message.Message):
     worker_restarts: int
     workers_ready: int
     def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., reward_function: _Optional[str] = ..., scored: _Optional[int] = ..., errors: _Optional[int] = ..., timeouts: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., workers_ready: _Optional[int] = ...) -> None: ...
+
+class RunCodeRequest(_message.Message):
+    __slots__ = ("code", "stdin", "timeout_s", "memory_mb")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    stdin: bytes
+    timeout_s: float
+    memory_mb: int
+    def __init__(self, code: _Optional[str] = ..., stdin: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+
+class RunCodeResponse(_message.Message):
+    __slots__ = ("status", "exit_code", "stdout", "stderr", "wall_s", "error")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    status: CodeRunStatus
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    wall_s: float
+    error: str
+    def __init__(self, status: _Optional[_Union[CodeRunStatus, str]] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., wall_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...

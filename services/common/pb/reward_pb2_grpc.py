@@ -50,6 +50,11 @@ class RewardServiceStub:
                 request_serializer=relayrl_dot_v1_dot_reward__pb2.GetRewardStatusRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_reward__pb2.RewardStatus.FromString,
                 _registered_method=True)
+        self.RunCode = channel.unary_unary(
+                '/relayrl.v1.RewardService/RunCode',
+                request_serializer=relayrl_dot_v1_dot_reward__pb2.RunCodeRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_reward__pb2.RunCodeResponse.FromString,
+                _registered_method=True)
 
 
 class RewardServiceServicer:
@@ -73,6 +78,14 @@ class RewardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunCode(self, request, context):
+        """Runs one program in the code sandbox. Needs the code token (control.code_token_env: `authorization: Bearer
+        <token>`; rollout holds it); refused (PERMISSION_DENIED) when the service has none configured.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RewardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +103,11 @@ def add_RewardServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=relayrl_dot_v1_dot_reward__pb2.GetRewardStatusRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_reward__pb2.RewardStatus.SerializeToString,
+            ),
+            'RunCode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunCode,
+                    request_deserializer=relayrl_dot_v1_dot_reward__pb2.RunCodeRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_reward__pb2.RunCodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +191,33 @@ class RewardService:
             '/relayrl.v1.RewardService/GetStatus',
             relayrl_dot_v1_dot_reward__pb2.GetRewardStatusRequest.SerializeToString,
             relayrl_dot_v1_dot_reward__pb2.RewardStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.RewardService/RunCode',
+            relayrl_dot_v1_dot_reward__pb2.RunCodeRequest.SerializeToString,
+            relayrl_dot_v1_dot_reward__pb2.RunCodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,10 @@ class Message(BaseModel):
         return turn
 
 
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
 class ChatRequest(Strict):
     """What a session accepts. Sampling is the rollout's (temperature, top_p, top_k): the logprobs must be the
     policy's at the temperature the trainer uses, so a request may repeat those values but not change them."""
@@ -76,6 +80,7 @@ class ChatRequest(Strict):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none"] | None = None
     parallel_tool_calls: bool | None = None
@@ -89,8 +94,8 @@ class ChatRequest(Strict):
     def check(self, temperature: float, top_p: float) -> None:
         if self.n != 1:
             raise ChatError("n must be 1 in an agent session (one call, one sample)", "n")
-        if self.stream:
-            raise ChatError("stream=true is not supported in an agent session", "stream")
+        if self.stream_options is not None and not self.stream:
+            raise ChatError("stream_options is only allowed with stream=true", "stream_options")
         if self.temperature is not None and abs(self.temperature - temperature) > 1e-6:
             raise ChatError(f"temperature must be the rollout's ({temperature}) or left out: the episode's logprobs "
                             "are the policy's at that temperature", "temperature")
@@ -138,10 +143,10 @@ class Renderer:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
-    def prompt_ids(self, req: ChatRequest, tails: list[list[int]]) -> list[int]:
-        """The request's prompt ids, reusing the first tail (earlier tokens of the session) whose text starts
-        the rendered prompt."""
-        text = self.text(req)
+    def prompt_ids(self, req: ChatRequest | str, tails: list[list[int]]) -> list[int]:
+        """The request's prompt ids (a chat request rendered, or a completion's text as is), reusing the first tail
+        (earlier tokens of the session) whose text starts the prompt."""
+        text = req if isinstance(req, str) else self.text(req)
         for tail in tails:
             prefix = self.decode(tail)
             if text.startswith(prefix):

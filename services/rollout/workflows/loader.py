@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.plugins import load_callable
-from relayrl.config.rollout import RolloutConfig
+from relayrl.config.rollout import RolloutConfig, ToolFormat
 from relayrl.rollout.workflows.agent import AgentWorkflow
 from relayrl.rollout.workflows.api import (
     ENTRY_POINT_GROUP,
@@ -22,10 +22,12 @@ from relayrl.rollout.workflows.single_turn import SingleTurnWorkflow
 from relayrl.rollout.workflows.tools import ToolEnvironment, ToolSet
 
 
-def build_workflow(cfg: RolloutConfig, model_path: Path | None = None) -> tuple[Workflow, EnvironmentFactory | None]:
+def build_workflow(cfg: RolloutConfig, model_path: Path | None = None,
+                   reward: Any = None) -> tuple[Workflow, EnvironmentFactory | None]:
     """The workflow of ``cfg`` and the environment factory it plays (multi_turn only); a ConfigError names the
     field that cannot be loaded. The agent workflow renders conversations with the served model's tokenizer
-    (``model_path``, the run's model.path)."""
+    (``model_path``, the run's model.path). Tools that run code (the ``python`` tool) run it through ``reward``'s
+    RunCode (a RewardClient holding the code token)."""
     if cfg.workflow == "single_turn":
         return SingleTurnWorkflow(), None
     if cfg.workflow == "multi_turn":
@@ -33,7 +35,12 @@ def build_workflow(cfg: RolloutConfig, model_path: Path | None = None) -> tuple[
                                                          "rollout.environment"))
         return MultiTurnWorkflow(factory), factory
     if cfg.workflow == "tools":
-        tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s)
+        tokenizer = None
+        if cfg.tool_format == ToolFormat.HERMES and model_path is not None:  # tool results in the template's turns
+            from relayrl.common.model import load_tokenizer
+
+            tokenizer = load_tokenizer(model_path)
+        tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, reward, tokenizer)
 
         def environment(row: Prompt) -> Environment:
             return ToolEnvironment(tools, cfg.max_tool_calls)

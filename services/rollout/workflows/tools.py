@@ -8,13 +8,15 @@ plain format a tiny character-level model can learn. A tool is a function (sync 
 parameters are the call's arguments (tagged: one string parameter); its JSON schema is its ``schema`` attribute
 or is built from its signature. A failure (unknown tool, bad arguments, an exception, the deadline) is shown to
 the model as the tool's output and counted on the episode (``tool_errors``), never hidden. A sync tool runs in a
-thread; a tool that runs model-written code must not run here: it belongs in the reward service's sandbox.
+thread; a tool that runs model-written code must not run here: it takes ``run_code`` and runs it in the reward
+service's sandbox (code_tool.py; the built-in ``python`` tool does).
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import inspect
 import json
 import operator
@@ -25,9 +27,10 @@ from typing import Any
 
 from relayrl.common.dataset import Prompt
 from relayrl.common.plugins import load_callable
-from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls
+from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls, tool_turn_text
 from relayrl.config.rollout import ToolFormat
 from relayrl.rollout.workflows.api import StepResult
+from relayrl.rollout.workflows.code_tool import RUN_CODE, CodeRunner, takes_runner
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>\n"
@@ -43,7 +46,7 @@ def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     props: dict[str, Any] = {}
     required: list[str] = []
     for p in inspect.signature(fn).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (p.name == RUN_CODE and p.kind is p.KEYWORD_ONLY):
             continue
         ann = p.annotation if not isinstance(p.annotation, str) else {"str": str, "int": int, "float": float,
                                                                      "bool": bool}.get(p.annotation, str)
@@ -59,24 +62,37 @@ class Tool:
     name: str
     fn: Callable[..., Any]
     schema: dict[str, Any]
+    bound: frozenset[str] = frozenset()  # keywords the workflow binds (run_code): never the model's arguments
 
 
 class ToolSet:
-    def __init__(self, tools: Sequence[Tool], fmt: ToolFormat, timeout_s: float) -> None:
+    """``tokenizer`` (the served model's; hermes only): a chat episode's tool results are rendered as its chat
+    template renders tool messages (:meth:`render`)."""
+
+    def __init__(self, tools: Sequence[Tool], fmt: ToolFormat, timeout_s: float, tokenizer: Any = None) -> None:
         self.tools = {t.name: t for t in tools}
         self.fmt = fmt
         self.timeout_s = timeout_s
+        self.tokenizer = tokenizer if fmt == ToolFormat.HERMES else None
         names = "|".join(re.escape(n) for n in self.tools)
         self._tagged = re.compile(rf"<({names})>(.*?)</\1>", re.DOTALL)
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float) -> ToolSet:
+    def from_specs(cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float, reward: Any = None,
+                   tokenizer: Any = None) -> ToolSet:
+        """The tools of ``specs``; one that takes ``run_code`` runs programs through ``reward`` (a RewardClient
+        holding the code token) with the deadline ``timeout_s`` (code_tool.py)."""
         tools = []
         for spec in specs:
             fn = load_callable(spec, "relayrl.tools", "rollout.tools")
             name = str(getattr(fn, "tool_name", None) or getattr(fn, "__name__", spec.rpartition(":")[2]))
-            tools.append(Tool(name, fn, tool_schema(fn, name)))
-        return cls(tools, fmt, timeout_s)
+            if takes_runner(fn):
+                runner = CodeRunner(reward, timeout_s)
+                tools.append(Tool(name, functools.partial(fn, run_code=runner), tool_schema(fn, name),
+                                  frozenset({RUN_CODE})))
+            else:
+                tools.append(Tool(name, fn, tool_schema(fn, name)))
+        return cls(tools, fmt, timeout_s, tokenizer)
 
     def stops(self) -> list[str]:
         """Stop strings that end a turn right after a call, so that the tool runs before the model goes on."""
@@ -100,6 +116,8 @@ class ToolSet:
         if tool is None:
             return f"error: unknown tool {name!r}", True
         pos, kw = ((args,), {}) if isinstance(args, str) else ((), args)
+        if tool.bound & set(kw):
+            return f"error: {name} takes no argument {', '.join(sorted(tool.bound & set(kw)))}", True
         try:
             inspect.signature(tool.fn).bind(*pos, **kw)  # wrong arguments: the model's error, shown to it
             run = tool.fn(*pos, **kw) if inspect.iscoroutinefunction(tool.fn) else asyncio.to_thread(tool.fn, *pos,
@@ -114,9 +132,17 @@ class ToolSet:
             out = out[:MAX_OUTPUT_CHARS] + f"... [{len(out) - MAX_OUTPUT_CHARS} characters cut]"
         return out, False
 
-    def render(self, outputs: Sequence[str]) -> str:
+    def render(self, outputs: Sequence[str], chat: bool = False) -> str:
+        """The observation after a turn's calls. hermes in a chat episode (``chat``: the prompt was a conversation)
+        with the model's tokenizer: the tool messages as its chat template renders them, with the end of the
+        model's turn before them and the next assistant header after them (tool_turn_text); otherwise
+        ``<tool_response>`` blocks (tagged: ``<r>`` blocks)."""
         if self.fmt == ToolFormat.TAGGED:
             return "".join(f"{TAGGED_OPEN}{o}{TAGGED_CLOSE}" for o in outputs)
+        if chat and self.tokenizer is not None:
+            text = tool_turn_text(self.tokenizer.apply_chat_template, outputs)
+            if text is not None:
+                return text
         return "".join(f"{RESPONSE_OPEN}{o}{RESPONSE_CLOSE}" for o in outputs)
 
 
@@ -129,9 +155,12 @@ class ToolEnvironment:
         self.tools = tools
         self.max_tool_calls = max_tool_calls
         self.calls = 0
+        self.chat = False  # the prompt is a conversation: tool results follow the chat template
 
     async def reset(self, row: Prompt, seed: int) -> str | list[dict[str, str]]:
-        return row.chat() or row.prompt
+        conversation = row.chat()
+        self.chat = bool(conversation)
+        return conversation or row.prompt
 
     async def step(self, action: str) -> StepResult:
         calls = self.tools.parse(action)
@@ -141,7 +170,7 @@ class ToolEnvironment:
             return StepResult("", truncated=True, limit="max_tool_calls")
         self.calls += len(calls)
         results = [await self.tools.call(name, args) for name, args in calls]
-        return StepResult(self.tools.render([out for out, _ in results]), tool_calls=len(calls),
+        return StepResult(self.tools.render([out for out, _ in results], self.chat), tool_calls=len(calls),
                           tool_errors=sum(failed for _, failed in results))
 
     async def close(self) -> None:
