@@ -26,6 +26,7 @@ from relayrl.common.retry import redis_retry
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.transports import Weights
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,8 @@ class VersionPublication:
         in the background while training goes on; :meth:`settle` waits for that push (and raises its error). The
         next publication settles the previous one first."""
         message = torch.zeros(2, dtype=torch.int64)  # [version, flag]
-        if self.sharded:  # FSDP2: every rank takes part in gathering the full tensors for rank 0 (fresh
-            # tensors: a push still in flight keeps reading its own)
+        if self.sharded:  # FSDP2: every rank takes part in gathering the full tensors, which rank 0 streams into a
+            # fresh file (a push still in flight keeps reading its own)
             await asyncio.to_thread(self.locked, self.publisher.gather, self.is_main)
         if self.is_main:
             await self.settle()
@@ -154,13 +155,13 @@ class VersionPublication:
         return version
 
     async def _snapshot_and_allocate(self, policy_step: int,
-                                     floor: int) -> tuple[dict[str, torch.Tensor], int, float]:
+                                     floor: int) -> tuple[Weights, int, float]:
         t0 = time.perf_counter()
         params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
         snapshot_s = time.perf_counter() - t0
         return params, await self._allocate(policy_step, floor), snapshot_s
 
-    async def _push_verified(self, params: dict[str, torch.Tensor], version: int, policy_step: int,
+    async def _push_verified(self, params: Weights, version: int, policy_step: int,
                              snapshot_s: float) -> int:
         for _ in range(VERIFY_ATTEMPTS):
             with log_context(weight_version=version):
