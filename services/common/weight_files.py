@@ -108,7 +108,7 @@ def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Seque
     except BaseException:
         writer.abort()
         raise
-    return writer.finish().manifest(version, probe)
+    return writer.finish().manifest(version, probe, path)
 
 
 class MappedWeights:
