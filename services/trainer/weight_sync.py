@@ -55,7 +55,7 @@ class PublishTimings:
     """Where one publication's seconds went (rank 0; the last push of a publication).
 
     - ``serialise_s``: the trainer's snapshot of the parameters plus the transport's preparation (checksum; chunks
-      for grpc_stream, the file for shared_path / shared_memory);
+      for grpc_stream, the file for shared_path / shared_memory); sharded, the gather, which writes and hashes;
     - ``transfer_s``: the UpdateWeights call minus inference's own work below: the bytes on the wire (grpc_stream),
       inference receiving and checking chunks, gRPC and connection overhead;
     - ``swap_s``: inference assembling the update (reading a shared file, checksum, finite check) and swapping it in
@@ -158,14 +158,19 @@ class WeightPublisher:
         writer = StreamedWriter(self.transport.spool_path(), {n: TensorSpec(p.dtype, tuple(p.shape))
                                                                for n, p in params}) if keep else None
         error: Exception | None = None
-        for name, p in params:
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
-            if writer is not None and error is None:
-                try:
-                    writer.add(name, full)
-                except (OSError, ValueError) as exc:
-                    error = exc
-            del full
+        try:
+            for name, p in params:
+                full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+                if writer is not None and error is None:
+                    try:
+                        writer.add(name, full)
+                    except (OSError, ValueError) as exc:
+                        error = exc
+                del full
+        except BaseException:  # a collective failed: no partial file stays behind
+            if writer is not None:
+                writer.abort()
+            raise
         if writer is None:
             return
         if error is not None:
