@@ -106,7 +106,8 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int,
 def building_blocks(model_dir: Path, probe_shape: tuple[int, int]) -> dict[str, float]:
     from relayrl.common.model import load_model, load_tokenizer
     from relayrl.common.probe import probe_logprobs
-    from relayrl.common.weights import check_finite, checksum, iter_update_messages, write_mapped
+    from relayrl.common.weight_files import write_mapped
+    from relayrl.common.weights import check_finite, checksum, iter_update_messages
     from relayrl.config.model import ModelConfig
     from relayrl.trainer.weight_sync import WeightPublisher
 

@@ -4,7 +4,8 @@ Sender: :func:`iter_update_messages` cuts each tensor's contiguous bytes into ch
 ``chunk_bytes`` and closes the stream with a :class:`WeightManifest` (version, count, bytes, SHA-256).
 Receiver: :class:`WeightAssembler` checks every chunk against the expected parameter specs as it arrives
 (unknown name, wrong dtype or shape are refused at once) and, at the manifest, checks completeness and the
-checksum before handing out the tensors. Nothing is applied until everything validates.
+checksum before handing out the tensors. Nothing is applied until everything validates. Files written in one pass
+(the file transports, the spool of a sharded publication): relayrl.common.weight_files.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,7 +66,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(array).cast("B")
 
 
-def _hash_header(h: hashlib._Hash, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+def hash_header(h: hashlib._Hash, name: str, dtype: str, shape: tuple[int, ...]) -> None:
     h.update(f"{name}\0{dtype}\0{','.join(map(str, shape))}\0".encode())
 
 
@@ -73,7 +75,7 @@ def checksum(tensors: Mapping[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
-        _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
+        hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
         h.update(tensor_bytes(t))
     return h.hexdigest()
 
@@ -120,41 +122,9 @@ def write_shared(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
     os.replace(tmp, path)
 
 
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
                        torch.uint8: "U8", torch.bool: "BOOL"}
-
-
-def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]],
-                 path: Path) -> WeightManifest:
-    """Shared-memory transport, sender side: one pass over the tensors writes them into a safetensors file
-    (created 0600, never followed through a symlink, no fsync: it lives in the page cache or a tmpfs for the
-    seconds until inference has copied it) and hashes the same bytes; returns the manifest naming the file."""
-    names = sorted(tensors)
-    views = {name: tensor_bytes(tensors[name]) for name in names}
-    header: dict[str, Any] = {}
-    offset = 0
-    for name in names:
-        t = tensors[name]
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(views[name])]}
-        offset += len(views[name])
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # data starts 8-byte aligned
-    h = hashlib.sha256()
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head)
-        for name in names:
-            t = tensors[name]
-            _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
-            h.update(views[name])
-            f.write(views[name])
-    os.replace(tmp, path)
-    return WeightManifest(version=version, num_tensors=len(names), total_bytes=offset, sha256=h.hexdigest(),
-                          path=str(path.resolve()), probe=[TokenIds(ids=list(seq)) for seq in probe])
 
 
 def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
@@ -174,7 +144,7 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
             data = bytearray(os.fstat(f.fileno()).st_size)
             if f.readinto(data) != len(data):
                 raise OSError("the file changed size while being read")
-        tensors = _tensor_views(data)
+        tensors = tensor_views(data)
     except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:
         raise WeightUpdateError(f"shared weights file {m.path} is unreadable: {exc}") from exc
     check_tensors(tensors, expected)
@@ -186,7 +156,7 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     return tensors
 
 
-def _tensor_views(data: bytearray) -> dict[str, torch.Tensor]:
+def tensor_views(data: bytearray | mmap.mmap) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file held in ``data``, as views of it (no copy); ValueError when the header
     does not describe well-formed, in-bounds, non-overlapping tensors."""
     if len(data) < 8:
@@ -199,7 +169,7 @@ def _tensor_views(data: bytearray) -> dict[str, torch.Tensor]:
         raise ValueError("header is not a JSON object")
     header.pop("__metadata__", None)
     base, end = 8 + head_len, 8 + head_len
-    dtypes = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+    dtypes = {v: k for k, v in SAFETENSORS_DTYPES.items()}
     tensors: dict[str, torch.Tensor] = {}
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         dtype, shape, (start, stop) = dtypes[info["dtype"]], info["shape"], info["data_offsets"]

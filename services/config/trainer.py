@@ -283,7 +283,8 @@ class DistributedConfig:
                 "every rank holds the whole model). With dp_shard > 1 every rank writes its shards of each "
                 "checkpoint (torch.distributed.checkpoint under <checkpoint>/dcp, so the checkpoint directory must be "
                 "shared by the ranks), rank 0 still exports the Hugging Face directory, and each publication gathers "
-                "the full tensors on rank 0, one parameter at a time. Not with model.lora.", "ge": 1})
+                "the full tensors one parameter at a time, rank 0 writing each into a file under the weights "
+                "directory as it arrives (any transport). Not with model.lora.", "ge": 1})
     dp_replicate: int = field(default=0, metadata={
         "help": "Data-parallel replicas of the sharded model (0: world_size / dp_shard). world_size must equal "
                 "dp_replicate x dp_shard x tp x cp.", "ge": 0})

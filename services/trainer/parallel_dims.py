@@ -8,9 +8,8 @@
 ``fully_shard`` (each decoder layer, then the root), with the configured mixed precision; gradients are summed
 (divide factor 1), because the trainer divides every rank's loss by the global normaliser itself.
 
-Missing (so the trainer service does not use it yet): checkpoints of sharded state with
-``torch.distributed.checkpoint`` wired into relayrl.trainer.checkpoint, and weight publication that gathers full
-tensors one at a time as it streams them.
+The trainer service checkpoints sharded state with ``torch.distributed.checkpoint`` (relayrl.trainer.checkpoint)
+and publishes weights by gathering full tensors one at a time as it streams them (relayrl.trainer.weight_sync).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from relayrl.common.retry import redis_retry
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.transports import Weights
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class VersionPublication:
         self.served_step = -1  # policy step of the last verified push
         self._pending: asyncio.Task[int] | None = None  # a push started by publish(wait=False)
         self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
+        self._gather_s = 0.0  # FSDP2: the last gather's seconds, counted in its push's serialise_s
         # a snapshot for publication, or the probe of one (rank 0 only), never overlaps an optimizer step
         self._weights_lock = threading.Lock()
         if self.is_main:
@@ -89,9 +91,11 @@ class VersionPublication:
         in the background while training goes on; :meth:`settle` waits for that push (and raises its error). The
         next publication settles the previous one first."""
         message = torch.zeros(2, dtype=torch.int64)  # [version, flag]
-        if self.sharded:  # FSDP2: every rank takes part in gathering the full tensors for rank 0 (fresh
-            # tensors: a push still in flight keeps reading its own)
+        if self.sharded:  # FSDP2: every rank takes part in gathering the full tensors, which rank 0 streams into a
+            # fresh file (a push still in flight keeps reading its own)
+            t0 = time.perf_counter()
             await asyncio.to_thread(self.locked, self.publisher.gather, self.is_main)
+            self._gather_s = time.perf_counter() - t0  # rank 0 wrote and hashed the file meanwhile: serialising
         if self.is_main:
             await self.settle()
             self.publishing = True
@@ -155,13 +159,13 @@ class VersionPublication:
         return version
 
     async def _snapshot_and_allocate(self, policy_step: int,
-                                     floor: int) -> tuple[dict[str, torch.Tensor], int, float]:
+                                     floor: int) -> tuple[Weights, int, float]:
         t0 = time.perf_counter()
         params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
-        snapshot_s = time.perf_counter() - t0
+        snapshot_s, self._gather_s = time.perf_counter() - t0 + self._gather_s, 0.0  # a re-push gathers nothing
         return params, await self._allocate(policy_step, floor), snapshot_s
 
-    async def _push_verified(self, params: dict[str, torch.Tensor], version: int, policy_step: int,
+    async def _push_verified(self, params: Weights, version: int, policy_step: int,
                              snapshot_s: float) -> int:
         for _ in range(VERIFY_ATTEMPTS):
             with log_context(weight_version=version):

@@ -8,30 +8,44 @@
 - ``shared_memory``: same host only. The tensors are written once into a file under the same directory (0600, no
   fsync: page cache) and hashed in the same pass; inference copies them out; the file goes once served.
 
+A sharded publication (FSDP2) hands every transport a :class:`~relayrl.common.weight_files.MappedWeights` instead
+of a snapshot in memory: the file its gather wrote into the transport's spool (:meth:`Transport.spool_path`), one
+tensor at a time. ``shared_memory`` and ``shared_path`` then give that file its versioned name (a hard link: no
+second write); ``grpc_stream`` reads its chunks from it as they are sent.
+
 The config enum (:class:`relayrl.config.trainer.WeightTransport`) names the choice; :func:`make_transport` picks
 the implementation once, from :data:`TRANSPORTS`.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import torch
 
 from relayrl.common.pb.inference_pb2 import WeightUpdateMessage
-from relayrl.common.weights import iter_update_messages, manifest, write_mapped, write_shared
+from relayrl.common.weight_files import FileUpdateMessages, MappedWeights, write_mapped
+from relayrl.common.weights import iter_update_messages, manifest, write_shared
 from relayrl.config.trainer import WeightTransport
+
+# a snapshot in memory, or the file a sharded gather wrote
+Weights: TypeAlias = Mapping[str, torch.Tensor] | MappedWeights
 
 
 class Transport(Protocol):
     """Turns a snapshot into the messages of one UpdateWeights call, and cleans up once a version is served."""
 
-    def prepare(self, params: Mapping[str, torch.Tensor], version: int,
-                probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
+    def prepare(self, params: Weights, version: int,
+                probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
         """The UpdateWeights stream for ``params`` as ``version`` (blocking: run it off the event loop)."""
+        ...
+
+    def spool_path(self) -> Path:
+        """A fresh file name under the weights directory for a sharded gather to write into."""
         ...
 
     def after_success(self, version: int) -> None:
@@ -45,13 +59,44 @@ class TransportSettings:
     weights_dir: Path
 
 
-class GrpcStreamTransport:
-    def __init__(self, chunk_bytes: int) -> None:
-        self.chunk_bytes = chunk_bytes
+class Spool:
+    """Names for the files sharded gathers write (``gather-<n>.safetensors``), in a directory created 0700; what an
+    earlier run left there goes at the first name."""
 
-    def prepare(self, params: Mapping[str, torch.Tensor], version: int,
-                probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
+    PATTERN = "gather-*.safetensors"
+
+    def __init__(self, weights_dir: Path) -> None:
+        self.weights_dir = weights_dir
+        self._swept = False
+        self._count = itertools.count(1)
+
+    def path(self) -> Path:
+        if not self._swept:
+            self.weights_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for old in [*self.weights_dir.glob(self.PATTERN), *self.weights_dir.glob(self.PATTERN + ".tmp")]:
+                old.unlink(missing_ok=True)
+            self._swept = True
+        return self.weights_dir / f"gather-{next(self._count):09d}.safetensors"
+
+
+class GrpcStreamTransport:
+    """A snapshot in memory is cut into chunks at once (all of them held until sent); a sharded gather's file is
+    read one chunk at a time as the stream is sent (only the spool needs the weights directory)."""
+
+    def __init__(self, chunk_bytes: int, weights_dir: Path | None = None) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.spool = Spool(weights_dir) if weights_dir is not None else None
+
+    def prepare(self, params: Weights, version: int,
+                probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
+        if isinstance(params, MappedWeights):
+            return FileUpdateMessages(params, version, self.chunk_bytes, probe)
         return list(iter_update_messages(params, version, self.chunk_bytes, probe))
+
+    def spool_path(self) -> Path:
+        if self.spool is None:
+            raise RuntimeError("a sharded publication over grpc_stream needs a weights directory to spool into")
+        return self.spool.path()
 
     def after_success(self, version: int) -> None:
         pass  # nothing stays behind
@@ -61,12 +106,20 @@ class SharedPathTransport:
     def __init__(self, weights_dir: Path, keep: int = 2) -> None:
         self.weights_dir = weights_dir
         self.keep = keep
+        self.spool = Spool(weights_dir)
 
-    def prepare(self, params: Mapping[str, torch.Tensor], version: int,
+    def prepare(self, params: Weights, version: int,
                 probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
         path = self.weights_dir / f"v{version:09d}.safetensors"
+        if isinstance(params, MappedWeights):  # the gather wrote it: on disk (fsync), then under the version's name
+            params.fsync()
+            params.link(path)
+            return [WeightUpdateMessage(manifest=params.manifest(version, probe, path))]
         write_shared(params, path)
         return [WeightUpdateMessage(manifest=manifest(params, version, probe, str(path.resolve())))]
+
+    def spool_path(self) -> Path:
+        return self.spool.path()
 
     def after_success(self, version: int) -> None:
         files = sorted(self.weights_dir.glob("v" + "[0-9]" * 9 + ".safetensors"))
@@ -85,6 +138,7 @@ class SharedMemoryTransport:
     def __init__(self, weights_dir: Path) -> None:
         self.weights_dir = weights_dir
         self._swept = False  # leftovers are removed at the first push (rank 0 only pushes)
+        self.spool = Spool(weights_dir)
 
     def _sweep(self) -> None:
         self.weights_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -95,11 +149,17 @@ class SharedMemoryTransport:
     def path(self, version: int) -> Path:
         return self.weights_dir / f"v{version:09d}.shm.safetensors"
 
-    def prepare(self, params: Mapping[str, torch.Tensor], version: int,
+    def prepare(self, params: Weights, version: int,
                 probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
         if not self._swept:
             self._sweep()
+        if isinstance(params, MappedWeights):  # the gather wrote and hashed it already: the version's name only
+            params.link(self.path(version))
+            return [WeightUpdateMessage(manifest=params.manifest(version, probe, self.path(version)))]
         return [WeightUpdateMessage(manifest=write_mapped(params, version, probe, self.path(version)))]
+
+    def spool_path(self) -> Path:
+        return self.spool.path()
 
     def after_success(self, version: int) -> None:
         for old in self.weights_dir.glob(self.PATTERN):
@@ -108,7 +168,7 @@ class SharedMemoryTransport:
 
 
 TRANSPORTS: dict[WeightTransport, Callable[[TransportSettings], Transport]] = {
-    WeightTransport.GRPC_STREAM: lambda s: GrpcStreamTransport(s.chunk_bytes),
+    WeightTransport.GRPC_STREAM: lambda s: GrpcStreamTransport(s.chunk_bytes, s.weights_dir),
     WeightTransport.SHARED_PATH: lambda s: SharedPathTransport(s.weights_dir),
     WeightTransport.SHARED_MEMORY: lambda s: SharedMemoryTransport(s.weights_dir),
 }

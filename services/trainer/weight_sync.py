@@ -15,6 +15,12 @@ The push goes through the typed client (``InferenceClient.update_weights``): a p
 UNAVAILABLE may have landed, so the client asks the served version before retrying. A landed push whose answer
 was lost comes back unverified (``PushResult.verified`` false): the caller verifies the same snapshot by pushing
 it again as a fresh version (inference refuses a version it already serves).
+
+A sharded model (FSDP2) is published by streaming: :meth:`WeightPublisher.gather` runs on every rank, one
+all-gather per trained parameter in name order, and rank 0 writes each full tensor into a file of the transport's
+spool and into its checksum as it arrives, then drops it (relayrl.common.weight_files); what rank 0 pushes and
+probes is that file (its tensors read back through a memory map), so no rank holds more than one full tensor
+beside its shards.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from torch.func import functional_call
 
 from relayrl.client import InferenceClient
 from relayrl.common.probe import WeightVerificationError, compare_probe, probe_logprobs, probe_sequences
+from relayrl.common.weight_files import MappedWeights, StreamedWriter
+from relayrl.common.weights import TensorSpec
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.parallel_dims import is_sharded
-from relayrl.trainer.transports import Transport
+from relayrl.trainer.transports import Transport, Weights
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +55,7 @@ class PublishTimings:
     """Where one publication's seconds went (rank 0; the last push of a publication).
 
     - ``serialise_s``: the trainer's snapshot of the parameters plus the transport's preparation (checksum; chunks
-      for grpc_stream, the file for shared_path / shared_memory);
+      for grpc_stream, the file for shared_path / shared_memory); sharded, the gather, which writes and hashes;
     - ``transfer_s``: the UpdateWeights call minus inference's own work below: the bytes on the wire (grpc_stream),
       inference receiving and checking chunks, gRPC and connection overhead;
     - ``swap_s``: inference assembling the update (reading a shared file, checksum, finite check) and swapping it in
@@ -96,11 +104,12 @@ class WeightPublisher:
                  tls: TlsConfig | None = None, plain_model: Any | None = None, probe_every: int = 1) -> None:
         self.model = model
         # FSDP2 (trainer.distributed.dp_shard > 1): the parameters are shards; every rank gathers them (gather) and
-        # rank 0 keeps the full tensors on the CPU, scoring the probe with ``plain_model`` (an unsharded copy of
-        # the architecture whose own parameters are never used)
+        # rank 0 streams the full tensors into a file, scoring the probe with ``plain_model`` (an unsharded copy of
+        # the architecture whose own parameters are never used) on the file's tensors
         self.sharded = plain_model is not None or is_sharded(model)
         self.plain_model = plain_model
-        self._gathered: dict[str, torch.Tensor] = {}
+        # the last gather's file: what the publication and any re-push of it (a watchdog's) send, until the next
+        self._gathered: MappedWeights | None = None
         self.tls = tls  # the run's tls section: the channel to inference is TLS when it is on
         self.token = token  # the weights token: inference accepts updates only with it
         self.device = device
@@ -129,42 +138,62 @@ class WeightPublisher:
         every = self.probe_every
         return not self.engine_confirms or self.answered == 0 or (every > 0 and self.answered % every == 0)
 
-    def snapshot(self) -> dict[str, torch.Tensor]:
+    def snapshot(self) -> Weights:
         """A copy of the trained parameters as they are now (the caller keeps training from changing them
         meanwhile): every parameter in full fine-tuning, the adapter only with LoRA (the frozen base never moves).
-        Sharded: the full tensors of the last :meth:`gather`."""
+        Sharded: the file of the last :meth:`gather` (no copy)."""
         if self.sharded:
-            if not self._gathered:
+            if self._gathered is None:
                 raise RuntimeError("no gathered weights to publish: gather() runs on every rank before a publication")
-            return dict(self._gathered)
+            return self._gathered
         return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
 
     def gather(self, keep: bool) -> None:
-        """Every rank, at the same point (FSDP2): one all-gather per trained parameter, in named_parameters order
-        (the same on every rank); ``keep`` (rank 0) keeps each full tensor on the CPU, the others drop theirs at
-        once, so no device ever holds more than one full tensor beside its shards."""
-        gathered = {}
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-            if keep:
-                gathered[name] = full.detach().cpu()
-            del full
-        self._gathered = gathered
+        """Every rank, at the same point (FSDP2): one all-gather per trained parameter, in name order (the same
+        on every rank, and the order of the file and of its checksum). ``keep`` (rank 0) writes each full tensor
+        into a new spool file and its checksum, then drops it, as the others drop theirs at once: no rank ever holds
+        more than one full tensor beside its shards. A write that fails does not stop the gathering (the other
+        ranks run the same collectives): it raises once every parameter went by."""
+        params = sorted(((n, p) for n, p in self.model.named_parameters() if p.requires_grad), key=lambda np: np[0])
+        writer = StreamedWriter(self.transport.spool_path(), {n: TensorSpec(p.dtype, tuple(p.shape))
+                                                               for n, p in params}) if keep else None
+        error: Exception | None = None
+        try:
+            for name, p in params:
+                full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+                if writer is not None and error is None:
+                    try:
+                        writer.add(name, full)
+                    except (OSError, ValueError) as exc:
+                        error = exc
+                del full
+        except BaseException:  # a collective failed: no partial file stays behind
+            if writer is not None:
+                writer.abort()
+            raise
+        if writer is None:
+            return
+        if error is not None:
+            writer.abort()
+            raise RuntimeError(f"writing the gathered weights to {writer.path} failed: {error}") from error
+        previous, self._gathered = self._gathered, writer.finish()
+        if previous is not None:
+            previous.release()  # a push still reading it keeps its open file
 
-    def expected_probe(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def expected_probe(self, params: Weights) -> torch.Tensor:
         with self.model_lock:
             was_training = self.model.training
             self.model.eval()
             try:
                 model = self.plain_model if self.plain_model is not None else self.model
                 device = next(model.parameters()).device
-                return probe_logprobs(_Snapshot(model, params), self.probe, device)
+                # a gathered file: its tensors read through a memory map of it, no copy in this process's memory
+                tensors = params.tensors() if isinstance(params, MappedWeights) else params
+                return probe_logprobs(_Snapshot(model, tensors), self.probe, device)
             finally:
                 self.model.train(was_training)
 
-    async def push(self, params: Mapping[str, torch.Tensor], version: int) -> PushResult:
+    async def push(self, params: Weights, version: int) -> PushResult:
         """Send ``params`` as ``version``; verify the served weights by the engine's served-weights check and, when
         due, the probe. Raises RuntimeError when the push fails, WeightVerificationError when inference serves
         something else; an unverified result when the push landed but its answer was lost (or neither check

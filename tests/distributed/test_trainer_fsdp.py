@@ -1,6 +1,9 @@
 """FSDP2 in the trainer service: two gloo ranks with dp_shard=2 run the real Trainer (Redis stream, weight versions,
 publication to a real inference server verified by its probe, checkpoints) and match two replicated ranks
-(dp_replicate=2) on the same groups; a sharded run checkpointed at step 1 resumes from its DCP shards."""
+(dp_replicate=2) on the same groups; a sharded run checkpointed at step 1 resumes from its DCP shards. The sharded
+publications stream the gathered tensors through grpc_stream (chunks read from rank 0's spool file) and, overlapped
+with training, through shared_memory (the spool file linked under the version's name); inference ends up serving
+exactly the trained weights."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch.multiprocessing as mp
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import EpisodeGroup
 from relayrl.common.redis_keys import STREAM_FIELD, RedisKeys
+from relayrl.common.weights import model_tensors
 from relayrl.config import RunConfig, load_run_config
 from relayrl.config.model import ModelConfig
 from tests.conftest import RedisServer, free_port
@@ -42,13 +46,15 @@ def _groups() -> list[EpisodeGroup]:
     return groups
 
 
-def _config(model_dir: str, out: str, redis_url: str, dp_shard: int, steps: int, resume: bool) -> RunConfig:
+def _config(model_dir: str, out: str, redis_url: str, dp_shard: int, steps: int, resume: bool,
+            transport: str) -> RunConfig:
     return load_run_config(None, [
         f"model.path={model_dir}", f"redis.url={redis_url}", f"output_dir={out}",
         f"trainer.total_steps={steps}", f"trainer.groups_per_step={GROUPS_PER_STEP}", "rollout.group_size=3",
         "rollout.max_new_tokens=8", "rollout.max_staleness=8", "trainer.distributed.world_size=2",
         f"trainer.distributed.dp_shard={dp_shard}", "trainer.checkpoint.every=1", "trainer.linger_s=0",
-        "trainer.publication.transport=grpc_stream", "trainer.publication.overlap=false",
+        f"trainer.publication.transport={transport}",
+        f"trainer.publication.overlap={str(transport == 'shared_memory').lower()}",
         "trainer.distributed.collective_timeout_s=60", *(["trainer.checkpoint.resume=auto"] if resume else [])])
 
 
@@ -65,7 +71,7 @@ async def _train(cfg: RunConfig, rank: int, model_dir: Path) -> None:
         finally:
             await trainer.close()
         return
-    async with inference_server(model_dir) as (target, inf):
+    async with inference_server(model_dir, weights_dir=cfg.weights_dir) as (target, inf):
         cfg = replace(cfg, inference=replace(cfg.inference, server=replace(cfg.inference.server, address=target),
                                              weights_server=replace(cfg.inference.weights_server,
                                                                     address=inf.weights_target)))
@@ -75,11 +81,14 @@ async def _train(cfg: RunConfig, rank: int, model_dir: Path) -> None:
         finally:
             await trainer.close()
         assert inf.engine.version == trainer.publication.weight_version  # the probe-verified, gathered weights
+        served = {k: v.detach().clone() for k, v in model_tensors(inf.engine.model).items()}  # type: ignore[attr-defined]
+        torch.save(served, cfg.output_dir / f"served-{cfg.trainer.total_steps}.pt")
 
 
-# (output folder, dp_shard, total steps, resume, fresh stream): one pair of processes runs them in turn (spawning
-# costs more than training here)
-PHASES = [("replicated", 1, 2, False, True), ("sharded", 2, 1, False, True), ("sharded", 2, 2, True, False)]
+# (output folder, dp_shard, total steps, resume, fresh stream, transport): one pair of processes runs them in turn
+# (spawning costs more than training here)
+PHASES = [("replicated", 1, 2, False, True, "grpc_stream"), ("sharded", 2, 1, False, True, "grpc_stream"),
+          ("sharded", 2, 2, True, False, "shared_memory")]
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out: str, redis_url: str) -> None:
@@ -88,11 +97,11 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str, redis_url: str) -
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
-        for name, dp_shard, steps, resume, fresh in PHASES:
+        for name, dp_shard, steps, resume, fresh, transport in PHASES:
             if fresh and rank == 0:
                 _fresh_stream(redis_url)
             dist.barrier()
-            cfg = _config(model_dir, str(Path(out) / name), redis_url, dp_shard, steps, resume)
+            cfg = _config(model_dir, str(Path(out) / name), redis_url, dp_shard, steps, resume, transport)
             asyncio.run(_train(cfg, rank, Path(model_dir)))
     finally:
         dist.destroy_process_group()
@@ -131,6 +140,9 @@ def test_sharded_ranks_train_publish_and_resume_like_replicated_ranks(
             # float32 gradients that differ only in summation order (reduce-scatter vs all-reduce), through AdamW:
             # an update is ~lr (1e-3) per element, so rounding differences stay many orders below it
             torch.testing.assert_close(got[name], w, rtol=1e-5, atol=1e-6)
+        # what inference serves after each sharded run is bit for bit the trained weights (gathered, streamed)
+        served = torch.load(tmp_path / "sharded" / f"served-{step}.pt")
+        assert set(served) == set(got) and all(torch.equal(served[n], got[n]) for n in got)
         moved = max(float((want[n] - p.detach()).abs().max()) for n, p in initial.named_parameters())
         assert moved > 1e-4  # the step changed the weights (the comparison is not between two untouched models)
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from relayrl.common.weights import checksum, write_mapped
+from relayrl.common.weight_files import write_mapped
+from relayrl.common.weights import checksum
 from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.launcher import local_publication
 from relayrl.trainer.transports import GrpcStreamTransport, SharedMemoryTransport, make_transport
