@@ -36,7 +36,7 @@ class PolicyLoss(StrEnum):
     TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
     GSPO = "gspo"  # sequence-level (length-normalised) ratio, clipped per sequence
     CISPO = "cispo"  # REINFORCE with the clipped, detached importance ratio as weight (every token keeps a gradient)
-    REVERSE_KL = "reverse_kl"  # on-policy distillation: PPO-clip, token advantage A - coef (log pi_behav - log pi_T - b)
+    REVERSE_KL = "reverse_kl"  # on-policy distillation: PPO-clip, advantage A - coef (log pi_behav - log pi_T - b)
 
 
 class DistillBaseline(StrEnum):

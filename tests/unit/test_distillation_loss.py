@@ -4,8 +4,8 @@ against autograd of the exact reverse KL."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
