@@ -29,7 +29,7 @@ import torch
 from relayrl.common.model import end_token_ids, load_model, load_tokenizer
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import LossConfig, OptimizerConfig, PolicyLoss, TrainerConfig
+from relayrl.config.trainer import DistillBaseline, LossConfig, OptimizerConfig, PolicyLoss, TrainerConfig
 from relayrl.reward.api import RewardInput
 from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.batching import pack
@@ -39,8 +39,9 @@ from relayrl.trainer.loss import token_logprobs
 # name -> (trainer.loss fields, whether the task's reward reaches the loss)
 ARMS: dict[str, tuple[dict[str, Any], bool]] = {
     "rl": ({"policy_loss": PolicyLoss.PPO_CLIP}, True),
-    "distill": ({"policy_loss": PolicyLoss.REVERSE_KL}, True),
-    "distill_only": ({"policy_loss": PolicyLoss.REVERSE_KL}, False),
+    "distill": ({"policy_loss": PolicyLoss.REVERSE_KL, "distill_baseline": DistillBaseline.GROUP}, True),
+    "distill_raw": ({"policy_loss": PolicyLoss.REVERSE_KL, "distill_baseline": DistillBaseline.NONE}, True),
+    "distill_only": ({"policy_loss": PolicyLoss.REVERSE_KL, "distill_baseline": DistillBaseline.GROUP}, False),
 }
 
 
@@ -140,7 +141,7 @@ def main() -> None:
     ap.add_argument("--teacher", type=Path, required=True)
     ap.add_argument("--student", type=Path, required=True)
     ap.add_argument("--dataset", type=Path, default=Path("examples/data/arithmetic.jsonl"))
-    ap.add_argument("--arms", default="rl,distill,distill_only",
+    ap.add_argument("--arms", default="rl,distill,distill_raw",
                     help="comma-separated; the first is the baseline; name@field=value sets a trainer.loss field")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--groups", type=int, default=8)

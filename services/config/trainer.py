@@ -40,8 +40,8 @@ class PolicyLoss(StrEnum):
 
 
 class DistillBaseline(StrEnum):
-    GROUP = "group"  # the mean reverse-KL sample of the group's tokens at the same completion position
     NONE = "none"  # the raw sample (Thinking Machines' on-policy distillation)
+    GROUP = "group"  # the mean reverse-KL sample of the group's tokens at the same completion position
 
 
 class MismatchMask(StrEnum):
@@ -165,11 +165,12 @@ class LossConfig:
     distill_coef: float = field(default=1.0, metadata={
         "help": "reverse_kl (on-policy distillation): weight of the per-token reverse-KL sample log pi_behav - "
                 "log pi_teacher subtracted from each token's advantage (the teacher is trainer.teacher).", "ge": 0})
-    distill_baseline: DistillBaseline = field(default=DistillBaseline.GROUP, metadata={
+    distill_baseline: DistillBaseline = field(default=DistillBaseline.NONE, metadata={
         "help": "reverse_kl: baseline subtracted from each token's reverse-KL sample before it enters the advantage: "
-                "group = the mean sample of the group's tokens at the same completion position (as GRPO's group "
-                "mean: removes the sample's large common offset, ~KL, which otherwise adds noise and no signal); "
-                "none = the raw sample (Thinking Machines' form)."})
+                "none = the raw sample (Thinking Machines' form); group = the mean sample of the group's tokens at "
+                "the same completion position (as GRPO's group mean: removes the sample's common offset, ~KL, "
+                "which adds noise early, but like GRPO it gives a group that sampled alike no signal, so a student "
+                "collapsed on a wrong token stays there; docs/algorithms.md)."})
     kl_coef: float = field(default=0.0, metadata={
         "help": "Weight of the KL against a frozen reference model (the initial weights, held by the trainer; "
                 "0: no reference model is loaded).", "ge": 0})

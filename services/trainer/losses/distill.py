@@ -5,7 +5,9 @@ The reverse-KL sample of a token, log pi_behav - log pi_teacher, has a large com
 token the teacher prefers). Entering the advantage raw, the common part multiplies grad log pi of every sampled
 token: zero in expectation, but noise that swamps the signal. ``group`` subtracts the mean sample of the same
 group's tokens at the same completion position (GRPO's group mean applied per token), computed on the host
-before the batch is split into micro-batches, so any split gives the same baselines.
+before the batch is split into micro-batches, so any split gives the same baselines. Like GRPO's, it gives a
+group whose members sampled alike no signal: a student that collapsed on a wrong token gets no push off it
+(measured in docs/algorithms.md), which is why it is not the default.
 """
 
 from __future__ import annotations
