@@ -200,15 +200,11 @@ class NativeEngine:
             if admitted and scoring != (admitted[-1].inp.prompt_logprobs is not None):
                 break  # prompt-scoring requests prefill only together: every row of theirs computes [width, vocab]
             tokens = len(req.inp.prompt_ids)
-            if rows + req.inp.n > self.max_rows or (admitted and prefill + tokens > self.max_prefill_tokens):
-                break
-            if scoring and admitted and (len(admitted) + 1) * max(width, tokens) > self.max_prefill_tokens:
-                break  # their logits hold rows x the longest prompt (padding included): bounded like a prefill
-            self._queue.popleft()
-            admitted.append(req)
-            rows += req.inp.n
-            prefill += tokens
-            width = max(width, tokens)
+            if rows + req.inp.n > self.max_rows or (admitted and max(
+                    prefill + tokens, scoring * (len(admitted) + 1) * max(width, tokens)) > self.max_prefill_tokens):
+                break  # (scoring rows' logits hold rows x the longest prompt, padding included: bounded as well)
+            admitted.append(self._queue.popleft())
+            rows, prefill, width = rows + req.inp.n, prefill + tokens, max(width, tokens)
             if req.inp.seed is not None:
                 self._exclusive = True
                 break
