@@ -34,7 +34,7 @@ from relayrl.common.lifecycle import (
     raise_on_stop_signals,
     restore_signals,
 )
-from relayrl.common.metrics_row import format_time_shares, parse_line, read_rows
+from relayrl.common.metrics_row import format_books, format_time_shares, parse_line, read_rows
 from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.common.threads import automatic_division, thread_env
@@ -289,13 +289,7 @@ class Launcher:
                               (len(invalid), sum(invalid)), added - appended)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         after = summary["groups_after_checkpoint"]
-        foreign = f" (+ {summary['groups_foreign']} appended by others)" if summary["groups_foreign"] else ""
-        self._say(f"relayrl: groups produced {summary['groups_produced']}{foreign} = trained "
-                  f"{summary['groups_trained']} + dropped as stale {summary['groups_dropped_stale']} + dropped for "
-                  f"reward errors "
-                  f"{summary['groups_dropped_reward_error']} + dropped with zero advantage "
-                  f"{summary['groups_dropped_zero_advantage']} + invalid {summary['groups_invalid']} + pending "
-                  f"{summary['groups_pending']}"
+        self._say(f"relayrl: {format_books(summary)}"
                   + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
                      "again)" if after else ""))
         if summary["trainer_time"]:

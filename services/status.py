@@ -156,6 +156,8 @@ def render(state: dict[str, Any]) -> str:
                                  + _rollout_turns(s),
             "trainer": lambda s: f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
                                  f"episodes trained, {s.get('episodes_dropped_stale')} dropped stale, "
+                                 f"{s.get('episodes_dropped_reward_error', 0)} dropped for reward errors, "
+                                 f"{s.get('episodes_dropped_zero_advantage', 0)} dropped with zero advantage, "
                                  f"{s.get('episodes_invalid', 0)} invalid"
                                  f"{', FINISHED' if s.get('finished') else ''}",
         }.get(kind, lambda s: "")(st)

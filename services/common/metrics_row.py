@@ -264,3 +264,24 @@ def format_time_shares(shares: Mapping[str, float]) -> str:
         return ""
     parts = ", ".join(f"{name.replace('_', ' ')} {100 * shares[name]:.0f}%" for name in TIME_SHARES)
     return f"trainer time over {shares['wall_s']:.1f}s: {parts}; plumbing {100 * shares['plumbing']:.0f}%"
+
+
+# how a group that was produced left the books, in the order the summaries write them: summary key -> words
+GROUP_OUTCOMES: tuple[tuple[str, str], ...] = (
+    ("groups_trained", "trained"),
+    ("groups_dropped_stale", "dropped as stale"),
+    ("groups_dropped_reward_error", "dropped for reward errors"),
+    ("groups_dropped_zero_advantage", "dropped with zero advantage"),
+    ("groups_invalid", "invalid"),
+    ("groups_pending", "pending"),
+)
+
+
+def format_books(summary: Mapping[str, Any]) -> str:
+    """The run's books of a ``summary.json`` in one line: groups produced = trained + each drop reason + invalid +
+    pending (a key a summary of an older version lacks counts 0). Printed by ``relayrl run``, shown by the
+    dashboard."""
+    foreign = summary.get("groups_foreign", 0)
+    return (f"groups produced {summary.get('groups_produced', 0)}"
+            + (f" (+ {foreign} appended by others)" if foreign else "") + " = "
+            + " + ".join(f"{words} {summary.get(key, 0)}" for key, words in GROUP_OUTCOMES))

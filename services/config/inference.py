@@ -46,7 +46,9 @@ class InferenceConfig:
         "help": "Most sequences (prompts x n) decoded together; more requests wait in a queue.", "ge": 1})
     max_prefill_tokens: int = field(default=8192, metadata={
         "help": "Most prompt tokens prefilled in one step when requests join the running batch (one request is "
-                "always admitted).", "ge": 1})
+                "always admitted). Prompt-scoring requests (ScoreTokens, echoed prompt logprobs) prefill only with "
+                "each other, while their count x their longest prompt stays within it (their logits cover every "
+                "position).", "ge": 1})
     max_prompt_tokens: int = field(default=2048, metadata={"help": "Longest accepted prompt.", "ge": 1})
     max_prompt_chars: int = field(default=65536, metadata={
         "help": "Longest accepted prompt text in characters, checked before tokenising (tokenising a huge text "

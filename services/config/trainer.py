@@ -36,7 +36,12 @@ class PolicyLoss(StrEnum):
     TIS = "tis"  # policy gradient weighted by min(pi_prox / pi_behav, cap) (truncated importance sampling)
     GSPO = "gspo"  # sequence-level (length-normalised) ratio, clipped per sequence
     CISPO = "cispo"  # REINFORCE with the clipped, detached importance ratio as weight (every token keeps a gradient)
-    REVERSE_KL = "reverse_kl"  # on-policy distillation: PPO-clip, per-token advantage A - coef (log pi - log pi_T)
+    REVERSE_KL = "reverse_kl"  # on-policy distillation: PPO-clip, advantage A - coef (log pi_behav - log pi_T - b)
+
+
+class DistillBaseline(StrEnum):
+    NONE = "none"  # the raw sample (Thinking Machines' on-policy distillation)
+    GROUP = "group"  # the mean reverse-KL sample of the group's tokens at the same completion position
 
 
 class MismatchMask(StrEnum):
@@ -131,7 +136,8 @@ class LossConfig:
                 "the trainer's proximal logprobs times pi_prox/pi_behav; tis = policy gradient times "
                 "min(pi_prox/pi_behav, importance_cap); gspo = sequence-level length-normalised ratio, clipped "
                 "per sequence; cispo = policy gradient times the clipped, detached ratio; reverse_kl = on-policy "
-                "distillation: ppo_clip with each token's advantage minus distill_coef x (log pi - log pi_teacher) "
+                "distillation: ppo_clip with each token's advantage minus distill_coef x (log pi_behav - "
+                "log pi_teacher - distill_baseline) "
                 "(needs trainer.teacher; docs/algorithms.md)."})
     off_policy: OffPolicyCorrection = field(default=OffPolicyCorrection.NONE, metadata={
         "help": "Former choice of the loss: none = ppo_clip, decoupled_ppo, tis. Use policy_loss.",
@@ -157,8 +163,14 @@ class LossConfig:
     overlong_penalty: float = field(default=1.0, metadata={
         "help": "Largest reward penalty of the overlong buffer.", "ge": 0})
     distill_coef: float = field(default=1.0, metadata={
-        "help": "reverse_kl (on-policy distillation): weight of the per-token reverse-KL sample log pi - log "
-                "pi_teacher subtracted from each token's advantage (the teacher is trainer.teacher).", "ge": 0})
+        "help": "reverse_kl (on-policy distillation): weight of the per-token reverse-KL sample log pi_behav - "
+                "log pi_teacher subtracted from each token's advantage (the teacher is trainer.teacher).", "ge": 0})
+    distill_baseline: DistillBaseline = field(default=DistillBaseline.NONE, metadata={
+        "help": "reverse_kl: baseline subtracted from each token's reverse-KL sample before it enters the advantage: "
+                "none = the raw sample (Thinking Machines' form); group = the mean sample of the group's tokens at "
+                "the same completion position (as GRPO's group mean: removes the sample's common offset, ~KL, "
+                "which adds noise early, but like GRPO it gives a group that sampled alike no signal, so a student "
+                "collapsed on a wrong token stays there; docs/algorithms.md)."})
     kl_coef: float = field(default=0.0, metadata={
         "help": "Weight of the KL against a frozen reference model (the initial weights, held by the trainer; "
                 "0: no reference model is loaded).", "ge": 0})

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from relayrl.common.metrics_row import RlRow, parse_row
+from relayrl.common.metrics_row import RlRow, format_books, parse_row
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,7 @@ class DashboardServer:
         return {"run": self.run_dir.resolve().name, "metrics_path": str(self.metrics_path), "rows": chunk.rows,
                 "offset": chunk.offset, "file": chunk.file_id, "reset": chunk.reset, "bad_lines": chunk.bad_lines,
                 "finished": finished, "summary": summary if finished else None,
+                "books": format_books(summary) if finished and summary is not None else None,
                 "max_staleness": _max_staleness(self.run_dir / "config.yaml")}
 
     def serve_forever(self) -> None:

@@ -188,7 +188,7 @@ class NativeEngine:
         """Queued requests that fit now, FIFO (called with the condition held)."""
         admitted: list[_Request] = []
         rows = len(self._rows)
-        prefill = 0
+        prefill = width = 0
         while self._queue and not self._exclusive:
             req = self._queue[0]
             if req.future.cancelled():
@@ -196,15 +196,15 @@ class NativeEngine:
                 continue
             if req.inp.seed is not None and (rows or admitted):
                 break  # a seeded request waits until it can run alone
-            if admitted and (req.inp.prompt_logprobs is not None or admitted[-1].inp.prompt_logprobs is not None):
-                break  # a prompt-scoring request prefills alone: its [prompt, vocab] logits are the step's only ones
+            scoring = req.inp.prompt_logprobs is not None
+            if admitted and scoring != (admitted[-1].inp.prompt_logprobs is not None):
+                break  # prompt-scoring requests prefill only together: every row of theirs computes [width, vocab]
             tokens = len(req.inp.prompt_ids)
-            if rows + req.inp.n > self.max_rows or (admitted and prefill + tokens > self.max_prefill_tokens):
-                break
-            self._queue.popleft()
-            admitted.append(req)
-            rows += req.inp.n
-            prefill += tokens
+            if rows + req.inp.n > self.max_rows or (admitted and max(
+                    prefill + tokens, scoring * (len(admitted) + 1) * max(width, tokens)) > self.max_prefill_tokens):
+                break  # (scoring rows' logits hold rows x the longest prompt, padding included: bounded as well)
+            admitted.append(self._queue.popleft())
+            rows, prefill, width = rows + req.inp.n, prefill + tokens, max(width, tokens)
             if req.inp.seed is not None:
                 self._exclusive = True
                 break

@@ -25,6 +25,7 @@ from relayrl.trainer.losses.advantages import (
     overlong_penalty,
     reinforce_pp_values,
 )
+from relayrl.trainer.losses.distill import distill_baselines
 from relayrl.trainer.losses.kl import kl_reward_penalty
 from relayrl.trainer.losses.step import LossTerms, denominator, loss_terms
 from relayrl.trainer.losses.tokens import Tokens
@@ -124,14 +125,17 @@ class Learner:
         return self.reference.logprobs(mb)
 
     def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor,
-                    teacher: torch.Tensor | None = None, ref: torch.Tensor | None = None) -> LossTerms:
+                    teacher: torch.Tensor | None = None, ref: torch.Tensor | None = None,
+                    baseline: torch.Tensor | None = None) -> LossTerms:
         """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence;
-        ``teacher`` the teacher's logprobs and ``ref`` the reference's, laid out like ``mb``."""
+        ``teacher`` the teacher's logprobs, ``ref`` the reference's and ``baseline`` the distillation baseline
+        of each token, laid out like ``mb``."""
         prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
         seq = mb.sequence_index().reshape(-1)
         tokens = Tokens(logp.reshape(-1), prox.reshape(-1), mb.behaviour_logprobs.reshape(-1),
                         adv.to(logp.dtype)[seq], mb.mask.to(logp.dtype).reshape(-1), seq, mb.sequences(),
-                        None if teacher is None else teacher.to(logp.dtype).reshape(-1))
+                        None if teacher is None else teacher.to(logp.dtype).reshape(-1),
+                        None if baseline is None else baseline.to(logp.dtype).reshape(-1))
         return loss_terms(self.cfg.loss, tokens, None if ref is None else ref.reshape(-1))
 
     def rl_step(self, episodes: Sequence[Episode], teacher: Sequence[Sequence[float]] | None = None,
@@ -228,6 +232,10 @@ class Learner:
         global_tokens = max(float(counts[0]), 1.0)
         norm = denominator(self.cfg.loss, global_tokens, float(counts[1]), self.max_completion_tokens)
         n_micro = agreed_count(coll, len(plan))
+        baselines = None if teacher is None else distill_baselines(
+            self.cfg.loss.distill_baseline, [[b - t for b, t in zip(e.behaviour_logprobs, lps, strict=True)]
+                                             for e, lps in zip(episodes, teacher, strict=True)],
+            [e.group_id for e in episodes], [e.loss_mask or [1] * len(e.completion_token_ids) for e in episodes])
         # loss, clipped, ratio, kl, importance sum, |prox - behav| sum, mismatch-masked tokens, reference kl,
         # teacher kl
         sums = torch.zeros(9, dtype=torch.float64, device=self.device)
@@ -236,17 +244,18 @@ class Learner:
             if i < len(plan):
                 mb = self._pack_rows(episodes, plan[i])
                 mb_adv = adv[torch.tensor(plan[i], dtype=torch.long, device=self.device)]
-                mb_teacher = None if teacher is None else \
-                    self._pack_rows(episodes, plan[i], teacher).behaviour_logprobs
+                mb_teacher, mb_base = (None, None) if teacher is None or baselines is None else \
+                    (self._pack_rows(episodes, plan[i], teacher).behaviour_logprobs,
+                     self._pack_rows(episodes, plan[i], baselines).behaviour_logprobs)
             else:  # padding: every rank runs the same micro-batches
                 mb, mb_adv = self._padding_micro_batch()
-                mb_teacher = None if teacher is None else torch.zeros_like(mb.behaviour_logprobs)
+                mb_teacher = mb_base = None if teacher is None else torch.zeros_like(mb.behaviour_logprobs)
             ref = None
             if self._has_reference() and self.cfg.loss.kl_use is KlUse.LOSS:
                 ref = self._reference_logprobs(episodes, plan[i], mb) if i < len(plan) else \
                     torch.zeros_like(mb.behaviour_logprobs)
             logp = model_logprobs(self.model, mb)
-            terms = self._loss_terms(logp, mb, mb_adv, mb_teacher, ref)
+            terms = self._loss_terms(logp, mb, mb_adv, mb_teacher, ref, mb_base)
             (terms.loss_sum / norm).backward()
             with torch.no_grad():
                 diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask

@@ -109,12 +109,18 @@ def cispo(t: Tokens, p: PolicyParams) -> PolicyTerms:
 @register(PolicyLoss.REVERSE_KL)
 def reverse_kl(t: Tokens, p: PolicyParams) -> PolicyTerms:
     """On-policy distillation (Agarwal et al. 2024, GKD; Lu & Thinking Machines 2025): the student's sampled tokens
-    scored by the teacher; each token's advantage is A - coef * sg(log pi_prox - log pi_teacher) (the per-token
-    sample of the reverse KL, as a penalty) in the PPO-clip objective against the behaviour logprobs. On-policy
-    its gradient is coef * E_pi[(log pi - log pi_T) grad log pi] = coef * grad KL(pi || pi_T) (plus the RL term)."""
+    scored by the teacher; each token's advantage is A - coef * (log pi_behav - log pi_teacher - b), the per-token
+    sample of the reverse KL as a penalty, minus its baseline b (relayrl.trainer.losses.distill; 0 when None), in
+    the PPO-clip objective against the behaviour logprobs. The sample uses the sampler's logprobs, as Thinking
+    Machines' form does. On-policy its expected gradient is coef * E_pi[(log pi - log pi_T) grad log pi] =
+    coef * grad KL(pi || pi_T) (plus the RL term): b does not depend on the token (up to its own share of a group
+    mean), so it changes the variance, not the expectation."""
     if t.teacher is None:
         raise ValueError("reverse_kl needs the teacher's logprobs (trainer.teacher)")
-    adv = t.advantages - p.distill_coef * (t.prox - t.teacher).detach()
+    sample = t.behaviour - t.teacher
+    if t.distill_baseline is not None:
+        sample = sample - t.distill_baseline
+    adv = t.advantages - p.distill_coef * sample.detach()
     ratio = torch.exp(t.logp - t.behaviour)
     loss, was_clipped = _clipped_objective(ratio, adv, p)
     return PolicyTerms(loss, was_clipped, ratio.detach())

@@ -26,6 +26,7 @@ class Tokens:
     seq: torch.Tensor  # [N] long: the token's sequence, in [0, num_seqs)
     num_seqs: int
     teacher: torch.Tensor | None = None  # [N] log pi_teacher of the sampled token (on-policy distillation)
+    distill_baseline: torch.Tensor | None = None  # [N] baseline of its reverse-KL sample (None: 0)
 
     @staticmethod
     def from_rows(logp: torch.Tensor, prox: torch.Tensor, behaviour: torch.Tensor, advantages: torch.Tensor,
