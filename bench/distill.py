@@ -28,8 +28,9 @@ import torch
 
 from relayrl.common.model import end_token_ids, load_model, load_tokenizer
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.loss import DistillBaseline, LossConfig, PolicyLoss
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import DistillBaseline, LossConfig, OptimizerConfig, PolicyLoss, TrainerConfig
+from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.reward.api import RewardInput
 from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.batching import pack

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.common.metrics_row import read_rows, rl_rows
+from relayrl.config.loss import AdvantageEstimator, LossAggregation, MismatchMask, PolicyLoss
 from relayrl.config.run import RunConfig, load_run_config
-from relayrl.config.trainer import AdvantageEstimator, LossAggregation, MismatchMask, PolicyLoss
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW = 10  # steps in the trailing mean the thresholds are checked on

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.config.trainer import KlUse, MicroBatchLayout, TrainerConfig
+from relayrl.config.loss import KlUse
+from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
 from relayrl.trainer.batching import PackedBatch, pack, pack_row, plan_micro_batches, plan_packed
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.loss import token_logprobs

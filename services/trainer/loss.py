@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.config.trainer import AdvantageEstimator, PolicyLoss
+from relayrl.config.loss import AdvantageEstimator, PolicyLoss
 from relayrl.trainer.losses.advantages import advantages
 from relayrl.trainer.losses.policy import PolicyParams, policy_loss
 from relayrl.trainer.losses.step import LossTerms

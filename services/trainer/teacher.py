@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from relayrl.client import InferenceClient, RetryPolicy
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.loss import TeacherConfig
 from relayrl.config.tls import TlsConfig
-from relayrl.config.trainer import TeacherConfig
 
 SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)  # ScoreTokens is read-only: safe to repeat
 

@@ -14,15 +14,9 @@ import torch.multiprocessing as mp
 
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.loss import AdvantageEstimator, LossAggregation, LossConfig, PolicyLoss
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import (
-    AdvantageEstimator,
-    LossAggregation,
-    LossConfig,
-    MicroBatchLayout,
-    PolicyLoss,
-    TrainerConfig,
-)
+from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner
 from tests.conftest import free_port

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from relayrl.config.trainer import AdvantageEstimator
+from relayrl.config.loss import AdvantageEstimator
 from relayrl.trainer.losses.advantages import (
     ESTIMATORS,
     Groups,
@@ -91,7 +91,7 @@ def test_deprecated_off_policy_still_selects_its_loss_and_a_contradiction_is_ref
         caplog: pytest.LogCaptureFixture) -> None:
     from relayrl.common.config import ConfigError
     from relayrl.config import load_run_config
-    from relayrl.config.trainer import PolicyLoss
+    from relayrl.config.loss import PolicyLoss
 
     with caplog.at_level("WARNING"):
         cfg = load_run_config(None, ["trainer.loss.off_policy=tis"])

@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.loss import LossAggregation, LossConfig, OffPolicyCorrection
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import LossAggregation, LossConfig, OffPolicyCorrection, OptimizerConfig, TrainerConfig
+from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.trainer import learner as learner_module
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner, StepStats, pack

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from relayrl.config.trainer import AdvantageEstimator
+from relayrl.config.loss import AdvantageEstimator
 from relayrl.trainer.learner import pack
 from relayrl.trainer.loss import advantages, grpo_advantages, ppo_clip_loss, tis_loss, token_logprobs
 

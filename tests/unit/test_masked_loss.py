@@ -9,8 +9,9 @@ import torch
 
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.loss import LossAggregation, LossConfig, PolicyLoss
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import LossAggregation, LossConfig, OptimizerConfig, PolicyLoss, TrainerConfig
+from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.trainer.learner import Learner
 
 PROMPT = [3, 4, 5]

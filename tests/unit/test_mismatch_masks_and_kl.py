@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from relayrl.config.trainer import KlEstimator, KlUse, LossAggregation, LossConfig, MismatchMask, PolicyLoss
+from relayrl.config.loss import KlEstimator, KlUse, LossAggregation, LossConfig, MismatchMask, PolicyLoss
 from relayrl.trainer.losses.kl import kl_estimate, kl_reward_penalty
 from relayrl.trainer.losses.masks import MASKS, mismatch_mask
 from relayrl.trainer.losses.step import loss_terms

@@ -8,15 +8,9 @@ import pytest
 import torch
 
 from relayrl.common.model import load_model
+from relayrl.config.loss import LossAggregation, LossConfig, MismatchMask, PolicyLoss
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import (
-    LossAggregation,
-    LossConfig,
-    MicroBatchLayout,
-    MismatchMask,
-    PolicyLoss,
-    TrainerConfig,
-)
+from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
 from relayrl.trainer.batching import pack, pack_row, plan_packed
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.reference import model_logprobs

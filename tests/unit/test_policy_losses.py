@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from relayrl.config.trainer import LossAggregation, PolicyLoss
+from relayrl.config.loss import LossAggregation, PolicyLoss
 from relayrl.trainer.losses.policy import POLICY_LOSSES, PolicyParams, policy_loss
 from relayrl.trainer.losses.tokens import Tokens, aggregation_weights
 

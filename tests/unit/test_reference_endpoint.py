@@ -10,8 +10,9 @@ import torch
 
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.loss import KlUse, LossConfig
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import KlUse, LossConfig, OptimizerConfig, TrainerConfig
+from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.reference import Reference

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from relayrl.common.model import load_model
+from relayrl.config.loss import AdvantageEstimator, KlEstimator, KlUse, LossConfig
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import AdvantageEstimator, KlEstimator, KlUse, LossConfig, TrainerConfig
+from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.batching import pack
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.losses.advantages import advantages

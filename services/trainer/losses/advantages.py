@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.config.trainer import AdvantageEstimator
+from relayrl.config.loss import AdvantageEstimator
 
 
 @dataclass(frozen=True)

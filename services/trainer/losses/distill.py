@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from relayrl.config.trainer import DistillBaseline
+from relayrl.config.loss import DistillBaseline
 
 
 def distill_baselines(kind: DistillBaseline, samples: Sequence[Sequence[float]], groups: Sequence[str],

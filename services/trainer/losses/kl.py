@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from relayrl.config.trainer import KlEstimator
+from relayrl.config.loss import KlEstimator
 
 KlFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from relayrl.config.trainer import MismatchMask
+from relayrl.config.loss import MismatchMask
 from relayrl.trainer.losses.tokens import Tokens
 
 MaskFn = Callable[[Tokens, float, float], torch.Tensor]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.config.trainer import PolicyLoss
+from relayrl.config.loss import PolicyLoss
 from relayrl.trainer.losses.tokens import Tokens
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relayrl.config.trainer import KlUse, LossAggregation, LossConfig
+from relayrl.config.loss import KlUse, LossAggregation, LossConfig
 from relayrl.trainer.losses.kl import kl_estimate
 from relayrl.trainer.losses.masks import mismatch_mask
 from relayrl.trainer.losses.policy import PolicyParams, policy_loss

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from relayrl.config.trainer import LossAggregation
+from relayrl.config.loss import LossAggregation
 
 
 @dataclass(frozen=True)
