@@ -280,8 +280,8 @@ class VllmEngine:
         for out in outputs:
             if out.request_id in probes:
                 if out.finished:
-                    seq = probes[out.request_id][0]
-                    probes[out.request_id] = (seq, [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], seq[1:],
+                    ids = probes[out.request_id][0]
+                    probes[out.request_id] = (ids, [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:],
                                                                                   strict=True)])
                 continue
             seq = self._active.get(out.request_id)
