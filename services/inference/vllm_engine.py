@@ -78,7 +78,6 @@ class _Request:
 @dataclass
 class _Seq:
     """One vLLM request: every sample of a request or, after an adapter swap under ``recompute``, the rest of one."""
-
     req: _Request
     indices: list[int]  # vLLM's sample index -> the request's sample index
     version: int  # the weight version serving it (with LoRA: its adapter's, fixed from admission to its end)
@@ -203,6 +202,7 @@ class VllmEngine:
                 req.future.set_exception(RuntimeError("engine closed"))
         if self._store is not None:
             self._store.close()
+        self._engine.engine_core.shutdown()  # now: when collected later, it would tear down another engine's groups
 
     # -- the engine thread ---------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -99,7 +99,11 @@ class AdapterStore:
         """The store of a vLLM ``LLMEngine`` built with :func:`lora_engine_args`, once every targeted module is
         one it serves LoRA on (ConfigError otherwise)."""
         [supported] = engine.collective_rpc("relayrl_lora_modules")
-        check_targets(targets, supported, cfg)
+        try:
+            check_targets(targets, supported, cfg)
+        except ConfigError:
+            engine.engine_core.shutdown()  # now, not whenever it is collected (see VllmEngine.close)
+            raise
         return cls(cfg, targets)
 
     def write(self, version: int, tensors: Mapping[str, torch.Tensor]) -> Path:
