@@ -7,6 +7,7 @@ from __future__ import annotations
 import stat
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from relayrl.common.config import ConfigError
 from relayrl.common.model import load_model
 from relayrl.common.probe import PROBE_TOLERANCE, probe_logprobs
-from relayrl.config.inference import EngineKind, InferenceConfig
+from relayrl.config.inference import EngineKind, InferenceConfig, KvOnUpdate
 from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
 from relayrl.inference.engine import GenerationInput, TokenEvent, generate
@@ -122,7 +123,32 @@ def test_request_in_flight_goes_on_under_the_new_adapter_and_the_old_one_is_remo
     assert [p.name for p in engine._store.root.iterdir()] == [f"v{v1 + 1:09d}"]
 
 
+def test_request_in_flight_under_keep_finishes_on_its_own_adapter_and_version(engine: Any, model_dir: Path) -> None:
+    first, second = _policy(model_dir, 4), _policy(model_dir, 5)
+    v1 = engine.version + 1
+    engine.update_weights(_adapter(first), v1)
+    tokens = threading.Semaphore(0)
+    engine.cfg = replace(engine.cfg, kv_on_update=KvOnUpdate.KEEP)  # read at each swap; LoRA's prefix cache is
+    try:  # keyed by adapter, so no block of one adapter is reused under another either way
+        future = engine.submit(GenerationInput(prompt_ids=PROMPT, max_new_tokens=200, temperature=0.9,
+                                               ignore_eos=True, on_token=lambda event: tokens.release()))
+        for _ in range(4):
+            assert tokens.acquire(timeout=120)
+        engine.update_weights(_adapter(second), v1 + 1)
+        [[after]] = generate(engine, [GenerationInput(prompt_ids=PROMPT, max_new_tokens=4, temperature=0.9,
+                                                      ignore_eos=True)], timeout=300)
+        [s] = future.result(timeout=300)
+    finally:
+        engine.cfg = replace(engine.cfg, kv_on_update=KvOnUpdate.RECOMPUTE)
+
+    assert s.weight_versions == [v1] * 200 and after.weight_versions == [v1 + 1] * 4
+    torch.testing.assert_close(torch.tensor(s.logprobs), _reference(first, PROMPT, s.token_ids, 0.9), rtol=0,
+                               atol=ATOL)  # the whole sample on the first adapter
+    assert engine._engine.list_loras() == {v1 + 1}  # the first one went when its last request finished
+
+
 def test_target_module_vllm_serves_no_lora_on_is_refused_at_start_up(model_dir: Path) -> None:
+    # last in this module: the refused engine's teardown also ends the process's vLLM state the module's engine uses
     from relayrl.inference.vllm_engine import VllmEngine
 
     lora = LoraConfig(enabled=True, rank=4, target_modules=["q_proj", "embed_tokens"])
