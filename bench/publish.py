@@ -8,9 +8,12 @@ versions (each a fresh perturbation of the weights) after one warm-up push and p
 
     python bench/publish.py MODEL_DIR [--pushes 10] [--transports grpc_stream shared_path shared_memory]
         [--probe-sequences 4] [--probe-tokens 32] [--dtype float32|bfloat16] [--lora-rank R] [--probe-every N]
+        [--engines native vllm]
 
 ``--lora-rank``: both sides hold base + a LoRA adapter of that rank (model.lora defaults otherwise) and each
-publication carries the adapter only.
+publication carries the adapter only. ``--engines``: the inference engines to publish to, each in turn (vllm: in
+the vLLM environment, scripts/setup_vllm_env.sh; it cannot confirm the served weights, so every push is probed);
+with two or more, each engine's total is also printed as a ratio to the first one's, measured in the same run.
 """
 
 from __future__ import annotations
@@ -39,20 +42,28 @@ def _median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any) -> tuple[Any, Any, Any]:
+async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any, engine_kind: str) -> tuple[Any, Any, Any]:
     from relayrl.common.lora import with_lora
     from relayrl.common.model import load_model, load_tokenizer
     from relayrl.config.control import ControlConfig
-    from relayrl.config.inference import InferenceConfig
+    from relayrl.config.inference import EngineKind, InferenceConfig
     from relayrl.inference.native import NativeEngine
     from relayrl.inference.server import create_inference_servers
     from relayrl.inference.serving import InferenceService
 
     d = InferenceConfig()
-    cfg = InferenceConfig(server=replace(d.server, port=0), weights_server=replace(d.weights_server, port=0))
+    cfg = InferenceConfig(engine=EngineKind(engine_kind), server=replace(d.server, port=0),
+                          weights_server=replace(d.weights_server, port=0))
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(mcfg)
-    engine = NativeEngine(with_lora(model, mcfg.lora) if mcfg.lora.enabled else model, tokenizer, torch.device("cpu"))
+    engine: Any
+    if cfg.engine is EngineKind.VLLM:
+        from relayrl.inference.vllm_engine import VllmEngine
+
+        engine = VllmEngine(mcfg, cfg)
+    else:
+        model = load_model(mcfg)
+        engine = NativeEngine(with_lora(model, mcfg.lora) if mcfg.lora.enabled else model, tokenizer,
+                              torch.device("cpu"))
     service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
                                weights_token=ControlConfig().effective_weights_token())
     main, weights = create_inference_servers(service)
@@ -61,8 +72,8 @@ async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any) -> tuple[Any, An
     return service, main, weights
 
 
-async def bench_transport(model_dir: Path, transport: str, pushes: int,
-                          probe_shape: tuple[int, int], mcfg: Any, probe_every: int = 1) -> dict[str, float]:
+async def bench_transport(model_dir: Path, transport: str, pushes: int, probe_shape: tuple[int, int], mcfg: Any,
+                          probe_every: int = 1, engine_kind: str = "native") -> dict[str, float]:
     from relayrl.common.model import load_tokenizer
     from relayrl.config.control import ControlConfig
     from relayrl.config.trainer import WeightTransport
@@ -72,7 +83,7 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int,
 
     with tempfile.TemporaryDirectory() as tmp:
         weights_dir = Path(tmp) / "weights"
-        service, main, weights = await _serve(model_dir, weights_dir, mcfg)
+        service, main, weights = await _serve(model_dir, weights_dir, mcfg, engine_kind)
         try:
             model = load_policy(mcfg)  # as the trainer builds it: with LoRA, only the adapter is trained
             probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), *probe_shape, seed=0)
@@ -139,6 +150,7 @@ def main() -> None:
     ap.add_argument("--no-blocks", action="store_true", help="skip timing the building blocks alone")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--lora-rank", type=int, default=0, help="publish a LoRA adapter of this rank (0: full weights)")
+    ap.add_argument("--engines", nargs="+", choices=("native", "vllm"), default=["native"])
     args = ap.parse_args()
     from relayrl.config.lora import LoraConfig
     from relayrl.config.model import ModelConfig
@@ -152,8 +164,14 @@ def main() -> None:
     print(f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), {args.dtype}, LoRA rank {args.lora_rank}, "
           f"probe {probe_shape} every {args.probe_every}, load {os.getloadavg()[0]:.2f}")
     for transport in args.transports:
-        r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape, mcfg, args.probe_every))
-        print(f"{transport:14s} " + "  ".join(f"{k} {v * 1000:7.1f} ms" for k, v in r.items()))
+        totals = []
+        for engine in args.engines:
+            r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape, mcfg,
+                                            args.probe_every, engine))
+            totals.append(r["total"])
+            print(f"{transport:14s} {engine:6s} " + "  ".join(f"{k} {v * 1000:7.1f} ms" for k, v in r.items())
+                  + (f"  ({r['total'] / totals[0]:.2f}x {args.engines[0]})" if len(totals) > 1 else "")
+                  + f"  load {os.getloadavg()[0]:.2f}")
     if args.no_blocks:
         return
     for k, v in building_blocks(args.model_dir, probe_shape).items():

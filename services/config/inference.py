@@ -33,6 +33,10 @@ class VllmConfig:
     cpu_kv_cache_gib: int = field(default=2, metadata={
         "help": "KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB).", "ge": 1})
     enforce_eager: bool = field(default=True, metadata={"help": "Disable CUDA graphs / compilation."})
+    max_loras: int = field(default=2, metadata={
+        "help": "With model.lora: adapters vLLM serves at once, each a weight version (the newest, and older ones "
+                "that requests in flight still use under kv_on_update: keep). A request whose adapter finds no free "
+                "slot waits for one.", "ge": 1, "le": 64})
 
 
 @dataclass

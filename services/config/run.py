@@ -60,9 +60,6 @@ class RunConfig:
                 "plaintext)."})
 
     def validate(self) -> None:
-        if self.model.lora.enabled and self.inference.engine.value != "native":
-            raise ConfigError("model.lora.enabled", True, f"LoRA is served by the native engine only, not by "
-                              f"inference.engine={self.inference.engine.value} (adapter updates are not wired to it)")
         if self.model.lora.enabled and self.trainer.distributed.dp_shard > 1:
             raise ConfigError("trainer.distributed.dp_shard", self.trainer.distributed.dp_shard,
                               "must be 1 with model.lora.enabled (the adapter is small: replicate it)")

@@ -10,6 +10,9 @@ KV after a swap: ``kv_on_update: recompute`` (default) resets the prefix cache a
 which vLLM then re-prefills under the new weights; ``keep`` disables prefix caching (so no new request can reuse
 blocks computed under old weights) and lets running requests continue on their old keys/values.
 
+With ``model.lora`` an update is the adapter only, served as one vLLM LoRA adapter per version
+(:mod:`relayrl.inference.vllm_lora`); a token carries the version of the adapter that produced it.
+
 Logprobs: vLLM's ``processed_logprobs`` mode, i.e. after temperature. That equals relayrl's convention (full
 tempered softmax, before truncation) only without top-k/top-p truncation, so this engine refuses ``top_p < 1``
 and ``top_k > 0`` rather than return logprobs the trainer would misread; greedy (``top_k == 1`` at temperature
@@ -23,13 +26,14 @@ sampled it (streaming).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,10 +42,12 @@ from relayrl.common.logging import log_context
 from relayrl.common.model import end_token_ids, load_generation_config, load_tokenizer, torch_dtype
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import check_probe
-from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors, parameter_specs
+from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors
 from relayrl.config.inference import InferenceConfig, KvOnUpdate
 from relayrl.config.model import ModelConfig
 from relayrl.inference.engine import Alternatives, EngineStats, GenerationInput, SampleOutput, TokenEvent
+from relayrl.inference.vllm_convert import alternatives, greedy, hf_parameter_specs, prompt_logprobs
+from relayrl.inference.vllm_lora import AdapterStore, adapter_specs, lora_engine_args
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,7 @@ class _Partial:
     text: str = ""
     finish_reason: int = FINISH_REASON_LENGTH
     tops: list[Alternatives] = field(default_factory=list)
+    finished: bool = False
 
 
 @dataclass
@@ -69,34 +76,19 @@ class _Request:
 
 
 @dataclass
+class _Seq:
+    """One vLLM request: every sample of a request or, after an adapter swap under ``recompute``, the rest of one."""
+    req: _Request
+    indices: list[int]  # vLLM's sample index -> the request's sample index
+    version: int  # the weight version serving it (with LoRA: its adapter's, fixed from admission to its end)
+
+
+@dataclass
 class _Swap:
     tensors: Mapping[str, torch.Tensor]
     version: int
     probe: Sequence[Sequence[int]]
     done: Future[list[float]] = field(default_factory=Future)
-
-
-def hf_parameter_specs(path: str, dtype: torch.dtype) -> dict[str, TensorSpec]:
-    """Names, shapes and dtypes of the Hugging Face model's unique parameters (what the trainer sends), from its
-    config alone (meta device, no memory)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return parameter_specs(model)
-
-
-def _greedy(inp: GenerationInput) -> bool:
-    return inp.top_k == 1 and inp.temperature == 1.0
-
-
-def _alternatives(entries: Mapping[int, Any] | None, k: int) -> Alternatives:
-    """The k most likely tokens of one position of vLLM's logprobs (it adds the sampled or prompt token, ranked)."""
-    if not k or not entries:
-        return []
-    ranked = sorted((lp.rank, tid, lp.logprob) for tid, lp in entries.items() if lp.rank is not None and lp.rank <= k)
-    return [(tid, float(lp)) for _, tid, lp in ranked]
 
 
 class VllmEngine:
@@ -118,12 +110,19 @@ class VllmEngine:
             kwargs["max_model_len"] = cfg.vllm.max_model_len
         if model_cfg.device.startswith("cuda"):
             kwargs["gpu_memory_utilization"] = cfg.vllm.gpu_memory_utilization
+        lora = model_cfg.lora
+        if lora.enabled:  # updates carry the adapter only, served as vLLM LoRA adapters (relayrl.inference.vllm_lora)
+            self._specs, targets = adapter_specs(path, torch_dtype(model_cfg), lora)
+            kwargs.update(lora_engine_args(lora, targets, cfg.vllm.max_loras))
+        else:
+            self._specs, targets = hf_parameter_specs(path, torch_dtype(model_cfg)), []
         self._llm = LLM(**kwargs)
         self._engine = self._llm.llm_engine
+        self._lora: Any = None  # the LoRARequest of the served version (None: the base, version 0)
+        self._store = AdapterStore.checked(self._engine, lora, targets) if lora.enabled else None
         self.tokenizer = load_tokenizer(model_cfg.path)
         # EOS and the end-of-turn ids of the generation config, explicitly (as the native engine stops)
         self._end_ids = end_token_ids(self.tokenizer, load_generation_config(model_cfg.path))
-        self._specs = hf_parameter_specs(path, torch_dtype(model_cfg))
         self._context = int(self._engine.model_config.max_model_len)
         self._vocab = int(self._engine.model_config.get_vocab_size())
         self._version = version
@@ -132,7 +131,7 @@ class VllmEngine:
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()
         self._swaps: list[_Swap] = []
-        self._active: dict[str, _Request] = {}
+        self._active: dict[str, _Seq] = {}  # by vLLM request id
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
         self._thread.start()
@@ -155,14 +154,15 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         with self._cond:
-            running = sum(r.inp.n for r in self._active.values())
-            return EngineStats(running, len(self._active), len(self._queue), self.decode_steps)
+            running = sum(len(s.indices) for s in self._active.values())
+            requests = len({s.req.id for s in self._active.values()})
+            return EngineStats(running, requests, len(self._queue), self.decode_steps)
 
     def submit(self, inp: GenerationInput) -> Future[list[SampleOutput]]:
-        if inp.top_p < 1.0 or (inp.top_k > 0 and not _greedy(inp)):
+        if inp.top_p < 1.0 or (inp.top_k > 0 and not greedy(inp)):
             raise ValueError("the vllm engine does not sample with top_p/top_k truncation: its logprobs would be "
                              "taken after truncation, against relayrl's convention (use the native engine)")
-        if _greedy(inp) and inp.n > 1:
+        if greedy(inp) and inp.n > 1:
             raise ValueError(f"the vllm engine decodes greedily one sample at a time (n=1, got n={inp.n}): vLLM "
                              "refuses n > 1 at temperature 0")
         if inp.prompt_logprobs is not None and inp.temperature != 1.0:
@@ -197,9 +197,12 @@ class VllmEngine:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=30)
-        for req in [*self._queue, *self._active.values()]:
+        for req in [*self._queue, *(s.req for s in self._active.values())]:
             if not req.future.done():
                 req.future.set_exception(RuntimeError("engine closed"))
+        if self._store is not None:
+            self._store.close()
+        self._engine.engine_core.shutdown()  # now: when collected later, it would tear down another engine's groups
 
     # -- the engine thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -223,62 +226,79 @@ class VllmEngine:
             except Exception as exc:  # fail what is in flight, keep serving
                 log.exception("vllm engine step failed")
                 self._engine.abort_request(list(self._active))
-                for req in self._active.values():
-                    if not req.future.done():
-                        req.future.set_exception(exc)
-                with self._cond:
-                    self._active.clear()
+                for vid, seq in list(self._active.items()):
+                    if not seq.req.future.done():
+                        seq.req.future.set_exception(exc)
+                    self._finish(vid)
 
-    def _params(self, inp: GenerationInput, **extra: Any) -> Any:
+    def _params(self, inp: GenerationInput) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if "prompt_logprobs" not in extra and inp.prompt_logprobs is not None:
-            extra["prompt_logprobs"] = inp.prompt_logprobs
         return SamplingParams(
-            n=inp.n, temperature=0.0 if _greedy(inp) else inp.temperature, max_tokens=inp.max_new_tokens,
+            n=inp.n, temperature=0.0 if greedy(inp) else inp.temperature, max_tokens=inp.max_new_tokens,
             stop=list(inp.stop) or None,
             stop_token_ids=[*inp.stop_token_ids, *([] if inp.ignore_eos else self._end_ids)] or None,
             seed=inp.seed, ignore_eos=inp.ignore_eos, logprobs=inp.top_logprobs,
-            include_stop_str_in_output=True, output_kind=RequestOutputKind.DELTA, **extra)
+            include_stop_str_in_output=True, output_kind=RequestOutputKind.DELTA, prompt_logprobs=inp.prompt_logprobs)
 
     def _add(self, req: _Request) -> None:
         if req.future.cancelled():
             return
-        self._engine.add_request(req.id, {"prompt_token_ids": list(req.inp.prompt_ids)}, self._params(req.inp))
+        self._start(req.id, _Seq(req, list(range(req.inp.n)), self._version), req.inp.prompt_ids,
+                    self._params(req.inp))
+
+    def _start(self, vid: str, seq: _Seq, prompt_ids: Sequence[int], params: Any) -> None:
+        """Add a vLLM request, on the served version's adapter (with LoRA)."""
+        self._engine.add_request(vid, {"prompt_token_ids": list(prompt_ids)}, params, lora_request=self._lora)
         with self._cond:
-            self._active[req.id] = req
+            self._active[vid] = seq
+        if self._store is not None:
+            self._store.acquire(seq.version)
+
+    def _finish(self, vid: str) -> None:
+        """Forget a vLLM request that ended (finished or aborted), and adapters nothing uses any more."""
+        with self._cond:
+            seq = self._active.pop(vid)
+        if self._store is not None:
+            self._store.release(seq.version)
+            for v in self._store.unused(self._version):
+                if v > 0:  # version 0 is the base: no adapter
+                    self._engine.remove_lora(v)
+                self._store.delete(v)
 
     def _abort_cancelled(self) -> None:
-        gone = [rid for rid, r in self._active.items() if r.future.cancelled()]
+        gone = [vid for vid, s in self._active.items() if s.req.future.cancelled()]
         if gone:
             self._engine.abort_request(gone)
-            with self._cond:
-                for rid in gone:
-                    del self._active[rid]
+            for vid in gone:
+                self._finish(vid)
 
     def _step(self, probes: dict[str, tuple[list[int], list[float] | None]]) -> None:
         outputs = self._engine.step()
         self.decode_steps += 1
-        version = self._version
         for out in outputs:
             if out.request_id in probes:
                 if out.finished:
-                    seq = probes[out.request_id][0]
-                    probes[out.request_id] = (seq, [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], seq[1:],
+                    ids = probes[out.request_id][0]
+                    probes[out.request_id] = (ids, [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:],
                                                                                   strict=True)])
                 continue
-            req = self._active.get(out.request_id)
-            if req is None:
+            seq = self._active.get(out.request_id)
+            if seq is None:
                 continue
+            req = seq.req
+            # with LoRA each vLLM request keeps its adapter; full-weight swaps change every request's weights
+            version = seq.version if self._store is not None else self._version
             if out.prompt_logprobs and not req.prompt_logprobs:  # sent once, with the request's first output
-                self._take_prompt_logprobs(req, out.prompt_logprobs)
+                req.prompt_logprobs, req.prompt_top = prompt_logprobs(req.inp, out.prompt_logprobs)
             for o in out.outputs:
-                part = req.samples[o.index]
+                index = seq.indices[o.index]
+                part = req.samples[index]
                 new = list(o.token_ids)
                 entries = list(o.logprobs or [])
                 lps = [float(d[t].logprob) for d, t in zip(entries, new, strict=True)]
-                tops = [_alternatives(d, req.inp.top_logprobs) for d in entries]
+                tops = [alternatives(d, req.inp.top_logprobs) for d in entries]
                 part.token_ids += new
                 part.logprobs += lps
                 part.tops += tops
@@ -286,49 +306,85 @@ class VllmEngine:
                 part.text += o.text
                 if req.inp.on_token is not None and not req.future.cancelled():
                     for t, lp, top in zip(new, lps, tops, strict=True):
-                        req.inp.on_token(TokenEvent(o.index, t, lp, version, top))
+                        req.inp.on_token(TokenEvent(index, t, lp, version, top))
                 if o.finish_reason == "stop":
                     part.finish_reason = FINISH_REASON_STOP_STRING if isinstance(o.stop_reason, str) \
                         else FINISH_REASON_STOP
                 elif o.finish_reason == "length":
                     part.finish_reason = FINISH_REASON_LENGTH
+                part.finished = part.finished or o.finish_reason is not None
             if out.finished:
-                with self._cond:
-                    del self._active[out.request_id]
-                if not req.future.cancelled():
+                self._finish(out.request_id)
+                for index in seq.indices:
+                    req.samples[index].finished = True
+                if all(p.finished for p in req.samples) and not req.future.done():
                     req.future.set_result([SampleOutput(
                         p.token_ids, p.logprobs, p.versions, p.finish_reason, p.text,
                         p.tops if req.inp.top_logprobs else [], list(req.prompt_logprobs), list(req.prompt_top))
                         for p in req.samples])
-
-    @staticmethod
-    def _take_prompt_logprobs(req: _Request, entries: Sequence[Mapping[int, Any] | None]) -> None:
-        """The prompt tokens' logprobs and alternatives from vLLM's per-position dicts (the first is None)."""
-        k = req.inp.prompt_logprobs or 0
-        ids = req.inp.prompt_ids
-        scored: list[float | None] = [float(d[t].logprob) if d else None for d, t in zip(entries[1:], ids[1:],
-                                                                                          strict=True)]
-        req.prompt_logprobs = [None, *scored]
-        req.prompt_top = [[]] + [_alternatives(d, k) for d in entries[1:]]
 
     def _apply_swap(self, swap: _Swap) -> None:
         try:
             if swap.version <= self._version:
                 raise StaleVersionError(f"version {swap.version} is not newer than the served version "
                                         f"{self._version}")
-            self._engine.collective_rpc("relayrl_load_weights", args=(swap.tensors,))
-            self._version = swap.version
-            recompute = self.cfg.kv_on_update is KvOnUpdate.RECOMPUTE
-            if recompute:  # running requests are preempted and re-prefilled under the new weights
-                self._engine.reset_prefix_cache(reset_running_requests=True)
+            if self._store is not None:
+                result = self._swap_adapter(swap)
+            else:
+                self._engine.collective_rpc("relayrl_load_weights", args=(swap.tensors,))
+                self._version = swap.version
+                if self.cfg.kv_on_update is KvOnUpdate.RECOMPUTE:  # running requests: preempted, re-prefilled
+                    self._engine.reset_prefix_cache(reset_running_requests=True)
+                result = self._probe(swap.probe) if swap.probe else []
             with log_context(weight_version=swap.version):
                 log.info("weights swapped to version %d", swap.version)
-            swap.done.set_result(self._probe(swap.probe) if swap.probe else [])
+            swap.done.set_result(result)
         except Exception as exc:
             swap.done.set_exception(exc)
 
-    def _probe(self, sequences: Sequence[Sequence[int]]) -> list[float]:
-        """Prompt logprobs of the probe sequences under the current weights (other requests keep stepping)."""
+    def _swap_adapter(self, swap: _Swap) -> list[float]:
+        """Write and load the adapter of ``swap.version``, score the probe on it, then serve it to every request
+        admitted from now on; on failure nothing changed (the version and its adapter stay)."""
+        from vllm.lora.request import LoRARequest
+
+        assert self._store is not None
+        path = self._store.write(swap.version, swap.tensors)
+        lora = LoRARequest(f"relayrl-v{swap.version}", swap.version, str(path))
+        try:
+            self._engine.add_lora(lora)  # loaded now: an adapter vLLM cannot load fails this swap
+            result = self._probe(swap.probe, lora) if swap.probe else []
+        except BaseException:
+            with contextlib.suppress(Exception):  # the swap's own error is the one to report
+                self._engine.remove_lora(swap.version)
+            self._store.delete(swap.version)
+            raise
+        self._version, self._lora = swap.version, lora
+        if self.cfg.kv_on_update is KvOnUpdate.RECOMPUTE:
+            self._continue_on_new_adapter()
+        return result
+
+    def _continue_on_new_adapter(self) -> None:
+        """``recompute`` with LoRA: vLLM fixes a request's adapter when it is added, so each unfinished sample in
+        flight is aborted and added again on the new adapter as prompt + its tokens so far (``keep``: not called)."""
+        for vid, seq in list(self._active.items()):
+            if seq.version == self._version:
+                continue
+            self._engine.abort_request([vid])
+            self._finish(vid)
+            inp = seq.req.inp
+            for index in [i for i in seq.indices if not seq.req.samples[i].finished]:
+                done = seq.req.samples[index].token_ids
+                rest = replace(inp, n=1, max_new_tokens=inp.max_new_tokens - len(done), prompt_logprobs=None,
+                               seed=None if inp.seed is None else inp.seed + index)  # vLLM seeds sample i so
+                try:
+                    self._start(f"{seq.req.id}.{index}.v{self._version}", _Seq(seq.req, [index], self._version),
+                                [*inp.prompt_ids, *done], self._params(rest))
+                except Exception as exc:  # this request fails; the swap stands
+                    if not seq.req.future.done():
+                        seq.req.future.set_exception(exc)
+
+    def _probe(self, sequences: Sequence[Sequence[int]], lora: Any = None) -> list[float]:
+        """Prompt logprobs of the probe sequences under the current weights or ``lora`` (others keep stepping)."""
         from vllm import SamplingParams
 
         probes: dict[str, tuple[list[int], list[float] | None]] = {}
@@ -336,7 +392,8 @@ class VllmEngine:
             rid = f"probe{next(self._ids)}"
             probes[rid] = (list(seq), None)
             self._engine.add_request(rid, {"prompt_token_ids": list(seq)},
-                                     SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0))
+                                     SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0),
+                                     lora_request=lora)
         while any(lps is None for _, lps in probes.values()):
             self._step(probes)
         return [lp for _, lps in probes.values() for lp in lps or []]
