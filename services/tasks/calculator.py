@@ -24,8 +24,8 @@ from relayrl.reward.api import RewardInput, RewardResult
 CHARS = "0123456789+*=<>/cr"
 TOOL = "c"
 TAGGED_OPEN, TAGGED_CLOSE = "<r>", "</r>"  # how the tagged format shows a tool's output (rollout.workflows.tools)
-# Weights of the reward's parts: the call, copying the tool's output, the correct answer (they sum to 1).
-WEIGHTS = {"call": 0.3, "copy": 0.2, "answer": 0.5}
+# Weights of the reward's parts: the call, the call ran, copying the tool's output, the correct answer (sum 1).
+WEIGHTS = {"call": 0.2, "ran": 0.1, "copy": 0.2, "answer": 0.5}
 
 
 def c(expression: str) -> str:
@@ -59,8 +59,9 @@ def tool_output(transcript: str) -> str | None:
 
 def reward(inp: RewardInput) -> RewardResult:
     """Credit for each step of the behaviour (weights ``WEIGHTS``): ``call``, the first turn against the ideal
-    call; ``copy``, the final answer against the output the tool showed (0 without a call); ``answer``, the final
-    answer against the reference; each per character position. 1.0 only for the ideal episode: with the ideal
+    call; ``ran``, 1 when the first call ran without an error (whatever its operands); ``copy``, the final answer
+    against the output the tool showed (0 without a call); ``answer``, the final answer against the reference;
+    each per character position where it applies. 1.0 only for the ideal episode: with the ideal
     call the tool shows the reference, so the copy and the answer agree. ``exact`` (not in the score): the final
     answer equals the reference."""
     answer = inp.reference.strip()
@@ -72,7 +73,8 @@ def reward(inp: RewardInput) -> RewardResult:
     first_turn = transcript[:transcript.find(close) + len(close)] if close in transcript else transcript
     final = inp.completion.strip()
     shown = tool_output(transcript)
-    parts = {"call": _match(first_turn, call), "copy": _match(final, shown) if shown is not None else 0.0,
+    parts = {"call": _match(first_turn, call), "ran": float(shown is not None and not shown.startswith("error")),
+             "copy": _match(final, shown) if shown is not None else 0.0,
              "answer": _match(final, answer)}
     score = sum(WEIGHTS[k] * v for k, v in parts.items())
     return RewardResult(score=score, components={**parts, "exact": float(final == answer)},

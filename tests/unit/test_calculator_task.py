@@ -21,34 +21,34 @@ def test_ideal_episode_scores_one() -> None:
     score, parts = _score("<c>7*8</c><r>56</r>56", "56")
 
     assert score == pytest.approx(1.0, abs=1e-12)  # a sum of weights that add up to 1
-    assert parts == {"call": 1.0, "copy": 1.0, "answer": 1.0, "exact": 1.0}
+    assert parts == {"call": 1.0, "ran": 1.0, "copy": 1.0, "answer": 1.0, "exact": 1.0}
 
 
 def test_wrong_operand_copied_faithfully_gets_call_and_copy_credit_but_under_half() -> None:
     score, parts = _score("<c>7*9</c><r>63</r>63", "63")
 
-    assert parts["call"] == pytest.approx(0.9) and parts["copy"] == 1.0 and parts["answer"] == 0.0
+    assert parts["call"] == pytest.approx(0.9) and parts["ran"] == parts["copy"] == 1.0 and parts["answer"] == 0.0
     assert score < 0.5 and parts["exact"] == 0.0
 
 
 def test_right_call_with_uncopied_result_gets_only_the_call() -> None:
     score, parts = _score("<c>7*8</c><r>56</r>21", "21")
 
-    assert parts == {"call": 1.0, "copy": 0.0, "answer": 0.0, "exact": 0.0}
+    assert parts == {"call": 1.0, "ran": 1.0, "copy": 0.0, "answer": 0.0, "exact": 0.0}
     assert 0.0 < score < 0.5
 
 
 def test_answer_without_a_call_gets_no_copy_credit() -> None:
     score, parts = _score("56", "56")
 
-    assert parts["copy"] == 0.0 and parts["answer"] == 1.0 and parts["call"] == 0.0
+    assert parts["copy"] == parts["ran"] == parts["call"] == 0.0 and parts["answer"] == 1.0
     assert score < 0.8  # the 0.8 target cannot be reached without the tool
 
 
-def test_error_shown_by_the_tool_is_the_output_to_copy() -> None:
+def test_call_the_tool_rejects_did_not_run_and_its_error_is_no_answer_to_copy() -> None:
     _, parts = _score("<c>7*</c><r>error: SyntaxError</r>56", "56")
 
-    assert parts["copy"] == 0.0 and parts["answer"] == 1.0
+    assert parts["ran"] == parts["copy"] == 0.0 and parts["answer"] == 1.0
 
 
 def test_dataset_holds_distinct_products_with_two_digit_results(tmp_path: Path) -> None:
