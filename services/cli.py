@@ -98,7 +98,8 @@ def _model_commands(sub: Any) -> None:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--task", choices=("addition", "chat-addition", "calculator"), default="addition",
                       help="chat-addition: two-digit sums as conversations (messages) with a held-out split; "
-                           "calculator: two-digit sums for the multi-turn tool example (calculator_tools.yaml)")
+                           "calculator: products of two digits with two-digit results for the multi-turn tool "
+                           "example (calculator_tools.yaml)")
     data.add_argument("--heldout-out", type=Path, default=Path("examples/data/chat_addition_heldout.jsonl"),
                       help="chat-addition: where the held-out split goes")
     data.add_argument("--heldout-rows", type=int, default=200, help="chat-addition: held-out questions")

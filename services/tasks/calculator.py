@@ -23,6 +23,9 @@ from relayrl.reward.api import RewardInput, RewardResult
 
 CHARS = "0123456789+*=<>/cr"
 TOOL = "c"
+TAGGED_OPEN, TAGGED_CLOSE = "<r>", "</r>"  # how the tagged format shows a tool's output (rollout.workflows.tools)
+# Weights of the reward's parts: the call, the call ran, copying the tool's output, the correct answer (sum 1).
+WEIGHTS = {"call": 0.2, "ran": 0.1, "copy": 0.2, "answer": 0.5}
 
 
 def c(expression: str) -> str:
@@ -41,31 +44,55 @@ def ideal_call(prompt: str) -> str:
     return f"<{TOOL}>{prompt.rstrip('=')}</{TOOL}>"
 
 
+def tool_output(transcript: str) -> str | None:
+    """The output the tool showed after the episode's first call (the observation right after ``</c>``), or None
+    when the model made no call."""
+    close = f"</{TOOL}>"
+    end = transcript.find(close)
+    if end < 0:
+        return None
+    rest = transcript[end + len(close):]
+    if not rest.startswith(TAGGED_OPEN) or TAGGED_CLOSE not in rest:
+        return None
+    return rest[len(TAGGED_OPEN):rest.index(TAGGED_CLOSE)]
+
+
 def reward(inp: RewardInput) -> RewardResult:
+    """Credit for each step of the behaviour (weights ``WEIGHTS``): ``call``, the first turn against the ideal
+    call; ``ran``, 1 when the first call ran without an error (whatever its operands); ``copy``, the final answer
+    against the output the tool showed (0 without a call); ``answer``, the final answer against the reference;
+    each per character position where it applies. 1.0 only for the ideal episode: with the ideal
+    call the tool shows the reference, so the copy and the answer agree. ``exact`` (not in the score): the final
+    answer equals the reference."""
     answer = inp.reference.strip()
     if not answer:
         raise ValueError("the dataset row has no reference answer")
     transcript = str(inp.metadata.get("transcript", ""))
     call = ideal_call(inp.prompt)
-    first_turn = transcript[:transcript.find(f"</{TOOL}>") + len(f"</{TOOL}>")] if f"</{TOOL}>" in transcript \
-        else transcript
-    call_score = _match(first_turn, call)
-    answer_score = _match(inp.completion.strip(), answer)
-    exact = float(inp.completion.strip() == answer)
-    return RewardResult(score=0.5 * call_score + 0.5 * answer_score,
-                        components={"call": call_score, "answer": answer_score, "exact": exact},
+    close = f"</{TOOL}>"
+    first_turn = transcript[:transcript.find(close) + len(close)] if close in transcript else transcript
+    final = inp.completion.strip()
+    shown = tool_output(transcript)
+    parts = {"call": _match(first_turn, call), "ran": float(shown is not None and not shown.startswith("error")),
+             "copy": _match(final, shown) if shown is not None else 0.0,
+             "answer": _match(final, answer)}
+    score = sum(WEIGHTS[k] * v for k, v in parts.items())
+    return RewardResult(score=score, components={**parts, "exact": float(final == answer)},
                         details=transcript[:64])
 
 
-def make_dataset(path: Path, low: int = 0, high: int = 9, rows: int = 2000, seed: int = 0, op: str = "*") -> int:
-    """Write ``rows`` distinct ``a<op>b=`` prompts (op ``+`` or ``*``) with ``low <= a, b <= high`` to ``path``
-    (JSONL); returns the count."""
+def make_dataset(path: Path, low: int = 2, high: int = 9, rows: int = 2000, seed: int = 0, op: str = "*",
+                 width: int = 2) -> int:
+    """Write ``rows`` distinct ``a<op>b=`` prompts (op ``+`` or ``*``) with ``low <= a, b <= high`` whose result has
+    ``width`` digits (0: any) to ``path`` (JSONL); returns the count. The defaults (58 products of 2 to 9 from 10 to
+    81) give every episode the same layout, so each copy the model learns is at a fixed offset."""
     rng = random.Random(seed)
-    pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
+    result = (lambda a, b: a + b) if op == "+" else (lambda a, b: a * b)
+    pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)
+             if not width or len(str(result(a, b))) == width]
     rng.shuffle(pairs)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for a, b in pairs[:rows]:
-            answer = a + b if op == "+" else a * b
-            f.write(json.dumps({"id": f"{a}{op}{b}", "prompt": f"{a}{op}{b}=", "answer": str(answer)}) + "\n")
+            f.write(json.dumps({"id": f"{a}{op}{b}", "prompt": f"{a}{op}{b}=", "answer": str(result(a, b))}) + "\n")
     return min(rows, len(pairs))

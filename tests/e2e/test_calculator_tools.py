@@ -2,10 +2,10 @@
 learns the calculator's call format by RL through the tools workflow, every group is valid (no invalid entry, no
 reward or environment error), and the trainer sees episodes whose tokens came from more than one weight version.
 
-CI runs a shortened run with a lower bar. Measured once for 10 minutes (docs/workflows.md): the reward rises from
-0.03 to about 0.35 and the model starts calling the tool, but it does not reach 0.8 (it has not learned to copy
-the operands into the call, nor the result into its answer). Token-level checks of multi-turn episodes (masks,
-versions per turn) run against the real inference service in tests/integration/test_multi_turn_inference.py.
+CI runs the first 120 steps with a lower bar: over steps 111-120, runs with this reward were at 0.12-0.13 and the
+call part of six runs at lr 1e-3 (KL and reward weights varied) at 0.53-0.63. The 10-minute run
+(docs/workflows.md) does not reach 0.8. Token-level checks of multi-turn episodes (masks, versions per turn) run
+against the real inference service in tests/integration/test_multi_turn_inference.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 CI_STEPS = 120  # about 2 minutes here
-CI_FINAL_REWARD = 0.18  # the 10-minute run was at 0.28 after 120 steps
+CI_FINAL_REWARD = 0.08  # runs with this reward were at 0.12-0.13 after 120 steps
+CI_FINAL_CALL = 0.45  # the call part of six runs at 0.53-0.63
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +47,9 @@ def test_calculator_example_learns_the_call_format_through_the_tools_workflow(tm
     assert len(rows) == CI_STEPS
     first = statistics.mean(r["reward_mean"] for r in rows[:10])
     last = statistics.mean(r["reward_mean"] for r in rows[-10:])
-    assert first < 0.1 and last >= CI_FINAL_REWARD, f"reward {first:.3f} -> {last:.3f}"
-    assert statistics.mean(r["reward/call"] for r in rows[-10:]) > 2 * statistics.mean(r["reward/call"]
-                                                                                     for r in rows[:10])
+    assert first < 0.06 and last >= CI_FINAL_REWARD, f"reward {first:.3f} -> {last:.3f}"
+    call_first, call_last = (statistics.mean(r["reward/call"] for r in w) for w in (rows[:10], rows[-10:]))
+    assert call_last >= CI_FINAL_CALL and call_last > 3 * call_first, f"call {call_first:.3f} -> {call_last:.3f}"
     # every episode came from the tools workflow and ended with a finish reason of its own
     assert all(sum(r["episode_ends"].values()) == r["episodes"] and "single_turn" not in r["episode_ends"]
                for r in rows)
