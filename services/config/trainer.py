@@ -113,6 +113,9 @@ class PublicationConfig:
     probe_tolerance: float = field(default=0.0, metadata={
         "help": "Largest accepted |logprob difference| between trainer and inference on the probe (0: by dtype: "
                 "float32 1e-3, float16 2e-2, bfloat16 1e-1). Above it the trainer stops.", "ge": 0})
+    inference_wait_s: float = field(default=600.0, metadata={
+        "help": "How long the first publication waits for inference to answer at all (it may still be loading its "
+                "model: minutes for a large model or for vLLM) before the trainer gives up.", "ge": 0})
 
 
 @dataclass

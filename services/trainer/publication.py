@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # inference not (yet) up
 VERIFY_ATTEMPTS = 3  # fresh versions tried when a push landed but its answer (the probe) was lost
 
 
@@ -41,8 +42,9 @@ class VersionPublication:
 
     def __init__(self, publisher: WeightPublisher, versions: VersionSource, lineage: VersionLineage,
                  coll: Collectives, inference_target: str, retry_s: float, resumed_version: int = 0,
-                 tls: TlsConfig | None = None, sharded: bool = False) -> None:
+                 tls: TlsConfig | None = None, sharded: bool = False, inference_wait_s: float = 0.0) -> None:
         self.publisher = publisher
+        self.inference_wait_s = inference_wait_s  # the first publication's wait for an inference still loading
         self.sharded = sharded  # FSDP2: every rank takes part in gathering the weights before each publication
         self.versions = versions
         self.lineage_db = lineage
@@ -100,7 +102,7 @@ class VersionPublication:
             await self.settle()
             self.publishing = True
             try:
-                floor = self.weight_version or await self.served_version()
+                floor = self.weight_version or await self.served_version(self.inference_wait_s)
                 if wait:
                     message[0] = await self.allocate_and_push(policy_step, floor)
                 else:
@@ -221,14 +223,28 @@ class VersionPublication:
         return await redis_retry(lambda: self.lineage_db.distance(self.weight_version, token_version), "staleness",
                                  self.retry_s)
 
-    async def served_version(self) -> int:
-        """The version inference serves now (a floor for the first allocation after a restart)."""
-        async with InferenceClient(self.inference_target, timeout_s=10.0, retries=4, backoff_s=0.5,
-                                   tls=self.tls) as inference:
+    async def served_version(self, wait_s: float = 0.0) -> int:
+        """The version inference serves now (a floor for the first allocation after a restart); see
+        :func:`served_version`."""
+        return await served_version(self.inference_target, self.tls, wait_s)
+
+
+async def served_version(target: str, tls: TlsConfig | None, wait_s: float = 0.0) -> int:
+    """The version inference at ``target`` serves now. While it cannot be reached (UNAVAILABLE or no answer in
+    time: it may still be loading its model, which takes minutes for a large one or for vLLM), ask again for up to
+    ``wait_s`` seconds; then, or on any other error, RuntimeError."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        async with InferenceClient(target, timeout_s=10.0, retries=4, backoff_s=0.5, tls=tls) as inference:
             try:
                 return int((await inference.status()).weight_version)
             except grpc.aio.AioRpcError as exc:
-                raise RuntimeError(f"inference status unavailable: {exc.code().name}") from exc
+                code = exc.code()
+                if code not in UNREACHABLE or time.monotonic() >= deadline:
+                    raise RuntimeError(f"inference status unavailable: {code.name}") from exc
+        log.info("inference at %s not reachable yet (%s): asking again, for up to %.0fs more", target, code.name,
+                 deadline - time.monotonic())
+        await asyncio.sleep(1.0)
 
 
 async def watch_inference(publication: VersionPublication, current_step: Callable[[], int],

@@ -103,7 +103,8 @@ class Trainer:
         self.publication = VersionPublication(
             self._publisher(), VersionSource(self.stream.client, self.stream.keys),
             VersionLineage(self.stream.client, self.stream.keys), self.coll, cfg.inference.server.target,
-            cfg.redis.retry_s, resumed_version, cfg.tls, sharded=dims.fsdp)
+            cfg.redis.retry_s, resumed_version, cfg.tls, sharded=dims.fsdp,
+            inference_wait_s=tc.publication.inference_wait_s)
         self.publication.on_change = self.progress.changed.notify
         self.checkpoints = CheckpointAck(cfg.checkpoint_dir, tc.checkpoint.every, tc.checkpoint.keep, self.model,
                                          self.tokenizer, self.learner.optimizer, self.coll, self.collector,
