@@ -125,3 +125,18 @@ def uniform_for_some_prompts(inp: RewardInput) -> float:
 def constant(inp: RewardInput) -> float:
     """0 for everything: every group-baseline advantage is zero (pure on-policy distillation)."""
     return 0.0
+
+
+def job_echo(inp: RewardInput) -> RewardResult:
+    """Scores the job number in the completion ``"<kind>:<k>"`` as k (details name it too), after misbehaving as
+    ``kind`` says: ``ok`` at once, ``hang`` past any deadline, ``die`` (the process exits), ``late`` (sleeps
+    metadata["late_s"], about the pool's deadline: its result races the kill)."""
+    kind, number = inp.completion.split(":")
+    if kind == "hang":
+        while True:
+            time.sleep(1)
+    if kind == "die":
+        os._exit(5)
+    if kind == "late":
+        time.sleep(float(inp.metadata["late_s"]))
+    return RewardResult(score=float(number), details=f"job {number}")

@@ -103,3 +103,12 @@ def tool_turn_text(apply_chat_template: Callable[..., Any], outputs: Sequence[st
             return None
         pos = found + len(out)
     return rest
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template (its default one, or a named ``tool_use`` one) reads a ``tools``
+    variable: only then does ``apply_chat_template(..., tools=...)`` show the tools to the model."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("tool_use") or template.get("default")
+    return isinstance(template, str) and "tools" in template

@@ -94,7 +94,8 @@ class Release:
         tokens = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
         self.env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                     "PYTHONUNBUFFERED": "1",  # the credentials the chart's Secret gives its pods (secretKeyRef)
-                    "RELAYRL_CONTROL_TOKEN": tokens["control-token"], "RELAYRL_WEIGHTS_TOKEN": tokens["weights-token"]}
+                    "RELAYRL_CONTROL_TOKEN": tokens["control-token"], "RELAYRL_WEIGHTS_TOKEN": tokens["weights-token"],
+                    "RELAYRL_CODE_TOKEN": tokens["code-token"]}
         self.runs = Path(yaml.safe_load(self.config.read_text())["output_dir"]).parent
         self.volumes = {i: tmp / f"trainer-{i}-volume" for i in (0, 1)}  # one PVC per pod, not shared
         self.rollout_volume = tmp / "rollout-volume"

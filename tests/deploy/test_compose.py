@@ -23,7 +23,7 @@ from tests.conftest import REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"
 RUN_CONFIG = REPO / "examples" / "compose.yaml"
 CONFIG_IN_CONTAINER = "/config/relayrl.yaml"
-CREDENTIALS = ("RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD")
+CREDENTIALS = ("RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD")
 
 
 def _with_credentials(**values: str) -> dict[str, str]:
@@ -97,7 +97,8 @@ def test_compose_refuses_to_start_without_each_credential(missing: str) -> None:
 def test_each_service_gets_only_the_credentials_it_needs(services: dict[str, dict[str, Any]]) -> None:
     wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"},
               "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
-              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_REDIS_PASSWORD"}, "reward": set(), "init-model": set(),
+              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+              "reward": {"RELAYRL_CODE_TOKEN"}, "init-model": set(),
               "redis": {"REDISCLI_AUTH"}}
     for name, keys in wanted.items():
         env = services[name].get("environment") or {}

@@ -271,12 +271,13 @@ def test_disruption_budgets_never_block_a_drain_and_cover_replicated_rewards_onl
 def test_credentials_come_from_a_secret_and_reach_only_the_services_that_need_them() -> None:
     docs = render({})
     (secret,) = [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]
-    assert set(secret["data"]) == {"control-token", "weights-token", "redis-password"}
+    assert set(secret["data"]) == {"control-token", "weights-token", "code-token", "redis-password"}
     name = secret["metadata"]["name"]
 
     wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"},
               "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
-              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_REDIS_PASSWORD"}, "reward": set()}
+              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+              "reward": {"RELAYRL_CODE_TOKEN"}}
     for svc, names in wanted.items():
         env = secret_env(main_container(docs, svc))
         assert set(env) == names, svc
@@ -289,4 +290,17 @@ def test_an_existing_credentials_secret_replaces_the_generated_one() -> None:
 
     assert not [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]
     assert secret_env(main_container(docs, "trainer"))["RELAYRL_WEIGHTS_TOKEN"] == ("my-tokens", "weights-token")
+    assert secret_env(main_container(docs, "reward"))["RELAYRL_CODE_TOKEN"] == ("my-tokens", "code-token")
+
+
+def test_code_token_of_an_existing_secret_is_optional_but_the_generated_secret_always_has_it() -> None:
+    def code_token_ref(values: dict[str, Any], svc: str) -> dict[str, Any]:
+        env = main_container(render(values), svc)["env"]
+        (ref,) = [e["valueFrom"]["secretKeyRef"] for e in env if e["name"] == "RELAYRL_CODE_TOKEN"]
+        return dict(ref)
+
+    for svc in ("reward", "rollout"):
+        # a Secret made for an older chart lacks code-token: the pods still start, and RunCode stays refused
+        assert code_token_ref({"credentials": {"existingSecret": "my-tokens"}}, svc)["optional"] is True
+        assert "optional" not in code_token_ref({}, svc)  # the chart's own Secret: a missing key fails loudly
 

@@ -6,6 +6,7 @@ offline (tests/chat_model.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -60,6 +61,8 @@ class TokenizingModel:
                        request_id: str = "", suffix_text: str = "") -> inference_pb2.GenerateResponse:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             ids = chat_token_ids(self.tok, prompt)  # what inference does with a conversation
+        elif isinstance(prompt, str):
+            ids = self.tok.encode(prompt, add_special_tokens=False)  # ... and with text: tokenized as is
         else:
             ids = list(prompt)
         ids += self.tok.encode(suffix_text, add_special_tokens=False) if suffix_text else []
@@ -119,3 +122,57 @@ def test_chat_episode_appends_the_templated_tool_turn_as_masked_token_ids(tokeni
     # the second turn's prompt is the first turn's exact ids plus the observation's: nothing re-rendered
     assert model.prompts[1] == list(ep.prompt_token_ids) + call + obs
     assert (ep.tool_calls, ep.tool_errors, ep.episode_end) == (1, 0, episode_pb2.EpisodeEnd.EPISODE_END_DONE)
+
+
+# a Qwen2.5-style system block listing the tools (a template that reads `tools`), then the turns above
+TOOLS_TEMPLATE = ("{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
+                  "{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}"
+                  "{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}" + QWEN_TOOLS_TEMPLATE)
+QUESTION = Prompt("r", "What is 1+2?", "3", messages=(("user", "What is 1+2?"),))
+
+
+def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]:
+    """The prompt ids of the first turn of a tools episode (one scripted answer, no call)."""
+    cfg = RolloutConfig(workflow="tools", tools=["tests.unit.test_tool_turns:add"], tool_format=fmt,
+                        max_new_tokens=64, max_episode_tokens=256, max_turns=3, group_size=1)
+    tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, tokenizer=tokenizer)
+    workflow = MultiTurnWorkflow(lambda row: ToolEnvironment(tools, cfg.max_tool_calls), score=True,
+                                 stop=tools.stops(), answer=tools.answer)
+    model = TokenizingModel(tokenizer, ["It is 3." + IM_END])
+    ctx = WorkflowContext(inference=model, reward=Ok(), group_id="g", group_size=1, producer_id="t",
+                          created_at=time.time(), config=cfg)
+    (ep,) = asyncio.run(workflow(row, ctx))  # type: ignore[arg-type]
+    assert list(ep.prompt_token_ids) == model.prompts[0]
+    return model.prompts[0]
+
+
+def test_chat_prompt_shows_the_tools_schemas_once_when_the_template_renders_tools() -> None:
+    tok = build_chat_tokenizer()
+    tok.chat_template = TOOLS_TEMPLATE
+    schema = json.dumps(ToolSet.from_specs(["tests.unit.test_tool_turns:add"], ToolFormat.HERMES, 5.0)
+                        .tools["add"].schema)
+
+    ids = _first_prompt_ids(tok, ToolFormat.HERMES, QUESTION)
+
+    text = tok.decode(ids)
+    assert text.count(schema) == 1 and '"name": "add"' in schema
+    # exactly the ids of the template's own rendering with tools=: its markers are special tokens, not text
+    tools = [{"type": "function", "function": json.loads(schema)}]
+    want = tok.apply_chat_template(list(QUESTION.chat()), tools=tools, add_generation_prompt=True, tokenize=True)
+    assert ids == [int(i) for i in (want["input_ids"] if hasattr(want, "keys") else want)]
+    assert ids.count(tok.convert_tokens_to_ids(IM_END)) == 2  # the tools' system turn and the user's
+
+
+@pytest.mark.parametrize("case", ["text prompt", "template without tools", "tagged format"])
+def test_prompt_without_a_tool_rendering_is_unchanged(case: str) -> None:
+    tok = build_chat_tokenizer()
+    tok.chat_template = QWEN_TOOLS_TEMPLATE if case == "template without tools" else TOOLS_TEMPLATE
+    fmt = ToolFormat.TAGGED if case == "tagged format" else ToolFormat.HERMES
+    row = Prompt("r", "What is 1+2?", "3") if case == "text prompt" else QUESTION
+
+    ids = _first_prompt_ids(tok, fmt, row)
+
+    want = tok.encode(row.prompt, add_special_tokens=False) if case == "text prompt" else chat_token_ids(
+        tok, list(row.chat()))  # the text as written / the conversation as inference renders it, no tools
+    assert ids == want
+    assert "<tools>" not in tok.decode(ids)

@@ -258,6 +258,18 @@ seccompProfile:
       name: {{ $creds }}
       key: weights-token
 {{- end }}
+{{- /* RunCode (reward's sandbox for the python tool's programs): rollout calls it, reward checks it. A Secret of
+       one's own may lack the key (made for an older chart): then RunCode is refused, as without a token. */}}
+{{- if has $svc (list "reward" "rollout") }}
+- name: RELAYRL_CODE_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $creds }}
+      key: code-token
+      {{- if $.Values.credentials.existingSecret }}
+      optional: true
+      {{- end }}
+{{- end }}
 {{- /* Redis: only rollout and trainer use it. The URL (no password) is in the ConfigMap, or, from an external
        Secret, in RELAYRL_REDIS_URL; the password in RELAYRL_REDIS_PASSWORD (redis.url_env / redis.password_env):
        environment only, never an argument. */}}

@@ -3,12 +3,13 @@ executed with a deadline; their output goes back to the model as observation tok
 
 Formats (rollout.tool_format): ``hermes`` parses ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` with
 relayrl.common.tool_calls (the convention of the chat templates that render tools) and answers each call with
-``<tool_response>...</tool_response>``; ``tagged`` is ``<name>argument text</name>``, answered ``<r>output</r>``: a
-plain format a tiny character-level model can learn. A tool is a function (sync or async) whose keyword
-parameters are the call's arguments (tagged: one string parameter); its JSON schema is its ``schema`` attribute
-or is built from its signature. A failure (unknown tool, bad arguments, an exception, the deadline) is shown to
-the model as the tool's output and counted on the episode (``tool_errors``), never hidden. A sync tool runs in a
-thread; a tool that runs model-written code must not run here: it takes ``run_code`` and runs it in the reward
+``<tool_response>...</tool_response>`` (a conversation prompt is rendered with the tools' JSON schemas when the chat
+template renders tools: :meth:`ToolSet.prompt`); ``tagged`` is ``<name>argument text</name>``, answered
+``<r>output</r>``: a plain format a tiny character-level model can learn. A tool is a function (sync or async) whose
+keyword parameters are the call's arguments (tagged: one string parameter); its JSON schema is its ``schema``
+attribute or is built from its signature. A failure (unknown tool, bad arguments, an exception, the deadline) is
+shown to the model as the tool's output and counted on the episode (``tool_errors``), never hidden. A sync tool runs
+in a thread; a tool that runs model-written code must not run here: it takes ``run_code`` and runs it in the reward
 service's sandbox (code_tool.py; the built-in ``python`` tool does).
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from relayrl.common.dataset import Prompt
 from relayrl.common.plugins import load_callable
-from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls, tool_turn_text
+from relayrl.common.tool_calls import CLOSE_TAG, parse_tool_calls, template_renders_tools, tool_turn_text
 from relayrl.config.rollout import ToolFormat
 from relayrl.rollout.workflows.api import StepResult
 from relayrl.rollout.workflows.code_tool import RUN_CODE, CodeRunner, takes_runner
@@ -93,6 +94,20 @@ class ToolSet:
             else:
                 tools.append(Tool(name, fn, tool_schema(fn, name)))
         return cls(tools, fmt, timeout_s, tokenizer)
+
+    def prompt(self, conversation: list[dict[str, str]]) -> str | list[dict[str, str]]:
+        """The first prompt of a chat episode. hermes with a template that renders tools: the conversation rendered
+        once by the template with the tools' JSON schemas (``tools=``, OpenAI's function format) and the generation
+        prompt, as text that inference tokenizes as is (its special tokens are the template's); otherwise the
+        conversation itself, which inference renders without tools (the dataset's messages must describe them)."""
+        if self.tokenizer is None or not template_renders_tools(self.tokenizer):
+            return conversation
+        tools = [{"type": "function", "function": t.schema} for t in self.tools.values()]
+        try:
+            return str(self.tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True,
+                                                          tokenize=False))
+        except Exception:  # a template that refuses these messages: inference renders them (and says why)
+            return conversation
 
     def stops(self) -> list[str]:
         """Stop strings that end a turn right after a call, so that the tool runs before the model goes on."""
@@ -160,7 +175,9 @@ class ToolEnvironment:
     async def reset(self, row: Prompt, seed: int) -> str | list[dict[str, str]]:
         conversation = row.chat()
         self.chat = bool(conversation)
-        return conversation or row.prompt
+        if not conversation:  # a plain text prompt (the tagged format's tiny models): as written
+            return row.prompt
+        return await asyncio.to_thread(self.tools.prompt, conversation)  # template rendering: off the loop
 
     async def step(self, action: str) -> StepResult:
         calls = self.tools.parse(action)
