@@ -200,6 +200,9 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: Any = No
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     removed: dict[str, str] = getattr(cls, "REMOVED_FIELDS", {})
     for key in data:
+        if not isinstance(key, str):  # YAML allows any key (`?` alone is the key null)
+            raise ConfigError(f"{path}.{key!r}" if path else repr(key), None, "field names must be strings",
+                              secret=True)
         where = f"{path}.{key}" if path else key
         if key in removed:
             raise ConfigError(where, data[key], f"this field was removed: {removed[key]}")

@@ -69,7 +69,8 @@ def test_any_config_mapping_gives_a_valid_config_or_a_config_error_without_secre
 
 @SETTINGS
 @given(text=st.text(max_size=200) | st.sampled_from(
-    ["a: [1", "trainer: {lr: .nan}", "{", "- 1", "x: !!python/object/apply:os.system ['touch pwned']"]))
+    ["a: [1", "trainer: {lr: .nan}", "{", "- 1", "x: !!python/object/apply:os.system ['touch pwned']", "?",
+     "trainer: {1: 2}"]))
 def test_any_config_file_text_gives_a_valid_config_or_a_config_error(tmp_path_factory: pytest.TempPathFactory,
                                                                         text: str) -> None:
     path = Path(tmp_path_factory.mktemp("cfg")) / "run.yaml"
