@@ -89,8 +89,9 @@ def test_the_redis_exporter_authenticates_from_the_secret_and_the_redis_image_ca
 def _exported_series() -> set[str]:
     """Sample names the four services' registries really expose (counters with _total, histograms' parts)."""
     progress = TrainerProgress(last_reward_mean=0.5, queue_depth=(1, 2), staleness_counts={0: 3})
-    push = SimpleNamespace(probe_max_diff=0.0, seconds=1.0, bytes_sent=10)
-    trainer = SimpleNamespace(progress=progress, publication=SimpleNamespace(weight_version=1, last_push=push),
+    push = SimpleNamespace(probe_max_diff=0.0, seconds=1.0, bytes_sent=10, version=1)
+    publication = SimpleNamespace(weight_version=1, last_push=push, last_probe=push)
+    trainer = SimpleNamespace(progress=progress, publication=publication,
                               checkpoints=SimpleNamespace(last_step=0))
     pool = SimpleNamespace(ready_workers=1, busy_workers=0, queued=0)
     registries: list[CollectorRegistry] = [
