@@ -1,10 +1,15 @@
 """Weight updates as a stream of chunks, and their validation on the receiving side.
 
 Sender: :func:`iter_update_messages` cuts each tensor's contiguous bytes into chunks of at most
-``chunk_bytes`` and closes the stream with a :class:`WeightManifest` (version, count, bytes, SHA-256).
+``chunk_bytes`` and closes the stream with a :class:`WeightManifest` (version, count, bytes, checksum).
 Receiver: :class:`WeightAssembler` checks every chunk against the expected parameter specs as it arrives
 (unknown name, wrong dtype or shape are refused at once) and, at the manifest, checks completeness and the
 checksum before handing out the tensors. Nothing is applied until everything validates.
+
+The checksum is SHA-256 unless the manifest names another algorithm (``checksum_algorithm``): the same-host
+shared_memory transport uses XXH3-128, a non-cryptographic hash about 20x faster here, because nobody but the
+trainer's own user can write the file it hashes (created 0600 in a 0700 folder), so the check guards against
+accidents (a torn or truncated file, a bug), not an adversary. Receivers check whichever the manifest names.
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ from typing import Any
 
 import torch
 
-from relayrl.common.pb.inference_pb2 import TensorChunk, TokenIds, WeightManifest, WeightUpdateMessage
+from relayrl.common.pb.inference_pb2 import (
+    CHECKSUM_ALGORITHM_SHA256,
+    CHECKSUM_ALGORITHM_UNSPECIFIED,
+    CHECKSUM_ALGORITHM_XXH3_128,
+    TensorChunk,
+    TokenIds,
+    WeightManifest,
+    WeightUpdateMessage,
+)
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # well under gRPC's default 4 MiB message limit
 
@@ -64,13 +77,25 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(array).cast("B")
 
 
-def _hash_header(h: hashlib._Hash, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+def _hash_header(h: Any, name: str, dtype: str, shape: tuple[int, ...]) -> None:
     h.update(f"{name}\0{dtype}\0{','.join(map(str, shape))}\0".encode())
 
 
-def checksum(tensors: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over name, dtype, shape and bytes of each tensor, in name order."""
-    h = hashlib.sha256()
+def _hasher(algorithm: int) -> Any:
+    """A fresh hash object of the manifest's ``checksum_algorithm`` (unset: SHA-256, as every older sender)."""
+    if algorithm in (CHECKSUM_ALGORITHM_UNSPECIFIED, CHECKSUM_ALGORITHM_SHA256):
+        return hashlib.sha256()
+    if algorithm == CHECKSUM_ALGORITHM_XXH3_128:
+        import xxhash
+
+        return xxhash.xxh3_128()
+    raise WeightUpdateError(f"unknown checksum algorithm {algorithm}")
+
+
+def checksum(tensors: Mapping[str, torch.Tensor], algorithm: int = CHECKSUM_ALGORITHM_SHA256) -> str:
+    """Hex digest (SHA-256, or the given ``checksum_algorithm``) over name, dtype, shape and bytes of each tensor,
+    in name order."""
+    h = _hasher(algorithm)
     for name in sorted(tensors):
         t = tensors[name]
         _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
@@ -82,7 +107,8 @@ def manifest(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[
              path: str = "") -> WeightManifest:
     return WeightManifest(
         version=version, num_tensors=len(tensors), total_bytes=sum(len(tensor_bytes(t)) for t in tensors.values()),
-        sha256=checksum(tensors), path=path, probe=[TokenIds(ids=list(seq)) for seq in probe])
+        sha256=checksum(tensors), path=path, probe=[TokenIds(ids=list(seq)) for seq in probe],
+        checksum_algorithm=CHECKSUM_ALGORITHM_SHA256)
 
 
 def iter_update_messages(
@@ -126,10 +152,11 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat1
 
 
 def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]],
-                 path: Path) -> WeightManifest:
+                 path: Path, algorithm: int = CHECKSUM_ALGORITHM_XXH3_128) -> WeightManifest:
     """Shared-memory transport, sender side: one pass over the tensors writes them into a safetensors file
     (created 0600, never followed through a symlink, no fsync: it lives in the page cache or a tmpfs for the
-    seconds until inference has copied it) and hashes the same bytes; returns the manifest naming the file."""
+    seconds until inference has copied it) and hashes the same bytes (XXH3-128 by default: see the module's
+    docstring); returns the manifest naming the file and the algorithm."""
     names = sorted(tensors)
     views = {name: tensor_bytes(tensors[name]) for name in names}
     header: dict[str, Any] = {}
@@ -141,7 +168,7 @@ def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Seque
         offset += len(views[name])
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # data starts 8-byte aligned
-    h = hashlib.sha256()
+    h = _hasher(algorithm)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -154,12 +181,13 @@ def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Seque
             f.write(views[name])
     os.replace(tmp, path)
     return WeightManifest(version=version, num_tensors=len(names), total_bytes=offset, sha256=h.hexdigest(),
-                          path=str(path.resolve()), probe=[TokenIds(ids=list(seq)) for seq in probe])
+                          path=str(path.resolve()), probe=[TokenIds(ids=list(seq)) for seq in probe],
+                          checksum_algorithm=algorithm)
 
 
 def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
-    """Shared-path transport, receiver side: load the named file (which must lie under ``root``) and check it
-    against the expected specs and the manifest's checksum."""
+    """Shared-path and shared-memory transports, receiver side: load the named file (which must lie under
+    ``root``) and check it against the expected specs and the manifest's checksum (by its algorithm)."""
     from safetensors import SafetensorError
 
     path = Path(m.path).resolve()
@@ -180,7 +208,7 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     check_tensors(tensors, expected)
     if m.num_tensors != len(tensors):
         raise WeightUpdateError(f"manifest says {m.num_tensors} tensors, the file holds {len(tensors)}")
-    digest = checksum(tensors)
+    digest = checksum(tensors, m.checksum_algorithm)
     if digest != m.sha256:
         raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {m.sha256}")
     return tensors
@@ -275,7 +303,7 @@ class WeightAssembler:
         if manifest.num_tensors != len(self._buffers):
             raise WeightUpdateError(f"manifest says {manifest.num_tensors} tensors, got {len(self._buffers)}")
         tensors = {name: _from_bytes(buf, self._expected[name]) for name, buf in self._buffers.items()}
-        digest = checksum(tensors)
+        digest = checksum(tensors, manifest.checksum_algorithm)
         if digest != manifest.sha256:
             raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {manifest.sha256}")
         return tensors

@@ -6,7 +6,8 @@
   (with the same checksum); inference reads the file itself. For machines that share the output root (the
   local stack, one node); no ReadWriteMany volume is assumed anywhere else. The two newest files are kept.
 - ``shared_memory``: same host only. The tensors are written once into a file under the same directory (0600, no
-  fsync: page cache) and hashed in the same pass; inference copies them out; the file goes once served.
+  fsync: page cache) and hashed in the same pass with XXH3-128 (the manifest names the algorithm; an integrity
+  check: only the trainer's own user can write the file); inference copies them out; the file goes once served.
 
 The config enum (:class:`relayrl.config.trainer.WeightTransport`) names the choice; :func:`make_transport` picks
 the implementation once, from :data:`TRANSPORTS`.
@@ -76,9 +77,9 @@ class SharedPathTransport:
 
 class SharedMemoryTransport:
     """Same host only: one file per version under the weights directory, written once (0600, no fsync) and hashed
-    in the same pass; only the manifest travels over gRPC. Inference copies the tensors out of the file and checks
-    them against the manifest's checksum. A version's file goes as soon as it (or a newer one) is served, and
-    whatever an earlier run left behind goes when the transport is made."""
+    in the same pass (XXH3-128); only the manifest travels over gRPC. Inference copies the tensors out of the file
+    and checks them against the manifest's checksum. A version's file goes as soon as it (or a newer one) is
+    served, and whatever an earlier run left behind goes when the transport is made."""
 
     PATTERN = "v*.shm.safetensors"
 
