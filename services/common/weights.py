@@ -35,6 +35,7 @@ from relayrl.common.pb.inference_pb2 import (
     WeightManifest,
     WeightUpdateMessage,
 )
+from relayrl.common.tensor_views import byte_views, contiguous_strides, spans, tensor_bytes
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # well under gRPC's default 4 MiB message limit
 
@@ -71,10 +72,7 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def tensor_bytes(t: torch.Tensor) -> memoryview:
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    array: Any = flat.view(torch.uint8).numpy()
-    return memoryview(array).cast("B")
+
 
 
 def _hash_header(h: Any, name: str, dtype: str, shape: tuple[int, ...]) -> None:
@@ -96,10 +94,11 @@ def checksum(tensors: Mapping[str, torch.Tensor], algorithm: int = CHECKSUM_ALGO
     """Hex digest (SHA-256, or the given ``checksum_algorithm``) over name, dtype, shape and bytes of each tensor,
     in name order."""
     h = _hasher(algorithm)
+    views = byte_views(tensors)
     for name in sorted(tensors):
         t = tensors[name]
         _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
-        h.update(tensor_bytes(t))
+        h.update(views[name])
     return h.hexdigest()
 
 
@@ -140,7 +139,10 @@ def write_shared(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp))
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    if len({t.untyped_storage().data_ptr() for t in cpu.values()}) < len(cpu):  # a packed snapshot: save_file
+        cpu = {k: t.clone() for k, t in cpu.items()}  # refuses tensors that share a storage
+    save_file(cpu, str(tmp))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -158,7 +160,7 @@ def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Seque
     seconds until inference has copied it) and hashes the same bytes (XXH3-128 by default: see the module's
     docstring); returns the manifest naming the file and the algorithm."""
     names = sorted(tensors)
-    views = {name: tensor_bytes(tensors[name]) for name in names}
+    views = byte_views(tensors)
     header: dict[str, Any] = {}
     offset = 0
     for name in names:
@@ -171,18 +173,34 @@ def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Seque
     h = _hasher(algorithm)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
+    for name in names:
+        t = tensors[name]
+        _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
+        h.update(views[name])
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head)
-        for name in names:
-            t = tensors[name]
-            _hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
-            h.update(views[name])
-            f.write(views[name])
+    try:  # a few gathered writes rather than one system call per tensor
+        _write_all(fd, [struct.pack("<Q", len(head)) + head, *(views[name] for name in names)])
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
     return WeightManifest(version=version, num_tensors=len(names), total_bytes=offset, sha256=h.hexdigest(),
                           path=str(path.resolve()), probe=[TokenIds(ids=list(seq)) for seq in probe],
                           checksum_algorithm=algorithm)
+
+
+def _write_all(fd: int, buffers: Sequence[bytes | memoryview], batch: int = 512) -> None:
+    """Write ``buffers`` in order with os.writev (``batch`` at a time, under the system's IOV_MAX), finishing a
+    short write with plain writes."""
+    for i in range(0, len(buffers), batch):
+        part = buffers[i : i + batch]
+        skip = os.writev(fd, part)
+        for buf in part:
+            if skip >= len(buf):
+                skip -= len(buf)
+                continue
+            rest, skip = memoryview(buf)[skip:], 0
+            while rest:
+                rest = rest[os.write(fd, rest):]
 
 
 def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
@@ -228,17 +246,31 @@ def _tensor_views(data: bytearray) -> dict[str, torch.Tensor]:
     header.pop("__metadata__", None)
     base, end = 8 + head_len, 8 + head_len
     dtypes = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
-    tensors: dict[str, torch.Tensor] = {}
+    entries: list[tuple[str, torch.dtype, list[int], int]] = []  # name, dtype, shape, element count
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         dtype, shape, (start, stop) = dtypes[info["dtype"]], info["shape"], info["data_offsets"]
         count = math.prod(shape)
         if base + start != end or stop - start != count * dtype.itemsize or base + stop > len(data):
             raise ValueError(f"{name}: offsets {start}..{stop} do not fit its shape or the file")
-        flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + start) if count else \
-            torch.empty(0, dtype=dtype)
-        tensors[name] = flat.view(shape)
+        entries.append((name, dtype, shape, count))
         end = base + stop
+    # one buffer view per run of same-dtype tensors, each tensor a strided view of it (one op per tensor)
+    tensors: dict[str, torch.Tensor] = {}
+    offset, i = base, 0
+    while i < len(entries):
+        j, dtype = i, entries[i][1]
+        while j < len(entries) and entries[j][1] == dtype:
+            j += 1
+        total = sum(e[3] for e in entries[i:j])
+        run = torch.frombuffer(data, dtype=dtype, count=total, offset=offset) if total else torch.empty(0, dtype=dtype)
+        at = 0
+        for name, _, shape, count in entries[i:j]:
+            tensors[name] = run.as_strided(shape, contiguous_strides(shape), run.storage_offset() + at)
+            at += count
+        offset += total * dtype.itemsize
+        i = j
     return tensors
+
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, TensorSpec]) -> None:
@@ -317,11 +349,16 @@ def _from_bytes(buf: bytearray, spec: TensorSpec) -> torch.Tensor:
 
 def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
     """WeightUpdateError when a floating-point tensor holds NaN or ±inf: such weights (a diverged trainer, a
-    corrupted sender) would make every sampled logprob NaN, so they are refused before the swap."""
+    corrupted sender) would make every sampled logprob NaN, so they are refused before the swap. Tensors that lie
+    back to back in one storage (a file read at once) are checked as one span; the tensor named is the first in
+    name order that holds such a value."""
+    if all(_all_finite(span) for span in spans(t for t in tensors.values() if t.is_floating_point())):
+        return
     for name in sorted(tensors):
         t = tensors[name]
         if t.is_floating_point() and not _all_finite(t):
             raise WeightUpdateError(f"{name}: holds non-finite values (NaN or inf)")
+
 
 
 def _all_finite(t: torch.Tensor) -> bool:

@@ -33,6 +33,7 @@ from torch.func import functional_call
 
 from relayrl.client import InferenceClient
 from relayrl.common.probe import WeightVerificationError, compare_probe, probe_logprobs, probe_sequences
+from relayrl.common.tensor_views import packed_copy
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.transports import Transport
@@ -137,7 +138,8 @@ class WeightPublisher:
             if not self._gathered:
                 raise RuntimeError("no gathered weights to publish: gather() runs on every rank before a publication")
             return dict(self._gathered)
-        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+        # one buffer, tensors back to back in name order: one copy, and the transport sees one storage
+        return packed_copy({name: p for name, p in self.model.named_parameters() if p.requires_grad})
 
     def gather(self, keep: bool) -> None:
         """Every rank, at the same point (FSDP2): one all-gather per trained parameter, in named_parameters order
