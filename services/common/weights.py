@@ -215,9 +215,10 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
         raise WeightUpdateError(f"shared weights file {m.path} does not exist")
     try:
         # read into private memory first (tensors that mapped the file would let a later change to it reach the
-        # served weights after the checksum below); the tensors are views of that one copy
+        # served weights after the checksum below); the tensors are views of that one copy. torch's allocator
+        # rather than a bytearray: no zero fill, and the memory of the previous update is reused
         with open(path, "rb") as f:
-            data = bytearray(os.fstat(f.fileno()).st_size)
+            data: Any = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8).numpy()
             if f.readinto(data) != len(data):
                 raise OSError("the file changed size while being read")
         tensors = _tensor_views(data)
@@ -232,9 +233,9 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     return tensors
 
 
-def _tensor_views(data: bytearray) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file held in ``data``, as views of it (no copy); ValueError when the header
-    does not describe well-formed, in-bounds, non-overlapping tensors."""
+def _tensor_views(data: Any) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in ``data`` (a writable buffer), as views of it (no copy);
+    ValueError when the header does not describe well-formed, in-bounds, non-overlapping tensors."""
     if len(data) < 8:
         raise ValueError("shorter than a safetensors header")
     (head_len,) = struct.unpack("<Q", data[:8])
