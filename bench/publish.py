@@ -105,7 +105,9 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int,
 
 def building_blocks(model_dir: Path, probe_shape: tuple[int, int]) -> dict[str, float]:
     from relayrl.common.model import load_model, load_tokenizer
+    from relayrl.common.pb.inference_pb2 import CHECKSUM_ALGORITHM_XXH3_128
     from relayrl.common.probe import probe_logprobs
+    from relayrl.common.tensor_views import packed_copy
     from relayrl.common.weights import check_finite, checksum, iter_update_messages, write_mapped
     from relayrl.config.model import ModelConfig
     from relayrl.trainer.weight_sync import WeightPublisher
@@ -116,8 +118,9 @@ def building_blocks(model_dir: Path, probe_shape: tuple[int, int]) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "w.safetensors"
         return {
-            "snapshot (clone)": _median_time(lambda: {n: p.clone() for n, p in params.items()}),
+            "snapshot (packed copy)": _median_time(lambda: packed_copy(params)),
             "checksum (sha256)": _median_time(lambda: checksum(params)),
+            "checksum (xxh3_128)": _median_time(lambda: checksum(params, CHECKSUM_ALGORITHM_XXH3_128)),
             "finite check": _median_time(lambda: check_finite(params)),
             "grpc chunks + manifest": _median_time(lambda: list(iter_update_messages(params, 1, 2 * 1024 * 1024))),
             "mapped file write + hash": _median_time(lambda: write_mapped(params, 1, probe, path)),
