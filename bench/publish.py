@@ -4,7 +4,9 @@ check), swap, probe — for each transport, on a model directory, against a real
 The inference server (native engine, its gRPC weights port on loopback) runs in this process, as in the
 integration tests; the trainer side is the project's ``WeightPublisher``. Each configuration pushes ``--pushes``
 versions (each a fresh perturbation of the weights) after one warm-up push and prints the median of each phase
-(seconds) and of the whole publication, then the same building blocks timed alone. Usage:
+(seconds) and of the whole publication, and ``cpu``: the CPU seconds the process (both sides) spent on it, which is
+what the wall time comes down to on an idle machine and varies far less with the load of a shared one; then the
+same building blocks timed alone. Usage:
 
     python bench/publish.py MODEL_DIR [--pushes 10] [--transports grpc_stream shared_path shared_memory]
         [--probe-sequences 4] [--probe-tokens 32] [--dtype float32|bfloat16] [--lora-rank R] [--probe-every N]
@@ -86,12 +88,14 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int,
                     for p in model.parameters():
                         if p.requires_grad:
                             p.add_(1e-3 * torch.randn_like(p))
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 params = pub.snapshot()
                 snap = time.perf_counter() - t0
                 result = await pub.push(params, version)
                 t = getattr(result, "timings", None)
-                row = {"snapshot": snap, "total": snap + result.seconds}
+                # cpu: CPU seconds of this process (trainer and inference sides, every thread) for the publication,
+                # what its wall time comes down to on an idle machine (the work is serial, one thread at a time)
+                row = {"snapshot": snap, "total": snap + result.seconds, "cpu": time.process_time() - cpu0}
                 if t is not None:
                     row.update(serialise=t.serialise_s, transfer=t.transfer_s, swap=t.swap_s, probe=t.probe_s)
                 if version > 1:  # the first push warms up the channel and the allocator
