@@ -102,6 +102,8 @@ class WeightPublisher:
         self.sharded = plain_model is not None or is_sharded(model)
         self.plain_model = plain_model
         self._gathered: dict[str, torch.Tensor] = {}
+        # the trained parameters, found once: walking a LoRA model's module tree costs more than copying an adapter
+        self._trained: dict[str, torch.nn.Parameter] | None = None
         self.tls = tls  # the run's tls section: the channel to inference is TLS when it is on
         self.token = token  # the weights token: inference accepts updates only with it
         self.device = device
@@ -138,8 +140,10 @@ class WeightPublisher:
             if not self._gathered:
                 raise RuntimeError("no gathered weights to publish: gather() runs on every rank before a publication")
             return dict(self._gathered)
+        if self._trained is None:  # the same Parameter objects for the whole run (optimizers hold them too)
+            self._trained = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         # one buffer, tensors back to back in name order: one copy, and the transport sees one storage
-        return packed_copy({name: p for name, p in self.model.named_parameters() if p.requires_grad})
+        return packed_copy(self._trained)
 
     def gather(self, keep: bool) -> None:
         """Every rank, at the same point (FSDP2): one all-gather per trained parameter, in named_parameters order
