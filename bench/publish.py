@@ -4,7 +4,9 @@ check), swap, probe — for each transport, on a model directory, against a real
 The inference server (native engine, its gRPC weights port on loopback) runs in this process, as in the
 integration tests; the trainer side is the project's ``WeightPublisher``. Each configuration pushes ``--pushes``
 versions (each a fresh perturbation of the weights) after one warm-up push and prints the median of each phase
-(seconds) and of the whole publication, then the same building blocks timed alone. Usage:
+(seconds) and of the whole publication, and ``cpu``: the CPU seconds the process (both sides) spent on it, which is
+what the wall time comes down to on an idle machine and varies far less with the load of a shared one; then the
+same building blocks timed alone. Usage:
 
     python bench/publish.py MODEL_DIR [--pushes 10] [--transports grpc_stream shared_path shared_memory]
         [--probe-sequences 4] [--probe-tokens 32] [--dtype float32|bfloat16] [--lora-rank R] [--probe-every N]
@@ -97,12 +99,14 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int, probe_sh
                     for p in model.parameters():
                         if p.requires_grad:
                             p.add_(1e-3 * torch.randn_like(p))
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 params = pub.snapshot()
                 snap = time.perf_counter() - t0
                 result = await pub.push(params, version)
                 t = getattr(result, "timings", None)
-                row = {"snapshot": snap, "total": snap + result.seconds}
+                # cpu: CPU seconds of this process (trainer and inference sides, every thread) for the publication,
+                # what its wall time comes down to on an idle machine (the work is serial, one thread at a time)
+                row = {"snapshot": snap, "total": snap + result.seconds, "cpu": time.process_time() - cpu0}
                 if t is not None:
                     row.update(serialise=t.serialise_s, transfer=t.transfer_s, swap=t.swap_s, probe=t.probe_s)
                 if version > 1:  # the first push warms up the channel and the allocator
@@ -116,7 +120,9 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int, probe_sh
 
 def building_blocks(model_dir: Path, probe_shape: tuple[int, int]) -> dict[str, float]:
     from relayrl.common.model import load_model, load_tokenizer
+    from relayrl.common.pb.inference_pb2 import CHECKSUM_ALGORITHM_XXH3_128
     from relayrl.common.probe import probe_logprobs
+    from relayrl.common.tensor_views import packed_copy
     from relayrl.common.weight_files import write_mapped
     from relayrl.common.weights import check_finite, checksum, iter_update_messages
     from relayrl.config.model import ModelConfig
@@ -128,8 +134,9 @@ def building_blocks(model_dir: Path, probe_shape: tuple[int, int]) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "w.safetensors"
         return {
-            "snapshot (clone)": _median_time(lambda: {n: p.clone() for n, p in params.items()}),
+            "snapshot (packed copy)": _median_time(lambda: packed_copy(params)),
             "checksum (sha256)": _median_time(lambda: checksum(params)),
+            "checksum (xxh3_128)": _median_time(lambda: checksum(params, CHECKSUM_ALGORITHM_XXH3_128)),
             "finite check": _median_time(lambda: check_finite(params)),
             "grpc chunks + manifest": _median_time(lambda: list(iter_update_messages(params, 1, 2 * 1024 * 1024))),
             "mapped file write + hash": _median_time(lambda: write_mapped(params, 1, probe, path)),

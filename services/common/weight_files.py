@@ -1,10 +1,12 @@
 """Weight files written in one pass: the file transports' safetensors files and the spool of a sharded publication.
 
 :class:`StreamedWriter` takes the tensors one at a time, in name order, and writes each into the file and into the
-SHA-256 of relayrl.common.weights (the checksum inference recomputes) as it arrives, so the caller may drop it at
-once: the writer holds nothing but the header. The header (names, dtypes, shapes, offsets) is known beforehand from
-the specs, so the file is written front to back. :func:`write_mapped` (the shared-memory transport's file) is the
-same writer fed from a whole snapshot.
+checksum of relayrl.common.weights (the one inference recomputes: SHA-256, or the algorithm the writer is given, which
+the manifest then names) as it arrives, so the caller may drop it at once: the writer holds nothing but the header.
+The header (names, dtypes, shapes, offsets) is known beforehand from the specs, so the file is written front to back.
+:func:`write_mapped` (the shared-memory transport's file, XXH3-128) is the same writer fed from a whole snapshot at
+once: the bytes of tensors that share a storage (a packed snapshot) are cut from one view of it
+(relayrl.common.tensor_views) and written with a few gathered writes.
 
 :class:`MappedWeights` is a finished file kept open: its manifest fields, its tensors as views of a private memory
 map (no copy in the process's own memory: the pages are the file's, in the page cache), hard links under other
@@ -15,7 +17,6 @@ removed its name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -28,23 +29,34 @@ from typing import Any, overload
 
 import torch
 
-from relayrl.common.pb.inference_pb2 import TensorChunk, TokenIds, WeightManifest, WeightUpdateMessage
+from relayrl.common.pb.inference_pb2 import (
+    CHECKSUM_ALGORITHM_SHA256,
+    CHECKSUM_ALGORITHM_XXH3_128,
+    TensorChunk,
+    TokenIds,
+    WeightManifest,
+    WeightUpdateMessage,
+)
+from relayrl.common.tensor_views import byte_views, tensor_bytes
 from relayrl.common.weights import (
     SAFETENSORS_DTYPES,
     TensorSpec,
     dtype_name,
     hash_header,
-    tensor_bytes,
+    hasher,
     tensor_views,
 )
 
 
 class StreamedWriter:
     """A safetensors file (created 0600 under a ``.tmp`` name, never through a symlink, no fsync) written one
-    tensor at a time in name order, hashed in the same pass; :meth:`finish` renames it into place."""
+    tensor at a time in name order, hashed in the same pass by ``algorithm`` (a manifest's checksum_algorithm);
+    :meth:`finish` renames it into place."""
 
-    def __init__(self, path: Path, specs: Mapping[str, TensorSpec]) -> None:
+    def __init__(self, path: Path, specs: Mapping[str, TensorSpec],
+                 algorithm: int = CHECKSUM_ALGORITHM_SHA256) -> None:
         self.path = path
+        self.algorithm = algorithm
         self.specs = dict(specs)
         self.names = sorted(specs)
         header: dict[str, Any] = {}
@@ -58,28 +70,53 @@ class StreamedWriter:
         head = json.dumps(header, separators=(",", ":")).encode()
         head += b" " * (-len(head) % 8)  # data starts 8-byte aligned
         self.data_start = 8 + len(head)
-        self._hash = hashlib.sha256()
+        self._hash = hasher(algorithm)
         self._next = 0
         self._tmp = path.with_name(path.name + ".tmp")
         self._tmp.unlink(missing_ok=True)
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        self._file = os.fdopen(fd, "wb")
-        self._file.write(struct.pack("<Q", len(head)) + head)
+        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            write_all(self._fd, [struct.pack("<Q", len(head)) + head])
+        except BaseException:
+            self.abort()
+            raise
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         """Write and hash the next tensor (names in sorted order, each as its spec says); the caller may drop it."""
-        if self._next >= len(self.names) or name != self.names[self._next]:
-            expected = self.names[self._next] if self._next < len(self.names) else "nothing"
+        self._check(self._next, name, tensor)
+        self._put([(name, tensor_bytes(tensor))])
+
+    def add_all(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Write and hash every remaining tensor at once (a whole snapshot): bytes cut per storage, not per tensor,
+        and a few gathered writes rather than one system call per tensor."""
+        names = self.names[self._next:]
+        if len(tensors) != len(names):
+            raise ValueError(f"{len(tensors)} tensors given, {len(names)} remain to be written")
+        for i, name in enumerate(names, self._next):
+            self._check(i, name, tensors[name])
+        views = byte_views({name: tensors[name] for name in names})
+        self._put([(name, views[name]) for name in names])
+
+    def _check(self, index: int, name: str, tensor: torch.Tensor) -> None:
+        """``tensor`` may be written as the ``index``-th tensor of the file."""
+        if index >= len(self.names) or name != self.names[index]:
+            expected = self.names[index] if index < len(self.names) else "nothing"
             raise ValueError(f"tensor {name!r} out of order: {expected!r} comes next")
         spec = self.specs[name]
         if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
             raise ValueError(f"{name}: {dtype_name(tensor.dtype)}{list(tensor.shape)} != "
                              f"{dtype_name(spec.dtype)}{list(spec.shape)}")
-        data = tensor_bytes(tensor)
-        hash_header(self._hash, name, dtype_name(spec.dtype), spec.shape)
-        self._hash.update(data)
-        self._file.write(data)
-        self._next += 1
+
+    def _put(self, views: Sequence[tuple[str, memoryview]]) -> None:
+        """Hash and write ``views`` (the next tensors' names and bytes, in order, already checked)."""
+        if self._fd is None:
+            raise ValueError(f"{self.path}: the writer was finished or aborted")
+        for name, data in views:
+            spec = self.specs[name]
+            hash_header(self._hash, name, dtype_name(spec.dtype), spec.shape)
+            self._hash.update(data)
+        write_all(self._fd, [data for _, data in views])
+        self._next += len(views)
 
     def finish(self) -> MappedWeights:
         """Every tensor written: the file under its name, kept open."""
@@ -87,24 +124,46 @@ class StreamedWriter:
             self.abort()
             raise ValueError(f"{len(self.names) - self._next} tensors were never written, e.g. "
                              f"{self.names[self._next]}")
-        self._file.close()
+        self._close()
         os.replace(self._tmp, self.path)
-        return MappedWeights(self.path, self.specs, self.data_start, self.total_bytes, self._hash.hexdigest())
+        return MappedWeights(self.path, self.specs, self.data_start, self.total_bytes, self._hash.hexdigest(),
+                             self.algorithm)
 
     def abort(self) -> None:
-        self._file.close()
+        self._close()
         self._tmp.unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def write_all(fd: int, buffers: Sequence[bytes | memoryview], batch: int = 512) -> None:
+    """Write ``buffers`` in order with os.writev (``batch`` at a time, under the system's IOV_MAX), finishing a
+    short write with plain writes."""
+    for i in range(0, len(buffers), batch):
+        part = buffers[i : i + batch]
+        skip = os.writev(fd, part)
+        for buf in part:
+            if skip >= len(buf):
+                skip -= len(buf)
+                continue
+            rest, skip = memoryview(buf)[skip:], 0
+            while rest:
+                rest = rest[os.write(fd, rest):]
 
 
 def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]],
-                 path: Path) -> WeightManifest:
+                 path: Path, algorithm: int = CHECKSUM_ALGORITHM_XXH3_128) -> WeightManifest:
     """Shared-memory transport, sender side: one pass over the tensors writes them into a safetensors file
     (created 0600, never followed through a symlink, no fsync: it lives in the page cache or a tmpfs for the
-    seconds until inference has copied it) and hashes the same bytes; returns the manifest naming the file."""
-    writer = StreamedWriter(path, {name: TensorSpec(t.dtype, tuple(t.shape)) for name, t in tensors.items()})
+    seconds until inference has copied it) and hashes the same bytes (XXH3-128 by default: see
+    relayrl.common.weights); returns the manifest naming the file and the algorithm."""
+    writer = StreamedWriter(path, {name: TensorSpec(t.dtype, tuple(t.shape)) for name, t in tensors.items()},
+                            algorithm)
     try:
-        for name in writer.names:
-            writer.add(name, tensors[name])
+        writer.add_all(tensors)
     except BaseException:
         writer.abort()
         raise
@@ -115,12 +174,13 @@ class MappedWeights:
     """A finished weight file, held open (the descriptor lives as long as this object)."""
 
     def __init__(self, path: Path, specs: Mapping[str, TensorSpec], data_start: int, total_bytes: int,
-                 sha256: str) -> None:
+                 sha256: str, algorithm: int = CHECKSUM_ALGORITHM_SHA256) -> None:
         self.path = path
         self.specs = dict(specs)
         self.data_start = data_start
         self.total_bytes = total_bytes
-        self.sha256 = sha256
+        self.sha256 = sha256  # the hex digest by ``algorithm`` (the manifest field keeps its historical name)
+        self.algorithm = algorithm
         self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         self._closer = weakref.finalize(self, os.close, self.fd)
 
@@ -132,7 +192,7 @@ class MappedWeights:
         """The manifest of this file as ``version``; ``path``: the name inference reads (file transports)."""
         return WeightManifest(version=version, num_tensors=self.num_tensors, total_bytes=self.total_bytes,
                               sha256=self.sha256, path=str(path.resolve()) if path is not None else "",
-                              probe=[TokenIds(ids=list(seq)) for seq in probe])
+                              probe=[TokenIds(ids=list(seq)) for seq in probe], checksum_algorithm=self.algorithm)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors as views of a private, copy-on-write map of the file (never written: the pages stay the

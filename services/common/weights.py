@@ -1,11 +1,16 @@
 """Weight updates as a stream of chunks, and their validation on the receiving side.
 
 Sender: :func:`iter_update_messages` cuts each tensor's contiguous bytes into chunks of at most
-``chunk_bytes`` and closes the stream with a :class:`WeightManifest` (version, count, bytes, SHA-256).
+``chunk_bytes`` and closes the stream with a :class:`WeightManifest` (version, count, bytes, checksum).
 Receiver: :class:`WeightAssembler` checks every chunk against the expected parameter specs as it arrives
 (unknown name, wrong dtype or shape are refused at once) and, at the manifest, checks completeness and the
 checksum before handing out the tensors. Nothing is applied until everything validates. Files written in one pass
 (the file transports, the spool of a sharded publication): relayrl.common.weight_files.
+
+The checksum is SHA-256 unless the manifest names another algorithm (``checksum_algorithm``): the same-host
+shared_memory transport uses XXH3-128, a non-cryptographic hash about 20x faster here, because nobody but the
+trainer's own user can write the file it hashes (created 0600 in a 0700 folder), so the check guards against
+accidents (a torn or truncated file, a bug), not an adversary. Receivers check whichever the manifest names.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +27,16 @@ from typing import Any
 
 import torch
 
-from relayrl.common.pb.inference_pb2 import TensorChunk, TokenIds, WeightManifest, WeightUpdateMessage
+from relayrl.common.pb.inference_pb2 import (
+    CHECKSUM_ALGORITHM_SHA256,
+    CHECKSUM_ALGORITHM_UNSPECIFIED,
+    CHECKSUM_ALGORITHM_XXH3_128,
+    TensorChunk,
+    TokenIds,
+    WeightManifest,
+    WeightUpdateMessage,
+)
+from relayrl.common.tensor_views import byte_views, contiguous_strides, spans, tensor_bytes
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # well under gRPC's default 4 MiB message limit
 
@@ -46,7 +59,7 @@ class TensorSpec:
         n = 1
         for d in self.shape:
             n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return n * self.dtype.itemsize
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -60,23 +73,30 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def tensor_bytes(t: torch.Tensor) -> memoryview:
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    array: Any = flat.view(torch.uint8).numpy()
-    return memoryview(array).cast("B")
-
-
-def hash_header(h: hashlib._Hash, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+def hash_header(h: Any, name: str, dtype: str, shape: tuple[int, ...]) -> None:
     h.update(f"{name}\0{dtype}\0{','.join(map(str, shape))}\0".encode())
 
 
-def checksum(tensors: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over name, dtype, shape and bytes of each tensor, in name order."""
-    h = hashlib.sha256()
+def hasher(algorithm: int) -> Any:
+    """A fresh hash object of the manifest's ``checksum_algorithm`` (unset: SHA-256, as every older sender)."""
+    if algorithm in (CHECKSUM_ALGORITHM_UNSPECIFIED, CHECKSUM_ALGORITHM_SHA256):
+        return hashlib.sha256()
+    if algorithm == CHECKSUM_ALGORITHM_XXH3_128:
+        import xxhash
+
+        return xxhash.xxh3_128()
+    raise WeightUpdateError(f"unknown checksum algorithm {algorithm}")
+
+
+def checksum(tensors: Mapping[str, torch.Tensor], algorithm: int = CHECKSUM_ALGORITHM_SHA256) -> str:
+    """Hex digest (SHA-256, or the given ``checksum_algorithm``) over name, dtype, shape and bytes of each tensor,
+    in name order."""
+    h = hasher(algorithm)
+    views = byte_views(tensors)
     for name in sorted(tensors):
         t = tensors[name]
         hash_header(h, name, dtype_name(t.dtype), tuple(t.shape))
-        h.update(tensor_bytes(t))
+        h.update(views[name])
     return h.hexdigest()
 
 
@@ -84,7 +104,8 @@ def manifest(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[
              path: str = "") -> WeightManifest:
     return WeightManifest(
         version=version, num_tensors=len(tensors), total_bytes=sum(len(tensor_bytes(t)) for t in tensors.values()),
-        sha256=checksum(tensors), path=path, probe=[TokenIds(ids=list(seq)) for seq in probe])
+        sha256=checksum(tensors), path=path, probe=[TokenIds(ids=list(seq)) for seq in probe],
+        checksum_algorithm=CHECKSUM_ALGORITHM_SHA256)
 
 
 def iter_update_messages(
@@ -116,7 +137,10 @@ def write_shared(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp))
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    if len({t.untyped_storage().data_ptr() for t in cpu.values()}) < len(cpu):  # a packed snapshot: save_file
+        cpu = {k: t.clone() for k, t in cpu.items()}  # refuses tensors that share a storage
+    save_file(cpu, str(tmp))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -128,8 +152,8 @@ SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16
 
 
 def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
-    """Shared-path transport, receiver side: load the named file (which must lie under ``root``) and check it
-    against the expected specs and the manifest's checksum."""
+    """Shared-path and shared-memory transports, receiver side: load the named file (which must lie under
+    ``root``) and check it against the expected specs and the manifest's checksum (by its algorithm)."""
     from safetensors import SafetensorError
 
     path = Path(m.path).resolve()
@@ -139,9 +163,10 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
         raise WeightUpdateError(f"shared weights file {m.path} does not exist")
     try:
         # read into private memory first (tensors that mapped the file would let a later change to it reach the
-        # served weights after the checksum below); the tensors are views of that one copy
+        # served weights after the checksum below); the tensors are views of that one copy. torch's allocator
+        # rather than a bytearray: no zero fill, and the memory of the previous update is reused
         with open(path, "rb") as f:
-            data = bytearray(os.fstat(f.fileno()).st_size)
+            data: Any = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8).numpy()
             if f.readinto(data) != len(data):
                 raise OSError("the file changed size while being read")
         tensors = tensor_views(data)
@@ -150,15 +175,16 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     check_tensors(tensors, expected)
     if m.num_tensors != len(tensors):
         raise WeightUpdateError(f"manifest says {m.num_tensors} tensors, the file holds {len(tensors)}")
-    digest = checksum(tensors)
+    digest = checksum(tensors, m.checksum_algorithm)
     if digest != m.sha256:
         raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {m.sha256}")
     return tensors
 
 
-def tensor_views(data: bytearray | mmap.mmap) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file held in ``data``, as views of it (no copy); ValueError when the header
-    does not describe well-formed, in-bounds, non-overlapping tensors."""
+def tensor_views(data: Any) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in ``data`` (a writable buffer: bytes read into memory, a copy-on-write
+    map), as views of it (no copy); ValueError when the header does not describe well-formed, in-bounds,
+    non-overlapping tensors."""
     if len(data) < 8:
         raise ValueError("shorter than a safetensors header")
     (head_len,) = struct.unpack("<Q", data[:8])
@@ -170,16 +196,29 @@ def tensor_views(data: bytearray | mmap.mmap) -> dict[str, torch.Tensor]:
     header.pop("__metadata__", None)
     base, end = 8 + head_len, 8 + head_len
     dtypes = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-    tensors: dict[str, torch.Tensor] = {}
+    entries: list[tuple[str, torch.dtype, list[int], int]] = []  # name, dtype, shape, element count
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         dtype, shape, (start, stop) = dtypes[info["dtype"]], info["shape"], info["data_offsets"]
         count = math.prod(shape)
         if base + start != end or stop - start != count * dtype.itemsize or base + stop > len(data):
             raise ValueError(f"{name}: offsets {start}..{stop} do not fit its shape or the file")
-        flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + start) if count else \
-            torch.empty(0, dtype=dtype)
-        tensors[name] = flat.view(shape)
+        entries.append((name, dtype, shape, count))
         end = base + stop
+    # one buffer view per run of same-dtype tensors, each tensor a strided view of it (one op per tensor)
+    tensors: dict[str, torch.Tensor] = {}
+    offset, i = base, 0
+    while i < len(entries):
+        j, dtype = i, entries[i][1]
+        while j < len(entries) and entries[j][1] == dtype:
+            j += 1
+        total = sum(e[3] for e in entries[i:j])
+        run = torch.frombuffer(data, dtype=dtype, count=total, offset=offset) if total else torch.empty(0, dtype=dtype)
+        at = 0
+        for name, _, shape, count in entries[i:j]:
+            tensors[name] = run.as_strided(shape, contiguous_strides(shape), run.storage_offset() + at)
+            at += count
+        offset += total * dtype.itemsize
+        i = j
     return tensors
 
 
@@ -245,7 +284,7 @@ class WeightAssembler:
         if manifest.num_tensors != len(self._buffers):
             raise WeightUpdateError(f"manifest says {manifest.num_tensors} tensors, got {len(self._buffers)}")
         tensors = {name: _from_bytes(buf, self._expected[name]) for name, buf in self._buffers.items()}
-        digest = checksum(tensors)
+        digest = checksum(tensors, manifest.checksum_algorithm)
         if digest != manifest.sha256:
             raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {manifest.sha256}")
         return tensors
@@ -259,7 +298,11 @@ def _from_bytes(buf: bytearray, spec: TensorSpec) -> torch.Tensor:
 
 def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
     """WeightUpdateError when a floating-point tensor holds NaN or ±inf: such weights (a diverged trainer, a
-    corrupted sender) would make every sampled logprob NaN, so they are refused before the swap."""
+    corrupted sender) would make every sampled logprob NaN, so they are refused before the swap. Tensors that lie
+    back to back in one storage (a file read at once) are checked as one span; the tensor named is the first in
+    name order that holds such a value."""
+    if all(_all_finite(span) for span in spans(t for t in tensors.values() if t.is_floating_point())):
+        return
     for name in sorted(tensors):
         t = tensors[name]
         if t.is_floating_point() and not _all_finite(t):

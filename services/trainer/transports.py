@@ -6,12 +6,14 @@
   (with the same checksum); inference reads the file itself. For machines that share the output root (the
   local stack, one node); no ReadWriteMany volume is assumed anywhere else. The two newest files are kept.
 - ``shared_memory``: same host only. The tensors are written once into a file under the same directory (0600, no
-  fsync: page cache) and hashed in the same pass; inference copies them out; the file goes once served.
+  fsync: page cache) and hashed in the same pass with XXH3-128 (the manifest names the algorithm; an integrity
+  check: only the trainer's own user can write the file); inference copies them out; the file goes once served.
 
 A sharded publication (FSDP2) hands every transport a :class:`~relayrl.common.weight_files.MappedWeights` instead
 of a snapshot in memory: the file its gather wrote into the transport's spool (:meth:`Transport.spool_path`), one
-tensor at a time. ``shared_memory`` and ``shared_path`` then give that file its versioned name (a hard link: no
-second write); ``grpc_stream`` reads its chunks from it as they are sent.
+tensor at a time, hashed in the same pass by the transport's :attr:`Transport.checksum_algorithm` (XXH3-128 for
+``shared_memory``, SHA-256 for the others). ``shared_memory`` and ``shared_path`` then give that file its versioned
+name (a hard link: no second write); ``grpc_stream`` reads its chunks from it as they are sent.
 
 The config enum (:class:`relayrl.config.trainer.WeightTransport`) names the choice; :func:`make_transport` picks
 the implementation once, from :data:`TRANSPORTS`.
@@ -27,7 +29,11 @@ from typing import Protocol, TypeAlias
 
 import torch
 
-from relayrl.common.pb.inference_pb2 import WeightUpdateMessage
+from relayrl.common.pb.inference_pb2 import (
+    CHECKSUM_ALGORITHM_SHA256,
+    CHECKSUM_ALGORITHM_XXH3_128,
+    WeightUpdateMessage,
+)
 from relayrl.common.weight_files import FileUpdateMessages, MappedWeights, write_mapped
 from relayrl.common.weights import iter_update_messages, manifest, write_shared
 from relayrl.config.trainer import WeightTransport
@@ -38,6 +44,9 @@ Weights: TypeAlias = Mapping[str, torch.Tensor] | MappedWeights
 
 class Transport(Protocol):
     """Turns a snapshot into the messages of one UpdateWeights call, and cleans up once a version is served."""
+
+    # the manifests' checksum_algorithm; a sharded gather hashes its spool file by it
+    checksum_algorithm: int
 
     def prepare(self, params: Weights, version: int,
                 probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
@@ -83,6 +92,8 @@ class GrpcStreamTransport:
     """A snapshot in memory is cut into chunks at once (all of them held until sent); a sharded gather's file is
     read one chunk at a time as the stream is sent (only the spool needs the weights directory)."""
 
+    checksum_algorithm = CHECKSUM_ALGORITHM_SHA256  # the bytes may cross a network
+
     def __init__(self, chunk_bytes: int, weights_dir: Path | None = None) -> None:
         self.chunk_bytes = chunk_bytes
         self.spool = Spool(weights_dir) if weights_dir is not None else None
@@ -90,6 +101,7 @@ class GrpcStreamTransport:
     def prepare(self, params: Weights, version: int,
                 probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
         if isinstance(params, MappedWeights):
+            _check_algorithm(params, self.checksum_algorithm)
             return FileUpdateMessages(params, version, self.chunk_bytes, probe)
         return list(iter_update_messages(params, version, self.chunk_bytes, probe))
 
@@ -103,6 +115,8 @@ class GrpcStreamTransport:
 
 
 class SharedPathTransport:
+    checksum_algorithm = CHECKSUM_ALGORITHM_SHA256  # the file may lie on storage others can write
+
     def __init__(self, weights_dir: Path, keep: int = 2) -> None:
         self.weights_dir = weights_dir
         self.keep = keep
@@ -112,6 +126,7 @@ class SharedPathTransport:
                 probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
         path = self.weights_dir / f"v{version:09d}.safetensors"
         if isinstance(params, MappedWeights):  # the gather wrote it: on disk (fsync), then under the version's name
+            _check_algorithm(params, self.checksum_algorithm)
             params.fsync()
             params.link(path)
             return [WeightUpdateMessage(manifest=params.manifest(version, probe, path))]
@@ -129,11 +144,13 @@ class SharedPathTransport:
 
 class SharedMemoryTransport:
     """Same host only: one file per version under the weights directory, written once (0600, no fsync) and hashed
-    in the same pass; only the manifest travels over gRPC. Inference copies the tensors out of the file and checks
-    them against the manifest's checksum. A version's file goes as soon as it (or a newer one) is served, and
-    whatever an earlier run left behind goes when the transport is made."""
+    in the same pass (XXH3-128); only the manifest travels over gRPC. Inference copies the tensors out of the file
+    and checks them against the manifest's checksum. A version's file goes as soon as it (or a newer one) is
+    served, and whatever an earlier run left behind goes when the transport is made."""
 
     PATTERN = "v*.shm.safetensors"
+    checksum_algorithm = CHECKSUM_ALGORITHM_XXH3_128  # integrity only: no one else can write the file
+
 
     def __init__(self, weights_dir: Path) -> None:
         self.weights_dir = weights_dir
@@ -154,9 +171,11 @@ class SharedMemoryTransport:
         if not self._swept:
             self._sweep()
         if isinstance(params, MappedWeights):  # the gather wrote and hashed it already: the version's name only
+            _check_algorithm(params, self.checksum_algorithm)
             params.link(self.path(version))
             return [WeightUpdateMessage(manifest=params.manifest(version, probe, self.path(version)))]
-        return [WeightUpdateMessage(manifest=write_mapped(params, version, probe, self.path(version)))]
+        return [WeightUpdateMessage(manifest=write_mapped(params, version, probe, self.path(version),
+                                                          self.checksum_algorithm))]
 
     def spool_path(self) -> Path:
         return self.spool.path()
@@ -165,6 +184,13 @@ class SharedMemoryTransport:
         for old in self.weights_dir.glob(self.PATTERN):
             if old.name <= self.path(version).name:  # zero-padded versions: names sort like versions
                 old.unlink(missing_ok=True)
+
+
+def _check_algorithm(params: MappedWeights, algorithm: int) -> None:
+    """A gathered file is sent with the checksum it was written with: it must be the transport's own."""
+    if params.algorithm != algorithm:
+        raise ValueError(f"{params.path} was hashed with checksum algorithm {params.algorithm}; this transport "
+                         f"sends {algorithm}")
 
 
 TRANSPORTS: dict[WeightTransport, Callable[[TransportSettings], Transport]] = {

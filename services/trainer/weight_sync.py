@@ -39,6 +39,7 @@ from torch.func import functional_call
 
 from relayrl.client import InferenceClient
 from relayrl.common.probe import WeightVerificationError, compare_probe, probe_logprobs, probe_sequences
+from relayrl.common.tensor_views import packed_copy
 from relayrl.common.weight_files import MappedWeights, StreamedWriter
 from relayrl.common.weights import TensorSpec
 from relayrl.config.tls import TlsConfig
@@ -110,6 +111,8 @@ class WeightPublisher:
         self.plain_model = plain_model
         # the last gather's file: what the publication and any re-push of it (a watchdog's) send, until the next
         self._gathered: MappedWeights | None = None
+        # the trained parameters, found once: walking a LoRA model's module tree costs more than copying an adapter
+        self._trained: dict[str, torch.nn.Parameter] | None = None
         self.tls = tls  # the run's tls section: the channel to inference is TLS when it is on
         self.token = token  # the weights token: inference accepts updates only with it
         self.device = device
@@ -146,7 +149,10 @@ class WeightPublisher:
             if self._gathered is None:
                 raise RuntimeError("no gathered weights to publish: gather() runs on every rank before a publication")
             return self._gathered
-        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+        if self._trained is None:  # the same Parameter objects for the whole run (optimizers hold them too)
+            self._trained = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        # one buffer, tensors back to back in name order: one copy, and the transport sees one storage
+        return packed_copy(self._trained)
 
     def gather(self, keep: bool) -> None:
         """Every rank, at the same point (FSDP2): one all-gather per trained parameter, in name order (the same
@@ -155,8 +161,9 @@ class WeightPublisher:
         more than one full tensor beside its shards. A write that fails does not stop the gathering (the other
         ranks run the same collectives): it raises once every parameter went by."""
         params = sorted(((n, p) for n, p in self.model.named_parameters() if p.requires_grad), key=lambda np: np[0])
-        writer = StreamedWriter(self.transport.spool_path(), {n: TensorSpec(p.dtype, tuple(p.shape))
-                                                               for n, p in params}) if keep else None
+        # hashed as the transport's manifests are (XXH3-128 for shared_memory, SHA-256 otherwise), in the same pass
+        specs = {n: TensorSpec(p.dtype, tuple(p.shape)) for n, p in params}
+        writer = StreamedWriter(self.transport.spool_path(), specs, self.transport.checksum_algorithm) if keep else None
         error: Exception | None = None
         try:
             for name, p in params:

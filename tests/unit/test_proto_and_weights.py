@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
-from relayrl.common.weights import TensorSpec, WeightAssembler, WeightUpdateError, checksum, iter_update_messages
+from relayrl.common.weight_files import write_mapped
+from relayrl.common.weights import (
+    TensorSpec,
+    WeightAssembler,
+    WeightUpdateError,
+    checksum,
+    iter_update_messages,
+    read_shared,
+)
 
 
 def test_episode_round_trip_preserves_every_field() -> None:
@@ -118,3 +128,52 @@ def test_checksum_depends_on_names_and_values() -> None:
     changed = {**t, "a.weight": t["a.weight"] + 1}
 
     assert len({checksum(t), checksum(renamed), checksum(changed)}) == 3
+
+
+def test_checksum_algorithms_give_different_digests_of_the_same_tensors_each_sensitive_to_one_bit() -> None:
+    t = _tensors()
+    flipped = {**t, "a.weight": t["a.weight"].clone()}
+    flipped["a.weight"].view(torch.int32)[3, 5] ^= 1  # one bit of one value
+
+    sha, xxh = checksum(t), checksum(t, inference_pb2.CHECKSUM_ALGORITHM_XXH3_128)
+
+    assert (len(sha), len(xxh)) == (64, 32)  # hex of 256 and 128 bits
+    assert checksum(t, inference_pb2.CHECKSUM_ALGORITHM_UNSPECIFIED) == sha  # unset means SHA-256
+    assert checksum(flipped) != sha
+    assert checksum(flipped, inference_pb2.CHECKSUM_ALGORITHM_XXH3_128) != xxh
+
+
+def test_streamed_manifest_names_sha256_and_one_from_an_older_sender_without_algorithm_is_accepted() -> None:
+    tensors = _tensors()
+    messages = list(iter_update_messages(tensors, 1))
+    old = inference_pb2.WeightManifest()
+    old.CopyFrom(messages[-1].manifest)
+    old.ClearField("checksum_algorithm")  # as a sender that predates the field
+    assembler = WeightAssembler(_specs(tensors))
+    for m in messages[:-1]:
+        assembler.add(m.chunk)
+
+    out = assembler.finish(old)
+
+    assert messages[-1].manifest.checksum_algorithm == inference_pb2.CHECKSUM_ALGORITHM_SHA256
+    assert all(torch.equal(out[k], v) for k, v in tensors.items())
+
+
+def test_shared_file_is_checked_by_the_manifests_algorithm_and_refused_under_another(tmp_path: Path) -> None:
+    tensors = _tensors()
+    m = write_mapped(tensors, 1, [], tmp_path / "v000000001.shm.safetensors")
+    as_sha256 = inference_pb2.WeightManifest()
+    as_sha256.CopyFrom(m)
+    as_sha256.checksum_algorithm = inference_pb2.CHECKSUM_ALGORITHM_SHA256  # what a receiver predating XXH3 does
+    unknown = inference_pb2.WeightManifest()
+    unknown.CopyFrom(m)
+    unknown.checksum_algorithm = 99  # type: ignore[assignment]  # a future algorithm this receiver lacks
+
+    out = read_shared(m, tmp_path, _specs(tensors))
+
+    assert m.checksum_algorithm == inference_pb2.CHECKSUM_ALGORITHM_XXH3_128
+    assert all(torch.equal(out[k], v) for k, v in tensors.items())
+    with pytest.raises(WeightUpdateError, match="checksum mismatch"):
+        read_shared(as_sha256, tmp_path, _specs(tensors))
+    with pytest.raises(WeightUpdateError, match="unknown checksum algorithm 99"):
+        read_shared(unknown, tmp_path, _specs(tensors))

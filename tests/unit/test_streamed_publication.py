@@ -9,7 +9,6 @@ ranks exchanging real data are tested in tests/distributed/test_trainer_fsdp.py.
 
 from __future__ import annotations
 
-import hashlib
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,14 +21,17 @@ from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from relayrl.common.model import load_model
+from relayrl.common.pb import inference_pb2
 from relayrl.common.probe import probe_sequences
-from relayrl.common.weight_files import FileUpdateMessages, MappedWeights, StreamedWriter
+from relayrl.common.tensor_views import packed_copy
+from relayrl.common.weight_files import FileUpdateMessages, MappedWeights, StreamedWriter, write_mapped
 from relayrl.common.weights import (
     TensorSpec,
     WeightAssembler,
     checksum,
     dtype_name,
     hash_header,
+    hasher,
     iter_update_messages,
     parameter_specs,
     tensor_bytes,
@@ -43,12 +45,12 @@ from relayrl.trainer.weight_sync import WeightPublisher
 
 class FullTensorCount:
     """Wraps ``DTensor.full_tensor``: bytes and number of full tensors alive now and at most, and a running
-    checksum (the project's, in call order) of every full tensor handed out."""
+    checksum (the project's, by ``algorithm``, in call order) of every full tensor handed out."""
 
-    def __init__(self, original: Any) -> None:
+    def __init__(self, original: Any, algorithm: int = inference_pb2.CHECKSUM_ALGORITHM_SHA256) -> None:
         self.original = original
         self.alive_bytes = self.alive = self.peak_bytes = self.peak = self.calls = 0
-        self.sha = hashlib.sha256()
+        self.sha = hasher(algorithm)
 
     def __call__(self, dtensor: DTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         full: torch.Tensor = self.original(dtensor, *args, **kwargs)
@@ -86,9 +88,10 @@ def _publisher(model: Any, plain: Any, transport: WeightTransport, weights_dir: 
                            probe_sequences(vocab, 2, 6, seed=0), None, plain_model=plain)
 
 
-def _counted(monkeypatch: pytest.MonkeyPatch, model: Any, hashed: bool = False) -> FullTensorCount:
-    """Count (and, ``hashed``, checksum) every full tensor gathered from ``model``'s parameters."""
-    count = FullTensorCount(DTensor.full_tensor)
+def _counted(monkeypatch: pytest.MonkeyPatch, model: Any, hashed: bool = False,
+             algorithm: int = inference_pb2.CHECKSUM_ALGORITHM_SHA256) -> FullTensorCount:
+    """Count (and, ``hashed``, checksum by ``algorithm``) every full tensor gathered from ``model``'s parameters."""
+    count = FullTensorCount(DTensor.full_tensor, algorithm)
     names = {id(p): n for n, p in model.named_parameters()}
 
     def full_tensor(self: DTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -101,13 +104,17 @@ def _counted(monkeypatch: pytest.MonkeyPatch, model: Any, hashed: bool = False) 
     return count
 
 
-@pytest.mark.parametrize("transport", [WeightTransport.SHARED_MEMORY, WeightTransport.SHARED_PATH,
-                                       WeightTransport.GRPC_STREAM])
+@pytest.mark.parametrize(("transport", "algorithm"), [
+    (WeightTransport.SHARED_MEMORY, inference_pb2.CHECKSUM_ALGORITHM_XXH3_128),  # same host, integrity only
+    (WeightTransport.SHARED_PATH, inference_pb2.CHECKSUM_ALGORITHM_SHA256),
+    (WeightTransport.GRPC_STREAM, inference_pb2.CHECKSUM_ALGORITHM_SHA256),
+])
 def test_sharded_publication_holds_one_full_tensor_at_a_time_and_sends_exactly_what_was_gathered(
-        sharded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: WeightTransport) -> None:
+        sharded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: WeightTransport,
+        algorithm: int) -> None:
     model, plain = sharded
     pub = _publisher(model, plain, transport, tmp_path / "weights")
-    count = _counted(monkeypatch, model, hashed=True)
+    count = _counted(monkeypatch, model, hashed=True, algorithm=algorithm)
     largest = max(p.numel() * p.element_size() for p in model.parameters())
 
     pub.gather(keep=True)
@@ -122,10 +129,11 @@ def test_sharded_publication_holds_one_full_tensor_at_a_time_and_sends_exactly_w
     assert isinstance(params, MappedWeights)
     manifest = sent[-1].manifest
     assert (manifest.version, manifest.num_tensors) == (7, len(specs))
+    assert manifest.checksum_algorithm == algorithm  # the transport's algorithm, named in its manifest
     assert manifest.sha256 == count.sha.hexdigest()  # the file holds exactly the gathered tensors, in name order
     tensors = params.tensors()
     assert {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in tensors.items()} == specs
-    assert checksum(tensors) == manifest.sha256  # read back through the memory map: the same bytes
+    assert checksum(tensors, algorithm) == manifest.sha256  # read back through the memory map: the same bytes
     if transport is WeightTransport.GRPC_STREAM:
         assembler = WeightAssembler(specs)
         for m in sent[:-1]:
@@ -194,8 +202,8 @@ def test_a_new_gather_removes_the_previous_file_while_its_push_still_reads_it(
     replay = [m.SerializeToString() for m in in_flight]  # the open file is still read, in full
     assert replay == [m.SerializeToString() for m in pub.transport.prepare(first, 1, [])]
     first.link(tmp_path / "copy.safetensors")  # its name is gone: a copy through the open file
-    assert checksum(MappedWeights(tmp_path / "copy.safetensors", first.specs, first.data_start,
-                                  first.total_bytes, first.sha256).tensors()) == first.sha256
+    assert checksum(MappedWeights(tmp_path / "copy.safetensors", first.specs, first.data_start, first.total_bytes,
+                                  first.sha256, first.algorithm).tensors(), first.algorithm) == first.sha256
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 100, 4096, 1 << 20])
@@ -230,3 +238,34 @@ def test_tensors_out_of_name_order_or_of_another_shape_are_refused_by_the_writer
     with pytest.raises(ValueError, match="never written"):
         writer.finish()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_written_at_once_equals_the_same_tensors_streamed_one_by_one_and_names_its_algorithm(
+        tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    packed = packed_copy({"b.weight": torch.randn(30, 50, generator=g), "a.bias": torch.randn(7, generator=g),
+                          "empty": torch.zeros(0, 4)})  # one storage: write_mapped cuts every tensor's bytes from it
+    xxh3 = inference_pb2.CHECKSUM_ALGORITHM_XXH3_128
+    writer = StreamedWriter(tmp_path / "streamed.safetensors",
+                            {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in packed.items()}, xxh3)
+    for name in writer.names:
+        writer.add(name, packed[name].clone())  # each tensor alone, in its own storage
+    streamed = writer.finish()
+
+    m = write_mapped(packed, 3, [], tmp_path / "v000000003.shm.safetensors")
+
+    assert (tmp_path / "streamed.safetensors").read_bytes() == Path(m.path).read_bytes()
+    assert (m.checksum_algorithm, m.sha256) == (xxh3, streamed.sha256) == (xxh3, checksum(packed, xxh3))
+    assert streamed.manifest(3, []).checksum_algorithm == xxh3
+
+
+def test_a_transport_refuses_a_gathered_file_hashed_by_another_algorithm(tmp_path: Path) -> None:
+    t = {"w": torch.ones(4)}
+    writer = StreamedWriter(tmp_path / "g.safetensors", {"w": TensorSpec(torch.float32, (4,))},
+                            inference_pb2.CHECKSUM_ALGORITHM_XXH3_128)
+    writer.add("w", t["w"])
+    gathered = writer.finish()
+
+    for transport in (WeightTransport.GRPC_STREAM, WeightTransport.SHARED_PATH):  # SHA-256 only: never XXH3
+        with pytest.raises(ValueError, match="hashed with checksum algorithm"):
+            make_transport(transport, 4096, tmp_path / "weights").prepare(gathered, 1, [])
