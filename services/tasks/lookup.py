@@ -13,8 +13,8 @@ the model then copies the two digits, always at the same offset. The random-init
 itself in the budget; it only has to learn a fixed string and a fixed-offset copy. Unlike the calculator example
 (relayrl.tasks.calculator), it does not learn to pass operands. Reward (``WEIGHTS``), credit for each step: the
 first turn's correct prefix of the ideal call per character, the call ran, the answer against the tool's output
-per character, the answer against the reference per character; without a call at most ``WEIGHTS["answer"]`` (0.5), so the 0.8
-target needs the tool. The model's vocabulary must hold ``CHARS``:
+per character, the answer against the reference per character; without a call at most ``WEIGHTS["answer"]``
+(0.5), so the 0.8 target needs the tool. The model's vocabulary must hold ``CHARS``:
 ``relayrl init-model --set chars='0123456789*=<>/cr'``.
 """
 
