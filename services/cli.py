@@ -96,10 +96,11 @@ def _model_commands(sub: Any) -> None:
     data.add_argument("--max-operand", type=int, default=9)
     data.add_argument("--max-sum", type=int, default=9, help="keep only rows with a + b <= this")
     data.add_argument("--seed", type=int, default=0)
-    data.add_argument("--task", choices=("addition", "chat-addition", "calculator"), default="addition",
+    data.add_argument("--task", choices=("addition", "chat-addition", "calculator", "lookup"), default="addition",
                       help="chat-addition: two-digit sums as conversations (messages) with a held-out split; "
                            "calculator: products of two digits with two-digit results for the multi-turn tool "
-                           "example (calculator_tools.yaml)")
+                           "example (calculator_tools.yaml); lookup: the same products for the argument-free tool "
+                           "example (lookup_tools.yaml)")
     data.add_argument("--heldout-out", type=Path, default=Path("examples/data/chat_addition_heldout.jsonl"),
                       help="chat-addition: where the held-out split goes")
     data.add_argument("--heldout-rows", type=int, default=200, help="chat-addition: held-out questions")
@@ -270,10 +271,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_dataset(args: argparse.Namespace) -> int:
-    if args.task == "calculator":
-        from relayrl.tasks.calculator import make_dataset as make_calculator_dataset
+    if args.task in ("calculator", "lookup"):
+        from relayrl.tasks import calculator, lookup
 
-        n = make_calculator_dataset(args.out, seed=args.seed)
+        n = (lookup if args.task == "lookup" else calculator).make_dataset(args.out, seed=args.seed)
         print(f"wrote {n} rows to {args.out}")
         return 0
     if args.task == "chat-addition":

@@ -10,7 +10,9 @@ keyword parameters are the call's arguments (tagged: one string parameter); its 
 attribute or is built from its signature. A failure (unknown tool, bad arguments, an exception, the deadline) is
 shown to the model as the tool's output and counted on the episode (``tool_errors``), never hidden. A sync tool runs
 in a thread; a tool that runs model-written code must not run here: it takes ``run_code`` and runs it in the reward
-service's sandbox (code_tool.py; the built-in ``python`` tool does).
+service's sandbox (code_tool.py; the built-in ``python`` tool does). A tool with a keyword-only parameter
+``question`` gets the episode's prompt there from the environment, never from the model (an argument-free tool
+bound to the episode, as relayrl.tasks.lookup's).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>\n"
 TAGGED_OPEN, TAGGED_CLOSE = "<r>", "</r>"
 MAX_OUTPUT_CHARS = 2000  # a tool's output beyond this is cut (and says so)
+QUESTION = "question"  # the keyword-only parameter through which a tool gets the episode's prompt
+
+
+def _keyword_only(fn: Callable[..., Any], name: str) -> bool:
+    p = inspect.signature(fn).parameters.get(name)
+    return p is not None and p.kind is p.KEYWORD_ONLY
 
 
 def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
@@ -47,7 +55,8 @@ def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     props: dict[str, Any] = {}
     required: list[str] = []
     for p in inspect.signature(fn).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (p.name == RUN_CODE and p.kind is p.KEYWORD_ONLY):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (p.name in (RUN_CODE, QUESTION)
+                                                            and p.kind is p.KEYWORD_ONLY):
             continue
         ann = p.annotation if not isinstance(p.annotation, str) else {"str": str, "int": int, "float": float,
                                                                      "bool": bool}.get(p.annotation, str)
@@ -92,7 +101,8 @@ class ToolSet:
                 tools.append(Tool(name, functools.partial(fn, run_code=runner), tool_schema(fn, name),
                                   frozenset({RUN_CODE})))
             else:
-                tools.append(Tool(name, fn, tool_schema(fn, name)))
+                tools.append(Tool(name, fn, tool_schema(fn, name),
+                                  frozenset({QUESTION}) if _keyword_only(fn, QUESTION) else frozenset()))
         return cls(tools, fmt, timeout_s, tokenizer)
 
     def prompt(self, conversation: list[dict[str, str]]) -> str | list[dict[str, str]]:
@@ -125,14 +135,17 @@ class ToolSet:
             return self._tagged.sub("", text).strip()
         return parse_tool_calls(text)[0]
 
-    async def call(self, name: str, args: dict[str, Any] | str) -> tuple[str, bool]:
-        """(the output shown to the model, whether the call failed)."""
+    async def call(self, name: str, args: dict[str, Any] | str, question: str = "") -> tuple[str, bool]:
+        """(the output shown to the model, whether the call failed); ``question``: the episode's prompt, for a
+        tool that takes it."""
         tool = self.tools.get(name)
         if tool is None:
             return f"error: unknown tool {name!r}", True
         pos, kw = ((args,), {}) if isinstance(args, str) else ((), args)
         if tool.bound & set(kw):
             return f"error: {name} takes no argument {', '.join(sorted(tool.bound & set(kw)))}", True
+        if QUESTION in tool.bound:
+            kw = {**kw, QUESTION: question}
         try:
             inspect.signature(tool.fn).bind(*pos, **kw)  # wrong arguments: the model's error, shown to it
             run = tool.fn(*pos, **kw) if inspect.iscoroutinefunction(tool.fn) else asyncio.to_thread(tool.fn, *pos,
@@ -171,10 +184,12 @@ class ToolEnvironment:
         self.max_tool_calls = max_tool_calls
         self.calls = 0
         self.chat = False  # the prompt is a conversation: tool results follow the chat template
+        self.question = ""  # the row's prompt, for the tools that take it
 
     async def reset(self, row: Prompt, seed: int) -> str | list[dict[str, str]]:
         conversation = row.chat()
         self.chat = bool(conversation)
+        self.question = row.prompt
         if not conversation:  # a plain text prompt (the tagged format's tiny models): as written
             return row.prompt
         return await asyncio.to_thread(self.tools.prompt, conversation)  # template rendering: off the loop
@@ -186,7 +201,7 @@ class ToolEnvironment:
         if self.calls + len(calls) > self.max_tool_calls:
             return StepResult("", truncated=True, limit="max_tool_calls")
         self.calls += len(calls)
-        results = [await self.tools.call(name, args) for name, args in calls]
+        results = [await self.tools.call(name, args, self.question) for name, args in calls]
         return StepResult(self.tools.render([out for out, _ in results], self.chat), tool_calls=len(calls),
                           tool_errors=sum(failed for _, failed in results))
 

@@ -1,0 +1,98 @@
+"""The second multi-turn tool example: an argument-free calculator bound to the episode's question, so that the
+tool call needs no copying of arguments (examples/lookup_tools.yaml).
+
+Prompt ``"7*8="`` (a product of two digits from 2 to 9 with a two-digit result), answer ``"56"``. The ideal episode
+(tagged tool format, tool ``c``)::
+
+    7*8=<c></c><r>56</r>56<eos>
+        ^ call ^ tool   ^ the model copies the tool's output
+
+The call is a fixed string (loss mask 1); the environment evaluates the episode's own question (the tool's
+keyword-only ``question``, bound by the tools workflow) and shows ``<r>56</r>`` (observation tokens, loss mask 0);
+the model then copies the two digits, always at the same offset. The random-initialised model cannot multiply by
+itself in the budget; it only has to learn a fixed string and a fixed-offset copy. Unlike the calculator example
+(relayrl.tasks.calculator), it does not learn to pass operands. Reward (``WEIGHTS``), credit for each step: the
+first turn's correct prefix of the ideal call per character, the call ran, the answer against the tool's output
+per character, the answer against the reference per character; without a call at most ``WEIGHTS["answer"]``
+(0.5), so the 0.8 target needs the tool. The model's vocabulary must hold ``CHARS``:
+``relayrl init-model --set chars='0123456789*=<>/cr'``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from relayrl.reward.api import RewardInput, RewardResult
+from relayrl.tasks.calculator import _match
+
+CHARS = "0123456789*=<>/cr"
+TOOL = "c"
+CALL = f"<{TOOL}></{TOOL}>"
+TAGGED_OPEN, TAGGED_CLOSE = "<r>", "</r>"  # how the tagged format shows a tool's output (rollout.workflows.tools)
+# Weights of the reward's parts: the call, the call ran, copying the tool's output, the correct answer (sum 1).
+WEIGHTS = {"call": 0.2, "ran": 0.1, "copy": 0.2, "answer": 0.5}
+
+
+def c(argument: str = "", *, question: str) -> str:
+    """The result of the episode's question (``question``, bound by the workflow, e.g. "7*8="); takes no
+    argument."""
+    from relayrl.rollout.workflows.tools import calculator
+
+    if argument.strip():
+        raise ValueError("c takes no argument: it answers the episode's question")
+    return calculator(question.strip().rstrip("="))
+
+
+def tool_output(transcript: str) -> str | None:
+    """The output the tool showed after the episode's first call (the observation right after ``</c>``), or None
+    when the model made no call."""
+    close = f"</{TOOL}>"
+    end = transcript.find(close)
+    if end < 0:
+        return None
+    rest = transcript[end + len(close):]
+    if not rest.startswith(TAGGED_OPEN) or TAGGED_CLOSE not in rest:
+        return None
+    return rest[len(TAGGED_OPEN):rest.index(TAGGED_CLOSE)]
+
+
+def _prefix(got: str, want: str) -> float:
+    """The length of the longest common prefix of ``got`` and ``want``, over the longer of the two."""
+    n = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+    return n / max(len(got), len(want), 1)
+
+
+def reward(inp: RewardInput) -> RewardResult:
+    """Credit for each step (weights ``WEIGHTS``): ``call``, the first turn's longest common prefix with
+    ``<c></c>`` (per character: a character right after a wrong one earns nothing, so the only way up is the next
+    character of the call); ``ran``, the call
+    ran without an error; ``copy``, the final answer against the tool's output (0 without a call); ``answer``, the
+    final answer against the reference; per character position where it applies. 1.0 only for the ideal episode.
+    ``exact`` (not in the score): the final answer equals the reference."""
+    answer = inp.reference.strip()
+    if not answer:
+        raise ValueError("the dataset row has no reference answer")
+    transcript = str(inp.metadata.get("transcript", ""))
+    close = f"</{TOOL}>"
+    first_turn = transcript[:transcript.find(close) + len(close)] if close in transcript else transcript
+    final = inp.completion.strip()
+    shown = tool_output(transcript)
+    parts = {"call": _prefix(first_turn, CALL), "ran": float(shown is not None and not shown.startswith("error")),
+             "copy": _match(final, shown) if shown is not None else 0.0, "answer": _match(final, answer)}
+    score = sum(WEIGHTS[k] * v for k, v in parts.items())
+    return RewardResult(score=score, components={**parts, "exact": float(final == answer)}, details=transcript[:64])
+
+
+def make_dataset(path: Path, seed: int = 0) -> int:
+    """Write the 58 distinct ``a*b=`` prompts with 2 <= a, b <= 9 and a two-digit product to ``path`` (JSONL), in a
+    shuffled order; returns the count. Every episode has the same layout, so the copy is at a fixed offset."""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(2, 10) for b in range(2, 10) if a * b >= 10]
+    rng.shuffle(pairs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for a, b in pairs:
+            f.write(json.dumps({"id": f"{a}*{b}", "prompt": f"{a}*{b}=", "answer": str(a * b)}) + "\n")
+    return len(pairs)
