@@ -25,12 +25,10 @@ import random
 from pathlib import Path
 
 from relayrl.reward.api import RewardInput, RewardResult
-from relayrl.tasks.calculator import _match
+from relayrl.tasks.calculator import TOOL, _match, tool_output
 
 CHARS = "0123456789*=<>/cr"
-TOOL = "c"
 CALL = f"<{TOOL}></{TOOL}>"
-TAGGED_OPEN, TAGGED_CLOSE = "<r>", "</r>"  # how the tagged format shows a tool's output (rollout.workflows.tools)
 # Weights of the reward's parts: the call, the call ran, copying the tool's output, the correct answer (sum 1).
 WEIGHTS = {"call": 0.2, "ran": 0.1, "copy": 0.2, "answer": 0.5}
 
@@ -43,19 +41,6 @@ def c(argument: str = "", *, question: str) -> str:
     if argument.strip():
         raise ValueError("c takes no argument: it answers the episode's question")
     return calculator(question.strip().rstrip("="))
-
-
-def tool_output(transcript: str) -> str | None:
-    """The output the tool showed after the episode's first call (the observation right after ``</c>``), or None
-    when the model made no call."""
-    close = f"</{TOOL}>"
-    end = transcript.find(close)
-    if end < 0:
-        return None
-    rest = transcript[end + len(close):]
-    if not rest.startswith(TAGGED_OPEN) or TAGGED_CLOSE not in rest:
-        return None
-    return rest[len(TAGGED_OPEN):rest.index(TAGGED_CLOSE)]
 
 
 def _prefix(got: str, want: str) -> float:
