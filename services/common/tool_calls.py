@@ -105,10 +105,15 @@ def tool_turn_text(apply_chat_template: Callable[..., Any], outputs: Sequence[st
     return rest
 
 
-def template_renders_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template (its default one, or a named ``tool_use`` one) reads a ``tools``
-    variable: only then does ``apply_chat_template(..., tools=...)`` show the tools to the model."""
+def chat_template_text(tokenizer: Any) -> str:
+    """The tokenizer's chat template (its default one, or a named ``tool_use`` one); "" when it has none."""
     template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
+    if isinstance(template, dict):  # named templates
         template = template.get("tool_use") or template.get("default")
-    return isinstance(template, str) and "tools" in template
+    return template if isinstance(template, str) else ""
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template reads a ``tools`` variable: only then does
+    ``apply_chat_template(..., tools=...)`` show the tools to the model."""
+    return "tools" in chat_template_text(tokenizer)

@@ -13,20 +13,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from relayrl.common.tool_calls import ToolCall, parse_tool_calls
+from relayrl.common.tool_calls import ToolCall, chat_template_text, parse_tool_calls, template_renders_tools
 from relayrl.inference.openai_schema import ApiError, ChatMessage, ChatRequest
-
-
-def _template(tokenizer: Any) -> str:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # named templates: the default one, or a "tool_use" one
-        template = template.get("tool_use") or template.get("default")
-    return template if isinstance(template, str) else ""
 
 
 def renders_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template can render tools (it reads a ``tools`` variable)."""
-    return "tools" in _template(tokenizer)
+    return template_renders_tools(tokenizer)
 
 
 def uses_tools(req: ChatRequest) -> bool:
@@ -62,7 +55,7 @@ def chat_prompt(tokenizer: Any, req: ChatRequest) -> str:
         param = "tools" if tools else "messages"
         raise ApiError(f"{param}: this model's chat template cannot render tools or tool messages (it never reads "
                        "'tools'); serve a model whose template does, or leave them out", param)
-    if _template(tokenizer):
+    if chat_template_text(tokenizer):
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         try:
             return str(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False, **kwargs))

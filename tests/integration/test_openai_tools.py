@@ -123,7 +123,7 @@ def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: 
 
 def test_openai_agents_sdk_runs_a_tool_calling_turn_to_its_final_answer(tool_model_dir: Path) -> None:
     """The openai-agents SDK (chat-completions model): the agent calls the tool, runs it, and answers."""
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)  # nothing is sent anywhere
     ran: list[tuple[int, int]] = []
@@ -138,7 +138,9 @@ def test_openai_agents_sdk_runs_a_tool_calling_turn_to_its_final_answer(tool_mod
         async with inference_server(tool_model_dir, http=True) as (_, service):
             client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key="unused",  # type: ignore[attr-defined]
                                         max_retries=0, timeout=30)
-            agent = Agent(name="calc", tools=[add],
+            # greedy: the SDK leaves the temperature to the server (1: sampling), which made the answer depend on
+            # the engine's random state, i.e. on the tests that ran before in the same process
+            agent = Agent(name="calc", tools=[add], model_settings=ModelSettings(temperature=0),
                           model=OpenAIChatCompletionsModel(model=service.model_name, openai_client=client))
             result = await Runner.run(agent, QUESTION[0]["content"], max_turns=3)
             return str(result.final_output)

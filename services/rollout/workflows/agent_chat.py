@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.common.openai_messages import Strict, TextPart, ToolCallIn
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
-from relayrl.common.tool_calls import parse_tool_calls
+from relayrl.common.tool_calls import chat_template_text, parse_tool_calls
 
 
 class ChatError(Exception):
@@ -108,13 +108,6 @@ class ChatRequest(Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-def _template(tokenizer: Any) -> str:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("tool_use") or template.get("default")
-    return template if isinstance(template, str) else ""
-
-
 class Renderer:
     """A conversation to prompt ids with the served model's tokenizer (see the module's docstring)."""
 
@@ -124,7 +117,7 @@ class Renderer:
     def text(self, req: ChatRequest) -> str:
         turns = [m.turn() for m in req.messages]
         tools = req.tools if req.uses_tools() else None
-        template = _template(self.tokenizer)
+        template = chat_template_text(self.tokenizer)
         tool_turns = any(t["role"] == "tool" or "tool_calls" in t for t in turns)
         if (tools or tool_turns) and "tools" not in template:
             raise ChatError("this model's chat template cannot render tools or tool messages", "tools")
