@@ -66,14 +66,12 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class ChatRequest(Strict):
-    """What a session accepts. Sampling is the rollout's (temperature, top_p, top_k): the logprobs must be the
-    policy's at the temperature the trainer uses, so a request may repeat those values but not change them."""
+class SessionRequest(Strict):
+    """The sampling fields every call of a session shares (chat and text completions). Sampling is the rollout's
+    (temperature, top_p, top_k): the logprobs must be the policy's at the temperature the trainer uses, so a
+    request may repeat those values but not change them."""
 
     model: str | None = None
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
     n: int = 1
@@ -81,15 +79,7 @@ class ChatRequest(Strict):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
-    parallel_tool_calls: bool | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
     user: str | None = None
-
-    def uses_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
 
     def check(self, temperature: float, top_p: float) -> None:
         if self.n != 1:
@@ -101,11 +91,30 @@ class ChatRequest(Strict):
                             "are the policy's at that temperature", "temperature")
         if self.top_p is not None and abs(self.top_p - top_p) > 1e-6:
             raise ChatError(f"top_p must be the rollout's ({top_p}) or left out", "top_p")
-        if self.top_logprobs:
-            raise ChatError("top_logprobs is not supported in an agent session", "top_logprobs")
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatRequest(SessionRequest):
+    """What a session accepts on /v1/chat/completions."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def uses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def check(self, temperature: float, top_p: float) -> None:
+        super().check(temperature, top_p)
+        if self.top_logprobs:
+            raise ChatError("top_logprobs is not supported in an agent session", "top_logprobs")
 
 
 class Renderer:

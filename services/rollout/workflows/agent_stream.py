@@ -17,28 +17,18 @@ from typing import Any
 
 from pydantic import Field
 
-from relayrl.common.openai_messages import Strict
 from relayrl.common.openai_sse import DONE, sse
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
-from relayrl.rollout.workflows.agent_chat import ChatError, StreamOptions
+from relayrl.rollout.workflows.agent_chat import ChatError, SessionRequest
 
 
-class CompletionRequest(Strict):
+class CompletionRequest(SessionRequest):
     """What a session accepts on /v1/completions: one text prompt, the rollout's sampling (like chat)."""
 
-    model: str | None = None
     prompt: str | list[str]
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     logprobs: int | None = Field(default=None, ge=0, le=0)  # chosen tokens' logprobs only (no alternatives)
     echo: bool = False
-    user: str | None = None
 
     def text(self) -> str:
         if isinstance(self.prompt, list):
@@ -48,20 +38,9 @@ class CompletionRequest(Strict):
         return self.prompt
 
     def check(self, temperature: float, top_p: float) -> None:
-        if self.n != 1:
-            raise ChatError("n must be 1 in an agent session (one call, one sample)", "n")
+        super().check(temperature, top_p)
         if self.echo:
             raise ChatError("echo is not supported in an agent session", "echo")
-        if self.temperature is not None and abs(self.temperature - temperature) > 1e-6:
-            raise ChatError(f"temperature must be the rollout's ({temperature}) or left out: the episode's logprobs "
-                            "are the policy's at that temperature", "temperature")
-        if self.top_p is not None and abs(self.top_p - top_p) > 1e-6:
-            raise ChatError(f"top_p must be the rollout's ({top_p}) or left out", "top_p")
-        if self.stream_options is not None and not self.stream:
-            raise ChatError("stream_options is only allowed with stream=true", "stream_options")
-
-    def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 def completion_answer(req: CompletionRequest, sample: Any, model: str, prompt_tokens: int,
