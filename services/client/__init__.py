@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -187,7 +187,7 @@ class InferenceClient(ServiceClient):
         for attempt in range(1, attempts + 1):
             try:
                 response: inference_pb2.UpdateWeightsResponse = await self.stub.UpdateWeights(
-                    iter(messages), timeout=timeout_s, metadata=self._auth())
+                    _update_stream(messages), timeout=timeout_s, metadata=self._auth())
                 return response
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (*retryable, grpc.StatusCode.FAILED_PRECONDITION):
@@ -205,6 +205,20 @@ class InferenceClient(ServiceClient):
             return int((await self.status()).weight_version) == version
         except grpc.aio.AioRpcError:
             return False
+
+
+def _update_stream(messages: Sequence[inference_pb2.WeightUpdateMessage],
+                   ) -> Iterator[inference_pb2.WeightUpdateMessage] | AsyncIterator[inference_pb2.WeightUpdateMessage]:
+    """The UpdateWeights request stream. grpc.aio consumes a plain iterator on the event loop, which is right for
+    messages already in memory; a sequence that reads each chunk from a file when asked (``reads_file``, a sharded
+    gather's spool) is read in a worker thread, one chunk at a time, so the loop never waits for the disk."""
+    if not getattr(messages, "reads_file", False):
+        return iter(messages)
+
+    async def read() -> AsyncIterator[inference_pb2.WeightUpdateMessage]:
+        for index in range(len(messages)):
+            yield await asyncio.to_thread(messages.__getitem__, index)
+    return read()
 
 
 class RewardClient(ServiceClient):

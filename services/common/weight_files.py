@@ -230,7 +230,9 @@ class MappedWeights:
 class FileUpdateMessages(Sequence[WeightUpdateMessage]):
     """The UpdateWeights stream of a :class:`MappedWeights` (the chunks of iter_update_messages, then the
     manifest), each chunk read from the file when it is asked for: one chunk's bytes at a time, and the whole
-    stream can be sent again (a retried push)."""
+    stream can be sent again (a retried push). ``reads_file`` tells the client to ask from a worker thread."""
+
+    reads_file = True
 
     def __init__(self, weights: MappedWeights, version: int, chunk_bytes: int,
                  probe: Sequence[Sequence[int]]) -> None:

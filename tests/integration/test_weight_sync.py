@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import WeightVerificationError
-from relayrl.common.weights import manifest, write_shared
+from relayrl.common.weight_files import FileUpdateMessages, StreamedWriter
+from relayrl.common.weights import TensorSpec, manifest, write_shared
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.trainer.transports import make_transport
@@ -100,6 +102,42 @@ def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(tiny_mode
     # the phases partition the push's wall time (float sums of perf_counter differences: 1 ms is generous)
     assert sum(phases) == pytest.approx(t.total_s, abs=1e-3)
     assert t.bytes == model_bytes
+
+
+def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_served(tiny_model_dir: Path,
+                                                                                        tmp_path: Path,
+                                                                                        monkeypatch: Any) -> None:
+    readers: list[int] = []
+    read_chunk = FileUpdateMessages.__getitem__
+
+    def recording(self: FileUpdateMessages, index: Any) -> Any:
+        if isinstance(index, int) and index % len(self) != len(self) - 1:  # a chunk, read from the file
+            readers.append(threading.get_ident())
+        return read_chunk(self, index)
+
+    monkeypatch.setattr(FileUpdateMessages, "__getitem__", recording)
+
+    async def go() -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        weights_dir = tmp_path / "weights"
+        async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service):
+            pub = _publisher(tiny_model_dir, service.weights_target, WeightTransport.GRPC_STREAM, weights_dir)
+            _perturb(pub, 1)
+            tensors = pub.snapshot()
+            writer = StreamedWriter(tmp_path / "gather.safetensors",
+                                    {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in tensors.items()})
+            for name in writer.names:  # as a sharded gather writes its spool: one tensor at a time, in name order
+                writer.add(name, tensors[name])
+            await pub.push(writer.finish(), 1)
+            assert service.engine.version == 1
+            served = dict(service.engine.model.named_parameters())  # type: ignore[attr-defined]
+            return threading.get_ident(), served, dict(pub.model.named_parameters())
+
+    loop_thread, served, trained = asyncio.run(go())
+
+    assert len(readers) > 2  # 16 KiB chunks of a 1.2 MB model: many reads
+    assert loop_thread not in readers
+    for name, p in trained.items():
+        assert torch.equal(served[name], p)  # copies of the file's bytes, not recomputations: bit for bit
 
 
 @pytest.mark.parametrize("probe_shape", [(4, 24), (PublicationConfig.probe_sequences, PublicationConfig.probe_tokens)])
