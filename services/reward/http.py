@@ -3,6 +3,11 @@
 - ``POST /score``: one request (``prompt``, ``completion``, ``reference``, ``metadata`` as plain JSON,
   optional ``episode_id``) -> ``status`` (``ok`` / ``error`` / ``timeout``), ``score``, ``components``,
   ``error``, ``details``. A failed verifier is a 200 with an error status (a result, not a transport error).
+- ``POST /run_code`` (RunCode's REST form, for tools written outside rollout): ``code``, ``stdin`` (text),
+  ``timeout_s``, ``memory_mb`` (0: the defaults) -> ``status`` (``exited`` / ``timeout`` / ``output_exceeded`` /
+  ``error``), ``exit_code``, ``stdout``, ``stderr`` (UTF-8, undecodable bytes replaced), ``wall_s``, ``error``.
+  Needs ``Authorization: Bearer <code token>`` (401 without it, 403 when the service has none); a request over a
+  limit is 413 and a malformed value 400, before anything runs.
 - ``GET /healthz``: 200 while every verifier worker is ready, else 503.
 - ``GET /metrics``: Prometheus text format.
 """
@@ -12,13 +17,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Response
+import grpc
+from fastapi import FastAPI, Header, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
+from relayrl.common.control import authorized
 from relayrl.common.http import refuse_invalid_bodies
+from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.reward.api import RewardInput
+from relayrl.reward.code_runs import RefusedRun, status_label
 from relayrl.reward.protocol import Status
 from relayrl.reward.server import RewardServicer
 
@@ -42,6 +51,34 @@ class ScoreResponseBody(BaseModel):
     details: str = ""
 
 
+class RunCodeBody(BaseModel):
+    code: str
+    stdin: str = ""
+    timeout_s: float = 0.0  # 0: reward.code_runs.wall_timeout_s
+    memory_mb: int = Field(default=0, ge=0)  # 0: reward.sandbox.memory_mb
+
+
+class RunCodeResult(BaseModel):
+    status: str  # exited | timeout | output_exceeded | error
+    exit_code: int = 0
+    stdout: str = ""
+    stderr: str = ""
+    wall_s: float = 0.0
+    error: str = ""
+
+
+REFUSED_HTTP = {grpc.StatusCode.RESOURCE_EXHAUSTED: 413, grpc.StatusCode.INVALID_ARGUMENT: 400}
+
+
+def check_code_token(authorization: str | None, token: str) -> None:
+    """RunCode's credential over REST, as over gRPC: 403 when the service has none, 401 without it."""
+    if not token:
+        raise HTTPException(status_code=403, detail="run_code is disabled: the service has no code token configured")
+    if not authorized(authorization, token):
+        raise HTTPException(status_code=401, detail="run_code needs Authorization: Bearer <code token>",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
 def create_app(servicer: RewardServicer) -> FastAPI:
     app = FastAPI(title="relayrl reward", docs_url=None, redoc_url=None)
     refuse_invalid_bodies(app)
@@ -56,6 +93,19 @@ def create_app(servicer: RewardServicer) -> FastAPI:
                                  score=r.score if r is not None else None,
                                  components=dict(r.components) if r is not None else {}, error=outcome.error,
                                  details=r.details if r is not None else "")
+
+    @app.post("/run_code", response_model=RunCodeResult)
+    async def run_code(body: RunCodeBody, authorization: str | None = Header(default=None)) -> RunCodeResult:
+        check_code_token(authorization, servicer.code_token)
+        request = pb.RunCodeRequest(code=body.code, stdin=body.stdin.encode(), timeout_s=body.timeout_s,
+                                    memory_mb=min(body.memory_mb, 2**32 - 1))
+        try:
+            ran = await servicer.run_code(request)
+        except RefusedRun as exc:
+            raise HTTPException(status_code=REFUSED_HTTP.get(exc.code, 400), detail=str(exc)) from None
+        return RunCodeResult(status=status_label(ran), exit_code=ran.exit_code,
+                             stdout=ran.stdout.decode(errors="replace"), stderr=ran.stderr.decode(errors="replace"),
+                             wall_s=ran.wall_s, error=ran.error)
 
     @app.get("/healthz")
     async def healthz(response: Response) -> dict[str, Any]:

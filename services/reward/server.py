@@ -142,10 +142,18 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         """One program in the verifier pool's sandbox (code_runs.py); code token first, then limits, then the run."""
         await require_token(context, self.code_token, "RunCode")
         try:
-            job = check_request(request, self.cfg)
+            return await self.run_code(request)
         except RefusedRun as exc:
-            self.metrics.code_runs.labels("refused").inc()
             await context.abort(exc.code, str(exc))
+            raise  # abort raises; this line is for the type checker
+
+    async def run_code(self, request: pb.RunCodeRequest) -> pb.RunCodeResponse:
+        """RunCode's work after the credential (gRPC and REST): RefusedRun when a limit is passed, else the run."""
+        try:
+            job = check_request(request, self.cfg)
+        except RefusedRun:
+            self.metrics.code_runs.labels("refused").inc()
+            raise
         (outcome,) = await self.pool.score_many([job])
         response = to_response(outcome)
         self.metrics.code_runs.labels(status_label(response)).inc()

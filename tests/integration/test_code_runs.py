@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import grpc
+import httpx
 import pytest
 
 from relayrl.client import RewardClient
@@ -20,7 +21,7 @@ from relayrl.config.rollout import RolloutConfig, ToolFormat
 from relayrl.reward.server import RewardServicer
 from relayrl.rollout.workflows.api import WorkflowContext
 from relayrl.rollout.workflows.loader import build_workflow
-from tests.integration.helpers import reward_server
+from tests.integration.helpers import reward_http, reward_server
 from tests.unit.test_workflows import ScriptedModel, ids
 
 pytestmark = pytest.mark.integration
@@ -120,6 +121,47 @@ def test_run_code_without_the_code_token_is_refused(server_token: str, client_to
             assert TOKEN not in (info.value.details() or "")
 
     asyncio.run(go())
+
+
+def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_without_it_or_over_a_limit(
+) -> None:
+    async def go() -> dict[str, httpx.Response]:
+        async with reward_server("relayrl.tasks.calculator:reward", code_token=TOKEN, workers=1, timeout_s=5.0,
+                                 sandbox=SANDBOX, code_runs=LIMITS) as (_, servicer), \
+                reward_http(servicer) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+            auth = {"authorization": f"Bearer {TOKEN}"}
+            body = {"code": "import sys\nprint(int(sys.stdin.read()) + 1)\nsys.exit(2)\n", "stdin": "41"}
+            answers = {
+                "ran": await client.post("/run_code", json=body, headers=auth),
+                "no-token": await client.post("/run_code", json=body),
+                "wrong-token": await client.post("/run_code", json=body, headers={"authorization": "Bearer x" * 4}),
+                "stdin-over": await client.post("/run_code", json={**body, "stdin": "1" * 65}, headers=auth),
+                "negative-time": await client.post("/run_code", json={**body, "timeout_s": -1}, headers=auth),
+            }
+            assert servicer.metrics.code_runs.labels("exited")._value.get() == 1  # only the first one ran
+            assert servicer.metrics.code_runs.labels("refused")._value.get() == 2
+            return answers
+
+    answers = asyncio.run(go())
+
+    ran = answers["ran"]
+    assert ran.status_code == 200, ran.text
+    assert ran.json() | {"wall_s": 0} == {"status": "exited", "exit_code": 2, "stdout": "42\n", "stderr": "",
+                                          "wall_s": 0, "error": ""}
+    assert answers["no-token"].status_code == answers["wrong-token"].status_code == 401
+    assert TOKEN not in answers["no-token"].text
+    assert answers["stdin-over"].status_code == 413 and "max_stdin_bytes=64" in answers["stdin-over"].text
+    assert answers["negative-time"].status_code == 400
+
+
+def test_run_code_over_rest_is_403_when_the_service_has_no_code_token() -> None:
+    async def go() -> httpx.Response:
+        async with reward_server(workers=1) as (_, servicer), reward_http(servicer) as url, \
+                httpx.AsyncClient(base_url=url, timeout=30) as client:
+            return await client.post("/run_code", json={"code": "print(1)"},
+                                     headers={"authorization": f"Bearer {TOKEN}"})
+
+    assert asyncio.run(go()).status_code == 403
 
 
 def test_tools_workflow_runs_the_python_tool_in_the_reward_sandbox_and_counts_its_failures() -> None:
