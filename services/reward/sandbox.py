@@ -44,6 +44,7 @@ import signal
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -59,6 +60,7 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PRLIMIT = "/usr/bin/prlimit"  # util-linux
+PROBE_RETRY_S = 30.0  # a failed sandbox probe is believed this long, then run again
 # the environment every program gets: nothing from the service's own
 SCRUBBED_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONUNBUFFERED": "1"}
@@ -102,6 +104,8 @@ class Sandbox:
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
         self._checked: str | None = None  # "" once a probe run succeeded, else why it failed
+        self._failed_at = 0.0  # when the last probe failed (``clock``): a failure is retried after PROBE_RETRY_S
+        self.clock: Callable[[], float] = time.monotonic
         self._rng = random.Random()
         self.root = os.geteuid() == 0
         self._python: Path | None = None
@@ -114,13 +118,16 @@ class Sandbox:
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def check(self) -> None:
-        """Run a trivial program once (cached); raise SandboxUnavailable saying why it cannot run."""
+        """Run a trivial program once; raise SandboxUnavailable saying why it cannot run. Success is kept for the
+        process's life; a failure for PROBE_RETRY_S, then the probe runs again (a probe killed at its wall-clock
+        limit on a machine under load, or a sandbox set up after the service started, must not disable code runs
+        for good)."""
         if self.cfg.backend is SandboxBackend.PROCESS and not self.root:
             raise SandboxUnavailable(
                 "the process sandbox backend isolates programs only when the reward service runs as root (a fresh "
                 "uid per run); as another user the program would run as the service's own user, with its files "
                 "and its processes in reach: use the bwrap backend (bubblewrap) instead")
-        if self._checked is None:
+        if self._checked is None or (self._checked and self.clock() - self._failed_at >= PROBE_RETRY_S):
             try:
                 run = self._run([str(self.python), "-I", "-S", "-c", "print(6 * 7)"], {}, b"", 10.0)
                 if run.stdout.strip() != b"42":
@@ -129,7 +136,7 @@ class Sandbox:
                         f"{run.stderr.decode(errors='replace').strip()[-300:]}")
                 self._checked = ""
             except SandboxUnavailable as exc:
-                self._checked = str(exc)
+                self._checked, self._failed_at = str(exc), self.clock()
         if self._checked:
             raise SandboxUnavailable(self._checked)
 

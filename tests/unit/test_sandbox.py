@@ -9,7 +9,8 @@ import time
 import pytest
 
 from relayrl.config.reward import SandboxBackend, SandboxConfig
-from relayrl.reward.sandbox import Sandbox, SandboxUnavailable
+from relayrl.reward.sandbox import PROBE_RETRY_S, Sandbox, SandboxUnavailable
+from relayrl.reward.sandbox_exec import SandboxRun
 
 BACKENDS = [SandboxBackend.BWRAP, SandboxBackend.PROCESS]
 
@@ -70,6 +71,35 @@ def test_missing_bubblewrap_means_no_run_at_all() -> None:
 
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         sandbox.run_python("main.py", {"main.py": "print(1)"})
+
+
+def test_a_failed_sandbox_probe_is_believed_for_a_while_then_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    sandbox = _sandbox(SandboxBackend.BWRAP)
+    now = [100.0]
+    sandbox.clock = lambda: now[0]
+    real_run, probes = sandbox._run, []
+
+    def first_probe_times_out(argv: list[str], *args: object, **kwargs: object) -> SandboxRun:
+        if "print(6 * 7)" in argv:
+            probes.append(now[0])
+            if len(probes) == 1:  # a probe killed at its wall-clock limit, as on a machine under heavy load
+                return SandboxRun(exit_code=None, stdout=b"", stderr=b"", channel=b"", timed_out=True,
+                                  output_exceeded=False, wall_s=10.0)
+        return real_run(argv, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sandbox, "_run", first_probe_times_out)
+
+    with pytest.raises(SandboxUnavailable, match="wall-clock"):
+        sandbox.run_python("main.py", {"main.py": "print(1)"})
+    now[0] += PROBE_RETRY_S - 1
+    with pytest.raises(SandboxUnavailable, match="wall-clock"):  # still within the retry interval: no new probe
+        sandbox.run_python("main.py", {"main.py": "print(1)"})
+    now[0] += 1
+    run = sandbox.run_python("main.py", {"main.py": "print(1)"})
+    sandbox.run_python("main.py", {"main.py": "print(2)"})
+
+    assert run.ok and run.stdout == b"1\n"
+    assert probes == [100.0, 100.0 + PROBE_RETRY_S]  # once failed, once retried; a success is kept
 
 
 def test_file_names_must_stay_inside_the_source_directory() -> None:
