@@ -173,8 +173,8 @@ class InferenceClient(ServiceClient):
     def generate_stream(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
                         timeout_s: float = 120.0, request_id: str = "", suffix_text: str = "") -> Any:
         """GenerateStream (prompt as :meth:`generate`): the call, an async iterator of GenerateChunk whose deadline
-        ``timeout_s`` bounds the whole stream. Not retried (a stream may have sent tokens); ``call.cancel()`` or
-        leaving the iteration early cancels the request in the engine."""
+        ``timeout_s`` bounds the whole stream. Not retried (a stream may have sent tokens); ``call.cancel()`` (or the
+        deadline passing) cancels the request in the engine."""
         request = generate_request(prompt, sampling, request_id, suffix_text)
         return self.stub.GenerateStream(request, timeout=timeout_s)
 
