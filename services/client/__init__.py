@@ -137,6 +137,23 @@ class ServiceClient:
                 await asyncio.sleep(delay)
 
 
+def generate_request(prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
+                     request_id: str = "", suffix_text: str = "") -> inference_pb2.GenerateRequest:
+    """A GenerateRequest for a text, token-id or conversation prompt (see InferenceClient.generate)."""
+    if isinstance(prompt, str):
+        request = inference_pb2.GenerateRequest(prompt_text=prompt, sampling=sampling)
+    elif prompt and isinstance(prompt[0], dict):
+        turns = [inference_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in prompt if isinstance(m, dict)]
+        request = inference_pb2.GenerateRequest(prompt_messages=inference_pb2.ChatMessages(messages=turns),
+                                                sampling=sampling)
+    else:
+        ids = [i for i in prompt if isinstance(i, int)]
+        request = inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=ids), sampling=sampling)
+    request.request_id = request_id
+    request.suffix_text = suffix_text
+    return request
+
+
 class InferenceClient(ServiceClient):
     stub_class = inference_pb2_grpc.InferenceServiceStub
 
@@ -150,20 +167,16 @@ class InferenceClient(ServiceClient):
         """``prompt``: text, token ids, or a conversation (``[{"role": ..., "content": ...}]``) that the server
         renders with the model's chat template. ``suffix_text``: text the server tokenizes and appends to the
         prompt (multi-turn: the new observation after the exact ids of the earlier turns)."""
-        if isinstance(prompt, str):
-            request = inference_pb2.GenerateRequest(prompt_text=prompt, sampling=sampling)
-        elif prompt and isinstance(prompt[0], dict):
-            turns = [inference_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in prompt
-                     if isinstance(m, dict)]
-            request = inference_pb2.GenerateRequest(prompt_messages=inference_pb2.ChatMessages(messages=turns),
-                                                    sampling=sampling)
-        else:
-            ids = [i for i in prompt if isinstance(i, int)]
-            request = inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=ids),
-                                                    sampling=sampling)
-        request.request_id = request_id
-        request.suffix_text = suffix_text
+        request = generate_request(prompt, sampling, request_id, suffix_text)
         return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
+
+    def generate_stream(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
+                        timeout_s: float = 120.0, request_id: str = "", suffix_text: str = "") -> Any:
+        """GenerateStream (prompt as :meth:`generate`): the call, an async iterator of GenerateChunk whose deadline
+        ``timeout_s`` bounds the whole stream. Not retried (a stream may have sent tokens); ``call.cancel()`` (or the
+        deadline passing) cancels the request in the engine."""
+        request = generate_request(prompt, sampling, request_id, suffix_text)
+        return self.stub.GenerateStream(request, timeout=timeout_s)
 
     async def score(self, sequences: Sequence[tuple[Sequence[int], Sequence[int], float]], timeout_s: float = 120.0,
                     request_id: str = "") -> inference_pb2.ScoreTokensResponse:

@@ -215,6 +215,10 @@ class TrainerConfig:
         "help": "Trainer ranks and their collectives."})
     stream: StreamReadConfig = field(default_factory=StreamReadConfig, metadata={
         "help": "Reading groups from the Redis stream."})
+    dump_episodes: int = field(default=0, metadata={
+        "help": "Debugging: up to this many of every step's trained episodes (the groups' first episodes, then "
+                "their second ones, ...) appended to <output_dir>/trained/episodes/rank<r>.jsonl, one protobuf "
+                "JSON object (field names as in episode.proto, with the step) per line; 0: none.", "ge": 0})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
     after_finish: AfterFinish = field(default=AfterFinish.EXIT, metadata={

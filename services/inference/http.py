@@ -36,10 +36,9 @@ from relayrl.inference.openai_schema import (
 )
 from relayrl.inference.openai_tools import answer, chat_prompt, uses_tools
 from relayrl.inference.serving import InferenceService
+from relayrl.inference.token_stream import Submitted, cancel
 
 __all__ = ["ApiError", "ChatRequest", "CompletionRequest", "OpenAiApi", "create_app"]
-
-Submitted = tuple[Any, float]
 
 
 def finish_reason(s: SampleOutput) -> str:
@@ -191,11 +190,6 @@ class OpenAiApi:
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.service.model_name, "choices": choices, "usage": usage([inp], [samples]),
                 "weight_version": oldest([samples], self.service.engine.version)}
-
-
-def cancel(submitted: list[Submitted]) -> None:
-    for future, _ in submitted:
-        future.cancel()
 
 
 def create_app(service: InferenceService) -> FastAPI:

@@ -9,13 +9,12 @@ text and ``finish_reason`` (the engine's final text, cut before its stop string,
 ``stream_options.include_usage`` a last chunk with empty ``choices`` carries ``usage`` and the response's oldest
 ``weight_version``; then ``data: [DONE]``. A chat request with tools streams its answer in one chunk when it
 finishes (the tool calls must be parsed from the whole text). If the client goes away, the generator is closed and
-its requests are cancelled in the engine, which frees their rows before its next decode step.
+its requests are cancelled in the engine, which frees their rows before its next decode step (the engine-to-loop
+plumbing is relayrl.inference.token_stream's, shared with gRPC's GenerateStream).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -24,11 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.common.openai_sse import DONE, sse
-from relayrl.inference.engine import Alternatives, GenerationInput, SampleOutput, TokenEvent
-from relayrl.inference.http import OpenAiApi, cancel, finish_reason
+from relayrl.inference.engine import Alternatives, GenerationInput, SampleOutput
+from relayrl.inference.http import OpenAiApi, finish_reason
 from relayrl.inference.http_format import chat_logprobs, completion_logprobs, oldest, usage, without_stop
 from relayrl.inference.openai_schema import ApiError, ChatRequest, CompletionRequest, error_body
 from relayrl.inference.openai_tools import answer, uses_tools
+from relayrl.inference.token_stream import cancel, events, feed
 
 log = logging.getLogger(__name__)
 
@@ -53,52 +53,13 @@ class _Choice:
         self.tops = sample.top_logprobs or [[] for _ in sample.token_ids]
 
 
-def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], prompt: int, ev: TokenEvent) -> None:
-    """Engine thread → event loop. Never raises into the engine (the loop may be gone with its client)."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(queue.put_nowait, ("token", prompt, ev))
-
-
-def _submit(api: OpenAiApi, inputs: list[GenerationInput]) -> tuple[asyncio.Queue[Any], list[Any]]:
-    """Submit the inputs with ``on_token`` feeding a queue (before the response starts: a refusal is still an
-    HTTP error)."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    for i, inp in enumerate(inputs):
-        inp.on_token = lambda ev, i=i: _post(loop, queue, i, ev)  # type: ignore[misc]
-    return queue, api.submit(inputs)
-
-
-async def _events(api: OpenAiApi, inputs: list[GenerationInput], queue: asyncio.Queue[Any], submitted: list[Any]
-                  ) -> AsyncIterator[tuple[str, int, Any]]:
-    """("token", prompt index, TokenEvent) as tokens are sampled, ("done", prompt index, samples) as requests
-    finish. Closing the iterator (the client went away) cancels every request in the engine."""
-    tasks: list[asyncio.Task[list[SampleOutput]]] = []
-    try:
-        for i, s in enumerate(submitted):
-            task = asyncio.ensure_future(api.service.result(s, "openai"))
-            task.add_done_callback(lambda t, i=i: queue.put_nowait(("done", i, t)))  # type: ignore[misc]
-            tasks.append(task)
-        for _ in inputs:
-            while True:
-                kind, i, item = await queue.get()
-                if kind == "token":
-                    yield kind, i, item
-                    continue
-                yield kind, i, item.result()  # a failed request raises here
-                break
-    finally:
-        cancel(submitted)
-        for task in tasks:
-            task.cancel()
-
-
 class _Stream:
     """The chunks of one streamed response: ``delta`` turns new tokens into a chunk's choice."""
 
     def __init__(self, api: OpenAiApi, inputs: list[GenerationInput], n: int, chat: bool) -> None:
         self.api, self.inputs, self.n, self.chat = api, inputs, n, chat
-        self.queue, self.submitted = _submit(api, inputs)
+        self.queue = feed(inputs)  # before submitting: a refusal is still an HTTP error
+        self.submitted = api.submit(inputs)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.choices = [_Choice() for _ in range(len(inputs) * n)]
@@ -151,7 +112,7 @@ async def _run(stream: _Stream, logprobs: int | None, include_usage: bool, buffe
         for i in range(len(stream.choices) if stream.chat else 0):  # one choice per chunk, as OpenAI sends them
             yield stream.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None}])
-        async for kind, p, item in _events(api, stream.inputs, stream.queue, stream.submitted):
+        async for kind, p, item in events(api.service, stream.queue, stream.submitted, "openai"):
             if kind == "token":
                 index = p * n + item.index
                 c = stream.choices[index]

@@ -21,8 +21,9 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpdateError, check_finite, read_shared
 from relayrl.config.tls import TlsConfig
-from relayrl.inference.engine import GenerationInput
+from relayrl.inference.engine import GenerationInput, SampleOutput
 from relayrl.inference.serving import InferenceService, LimitExceeded, WeightSwapError
+from relayrl.inference.token_stream import Event, Submitted, events, feed
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,11 @@ def score_inputs(service: InferenceService, request: pb.ScoreTokensRequest) -> l
     return inputs
 
 
+def sample_message(s: SampleOutput) -> pb.Sample:
+    return pb.Sample(token_ids=s.token_ids, logprobs=s.logprobs, weight_versions=s.weight_versions,
+                     finish_reason=s.finish_reason, text=s.text)
+
+
 class IdleStreamError(Exception):
     """A weight stream that sent nothing for weights_idle_timeout_s."""
 
@@ -96,25 +102,45 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self.service = service
         self.weights_port = weights_port
 
-    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+    async def _submit(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext,
+                      stream: bool) -> tuple[GenerationInput, Submitted, asyncio.Queue[Event] | None]:
+        """Check and submit a Generate(Stream) request (with ``stream``, its tokens fed to a queue); a refused one
+        aborts the call (RESOURCE_EXHAUSTED over a limit, else INVALID_ARGUMENT)."""
         if self.weights_port:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not "
                                                                    "on the weights port")
         try:
             inp = await generation_input(self.service, request)
-            submitted = self.service.submit(inp)
+            queue = feed([inp]) if stream else None
+            return inp, self.service.submit(inp), queue
         except ValueError as exc:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) \
                 else grpc.StatusCode.INVALID_ARGUMENT
             self.service.metrics.request_errors.labels("grpc", code.name).inc()
             await context.abort(code, str(exc))
+            raise AssertionError("unreachable: abort raises") from exc
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        inp, submitted, _ = await self._submit(request, context, stream=False)
         samples = await self.service.result(submitted, "grpc")
-        return pb.GenerateResponse(
-            request_id=request.request_id,
-            prompt_token_ids=inp.prompt_ids,
-            samples=[pb.Sample(token_ids=s.token_ids, logprobs=s.logprobs, weight_versions=s.weight_versions,
-                               finish_reason=s.finish_reason, text=s.text) for s in samples],
-        )
+        return pb.GenerateResponse(request_id=request.request_id, prompt_token_ids=inp.prompt_ids,
+                                   samples=[sample_message(s) for s in samples])
+
+    async def GenerateStream(self, request: pb.GenerateRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+        """Generate, streamed (see GenerateChunk): the shared engine-to-loop plumbing of the REST API's streaming
+        (relayrl.inference.token_stream); a cancelled call closes this generator, which cancels the request."""
+        inp, submitted, queue = await self._submit(request, context, stream=True)
+        assert queue is not None
+        rid = request.request_id
+        yield pb.GenerateChunk(request_id=rid, prompt_token_ids=inp.prompt_ids)
+        async for kind, _, item in events(self.service, queue, [submitted], "grpc_stream"):
+            if kind == "token":
+                yield pb.GenerateChunk(request_id=rid, index=item.index, token_ids=[item.token_id],
+                                       logprobs=[item.logprob], weight_versions=[item.version])
+            else:
+                for index, s in enumerate(item):
+                    yield pb.GenerateChunk(request_id=rid, index=index, sample=sample_message(s))
 
     async def ScoreTokens(self, request: pb.ScoreTokensRequest,
                           context: grpc.aio.ServicerContext) -> pb.ScoreTokensResponse:

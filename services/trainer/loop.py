@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+from google.protobuf.json_format import MessageToDict
 
 from relayrl.common.dataset import load_jsonl
 from relayrl.common.episodes import end_name
@@ -118,6 +119,10 @@ class TrainingLoop:
         self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
         (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
         self._trained_log = (cfg.output_dir / "trained" / f"rank{coll.rank}.jsonl").open("a")
+        self._episode_dump = None  # trainer.dump_episodes: debugging, and the e2e tests' evidence
+        if cfg.trainer.dump_episodes:
+            (cfg.output_dir / "trained" / "episodes").mkdir(exist_ok=True)
+            self._episode_dump = (cfg.output_dir / "trained" / "episodes" / f"rank{coll.rank}.jsonl").open("a")
         # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
         self.evals = InRunEval(cfg, self._write_metrics, self._t0) \
             if self.is_main and cfg.trainer.eval.every_steps else None
@@ -256,6 +261,13 @@ class TrainingLoop:
             "resumed_from_step": int(self.resumed_from.name.split("_")[1]) if self.resumed_from else 0,
             "groups": [[e.group.group_id, e.group.prompt_seq] for e in entries]}) + "\n")
         self._trained_log.flush()
+        if self._episode_dump is not None:
+            groups = [e.group.episodes for e in entries]
+            taken = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
+            for ep in taken[:self.cfg.trainer.dump_episodes]:
+                row = {"step": self.progress.step + 1, **MessageToDict(ep, preserving_proto_field_name=True)}
+                self._episode_dump.write(json.dumps(row) + "\n")
+            self._episode_dump.flush()
 
     async def sft_warmup(self) -> None:
         sft = self.cfg.trainer.sft
@@ -352,6 +364,8 @@ class TrainingLoop:
         if self.evals is not None:
             self.evals.cancel()
         self._trained_log.close()
+        if self._episode_dump is not None:
+            self._episode_dump.close()
 
 
 def _set_times(row: RlRow, times: StepTimes, publication: VersionPublication) -> None:

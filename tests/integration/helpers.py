@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -108,3 +110,30 @@ async def reward_http(servicer: RewardServicer) -> AsyncIterator[str]:
 
 async def stop(handle: ServerHandle) -> None:
     await handle.stop(0)
+
+
+@asynccontextmanager
+async def held_engine(service: Any) -> AsyncIterator[threading.Event]:
+    """The engine holds before its 4th forward pass until the yielded gate is set (set on the way out too)."""
+    engine = service.engine
+    gate = threading.Event()
+
+    def hold(*_: object) -> None:
+        if engine.decode_steps >= 3:
+            assert gate.wait(30)
+
+    hook = engine.model.register_forward_pre_hook(hold)
+    try:
+        yield gate
+    finally:
+        gate.set()
+        hook.remove()
+
+
+async def until(check: Any) -> bool:
+    """Poll a condition the server reaches on its own (bounded: 10 s)."""
+    for _ in range(2000):
+        if check():
+            return True
+        await asyncio.sleep(0.005)
+    return bool(check())

@@ -100,6 +100,24 @@ class GenerateResponse(_message.Message):
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
 
+class GenerateChunk(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "index", "token_ids", "logprobs", "weight_versions", "sample")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    index: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    weight_versions: _containers.RepeatedScalarFieldContainer[int]
+    sample: Sample
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ...) -> None: ...
+
 class TensorChunk(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "total_bytes", "data")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,11 @@ class InferenceServiceStub:
                 request_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.unary_stream(
+                '/relayrl.v1.InferenceService/GenerateStream',
+                request_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
+                _registered_method=True)
         self.UpdateWeights = channel.stream_unary(
                 '/relayrl.v1.InferenceService/UpdateWeights',
                 request_serializer=relayrl_dot_v1_dot_inference__pb2.WeightUpdateMessage.SerializeToString,
@@ -63,6 +68,16 @@ class InferenceServiceServicer:
     def Generate(self, request, context):
         """Generates n samples for one prompt. INVALID_ARGUMENT for malformed requests (prompt longer than the
         context, n or max_new_tokens above the configured limits, bad sampling values).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateStream(self, request, context):
+        """Generate, streamed: the prompt's ids first, then each sample's tokens as they are sampled, then each finished
+        sample (see GenerateChunk). Same checks, limits and errors as Generate, raised before the first chunk; the
+        call's deadline bounds the whole stream, and a cancelled call (client gone, deadline passed) cancels the
+        request in the engine, which frees its rows before its next decode step.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -101,6 +116,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateChunk.SerializeToString,
             ),
             'UpdateWeights': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateWeights,
@@ -145,6 +165,33 @@ class InferenceService:
             '/relayrl.v1.InferenceService/Generate',
             relayrl_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             relayrl_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/relayrl.v1.InferenceService/GenerateStream',
+            relayrl_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+            relayrl_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -145,6 +145,10 @@ class Renderer:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
+    def text_of(self, ids: list[int]) -> str:
+        """A sample's text as inference decodes it (special tokens left out)."""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
     def prompt_ids(self, req: ChatRequest | str, tails: list[list[int]]) -> list[int]:
         """The request's prompt ids (a chat request rendered, or a completion's text as is), reusing the first tail
         (earlier tokens of the session) whose text starts the prompt."""

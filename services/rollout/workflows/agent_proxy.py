@@ -5,12 +5,17 @@ Each session has its own base URL, ``http://<host>:<port>/sessions/<session id>/
 ``POST .../completions`` (a text prompt, tokenised as is) and ``GET .../models``. The proxy renders the conversation
 to token ids (relayrl.rollout.workflows.agent_chat), forwards them to inference's gRPC Generate, records the call in
 the session (agent_session.Call) and answers in OpenAI's shape (plus ``weight_versions`` per choice, as inference's
-own REST API does); with ``stream: true`` the same recorded answer as server-sent events (agent_stream.py).
+own REST API does); with ``stream: true`` it forwards inference's GenerateStream as server-sent events, token by
+token, and records the call when its sample is finished (agent_stream.py).
 
 The session id (192 random bits) is the session's only credential: it is never logged, and the proxy binds
 loopback by default. An unknown or finished session gets 404; a call over a session limit 413 (not retried by the
 openai client); a request body over ``max_body_mib`` 413 before it is read; a refused request 400; a failed
-Generate 502 (the openai client retries it; nothing of a failed call is recorded).
+Generate 502 (the openai client retries it; nothing of a failed call is recorded). A streamed call that fails
+after its first event, or whose client goes away mid-stream, is not recorded either: its error is the stream's last
+event, its token budget is released (it still counts against ``max_calls``) and inference cancels its request; the
+session's recorded calls and chains are as before it, so the agent's next call (its history holding the text it
+did receive, or not) extends them or starts a new chain like any other.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,13 +35,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from relayrl.common.http import HttpServer
-from relayrl.common.openai_sse import MEDIA_TYPE
+from relayrl.common.openai_sse import MEDIA_TYPE, sse
 from relayrl.common.pb import inference_pb2
 from relayrl.config.agents import AgentConfig
 from relayrl.config.endpoints import HttpConfig
 from relayrl.rollout.workflows.agent_chat import ChatError, ChatRequest, Renderer, answer
-from relayrl.rollout.workflows.agent_session import Call, Session, SessionLimitExceeded
-from relayrl.rollout.workflows.agent_stream import CompletionRequest, completion_answer, stream_events
+from relayrl.rollout.workflows.agent_session import Call, Plan, Session, SessionLimitExceeded
+from relayrl.rollout.workflows.agent_stream import CompletionRequest, SseWriter, completion_answer
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,23 @@ class OpenSession:
     session: Session
     inference: Any  # relayrl.client.InferenceClient
     request_id: str  # the group's id, for inference's logs (never the session id)
+
+
+@dataclass
+class Prepared:
+    """A call's checked request, before it is admitted: its session, prompt ids and token ask."""
+
+    entry: OpenSession
+    req: ChatRequest | CompletionRequest
+    prompt_ids: list[int]
+    max_tokens: int | None
+    messages: list[dict[str, Any]]  # the request's messages (for the episode's prompt text)
+
+
+def refused(exc: grpc.aio.AioRpcError) -> ChatError:
+    """A failed inference call as the session's HTTP error: 400 refused, 413 over a limit, else 502."""
+    status = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.RESOURCE_EXHAUSTED: 413}.get(exc.code(), 502)
+    return ChatError(f"inference: {exc.code().name}: {exc.details()}", None, status)
 
 
 class SessionProxy:
@@ -121,60 +144,131 @@ class SessionProxy:
             msg = errors[0]["msg"] if errors else "invalid request"
             raise ChatError(f"{where}: {msg}", where or None) from None
 
-    async def chat(self, sid: str, body: Any) -> dict[str, Any]:
-        """One chat completion of session ``sid``, recorded; the OpenAI answer (streamed by the caller)."""
+    async def _prepare(self, sid: str, body: Any, chat: bool) -> Prepared:
+        """A call's checked request and its prompt ids (a chat rendered, a text prompt tokenised as is, both
+        reusing the session's earlier tokens)."""
         entry = self._entry(sid)
-        req: ChatRequest = self._validate(ChatRequest, body)
+        req = self._validate(ChatRequest if chat else CompletionRequest, body)
         req.check(self.sampling.temperature, self.sampling.top_p)
-        prompt_ids = await asyncio.to_thread(self.renderer.prompt_ids, req, entry.session.tails())
-        gen, sample = await self._generate(entry, prompt_ids, req.max_completion_tokens or req.max_tokens,
-                                           req.stops(), req.seed, [m.turn() for m in req.messages])
-        pieces = [self.renderer.decode([t]) for t in sample.token_ids] if req.logprobs else []
-        return answer(req, sample, req.model or MODEL_NAME, len(gen.prompt_token_ids), pieces)
+        if isinstance(req, ChatRequest):
+            prompt_ids = await asyncio.to_thread(self.renderer.prompt_ids, req, entry.session.tails())
+            return Prepared(entry, req, prompt_ids, req.max_completion_tokens or req.max_tokens,
+                            [m.turn() for m in req.messages])
+        text = req.text()
+        prompt_ids = await asyncio.to_thread(self.renderer.prompt_ids, text, entry.session.tails())
+        return Prepared(entry, req, prompt_ids, req.max_tokens, [{"role": "prompt", "content": text}])
+
+    def _answer(self, p: Prepared, sample: Any, prompt_tokens: int) -> dict[str, Any]:
+        """The OpenAI answer (chat or text completion) of a recorded call."""
+        req, model = p.req, p.req.model or MODEL_NAME
+        if isinstance(req, ChatRequest):
+            pieces = [self.renderer.decode([t]) for t in sample.token_ids] if req.logprobs else []
+            return answer(req, sample, model, prompt_tokens, pieces)
+        pieces = [self.renderer.decode([t]) for t in sample.token_ids] if req.logprobs is not None else []
+        return completion_answer(req, sample, model, prompt_tokens, pieces)
+
+    async def chat(self, sid: str, body: Any) -> dict[str, Any]:
+        """One chat completion of session ``sid``, recorded; the OpenAI answer."""
+        p = await self._prepare(sid, body, chat=True)
+        gen, sample = await self._generate(p)
+        return self._answer(p, sample, len(gen.prompt_token_ids))
 
     async def complete(self, sid: str, body: Any) -> dict[str, Any]:
         """One text completion of session ``sid`` (its prompt tokenised as is, earlier tokens reused), recorded."""
-        entry = self._entry(sid)
-        req: CompletionRequest = self._validate(CompletionRequest, body)
-        req.check(self.sampling.temperature, self.sampling.top_p)
-        text = req.text()
-        prompt_ids = await asyncio.to_thread(self.renderer.prompt_ids, text, entry.session.tails())
-        gen, sample = await self._generate(entry, prompt_ids, req.max_tokens, req.stops(), req.seed,
-                                           [{"role": "prompt", "content": text}])
-        pieces = [self.renderer.decode([t]) for t in sample.token_ids] if req.logprobs is not None else []
-        return completion_answer(req, sample, req.model or MODEL_NAME, len(gen.prompt_token_ids), pieces)
+        p = await self._prepare(sid, body, chat=False)
+        gen, sample = await self._generate(p)
+        return self._answer(p, sample, len(gen.prompt_token_ids))
 
-    async def _generate(self, entry: OpenSession, prompt_ids: list[int], max_tokens: int | None, stops: list[str],
-                        seed: int | None, messages: list[dict[str, Any]]) -> tuple[Any, Any]:
-        """Generate one sample within the session's limits and record it: (GenerateResponse, its sample)."""
-        s, session = self.sampling, entry.session
+    def _admit(self, p: Prepared) -> tuple[Plan, inference_pb2.SamplingParams, float]:
+        """Admit a call within the session's limits (413 otherwise): its plan, sampling and deadline."""
+        s, session = self.sampling, p.entry.session
         try:
-            plan = session.plan(prompt_ids, max_tokens)
+            plan = session.plan(p.prompt_ids, p.max_tokens)
         except SessionLimitExceeded as exc:
             raise ChatError(str(exc), None, 413) from None
         sampling = inference_pb2.SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                                max_new_tokens=plan.max_new_tokens, stop=[*s.stop, *stops])
-        if seed is not None:
-            sampling.seed = seed
-        timeout = min(s.generate_timeout_s, max(0.1, session.deadline - time.monotonic()))
+                                                max_new_tokens=plan.max_new_tokens, stop=[*s.stop, *p.req.stops()])
+        if p.req.seed is not None:
+            sampling.seed = p.req.seed
+        return plan, sampling, min(s.generate_timeout_s, max(0.1, session.deadline - time.monotonic()))
+
+    def _record(self, p: Prepared, plan: Plan, prompt_ids: list[int], sample: Any) -> None:
+        """Record a finished call in its session (404 and nothing recorded when the session ended meanwhile: the
+        caller releases the plan)."""
+        session = p.entry.session
+        if session.closed:  # the session ended while the model sampled: nothing is recorded
+            raise ChatError("unknown or finished session", None, 404)
+        session.record(plan, Call(prompt_ids, list(sample.token_ids), list(sample.logprobs),
+                                  list(sample.weight_versions), sample.finish_reason, sample.text, p.messages))
+        self.calls_served += 1
+
+    async def _generate(self, p: Prepared) -> tuple[Any, Any]:
+        """Generate one sample within the session's limits and record it: (GenerateResponse, its sample)."""
+        plan, sampling, timeout = self._admit(p)
         try:
-            gen = await entry.inference.generate(prompt_ids, sampling, timeout_s=timeout, request_id=entry.request_id)
+            gen = await p.entry.inference.generate(p.prompt_ids, sampling, timeout_s=timeout,
+                                                   request_id=p.entry.request_id)
         except grpc.aio.AioRpcError as exc:
-            session.release(plan)
-            status = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.RESOURCE_EXHAUSTED: 413}.get(exc.code(),
-                                                                                                        502)
-            raise ChatError(f"inference: {exc.code().name}: {exc.details()}", None, status) from None
+            p.entry.session.release(plan)
+            raise refused(exc) from None
         except BaseException:
-            session.release(plan)
+            p.entry.session.release(plan)
             raise
         [sample] = gen.samples
-        if session.closed:  # the session ended while the model sampled: nothing is recorded
-            session.release(plan)
-            raise ChatError("unknown or finished session", None, 404)
-        session.record(plan, Call(list(gen.prompt_token_ids), list(sample.token_ids), list(sample.logprobs),
-                                  list(sample.weight_versions), sample.finish_reason, sample.text, messages))
-        self.calls_served += 1
+        try:
+            self._record(p, plan, list(gen.prompt_token_ids), sample)
+        except ChatError:
+            p.entry.session.release(plan)
+            raise
         return gen, sample
+
+    async def stream(self, sid: str, body: Any, chat: bool) -> AsyncIterator[str]:
+        """A streamed call: GenerateStream is open and has accepted the request (errors so far are HTTP errors);
+        the events leave as its chunks arrive (see agent_stream.py), and the call is recorded when it finishes."""
+        p = await self._prepare(sid, body, chat)
+        plan, sampling, timeout = self._admit(p)
+        call = p.entry.inference.generate_stream(p.prompt_ids, sampling, timeout_s=timeout,
+                                                 request_id=p.entry.request_id)
+        try:
+            first = await anext(aiter(call))
+        except grpc.aio.AioRpcError as exc:
+            p.entry.session.release(plan)
+            raise refused(exc) from None
+        except BaseException:
+            p.entry.session.release(plan)
+            call.cancel()
+            raise
+        usage = bool(p.req.stream_options and p.req.stream_options.include_usage)
+        writer = SseWriter(p.req, chat, p.req.model or MODEL_NAME, self.renderer.text_of,
+                           lambda t: self.renderer.decode([t]), [*self.sampling.stop, *p.req.stops()])
+        return self._events(p, plan, call, list(first.prompt_token_ids), writer, usage)
+
+    async def _events(self, p: Prepared, plan: Plan, call: Any, prompt_ids: list[int], writer: SseWriter,
+                      usage: bool) -> AsyncIterator[str]:
+        """The events of a streamed call. A client that goes away (or a failed stream) ends it unrecorded: the
+        call's budget is released, it still counts as a call, and inference cancels the request."""
+        recorded = False
+        try:
+            for event in writer.start():
+                yield event
+            async for chunk in call:
+                if chunk.HasField("sample"):
+                    self._record(p, plan, prompt_ids, chunk.sample)
+                    recorded = True
+                    for event in writer.finish(self._answer(p, chunk.sample, len(prompt_ids)), chunk.sample, usage):
+                        yield event
+                    return
+                for event in writer.add(list(chunk.token_ids), list(chunk.logprobs), list(chunk.weight_versions)):
+                    yield event
+            raise ChatError("inference: the stream ended before the sample", None, 502)
+        except (ChatError, grpc.aio.AioRpcError) as exc:
+            error = exc if isinstance(exc, ChatError) else refused(exc)
+            self.calls_refused += 1
+            yield sse(error.body())
+        finally:
+            if not recorded:
+                p.entry.session.release(plan)
+            call.cancel()
 
     def app(self) -> FastAPI:
         app = FastAPI(title="relayrl agent sessions", docs_url=None, redoc_url=None, openapi_url=None)
@@ -190,24 +284,23 @@ class SessionProxy:
             return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
                                                 "owned_by": "relayrl"}]}
 
-        async def serve(sid: str, request: Request, call: Any) -> Any:
+        async def serve(sid: str, request: Request, chat: bool) -> Any:
             self._entry(sid)  # an unknown session is 404 whatever its body
             try:
                 body = json.loads(await request.body())
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise ChatError(f"the body is not JSON: {exc}") from None
-            result = await call(sid, body)  # generated and recorded before any byte is sent: errors stay HTTP errors
-            if not (isinstance(body, dict) and body.get("stream") is True):
-                return result
-            events = stream_events(result, bool((body.get("stream_options") or {}).get("include_usage")))
-            return StreamingResponse(iter(events), media_type=MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
+            if isinstance(body, dict) and body.get("stream") is True:  # errors before the first event stay HTTP
+                events = await self.stream(sid, body, chat)
+                return StreamingResponse(events, media_type=MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
+            return await (self.chat(sid, body) if chat else self.complete(sid, body))
 
         @app.post("/sessions/{sid}/v1/chat/completions")
         async def chat(sid: str, request: Request) -> Any:
-            return await serve(sid, request, self.chat)
+            return await serve(sid, request, True)
 
         @app.post("/sessions/{sid}/v1/completions")
         async def completions(sid: str, request: Request) -> Any:
-            return await serve(sid, request, self.complete)
+            return await serve(sid, request, False)
 
         return app
