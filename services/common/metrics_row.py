@@ -92,6 +92,14 @@ class RlRow:
     time_publish_transfer_s: float = 0.0  # the UpdateWeights call less inference's own time
     time_publish_swap_s: float = 0.0  # inference's own time: assemble, validate, swap, score the probe (apply_s)
     time_publish_probe_s: float = 0.0  # the trainer's reference probe logprobs and their comparison
+    # of time_publish_s, the wait for the previous step's push still in flight (with overlap; rank 0)
+    time_publish_wait_s: float = 0.0
+    # time_data_s split at the moment the batch's last group left rollout's workflow (its episodes' enqueued_at:
+    # generated and scored): before it the trainer waited for generation, after it for the group in transit
+    # (rollout's append, Redis, the trainer's read, decoding and checks). Host clocks: exact on one host. Both 0.0
+    # where not measured (an episode without enqueued_at).
+    time_data_generating_s: float = 0.0
+    time_data_transit_s: float = 0.0
     # Multi-turn episodes (relayrl.rollout.workflows), over every rank's trained episodes; a single-turn episode
     # counts one turn and ends "single_turn". Absent from older rows (listed in ``missing``).
     turns_mean: float = 0.0  # model turns per episode

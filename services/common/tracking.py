@@ -116,9 +116,13 @@ class TensorBoardTracker:
         self.writer.add_text("config", "```json\n" + json.dumps(redacted(run_config), indent=1) + "\n```")
 
     def log(self, row: Mapping[str, Any], step: int) -> None:
+        """The row's scalars as one event (one ``Summary`` holding every value, as ``add_scalar`` writes each):
+        the event file is opened and appended to once per row, not once per scalar."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         _, values = scalars_of(row)
-        for key, value in values.items():
-            self.writer.add_scalar(key, value, global_step=step)
+        summary = Summary(value=[Summary.Value(tag=key, simple_value=value) for key, value in values.items()])
+        self.writer._get_file_writer().add_summary(summary, step)
 
     def close(self) -> None:
         self.writer.close()

@@ -245,6 +245,6 @@ def _sse(events: Any) -> StreamingResponse:
 
 async def _tokens(service: InferenceService, text: str) -> list[int]:
     try:
-        return await asyncio.to_thread(service.tokenize, text)  # CPU work: off the event loop
+        return await service.tokenize_cached(text)
     except ValueError as exc:
         raise ApiError.refused(exc, "prompt") from exc

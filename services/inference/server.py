@@ -32,7 +32,7 @@ async def generation_input(service: InferenceService, request: pb.GenerateReques
     """The engine's input for a gRPC request; ValueError for a malformed one."""
     kind = request.WhichOneof("prompt")
     if kind == "prompt_text":
-        ids = await asyncio.to_thread(service.tokenize, request.prompt_text)  # CPU work: off the event loop
+        ids = await service.tokenize_cached(request.prompt_text)
     elif kind == "prompt_token_ids":
         ids = list(request.prompt_token_ids.ids)
     elif kind == "prompt_messages":
@@ -41,7 +41,7 @@ async def generation_input(service: InferenceService, request: pb.GenerateReques
     else:
         raise ValueError("one of prompt_text, prompt_token_ids or prompt_messages is required")
     if request.suffix_text:  # token-in/token-out: the observation's ids after the exact ids of earlier turns
-        ids = [*ids, *await asyncio.to_thread(service.tokenize, request.suffix_text)]
+        ids = [*ids, *await service.tokenize_cached(request.suffix_text)]
     s = request.sampling
     return service.check(GenerationInput(
         prompt_ids=ids, n=s.n or 1, temperature=s.temperature if s.temperature != 0 else 1.0,

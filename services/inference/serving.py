@@ -22,6 +22,11 @@ from relayrl.inference.metrics import InferenceMetrics
 
 log = logging.getLogger(__name__)
 
+# Prompt texts whose token ids are remembered (RL asks for the same prompts again and again: a dataset's rows, a
+# group's retries), and the longest text remembered: a repeated prompt skips the tokenizer and the thread hop.
+TOKEN_CACHE_SIZE = 4096
+TOKEN_CACHE_MAX_CHARS = 2048
+
 
 class LimitExceeded(ValueError):
     """A request over one of the service's size or load limits: RESOURCE_EXHAUSTED over gRPC, ``http_status`` (413
@@ -55,6 +60,20 @@ class InferenceService:
         self.requests_served = 0
         self.tokens_generated = 0
         self.weight_updates = 0
+        self._token_cache: dict[str, tuple[int, ...]] = {}  # read and written on the event loop only
+
+    async def tokenize_cached(self, text: str) -> list[int]:
+        """:meth:`tokenize` off the event loop (CPU work), or the ids remembered for ``text`` (the tokenizer never
+        changes while the service runs; the oldest entry goes first when the cache is full)."""
+        ids = self._token_cache.get(text)
+        if ids is not None:
+            return list(ids)
+        out = await asyncio.to_thread(self.tokenize, text)
+        if len(text) <= TOKEN_CACHE_MAX_CHARS:
+            if len(self._token_cache) >= TOKEN_CACHE_SIZE:
+                del self._token_cache[next(iter(self._token_cache))]
+            self._token_cache[text] = tuple(out)
+        return out
 
     def tokenize(self, text: str) -> list[int]:
         if not text:

@@ -79,6 +79,16 @@ def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode
 
 
 
+def generation_wait(entries: list[StreamEntry], start: float, end: float) -> float | None:
+    """Of a wait for a batch from ``start`` to ``end`` (wall clock), the seconds before its last group left
+    rollout's workflow (the newest ``enqueued_at`` of its episodes: generated and scored); the rest of the wait
+    is the group in transit. None when an episode does not say (a producer that predates the field)."""
+    ready = [ep.enqueued_at for e in entries for ep in e.group.episodes]
+    if not ready or min(ready) <= 0:
+        return None
+    return min(max(max(ready) - start, 0.0), max(end - start, 0.0))
+
+
 class Batch(NamedTuple):
     """This rank's share of one step's batch."""
 
@@ -114,6 +124,7 @@ class TrainingLoop:
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
         self._prefetch: asyncio.Task[Batch] | None = None
+        self._generating_s: float | None = None  # of the step's data wait, the part before its batch was generated
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
         # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
         self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
@@ -184,7 +195,9 @@ class TrainingLoop:
         tc, progress, clock = self.cfg.trainer, self.progress, self.clock
         with clock.part("data"):  # the batch read while the previous step's metrics were written, or read now
             prefetched, self._prefetch = self._prefetch, None
+            waited_from = time.time()  # wall clock: compared with rollout's enqueued_at
             entries, episodes, excluded, staleness, teacher, reference = await (prefetched or self._collect())
+            self._generating_s = generation_wait(entries, waited_from, time.time())
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
         books = asyncio.create_task(self._read_books()) if self.is_main else None
@@ -351,6 +364,9 @@ class TrainingLoop:
             row.weight_sync_s, row.weight_sync_bytes = last_push.seconds, last_push.bytes_sent
             row.probe_max_diff = last_push.probe_max_diff
         _set_times(row, times, self.publication)
+        if self._generating_s is not None:  # unknown: both stay 0 (not measured)
+            row.time_data_generating_s = min(self._generating_s, times.parts["data"])  # the rest is transit
+            row.time_data_transit_s = times.parts["data"] - row.time_data_generating_s
         self._last_step_t = now
         with self.clock.part("metrics"):  # counted in the next row
             for lag, count in summary["staleness_hist"].items():

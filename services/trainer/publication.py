@@ -64,6 +64,7 @@ class VersionPublication:
         self._pending: asyncio.Task[int] | None = None  # a push started by publish(wait=False)
         self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
         self._gather_s = 0.0  # FSDP2: the last gather's seconds, counted in its push's serialise_s
+        self.settle_wait_s = 0.0  # the last publish()'s wait for the previous push still in flight (overlap)
         # a snapshot for publication, or the probe of one (rank 0 only), never overlaps an optimizer step
         self._weights_lock = threading.Lock()
         if self.is_main:
@@ -99,7 +100,9 @@ class VersionPublication:
             await asyncio.to_thread(self.locked, self.publisher.gather, self.is_main)
             self._gather_s = time.perf_counter() - t0  # rank 0 wrote and hashed the file meanwhile: serialising
         if self.is_main:
+            t_settle = time.perf_counter()
             await self.settle()
+            self.settle_wait_s = time.perf_counter() - t_settle
             self.publishing = True
             try:
                 floor = self.weight_version or await self.served_version(self.inference_wait_s)

@@ -38,8 +38,16 @@ def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
         assert sum(parts) <= r["time_wall_s"] + 1e-9
         assert r["time_fwd_bwd_s"] > 0 and r["time_optimizer_s"] > 0 and r["time_publish_s"] > 0
         assert all(r[f] >= 0 for f in PUBLISH_FIELDS) and r["time_publish_swap_s"] > 0
+        # the data wait splits into waiting for generation and the batch in transit, nothing else
+        assert r["time_data_generating_s"] >= 0 and r["time_data_transit_s"] >= 0
+        assert r["time_data_generating_s"] + r["time_data_transit_s"] == pytest.approx(r["time_data_s"], rel=0,
+                                                                                      abs=1e-9)
+        # the wait for the previous push lies within the publication's part
+        assert 0 <= r["time_publish_wait_s"] <= r["time_publish_s"]
         if not overlap:  # the step waits for its push: the publication's own parts lie within it
             assert sum(r[f] for f in PUBLISH_FIELDS) <= r["time_publish_s"] + 1e-9
+            # and no push is ever left in flight to wait for (an await of nothing: far below a millisecond)
+            assert r["time_publish_wait_s"] < 1e-3
         # with overlap the step waits only for the snapshot (and a push still in flight); the parts are those of
         # the last verified push, which ran in the background
     # each wall is the time between consecutive rows (same monotonic clock as time_s; rounding only)
