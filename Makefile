@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev,eval-harness]'
+	if git rev-parse --git-dir >/dev/null 2>&1; then $(BIN)/pre-commit install; fi  # the checks run on every commit
 	touch $(STAMP)
 
 setup: $(STAMP)
