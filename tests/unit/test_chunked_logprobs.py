@@ -11,8 +11,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from relayrl.common.lora import with_lora
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.batching import PackedBatch, model_logprobs, pack, pack_row
@@ -68,6 +70,20 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients(packed: bool, c
         # softmax recomputed per chunk and the output layer's matmul over N rows instead of B x L (zeros
         # included): float32 sums in another order
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_chunked_logprobs_through_a_lora_adapter_equal_full_logits() -> None:
+    mb = _batch(packed=False)
+    model = with_lora(_model(), LoraConfig(enabled=True, rank=4))  # the hook reaches the head through peft
+
+    full = model_logprobs(model, mb, 0).detach()
+    chunked = model_logprobs(model, mb, 4)
+    (chunked * mb.mask).sum().backward()
+
+    keep = mb.mask != 0
+    # same float32 formula reduced in another order (see above)
+    torch.testing.assert_close(chunked.detach()[keep], full[keep], rtol=1e-5, atol=1e-6)
+    assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in model.parameters() if p.requires_grad)
 
 
 class _VocabTensors(TorchDispatchMode):
