@@ -7,6 +7,9 @@ No services, no Redis: the real Learner on a real random-init model, fed episode
     python bench/trainer_step.py --model models/tiny --groups 8 --group-size 16 --prompt 5 6 --completion 2 3
     python bench/trainer_step.py --model models/seq4m --groups 8 --group-size 8 --completion 1 11 \\
         --set micro_batch_tokens=256 --profile
+    # the SmolLM2 example's step (4 prompts x 8, ~55 + 24 tokens), full fine-tuning, with the process's peak RSS
+    python bench/trainer_step.py --model models/smollm2-135m-instruct --groups 4 --group-size 8 --prompt 50 60 \\
+        --completion 20 24 --steps 3 --memory --set micro_batch_size=32 --set optimizer.lr=0.000005
 
 ``--set KEY=VALUE`` sets a TrainerConfig field (dotted for sections, e.g. ``loss.policy_loss=gspo``).
 """
@@ -14,6 +17,7 @@ No services, no Redis: the real Learner on a real random-init model, fed episode
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -45,6 +49,10 @@ def episodes(args: argparse.Namespace, vocab: int, seed: int) -> list[Episode]:
     return out
 
 
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
+
+
 def _set(cfg: Any, key: str, value: str) -> None:
     *path, last = key.split(".")
     for part in path:
@@ -63,6 +71,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--memory", action="store_true",
+                    help="print the process's peak RSS (after loading, warm-up, steps)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -73,8 +83,10 @@ def main() -> None:
     vocab = int(model.config.vocab_size)
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=args.completion[1])
     batches = [episodes(args, vocab, seed) for seed in range(4)]
-    for i in range(3):  # warm-up
+    peak = [_peak_rss_gb()]  # after loading the model
+    for i in range(3):  # warm-up (the first step also allocates AdamW's moments)
         learner.rl_step(batches[i % len(batches)])
+    peak.append(_peak_rss_gb())
     times, cpu = [], []
     for i in range(args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -82,6 +94,9 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     params = sum(p.numel() for p in model.parameters())
+    if args.memory:
+        print(f"peak RSS {peak[0]:.2f} GB after loading, {peak[1]:.2f} GB after 3 warm-up steps, "
+              f"{_peak_rss_gb():.2f} GB after {args.steps} more")
     print(f"model {args.model} ({params / 1e6:.2f} M params), {len(batches[0])} episodes/step, "
           f"{args.threads} thread(s), overrides {args.overrides or 'none'}")
     lengths = [len(e.prompt_token_ids) + len(e.completion_token_ids) - 1 for e in batches[0]]

@@ -191,6 +191,12 @@ class TrainerConfig:
                 "attention kept within each sequence by its position ids (needs micro_batch_tokens > 0 and a "
                 "model whose attention honours packed position ids, e.g. transformers' Qwen2/Llama with sdpa, "
                 "eager or flash attention)."})
+    logprob_chunk_positions: int = field(default=256, metadata={
+        "help": "The trainer's log-probabilities: > 0 runs the output layer only at the positions trained on "
+                "(completion tokens, not prompt or padding) and the float32 log-softmax over the vocabulary this "
+                "many positions at a time, so no [rows, length, vocab] float32 tensor is ever held (exact up to "
+                "float rounding); 0: full logits of every position at once (the memory of the OOM in "
+                "docs/models.md).", "ge": 0})
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig, metadata={
         "help": "AdamW and its learning-rate schedule."})
     loss: LossConfig = field(default_factory=LossConfig, metadata={

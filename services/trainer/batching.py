@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from relayrl.trainer.loss import token_logprobs
+from relayrl.trainer.logprobs import selected_logprobs
 
 
 def plan_micro_batches(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int = 0
@@ -159,13 +159,14 @@ def pack_row(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[in
                        position_ids=row(pos, torch.long), num_seqs=len(prompts))
 
 
-def model_logprobs(model: Any, mb: PackedBatch) -> torch.Tensor:
-    """log pi(target) at every position of ``mb`` (``[B, L]``): padded rows with their attention mask, packed
-    rows with no mask and their position ids (transformers separates the sequences by them, but only without a
-    KV cache: ``use_cache=False``, which a training forward never needs)."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                   use_cache=False).logits
-    return token_logprobs(logits, mb.targets, mb.temperature)
+def model_logprobs(model: Any, mb: PackedBatch, chunk: int = 0) -> torch.Tensor:
+    """log pi(target) of ``mb`` (``[B, L]``): padded rows with their attention mask, packed rows with no mask and
+    their position ids (transformers separates the sequences by them, but only without a KV cache:
+    ``use_cache=False``, which a training forward never needs). ``chunk`` 0: at every position, from full
+    ``[B, L, V]`` logits; ``chunk`` > 0: only where ``mb.mask`` is set, the log-softmax ``chunk`` positions at a
+    time, the behaviour logprob elsewhere (relayrl.trainer.logprobs)."""
+    return selected_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.targets, mb.temperature,
+                             mb.mask, mb.behaviour_logprobs, chunk)
 
 
 def packing_error(model: Any, device: torch.device) -> float:

@@ -17,7 +17,6 @@ from relayrl.config.loss import KlUse
 from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
 from relayrl.trainer.batching import PackedBatch, pack, pack_row, plan_micro_batches, plan_packed
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.loss import token_logprobs
 from relayrl.trainer.losses.advantages import (
     BATCH_NORMALISED,
     Groups,
@@ -123,7 +122,7 @@ class Learner:
         if self._ref_scores is not None:
             return self._pack_rows(episodes, rows, self._ref_scores).behaviour_logprobs
         assert self.reference is not None
-        return self.reference.logprobs(mb)
+        return self.reference.logprobs(mb, self.cfg.logprob_chunk_positions)
 
     def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor,
                     teacher: torch.Tensor | None = None, ref: torch.Tensor | None = None,
@@ -255,7 +254,7 @@ class Learner:
             if self._has_reference() and self.cfg.loss.kl_use is KlUse.LOSS:
                 ref = self._reference_logprobs(episodes, plan[i], mb) if i < len(plan) else \
                     torch.zeros_like(mb.behaviour_logprobs)
-            logp = model_logprobs(self.model, mb)
+            logp = model_logprobs(self.model, mb, self.cfg.logprob_chunk_positions)
             terms = self._loss_terms(logp, mb, mb_adv, mb_teacher, ref, mb_base)
             (terms.loss_sum / norm).backward()
             with torch.no_grad():
@@ -288,8 +287,7 @@ class Learner:
         for rows in self._plan(prompts, answers):  # no collective per micro-batch: counts may differ by rank
             mb = pack([prompts[i] for i in rows], [answers[i] for i in rows], None, None, [1.0] * len(rows),
                       self.pad_id, self.device)
-            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            nll = -(token_logprobs(logits, mb.targets, mb.temperature) * mb.mask).sum()
+            nll = -(model_logprobs(self.model, mb, self.cfg.logprob_chunk_positions) * mb.mask).sum()
             (nll / total_tokens).backward()
             loss_sum += nll.detach()
         sync_gradients(self.model, self.collectives, "sft_gradients")

@@ -27,8 +27,8 @@ class Reference:
             p.requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, mb: PackedBatch) -> torch.Tensor:
-        return model_logprobs(self.model, mb)
+    def logprobs(self, mb: PackedBatch, chunk: int = 0) -> torch.Tensor:
+        return model_logprobs(self.model, mb, chunk)
 
 
 def sequence_lengths(episodes: Sequence[Any]) -> torch.Tensor:
