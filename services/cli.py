@@ -99,8 +99,8 @@ def _model_commands(sub: Any) -> None:
     data.add_argument("--task", choices=("addition", "chat-addition", "calculator", "lookup"), default="addition",
                       help="chat-addition: two-digit sums as conversations (messages) with a held-out split; "
                            "calculator: products of two digits with two-digit results for the multi-turn tool "
-                           "example (calculator_tools.yaml); lookup: the same products for the argument-free tool "
-                           "example (lookup_tools.yaml)")
+                           "example (calculator_tools.yaml); lookup: the tens digits of products of two two-digit "
+                           "numbers for the argument-free tool example (lookup_tools.yaml)")
     data.add_argument("--heldout-out", type=Path, default=Path("examples/data/chat_addition_heldout.jsonl"),
                       help="chat-addition: where the held-out split goes")
     data.add_argument("--heldout-rows", type=int, default=200, help="chat-addition: held-out questions")

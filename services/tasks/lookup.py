@@ -1,21 +1,21 @@
 """The second multi-turn tool example: an argument-free calculator bound to the episode's question, so that the
 tool call needs no copying of arguments (examples/lookup_tools.yaml).
 
-Prompt ``"7*8="`` (a product of two digits from 2 to 9 with a two-digit result), answer ``"56"``. The ideal episode
+Prompt ``"47*86//10%10="`` (the tens digit of a product of two two-digit numbers), answer ``"4"``. The ideal episode
 (tagged tool format, tool ``c``)::
 
-    7*8=<c></c><r>56</r>56<eos>
-        ^ call ^ tool   ^ the model copies the tool's output
+    47*86//10%10=<c></c><r>4</r>4
+                 ^ call ^ tool  ^ the model copies the tool's output
 
 The call is a fixed string (loss mask 1); the environment evaluates the episode's own question (the tool's
-keyword-only ``question``, bound by the tools workflow) and shows ``<r>56</r>`` (observation tokens, loss mask 0);
-the model then copies the two digits, always at the same offset. The random-initialised model cannot multiply by
-itself in the budget; it only has to learn a fixed string and a fixed-offset copy. Unlike the calculator example
-(relayrl.tasks.calculator), it does not learn to pass operands. Reward (``WEIGHTS``), credit for each step: the
-first turn's correct prefix of the ideal call per character, the call ran, the answer against the tool's output
-per character, the answer against the reference per character; without a call at most ``WEIGHTS["answer"]``
-(0.5), so the 0.8 target needs the tool. The model's vocabulary must hold ``CHARS``:
-``relayrl init-model --set chars='0123456789*=<>/cr'``.
+keyword-only ``question``, bound by the tools workflow) and shows ``<r>4</r>`` (observation tokens, loss mask 0);
+the model then copies the one digit, always at the same offset. The random-initialised model cannot compute the
+answer itself (8100 questions, answers spread over the ten digits); it only has to learn a fixed string and a
+one-token copy. Unlike the calculator example (relayrl.tasks.calculator), it does not learn to pass operands.
+Reward (``WEIGHTS``), credit for each step: the first turn's correct prefix of the ideal call per character, the
+call ran, the answer against the tool's output per character, the answer against the reference per character;
+without a call at most ``WEIGHTS["answer"]`` (0.5), so the 0.8 target needs the tool. The model's vocabulary must
+hold ``CHARS``: ``relayrl init-model --set chars='0123456789*/%=<>cr'``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from relayrl.reward.api import RewardInput, RewardResult
 from relayrl.tasks.calculator import TOOL, _match, tool_output
 
-CHARS = "0123456789*=<>/cr"
+CHARS = "0123456789*/%=<>cr"
 CALL = f"<{TOOL}></{TOOL}>"
 # Weights of the reward's parts: the call, the call ran, copying the tool's output, the correct answer (sum 1).
 WEIGHTS = {"call": 0.2, "ran": 0.1, "copy": 0.2, "answer": 0.5}
@@ -70,14 +70,18 @@ def reward(inp: RewardInput) -> RewardResult:
     return RewardResult(score=score, components={**parts, "exact": float(final == answer)}, details=transcript[:64])
 
 
-def make_dataset(path: Path, seed: int = 0) -> int:
-    """Write the 58 distinct ``a*b=`` prompts with 2 <= a, b <= 9 and a two-digit product to ``path`` (JSONL), in a
-    shuffled order; returns the count. Every episode has the same layout, so the copy is at a fixed offset."""
+def make_dataset(path: Path, seed: int = 0, rows: int = 2000) -> int:
+    """Write ``rows`` distinct ``a*b//10%10=`` prompts (the tens digit of a product of two two-digit numbers,
+    10 <= a, b <= 99) with their one-digit results to ``path`` (JSONL), in a shuffled order; returns the count.
+    Every episode has the same layout and the answer is one character, so the copy is one token at a fixed offset;
+    the 8100 questions are beyond what the model memorises by RL in the budget, and their answers are spread over
+    the ten digits (no digit is right for more than 12% of them)."""
     rng = random.Random(seed)
-    pairs = [(a, b) for a in range(2, 10) for b in range(2, 10) if a * b >= 10]
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
     rng.shuffle(pairs)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        for a, b in pairs:
-            f.write(json.dumps({"id": f"{a}*{b}", "prompt": f"{a}*{b}=", "answer": str(a * b)}) + "\n")
-    return len(pairs)
+        for a, b in pairs[:rows]:
+            f.write(json.dumps({"id": f"{a}*{b}", "prompt": f"{a}*{b}//10%10=", "answer": str(a * b // 10 % 10)})
+                    + "\n")
+    return min(rows, len(pairs))

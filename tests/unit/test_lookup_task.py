@@ -79,10 +79,17 @@ def test_tools_workflow_binds_the_episode_prompt_and_hides_it_from_the_schema() 
     assert "question" not in tool_schema(c, "c")["parameters"]["properties"]
 
 
-def test_dataset_holds_the_58_distinct_products_with_two_digit_results(tmp_path: Path) -> None:
-    n = make_dataset(tmp_path / "lookup.jsonl")
+def test_dataset_holds_distinct_tens_digits_of_two_digit_products_in_one_layout(tmp_path: Path) -> None:
+    n = make_dataset(tmp_path / "lookup.jsonl", rows=500)
 
     rows = [json.loads(line) for line in (tmp_path / "lookup.jsonl").read_text().splitlines()]
-    assert n == len(rows) == len({r["prompt"] for r in rows}) == 58
-    assert all(len(r["prompt"]) == 4 and len(r["answer"]) == 2 for r in rows)
-    assert all(int(r["prompt"][0]) * int(r["prompt"][2]) == int(r["answer"]) for r in rows)
+    assert n == len(rows) == len({r["prompt"] for r in rows}) == 500
+    assert all(len(r["prompt"]) == 13 and len(r["answer"]) == 1 for r in rows)  # the copy is one token, one offset
+    assert all(c("", question=r["prompt"]) == r["answer"] for r in rows)  # the tool answers each question
+    assert len({r["answer"] for r in rows}) == 10
+
+
+def test_dataset_keeps_every_question_when_asked_for_more_rows_than_exist(tmp_path: Path) -> None:
+    n = make_dataset(tmp_path / "lookup.jsonl", rows=10_000)
+
+    assert n == 90 * 90
