@@ -17,14 +17,14 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from relayrl.common.model import load_tokenizer
-from relayrl.tasks.calculator import CHARS, TAGGED_CLOSE, TAGGED_OPEN
+from relayrl.tasks.calculator import CHARS
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 from tests.conftest import REPO
+from tests.e2e.tool_episodes import check_episode, dumped_episodes, versions
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -62,42 +62,11 @@ def test_calculator_example_learns_the_call_format_through_the_tools_workflow(tm
     assert rows[-1]["episodes_invalid"] == 0 and all(r["reward_errors"] == 0 for r in rows)
     # weight updates landed while episodes were generated, and the trainer saw several versions in one episode
     assert sum(r["episodes_multi_version"] for r in rows) > 0
-    dumped = [json.loads(line) for line in (out / "trained" / "episodes" / "rank0.jsonl").read_text().splitlines()]
+    dumped = dumped_episodes(out)
     assert len(dumped) == DUMPED * CI_STEPS
     tok = load_tokenizer(calc_model)
-    for ep in dumped:
-        _check_episode(ep, tok)
+    for ep in dumped:  # in 120 steps the model rarely closes a call (1 of 480 dumped episodes called the tool): the
+        check_episode(ep, tok)  # tool-output checks run in tests/e2e/test_lookup_tools.py, whose model calls it
     # weight updates landed mid-episode in the dumped sample too (40 of 480 in one run): stamped per decode step
-    assert sum(len(set(_versions(ep))) > 1 for ep in dumped) > 0
+    assert sum(len(set(versions(ep))) > 1 for ep in dumped) > 0
 
-
-def _versions(ep: dict[str, Any]) -> list[int]:
-    return [int(v) for v in ep.get("token_weight_versions", [])]  # int64: strings in protobuf JSON
-
-
-def _check_episode(ep: dict[str, Any], tok: Any) -> None:
-    """One dumped episode of the tools workflow against the token contract of episode.proto and trajectory.py.
-    In 120 steps the model rarely closes a call (1 of 480 dumped episodes called the tool; its error output did not
-    fit the episode), so the tool-output branch seldom runs here; tests/integration/test_multi_turn_inference.py
-    covers it with a model that calls the tool."""
-    ids, mask, lps = (ep.get(k, []) for k in ("completion_token_ids", "loss_mask", "behaviour_logprobs"))
-    versions = _versions(ep)  # (protobuf JSON leaves out empty and zero fields)
-    assert len(ids) == len(mask) == len(lps) == len(versions), ep["episode_id"]
-    runs: list[list[int]] = []  # [mask, start, end) of each run of equal mask: model turns and tool outputs
-    for i, m in enumerate(mask):
-        if runs and runs[-1][0] == m:
-            runs[-1][2] = i + 1
-        else:
-            runs.append([m, i, i + 1])
-    assert runs[0][0] == 1 and sum(m for m, _, _ in runs) == ep.get("turns", 1), ep  # one run per model turn
-    for m, start, end in runs:
-        if m == 0:  # the tool's output: not trained on, logprob 0, the version of the model token before it
-            text = tok.decode(ids[start:end], skip_special_tokens=True)
-            assert text.startswith(TAGGED_OPEN) and TAGGED_CLOSE in text, text
-            assert all(lp == 0.0 for lp in lps[start:end]) and set(versions[start:end]) == {versions[start - 1]}
-    assert versions == sorted(versions), versions  # turn after turn, token after token: never an older version
-    whole = tok.decode(ids, skip_special_tokens=True)
-    if ep.get("episode_end") == "EPISODE_END_MAX_TOKENS":  # a turn may have been cut to fit: a prefix of its text
-        assert ep.get("completion_text", "").startswith(whole)
-    else:
-        assert whole == ep.get("completion_text", "")

@@ -1,0 +1,55 @@
+"""Checks shared by the multi-turn examples' end-to-end tests: the episodes a run's trainer trained on, as it dumps
+them (trainer.dump_episodes: protobuf JSON, one line each), against the token contract of episode.proto and
+relayrl.rollout.workflows.trajectory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from relayrl.tasks.calculator import TAGGED_CLOSE, TAGGED_OPEN
+
+
+def dumped_episodes(run: Path, rank: int = 0) -> list[dict[str, Any]]:
+    """What the trainer of the run in ``run`` wrote out with trainer.dump_episodes."""
+    path = run / "trained" / "episodes" / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def versions(ep: dict[str, Any]) -> list[int]:
+    return [int(v) for v in ep.get("token_weight_versions", [])]  # int64: strings in protobuf JSON
+
+
+def mask_runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(mask, start, end) of each run of equal mask values: the model's turns (1) and the tools' outputs (0)."""
+    runs: list[list[int]] = []
+    for i, m in enumerate(mask):
+        if runs and runs[-1][0] == m:
+            runs[-1][2] = i + 1
+        else:
+            runs.append([m, i, i + 1])
+    return [(m, start, end) for m, start, end in runs]
+
+
+def check_episode(ep: dict[str, Any], tok: Any) -> None:
+    """One episode of the tools workflow (tagged tool format): one run of mask 1 per model turn, trained on and
+    stamped with the version that sampled it; each tool output <r>...</r> not trained on (mask 0, logprob 0) and
+    stamped with the version of the model token before it; versions never going down, turn after turn; the tokens
+    decoding to the transcript (a prefix of it when a turn was cut to fit the episode)."""
+    ids, mask, lps = (ep.get(k, []) for k in ("completion_token_ids", "loss_mask", "behaviour_logprobs"))
+    stamped = versions(ep)  # (protobuf JSON leaves out empty and zero fields)
+    assert len(ids) == len(mask) == len(lps) == len(stamped), ep["episode_id"]
+    runs = mask_runs(mask)
+    assert runs[0][0] == 1 and sum(m for m, _, _ in runs) == ep.get("turns", 1), ep  # one run per model turn
+    for m, start, end in runs:
+        if m == 0:
+            text = tok.decode(ids[start:end], skip_special_tokens=True)
+            assert text.startswith(TAGGED_OPEN) and TAGGED_CLOSE in text, text
+            assert all(lp == 0.0 for lp in lps[start:end]) and set(stamped[start:end]) == {stamped[start - 1]}
+    assert stamped == sorted(stamped), stamped
+    whole = tok.decode(ids, skip_special_tokens=True)
+    if ep.get("episode_end") == "EPISODE_END_MAX_TOKENS":
+        assert ep.get("completion_text", "").startswith(whole)
+    else:
+        assert whole == ep.get("completion_text", "")
