@@ -20,11 +20,11 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
 
 
-def _start(out: Path, model: Path) -> subprocess.Popen[str]:
+def _start(out: Path, model: Path, *settings: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
          "--set", f"model.path={model}", "--set", "trainer.total_steps=100000", "--set", "trainer.checkpoint_every=3",
-         "--set", "rollout.max_new_tokens=2"],
+         "--set", "rollout.max_new_tokens=2", *(arg for kv in settings for arg in ("--set", kv))],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -103,7 +103,9 @@ def test_a_dead_service_stops_the_whole_stack_with_exit_1_and_the_summary_adds_u
 
 def test_services_stop_by_themselves_when_the_launcher_is_killed(tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "run"
-    proc = _start(out, demo_model)
+    # Redis dies with the launcher: a group append in flight at that moment is retried for redis.retry_s (60 s by
+    # default) before rollout gives up and stops, which a CI run once caught past the 30 s below; 5 s bounds it
+    proc = _start(out, demo_model, "redis.retry_s=5")
     try:
         _until_training(out, proc, steps=1)
         stack = _stack(proc)
