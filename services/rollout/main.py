@@ -33,7 +33,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
                                       cfg.trainer.server.target, cfg.tls,
                                       code_token=cfg.control.effective_code_token()) as clients:
         producer = RolloutProducer(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed), clients,
-                                   redis_retry_s=cfg.redis.retry_s, model_path=cfg.model.path)
+                                   redis_retry_s=cfg.redis.retry_s, model_path=cfg.model.path,
+                                   score_batch_max=min(rc.score_batch_max, cfg.reward.max_batch))
         handle, servicer = create_rollout_server(producer, cfg)
         http = HttpServer(servicer.http_app(), rc.http, "rollout") if rc.http.enabled else None
         await handle.start()

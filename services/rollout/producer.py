@@ -29,6 +29,7 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.progress import Progress, ProgressStore
+from relayrl.rollout.score_batching import CoalescingScorer
 from relayrl.rollout.turns import TurnCounters
 from relayrl.rollout.workflows.api import GroupFailed, WorkflowContext
 from relayrl.rollout.workflows.loader import build_workflow
@@ -46,8 +47,11 @@ WATCH_DEADLINE_S = 60.0
 class RolloutProducer:
     def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor, clients: RolloutClients,
                  redis_retry_s: float = 60.0,
-                 model_path: Path | None = None) -> None:
+                 model_path: Path | None = None, score_batch_max: int | None = None) -> None:
         self.cfg = cfg
+        joined = cfg.score_batch_max if score_batch_max is None else score_batch_max
+        # the workflows' reward: concurrent groups' ScoreBatch calls joined into one (rollout.score_batch_max)
+        self.reward = CoalescingScorer(clients.reward, joined) if joined > 0 else clients.reward
         self.redis_retry_s = redis_retry_s
         self.stream = stream
         self.cursor = cursor
@@ -323,14 +327,20 @@ class RolloutProducer:
                 "episodes_reward_errors": self.episodes_reward_errors, "redis_oom_retries": self.redis_oom_retries,
                 "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
                 "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index,
-                **self.turns.state(),
+                **self.turns.state(), **self._score_calls(),
                 **{f"wait_ms_{reason}": round(s * 1000) for reason, s in sorted(self.wait_s.items())}}
+
+    def _score_calls(self) -> dict[str, int]:
+        """ScoreBatch calls made for the workflows, and the workflows' calls they carried (joined: fewer)."""
+        if isinstance(self.reward, CoalescingScorer):
+            return {"score_calls": self.reward.calls, "score_calls_joined": self.reward.callers}
+        return {}
 
     async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:
         """One group from the configured workflow (rollout.workflow), checked and counted."""
         group_id = uuid.uuid4().hex
         bind_log_context(group_id=group_id)  # the rest of this group's task (_group), its failure warnings too
-        ctx = WorkflowContext(inference=self.clients.inference, reward=self.clients.reward, group_id=group_id,
+        ctx = WorkflowContext(inference=self.clients.inference, reward=self.reward, group_id=group_id,
                               group_size=self.cfg.group_size, producer_id=self.producer_id, created_at=time.time(),
                               config=self.cfg, environment=self.environment)
         episodes = await self.workflow(prompt, ctx)

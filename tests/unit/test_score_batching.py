@@ -1,0 +1,150 @@
+"""CoalescingScorer (relayrl.rollout.score_batching): concurrent groups' ScoreBatch calls joined into one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from relayrl.common.pb import reward_pb2
+from relayrl.rollout.score_batching import CoalescingScorer
+
+
+class GatedReward:
+    """A reward client whose ScoreBatch waits for ``gate`` and scores each request by its completion's length."""
+
+    def __init__(self, fail: Exception | None = None, short: bool = False) -> None:
+        self.batches: list[list[str]] = []
+        self.timeouts: list[float] = []
+        self.gate = asyncio.Event()
+        self.fail, self.short = fail, short
+
+    async def score_batch(self, requests: Sequence[reward_pb2.ScoreRequest],
+                          timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
+        self.batches.append([r.episode_id for r in requests])
+        self.timeouts.append(timeout_s)
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        scored = [reward_pb2.ScoreResponse(episode_id=r.episode_id, score=float(len(r.completion)),
+                                           status=reward_pb2.SCORE_STATUS_OK) for r in requests]
+        return reward_pb2.ScoreBatchResponse(responses=scored[:-1] if self.short else scored)
+
+    async def run_code(self, code: str) -> str:
+        return f"ran {code}"
+
+
+def requests(group: str, n: int) -> list[reward_pb2.ScoreRequest]:
+    return [reward_pb2.ScoreRequest(episode_id=f"{group}{i}", completion="x" * (i + 1)) for i in range(n)]
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_gets_its_own_scores() -> None:
+    async def go() -> tuple[GatedReward, CoalescingScorer, list[reward_pb2.ScoreBatchResponse]]:
+        reward = GatedReward()
+        scorer = CoalescingScorer(reward, max_items=1024)
+        first = asyncio.create_task(scorer.score_batch(requests("a", 2)))
+        await settle()  # a's call is on the wire
+        rest = [asyncio.create_task(scorer.score_batch(requests(g, 3), timeout_s=t)) for g, t in (("b", 7.0),
+                                                                                                   ("c", 5.0))]
+        await settle()
+        reward.gate.set()
+        return reward, scorer, await asyncio.gather(first, *rest)
+
+    reward, scorer, (a, b, c) = asyncio.run(go())
+
+    assert reward.batches == [["a0", "a1"], ["b0", "b1", "b2", "c0", "c1", "c2"]]
+    assert reward.timeouts == [60.0, 5.0]  # a joined call keeps the shortest deadline of its callers
+    assert [r.episode_id for r in b.responses] == ["b0", "b1", "b2"]
+    assert [r.score for r in c.responses] == [1.0, 2.0, 3.0]
+    assert [r.episode_id for r in a.responses] == ["a0", "a1"]
+    assert (scorer.calls, scorer.callers) == (2, 3)
+
+
+def test_calls_of_the_same_loop_turn_join_the_first_call() -> None:
+    async def go() -> GatedReward:
+        reward = GatedReward()
+        reward.gate.set()
+        scorer = CoalescingScorer(reward, max_items=1024)
+        await asyncio.gather(*(scorer.score_batch(requests(g, 2)) for g in "abcd"))
+        return reward
+
+    assert [len(b) for b in asyncio.run(go()).batches] == [8]
+
+
+def test_a_joined_call_holds_at_most_max_items_but_a_larger_caller_still_goes_alone() -> None:
+    async def go() -> GatedReward:
+        reward = GatedReward()
+        reward.gate.set()
+        scorer = CoalescingScorer(reward, max_items=5)
+        await asyncio.gather(scorer.score_batch(requests("a", 3)), scorer.score_batch(requests("b", 3)),
+                             scorer.score_batch(requests("c", 7)), scorer.score_batch(requests("d", 2)))
+        return reward
+
+    assert [len(b) for b in asyncio.run(go()).batches] == [3, 3, 7, 2]
+
+
+def test_a_failed_call_fails_every_caller_in_it_and_the_next_call_still_goes_out() -> None:
+    async def go() -> tuple[list[BaseException | reward_pb2.ScoreBatchResponse], reward_pb2.ScoreBatchResponse]:
+        reward = GatedReward(fail=RuntimeError("reward is down"))
+        reward.gate.set()
+        scorer = CoalescingScorer(reward, max_items=1024)
+        failed = await asyncio.gather(scorer.score_batch(requests("a", 1)), scorer.score_batch(requests("b", 1)),
+                                      return_exceptions=True)
+        reward.fail = None
+        return failed, await scorer.score_batch(requests("c", 1))
+
+    failed, later = asyncio.run(go())
+
+    assert all(isinstance(f, RuntimeError) and "reward is down" in str(f) for f in failed)
+    assert [r.episode_id for r in later.responses] == ["c0"]
+
+
+def test_a_short_answer_gives_every_joined_caller_no_scores_which_its_workflow_refuses() -> None:
+    async def go() -> list[reward_pb2.ScoreBatchResponse]:
+        reward = GatedReward(short=True)
+        reward.gate.set()
+        scorer = CoalescingScorer(reward, max_items=1024)
+        return list(await asyncio.gather(scorer.score_batch(requests("a", 2)), scorer.score_batch(requests("b", 2))))
+
+    assert [len(r.responses) for r in asyncio.run(go())] == [0, 0]
+
+
+def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_call() -> None:
+    async def go() -> tuple[GatedReward, reward_pb2.ScoreBatchResponse]:
+        reward = GatedReward()
+        scorer = CoalescingScorer(reward, max_items=1024)
+        first = asyncio.create_task(scorer.score_batch(requests("a", 1)))
+        await settle()
+        gone = asyncio.create_task(scorer.score_batch(requests("b", 1)))
+        kept = asyncio.create_task(scorer.score_batch(requests("c", 1)))
+        await settle()
+        gone.cancel()
+        reward.gate.set()
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        return reward, await kept
+
+    reward, kept = asyncio.run(go())
+
+    assert reward.batches == [["a0"], ["c0"]]
+    assert [r.episode_id for r in kept.responses] == ["c0"]
+
+
+def test_other_client_calls_and_empty_batches_pass_through() -> None:
+    async def go() -> tuple[str, int, GatedReward]:
+        reward = GatedReward()
+        scorer = CoalescingScorer(reward, max_items=4)
+        return await scorer.run_code("print(1)"), len((await scorer.score_batch([])).responses), reward
+
+    ran, empty, reward = asyncio.run(go())
+
+    assert (ran, empty, reward.batches) == ("ran print(1)", 0, [])
+    with pytest.raises(ValueError, match="max_items 0 must be >= 1"):
+        CoalescingScorer(reward, max_items=0)
