@@ -35,6 +35,7 @@ from relayrl.config.redis import RedisConfig
 _DEFAULTS = RedisConfig()
 
 DropReason = Literal["stale", "reward_error", "zero_advantage"]
+DROP_REASONS: tuple[DropReason, ...] = ("stale", "reward_error", "zero_advantage")
 
 # The field of a stream entry that holds one serialized EpisodeGroup.
 STREAM_FIELD = b"group"

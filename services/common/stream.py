@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 from relayrl.common.episodes import EpisodeDecodeError, decode_group
 from relayrl.common.pb.episode_pb2 import EpisodeGroup
 from relayrl.common.redis_conn import async_client
-from relayrl.common.redis_keys import STREAM_FIELD, DropReason, RedisKeys
+from relayrl.common.redis_keys import DROP_REASONS, STREAM_FIELD, DropReason, RedisKeys
 from relayrl.config.redis import RedisConfig
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,17 @@ def _next_id(entry_id: str) -> str:
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True)
+class Books:
+    """What the trainer reports of the stream after each step: drops by reason and invalid entries as (groups,
+    episodes) over every rank and restart, and the consumer group's queue depth."""
+
+    dropped: dict[str, tuple[int, int]]  # DropReason -> (groups, episodes)
+    invalid: tuple[int, int]
+    lag: int | None  # entries not yet delivered (None where Redis cannot tell)
+    pending: int  # delivered, not acknowledged
 
 
 @dataclass(frozen=True)
@@ -217,18 +228,44 @@ class EpisodeStream:
         values: Any = await self._redis.hvals(self.keys.dropped(reason))
         return len(values), sum(int(v) for v in values)
 
+    async def books(self) -> Books:
+        """Every drop and invalid count and the queue depth, in one round trip (a pipeline without MULTI: each
+        count is exact on its own; they are read within the same moment, not atomically together)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for reason in DROP_REASONS:
+            pipe.hvals(self.keys.dropped(reason))
+        pipe.hvals(self.keys.invalid)
+        pipe.xinfo_groups(self.stream)
+        *counts, groups = await pipe.execute(raise_on_error=False)
+        for value in counts:
+            if isinstance(value, Exception):
+                raise value
+        entry = self._find_group(groups)
+        lag = entry.get("lag") if entry is not None else None
+        pairs = [(len(values), sum(int(v) for v in values)) for values in counts]
+        return Books(dropped=dict(zip(DROP_REASONS, pairs[:-1], strict=True)), invalid=pairs[-1],
+                     lag=int(lag) if lag is not None else None, pending=int(entry["pending"]) if entry else 0)
+
+    def _find_group(self, groups: Any) -> dict[Any, Any] | None:
+        """Our group's entry of an XINFO GROUPS reply; None before the stream (an error reply) or the group exist."""
+        if isinstance(groups, ResponseError):
+            if "no such key" in str(groups).lower():
+                return None
+            raise groups
+        if isinstance(groups, Exception):
+            raise groups
+        for g in groups:
+            if _text(g["name"]) == self.group:
+                return dict(g)
+        return None
+
     async def _group_entry(self) -> dict[Any, Any] | None:
         """The consumer group's XINFO GROUPS entry; None before the stream or the group exists."""
         try:
             groups = await self._redis.xinfo_groups(self.stream)
         except ResponseError as exc:
-            if "no such key" in str(exc).lower():
-                return None  # nothing appended and no group created yet: an empty queue, not an error
-            raise
-        for g in groups:
-            if _text(g["name"]) == self.group:
-                return dict(g)
-        return None
+            return self._find_group(exc)  # no stream yet: nothing appended, an empty queue, not an error
+        return self._find_group(groups)
 
     async def queue_depth(self) -> tuple[int | None, int]:
         """(lag, pending) of this consumer group, from one XINFO GROUPS: entries not yet delivered to any

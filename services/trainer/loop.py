@@ -24,7 +24,6 @@ from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
 from relayrl.common.model import chat_token_ids
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeEnd
-from relayrl.common.retry import redis_retry
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.tracking import Tracker
@@ -258,8 +257,7 @@ class TrainingLoop:
 
     async def _read_books(self) -> None:
         """Rank 0: drop and invalid counts and the queue depth from Redis (for the step's row and status)."""
-        await self.progress.refresh_drops(self.stream, self.cfg.redis.retry_s)
-        self.progress.queue_depth = await redis_retry(self.stream.queue_depth, "queue depth", self.cfg.redis.retry_s)
+        await self.progress.refresh_drops(self.stream, self.cfg.redis.retry_s)  # the queue depth too
 
     async def _staleness_of(self, episodes: list[Episode]) -> torch.Tensor:
         """Each episode's staleness (of its oldest token), one lineage look-up per distinct version (not per

@@ -29,7 +29,7 @@ class TrainerProgress:
     episodes_invalid: int = 0
     # errored episodes excluded from trained groups, over every rank (kept in checkpoints like the others)
     episodes_excluded_reward_error: int = 0
-    queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending) at the last step (rank 0)
+    queue_depth: tuple[int | None, int] = (None, 0)  # (lag, pending), read with the drops (rank 0)
     staleness_counts: dict[int, int] = field(default_factory=dict)  # samples trained per staleness (rank 0)
     last_reward_mean: float | None = None  # mean reward of the last step's episodes (rank 0; None before one)
     # notified whenever the status may have changed (WatchStatus, relayrl.trainer.status_watch)
@@ -58,13 +58,13 @@ class TrainerProgress:
         self.episodes_dropped_reward_error += episodes
 
     async def refresh_drops(self, stream: EpisodeStream, retry_s: float) -> None:
-        """Drop and invalid counts over every rank and restart, from Redis."""
-        self.groups_dropped_stale, self.episodes_dropped_stale = await redis_retry(
-            stream.dropped, "count drops", retry_s)
-        groups, episodes = await redis_retry(lambda: stream.dropped("reward_error"), "count drops", retry_s)
+        """Drop and invalid counts over every rank and restart, and the queue depth, from Redis (one round trip)."""
+        books = await redis_retry(stream.books, "read the books", retry_s)
+        self.groups_dropped_stale, self.episodes_dropped_stale = books.dropped["stale"]
+        groups, episodes = books.dropped["reward_error"]
         self.groups_dropped_reward_error = groups
         self.episodes_dropped_reward_error = episodes + self.episodes_excluded_reward_error
-        self.groups_dropped_zero_advantage, self.episodes_dropped_zero_advantage = await redis_retry(
-            lambda: stream.dropped("zero_advantage"), "count drops", retry_s)
-        self.groups_invalid, self.episodes_invalid = await redis_retry(stream.invalid, "count invalid", retry_s)
+        self.groups_dropped_zero_advantage, self.episodes_dropped_zero_advantage = books.dropped["zero_advantage"]
+        self.groups_invalid, self.episodes_invalid = books.invalid
+        self.queue_depth = (books.lag, books.pending)
         self.changed.notify()

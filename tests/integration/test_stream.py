@@ -10,7 +10,7 @@ import redis
 
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.redis_keys import STREAM_FIELD, trainer_consumer
-from relayrl.common.stream import EpisodeStream
+from relayrl.common.stream import Books, EpisodeStream
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -59,6 +59,35 @@ def test_queue_depth_counts_unread_and_unacknowledged_groups(redis_server: Redis
         return depths
 
     assert asyncio.run(go()) == [(0, 0), (4, 0), (1, 3), (1, 2)]
+
+
+def test_books_read_every_count_and_the_queue_depth_in_one_round_trip_as_the_single_reads_do(
+        redis_server: RedisServer) -> None:
+    async def go() -> tuple[Books, Books, list[object]]:
+        stream = EpisodeStream.from_url(redis_server.url, "books", "g")
+        before = await stream.books()  # no stream, no group, no drops yet
+        await stream.ensure_group()
+        for name in "abc":
+            await stream.append(_group(name, 2))
+        entries = await stream.read("c1", count=2, block_ms=100)
+        await stream.record_dropped("x", 4)
+        await stream.record_dropped("y", 3)
+        await stream.record_dropped("z", 5, "reward_error")
+        await stream.dead_letter(entries[0].entry_id, entries[0].fields, "invalid", 2, 100)
+        after = await stream.books()
+        single = [await stream.dropped(), await stream.dropped("reward_error"), await stream.dropped("zero_advantage"),
+                  await stream.invalid(), await stream.queue_depth()]
+        await stream.close()
+        return before, after, single
+
+    before, after, single = asyncio.run(go())
+
+    assert before == Books(dropped={r: (0, 0) for r in ("stale", "reward_error", "zero_advantage")}, invalid=(0, 0),
+                           lag=None, pending=0)
+    assert after.dropped == {"stale": (2, 7), "reward_error": (1, 5), "zero_advantage": (0, 0)}
+    assert after.invalid == (1, 2) and (after.lag, after.pending) == (1, 1)
+    assert single == [after.dropped["stale"], after.dropped["reward_error"], after.dropped["zero_advantage"],
+                      after.invalid, (after.lag, after.pending)]
 
 
 def _until_aof_written(url: str, attempts: int = 200) -> None:
