@@ -129,13 +129,15 @@ class VersionPublication:
 
     async def abandon(self) -> None:
         """Stop a background push that nobody will settle (the trainer is closing after an error or a stop): its
-        version was never checkpointed, and the next run allocates above it (versions are never reused)."""
+        version was never checkpointed, and the next run allocates above it (versions are never reused). Closes the
+        publisher's channel."""
         task, self._pending = self._pending, None
         if task is not None and not task.done():
             task.cancel()
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)  # collected: no "exception never retrieved"
         self.publishing = False
+        await self.publisher.close()
 
     async def allocate_and_push(self, policy_step: int, floor: int) -> int:
         """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push.

@@ -108,6 +108,7 @@ class WeightPublisher:
         # rank 0 streams the full tensors into a file, scoring the probe with ``plain_model`` (an unsharded copy of
         # the architecture whose own parameters are never used) on the file's tensors
         self.sharded = plain_model is not None or is_sharded(model)
+        self._client: InferenceClient | None = None  # the pushes' channel, opened by the first
         self.plain_model = plain_model
         # the last gather's file: what the publication and any re-push of it (a watchdog's) send, until the next
         self._gathered: MappedWeights | None = None
@@ -237,13 +238,20 @@ class WeightPublisher:
         return PushResult(version, int(resp.bytes_received), total, diff, timings, served)
 
     async def _send(self, messages: list[Any], version: int) -> Any:
-        async with InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5,
-                                   token=self.token, tls=self.tls) as inference:
-            try:
-                return await inference.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
-            except grpc.aio.AioRpcError as exc:
-                raise RuntimeError(f"weight push of version {version} failed: "
-                                   f"{exc.code().name}: {exc.details()}") from exc
+        if self._client is None:  # one channel for every push (it reconnects by itself after a restart)
+            self._client = InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token,
+                                           tls=self.tls)
+        try:
+            return await self._client.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"weight push of version {version} failed: "
+                               f"{exc.code().name}: {exc.details()}") from exc
+
+    async def close(self) -> None:
+        """Close the push channel (the trainer is closing); a later push opens a new one."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
 
 def check_served(resp: Any, sent_sha256: str, version: int) -> bool:
