@@ -255,15 +255,19 @@ TIME_SHARES: dict[str, tuple[str, ...]] = {
 
 def time_shares(rows: Iterable[MetricsRow | None]) -> dict[str, float]:
     """Shares (0..1) of the trainer's wall time over the training rows that carry a breakdown (rows of older
-    versions lack it and are left out), per :data:`TIME_SHARES` name, plus ``plumbing``: everything that is not
-    forward/backward or the optimizer step (1 - compute), and ``wall_s``: the seconds they cover. Empty when no
-    row carries a breakdown."""
+    versions lack it and are left out), per :data:`TIME_SHARES` name (they add up to 1), plus ``generation``: the
+    part of the data wait spent before the batch's last group was generated and scored (``time_data_generating_s``;
+    0 where not measured), ``plumbing``: everything that is neither forward/backward, the optimizer step nor that
+    wait for generation (1 - compute - generation: the data in transit, publication, checkpoint and
+    acknowledgement, metrics, other), and ``wall_s``: the seconds they cover. Empty when no row carries a
+    breakdown."""
     timed = [r for r in rl_rows(rows) if "time_wall_s" not in r.missing and r.time_wall_s > 0]
     wall = sum(r.time_wall_s for r in timed)
     if not timed or wall <= 0:
         return {}
     shares = {name: sum(getattr(r, f) for r in timed for f in fields) / wall for name, fields in TIME_SHARES.items()}
-    return {**shares, "plumbing": 1.0 - shares["compute"], "wall_s": wall}
+    generation = sum(r.time_data_generating_s for r in timed) / wall
+    return {**shares, "generation": generation, "plumbing": 1.0 - shares["compute"] - generation, "wall_s": wall}
 
 
 def format_time_shares(shares: Mapping[str, float]) -> str:
@@ -271,7 +275,8 @@ def format_time_shares(shares: Mapping[str, float]) -> str:
     if not shares:
         return ""
     parts = ", ".join(f"{name.replace('_', ' ')} {100 * shares[name]:.0f}%" for name in TIME_SHARES)
-    return f"trainer time over {shares['wall_s']:.1f}s: {parts}; plumbing {100 * shares['plumbing']:.0f}%"
+    return (f"trainer time over {shares['wall_s']:.1f}s: {parts}; of the data wait, generation "
+            f"{100 * shares.get('generation', 0.0):.0f}%; plumbing {100 * shares['plumbing']:.0f}%")
 
 
 # how a group that was produced left the books, in the order the summaries write them: summary key -> words

@@ -37,23 +37,25 @@ def test_a_part_that_raises_is_still_counted() -> None:
     assert clock.close(time.monotonic()).parts["publish"] > 0
 
 
-def _timed(step: int, wall: float, fwd: float, opt: float, publish: float) -> RlRow:
-    other = wall - fwd - opt - publish
+def _timed(step: int, wall: float, fwd: float, opt: float, publish: float, generating: float = 0.0) -> RlRow:
+    other = wall - fwd - opt - publish - generating
     return RlRow(step=step, time_wall_s=wall, time_fwd_bwd_s=fwd, time_optimizer_s=opt, time_publish_s=publish,
-                 time_other_s=other)
+                 time_data_s=generating, time_data_generating_s=generating, time_other_s=other)
 
 
-def test_shares_are_over_the_whole_run_and_plumbing_is_all_but_forward_backward_and_optimizer() -> None:
-    rows = [_timed(1, 1.0, 0.5, 0.1, 0.2), _timed(2, 3.0, 0.5, 0.1, 2.2)]
+def test_shares_are_over_the_whole_run_and_plumbing_is_all_but_compute_and_the_wait_for_generation() -> None:
+    rows = [_timed(1, 1.0, 0.5, 0.1, 0.2), _timed(2, 3.0, 0.5, 0.1, 1.2, generating=1.0)]
 
     shares = time_shares(rows)
 
     # exact decimal fractions of small sums: 1e-12 absorbs binary rounding only
     assert shares["wall_s"] == pytest.approx(4.0, rel=0, abs=1e-12)
     assert shares["compute"] == pytest.approx(1.2 / 4.0, rel=0, abs=1e-12)
-    assert shares["publication"] == pytest.approx(2.4 / 4.0, rel=0, abs=1e-12)
-    assert shares["plumbing"] == pytest.approx(1 - 1.2 / 4.0, rel=0, abs=1e-12)
-    assert "plumbing 70%" in format_time_shares(shares) and "publication 60%" in format_time_shares(shares)
+    assert shares["publication"] == pytest.approx(1.4 / 4.0, rel=0, abs=1e-12)
+    assert shares["data_wait"] == shares["generation"] == pytest.approx(1.0 / 4.0, rel=0, abs=1e-12)
+    assert shares["plumbing"] == pytest.approx(1 - 1.2 / 4.0 - 1.0 / 4.0, rel=0, abs=1e-12)
+    line = format_time_shares(shares)
+    assert "plumbing 45%" in line and "publication 35%" in line and "of the data wait, generation 25%" in line
 
 
 def test_rows_without_a_breakdown_are_left_out_and_none_at_all_gives_no_shares(tmp_path: Path) -> None:
