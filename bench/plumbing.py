@@ -110,7 +110,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         steps = last_step(out / "metrics.jsonl") - args.start  # the row may have moved on by a step
         steps = max(steps, 1)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:  # a run that ended early (a bad config) has no group left to stop
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=120)
     per: dict[str, float] = {}
     for pid, (svc, cpu) in b.items():
