@@ -15,7 +15,7 @@ step's row is written (after the weights are published and verified), so it excl
 generation of the first batch, and includes everything after. Wall time: from launching the subprocess to its
 exit, for both.
 
-    python bench/vs_trl.py [--task quickstart|sequence] [--steps N] [--out runs/vs_trl] [--set k=v ...]
+    python bench/vs_trl.py [--task quickstart|sequence|sequence32] [--steps N] [--out runs/vs_trl] [--set k=v ...]
                            [--skip-trl] [--skip-relayrl]
 """
 
@@ -59,6 +59,9 @@ TASKS = {
     "sequence": Task("examples/sequence.yaml", {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3,
                                                 "num_heads": 6, "num_kv_heads": 2}, steps=100,
                      dataset_maker="relayrl.tasks.sequence:make_dataset"),
+    "sequence32": Task("examples/sequence32.yaml", {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3,
+                                                    "num_heads": 6, "num_kv_heads": 2}, steps=100,
+                       dataset_maker="relayrl.tasks.sequence:make_long_dataset"),
 }
 
 

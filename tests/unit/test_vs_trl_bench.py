@@ -154,10 +154,13 @@ def test_sequence_dataset_answers_continue_the_sequence_with_at_least_eight_digi
     assert all(len(a) == 8 for a in by_prompt.values())
 
 
-def test_sequence_committed_dataset_matches_its_generator(tmp_path: Path) -> None:
+def test_sequence_committed_datasets_match_their_generators(tmp_path: Path) -> None:
     sequence.make_dataset(tmp_path / "seq.jsonl")
+    sequence.make_long_dataset(tmp_path / "seq32.jsonl")
 
     assert (tmp_path / "seq.jsonl").read_text() == (REPO / "examples/data/sequence.jsonl").read_text()
+    assert (tmp_path / "seq32.jsonl").read_text() == (REPO / "examples/data/sequence32.jsonl").read_text()
+    assert all(len(json.loads(line)["answer"]) == 32 for line in (tmp_path / "seq32.jsonl").read_text().splitlines())
 
 
 @pytest.mark.parametrize(("completion", "score"), [("35791357", 1.0), ("35791300", 0.75), ("357913579", 8 / 9),
@@ -168,12 +171,13 @@ def test_sequence_reward_gives_credit_per_matching_position(completion: str, sco
     assert res.score == pytest.approx(score)
 
 
-def test_sequence_task_model_is_at_least_four_million_parameters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("task", ["sequence", "sequence32"])
+def test_sequence_task_model_is_at_least_four_million_parameters(tmp_path: Path, task: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 
-    create_tiny_model(tmp_path, from_dict(TinyModelConfig, dict(vs.TASKS["sequence"].model)))
+    create_tiny_model(tmp_path, from_dict(TinyModelConfig, dict(vs.TASKS[task].model)))
 
     params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(tmp_path)).parameters())
 
