@@ -12,10 +12,10 @@ The session id (192 random bits) is the session's only credential: it is never l
 loopback by default. An unknown or finished session gets 404; a call over a session limit 413 (not retried by the
 openai client); a request body over ``max_body_mib`` 413 before it is read; a refused request 400; a failed
 Generate 502 (the openai client retries it; nothing of a failed call is recorded). A streamed call that fails
-after its first event, or whose client goes away mid-stream, is not recorded either: its error is the stream's last
-event, its token budget is released (it still counts against ``max_calls``) and inference cancels its request; the
-session's recorded calls and chains are as before it, so the agent's next call (its history holding the text it
-did receive, or not) extends them or starts a new chain like any other.
+after its first event, or whose client goes away mid-stream or before its first event, is not recorded either: its
+error is the stream's last event, its token budget is released (it still counts against ``max_calls``) and
+inference cancels its request; the session's recorded calls and chains are as before it, so the agent's next call
+(its history holding the text it did receive, or not) extends them or starts a new chain like any other.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from relayrl.common.http import HttpServer
@@ -41,7 +41,13 @@ from relayrl.config.agents import AgentConfig
 from relayrl.config.endpoints import HttpConfig
 from relayrl.rollout.workflows.agent_chat import ChatError, ChatRequest, Renderer, answer
 from relayrl.rollout.workflows.agent_session import Call, Plan, Session, SessionLimitExceeded
-from relayrl.rollout.workflows.agent_stream import CompletionRequest, SseWriter, completion_answer
+from relayrl.rollout.workflows.agent_stream import (
+    ClosingStreamingResponse,
+    CompletionRequest,
+    SseWriter,
+    StreamEnd,
+    completion_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +228,10 @@ class SessionProxy:
             raise
         return gen, sample
 
-    async def stream(self, sid: str, body: Any, chat: bool) -> AsyncIterator[str]:
+    async def stream(self, sid: str, body: Any, chat: bool) -> tuple[AsyncIterator[str], StreamEnd]:
         """A streamed call: GenerateStream is open and has accepted the request (errors so far are HTTP errors);
-        the events leave as its chunks arrive (see agent_stream.py), and the call is recorded when it finishes."""
+        the events leave as its chunks arrive (see agent_stream.py), and the call is recorded when it finishes.
+        Returns the events and the call's end, which the response closes however it ends."""
         p = await self._prepare(sid, body, chat)
         plan, sampling, timeout = self._admit(p)
         call = p.entry.inference.generate_stream(p.prompt_ids, sampling, timeout_s=timeout,
@@ -241,20 +248,21 @@ class SessionProxy:
         usage = bool(p.req.stream_options and p.req.stream_options.include_usage)
         writer = SseWriter(p.req, chat, p.req.model or MODEL_NAME, self.renderer.text_of,
                            lambda t: self.renderer.decode([t]), [*self.sampling.stop, *p.req.stops()])
-        return self._events(p, plan, call, list(first.prompt_token_ids), writer, usage)
+        end = StreamEnd(p.entry.session, plan, call)
+        return self._events(p, end, list(first.prompt_token_ids), writer, usage), end
 
-    async def _events(self, p: Prepared, plan: Plan, call: Any, prompt_ids: list[int], writer: SseWriter,
+    async def _events(self, p: Prepared, end: StreamEnd, prompt_ids: list[int], writer: SseWriter,
                       usage: bool) -> AsyncIterator[str]:
         """The events of a streamed call. A client that goes away (or a failed stream) ends it unrecorded: the
         call's budget is released, it still counts as a call, and inference cancels the request."""
-        recorded = False
+        plan, call = end.plan, end.call
         try:
             for event in writer.start():
                 yield event
             async for chunk in call:
                 if chunk.HasField("sample"):
                     self._record(p, plan, prompt_ids, chunk.sample)
-                    recorded = True
+                    end.recorded = True
                     for event in writer.finish(self._answer(p, chunk.sample, len(prompt_ids)), chunk.sample, usage):
                         yield event
                     return
@@ -266,9 +274,7 @@ class SessionProxy:
             self.calls_refused += 1
             yield sse(error.body())
         finally:
-            if not recorded:
-                p.entry.session.release(plan)
-            call.cancel()
+            end.close()
 
     def app(self) -> FastAPI:
         app = FastAPI(title="relayrl agent sessions", docs_url=None, redoc_url=None, openapi_url=None)
@@ -291,8 +297,9 @@ class SessionProxy:
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise ChatError(f"the body is not JSON: {exc}") from None
             if isinstance(body, dict) and body.get("stream") is True:  # errors before the first event stay HTTP
-                events = await self.stream(sid, body, chat)
-                return StreamingResponse(events, media_type=MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
+                events, end = await self.stream(sid, body, chat)
+                return ClosingStreamingResponse(events, end.close, media_type=MEDIA_TYPE,
+                                                headers={"Cache-Control": "no-cache"})
             return await (self.chat(sid, body) if chat else self.complete(sid, body))
 
         @app.post("/sessions/{sid}/v1/chat/completions")

@@ -21,10 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from relayrl.common.openai_sse import DONE, sse
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
 from relayrl.rollout.workflows.agent_chat import ChatError, ChatRequest, SessionRequest
+from relayrl.rollout.workflows.agent_session import Plan, Session
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +164,37 @@ class SseWriter:
             events.append(self.event([], usage=answer["usage"], weight_version=answer["weight_version"]))
         events.append(DONE)
         return events
+
+
+class StreamEnd:
+    """How a streamed call ends, exactly once: recorded (its sample finished), or its token budget released; the
+    inference request is cancelled either way (a no-op once it finished)."""
+
+    def __init__(self, session: Session, plan: Plan, call: Any) -> None:
+        self.session, self.plan, self.call = session, plan, call
+        self.recorded = False
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.recorded:
+            self.session.release(self.plan)
+        self.call.cancel()
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that runs ``on_close`` however it ends: finished, failed, or its client gone before the
+    first event, when Starlette never starts the body iterator (a send that fails, or a cancelled stream) and the
+    iterator's own ``finally`` never runs."""
+
+    def __init__(self, content: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
