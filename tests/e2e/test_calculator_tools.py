@@ -12,10 +12,7 @@ and stamped with the version of the model turn before it (episode.proto), the to
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +20,7 @@ import pytest
 from relayrl.common.model import load_tokenizer
 from relayrl.tasks.calculator import CHARS
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
-from tests.conftest import REPO
-from tests.e2e.tool_episodes import check_episode, dumped_episodes, versions
+from tests.e2e.tool_episodes import check_episode, dumped_episodes, run_example, versions
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -43,14 +39,7 @@ def test_calculator_example_learns_the_call_format_through_the_tools_workflow(tm
                                                                              calc_model: Path) -> None:
     out = tmp_path / "run"
 
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/calculator_tools.yaml", "--set",
-                           f"model.path={calc_model}", "--set", f"trainer.total_steps={CI_STEPS}", "--set",
-                           f"trainer.dump_episodes={DUMPED}", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == CI_STEPS
+    rows = run_example("examples/calculator_tools.yaml", calc_model, CI_STEPS, DUMPED, out)
     first = statistics.mean(r["reward_mean"] for r in rows[:10])
     last = statistics.mean(r["reward_mean"] for r in rows[-10:])
     assert first < 0.06 and last >= CI_FINAL_REWARD, f"reward {first:.3f} -> {last:.3f}"

@@ -10,10 +10,7 @@ comes late checks the per-turn layout on few or none of those episodes.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +19,7 @@ import pytest
 from relayrl.common.model import load_tokenizer
 from relayrl.tasks.lookup import CALL, CHARS
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
-from tests.conftest import REPO
-from tests.e2e.tool_episodes import check_episode, dumped_episodes
+from tests.e2e.tool_episodes import check_episode, dumped_episodes, run_example
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -49,14 +45,7 @@ def test_lookup_example_learns_the_call_and_its_episodes_carry_per_turn_masks_an
         tmp_path: Path, lookup_model: Path) -> None:
     out = tmp_path / "run"
 
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/lookup_tools.yaml", "--set",
-                           f"model.path={lookup_model}", "--set", f"trainer.total_steps={CI_STEPS}", "--set",
-                           f"trainer.dump_episodes={DUMPED}", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == CI_STEPS
+    rows = run_example("examples/lookup_tools.yaml", lookup_model, CI_STEPS, DUMPED, out)
     first, last = (statistics.mean(r["reward_mean"] for r in w) for w in (rows[:10], rows[-10:]))
     assert first < 0.06 and last >= CI_FINAL_REWARD, f"reward {first:.3f} -> {last:.3f}"
     call_first, call_last = (statistics.mean(r["reward/call"] for r in w) for w in (rows[:10], rows[-10:]))
