@@ -34,13 +34,15 @@ def scope(spec_version: str) -> dict[str, Any]:
     return {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}}
 
 
+async def events(started: list[bool]) -> AsyncIterator[str]:
+    """The call's events; ``started`` says whether anything began iterating them."""
+    started.append(True)
+    yield "data: {}\n\n"
+
+
 def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_send_fails() -> None:
     session, end, call = planned()
     started: list[bool] = []
-
-    async def events() -> AsyncIterator[str]:
-        started.append(True)
-        yield "data: {}\n\n"
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -50,7 +52,7 @@ def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_send_
 
     reserved = session.reserved
     with pytest.raises(ClientDisconnect):
-        asyncio.run(ClosingStreamingResponse(events(), end.close)(scope("2.4"), receive, send))
+        asyncio.run(ClosingStreamingResponse(events(started), end.close)(scope("2.4"), receive, send))
 
     assert reserved == 16 and session.reserved == 0  # what the planned call had reserved is free again
     assert started == [] and call.cancels == 1 and end.closed
@@ -60,17 +62,13 @@ def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_strea
     session, end, call = planned()
     started: list[bool] = []
 
-    async def events() -> AsyncIterator[str]:
-        started.append(True)
-        yield "data: {}\n\n"
-
     async def receive() -> dict[str, Any]:
         return {"type": "http.disconnect"}  # ASGI before 2.4: a listener sees the disconnect and cancels the stream
 
     async def send(message: dict[str, Any]) -> None:
         await asyncio.Event().wait()  # the response's start never gets through
 
-    asyncio.run(ClosingStreamingResponse(events(), end.close)(scope("2.3"), receive, send))
+    asyncio.run(ClosingStreamingResponse(events(started), end.close)(scope("2.3"), receive, send))
 
     assert session.reserved == 0 and started == [] and call.cancels == 1
 
