@@ -8,6 +8,7 @@ may still be working on the call). Retrying is safe for every unary method relay
 - GetStatus, GetConfig: read-only. (WatchStatus, a stream, is read-only too; its caller re-subscribes.)
 - Generate: no server-side state; a repeated call only samples again, and the caller uses one reply (its
   samples carry the weight versions that produced them, so an answer from either attempt is as good).
+- GenerateBatch: several Generates in one call, each as above.
 - ScoreTokens (inference): read-only, like Generate without sampling.
 - Score, ScoreBatch: verifiers are pure functions of the request; only the service's counters see a repeat.
 - Pause, Resume, RequestCheckpoint: set a state (paused or not, a checkpoint after the next step), so a repeat
@@ -167,8 +168,19 @@ class InferenceClient(ServiceClient):
         """``prompt``: text, token ids, or a conversation (``[{"role": ..., "content": ...}]``) that the server
         renders with the model's chat template. ``suffix_text``: text the server tokenizes and appends to the
         prompt (multi-turn: the new observation after the exact ids of the earlier turns)."""
-        request = generate_request(prompt, sampling, request_id, suffix_text)
+        return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
+
+    async def send_generate(self, request: inference_pb2.GenerateRequest,
+                            timeout_s: float = 120.0) -> inference_pb2.GenerateResponse:
+        """Generate for a request built with :func:`generate_request`."""
         return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
+
+    async def generate_batch(self, requests: Sequence[inference_pb2.GenerateRequest],
+                             timeout_s: float = 120.0) -> inference_pb2.GenerateBatchResponse:
+        """Several Generate requests (built with :func:`generate_request`) in one call: the responses in their
+        order. A request Generate would refuse refuses the whole call (with Generate's code)."""
+        return await self.call(self.stub.GenerateBatch, inference_pb2.GenerateBatchRequest(requests=requests),
+                               timeout_s, policy=self.policy_for("GenerateBatch"))
 
     def generate_stream(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
                         timeout_s: float = 120.0, request_id: str = "", suffix_text: str = "") -> Any:

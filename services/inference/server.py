@@ -95,8 +95,9 @@ def served_check(engine: Any, sha256: str) -> dict[str, str]:
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    """One servicer class for both ports: the main one (``weights_port`` False) serves Generate and GetStatus and
-    refuses UpdateWeights; the weights one serves UpdateWeights and GetStatus and refuses Generate."""
+    """One servicer class for both ports: the main one (``weights_port`` False) serves Generate (and its batch and
+    stream forms) and GetStatus and refuses UpdateWeights; the weights one serves UpdateWeights and GetStatus and
+    refuses Generate."""
 
     def __init__(self, service: InferenceService, weights_port: bool = False) -> None:
         self.service = service
@@ -125,6 +126,28 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         samples = await self.service.result(submitted, "grpc")
         return pb.GenerateResponse(request_id=request.request_id, prompt_token_ids=inp.prompt_ids,
                                    samples=[sample_message(s) for s in samples])
+
+    async def GenerateBatch(self, request: pb.GenerateBatchRequest,
+                            context: grpc.aio.ServicerContext) -> pb.GenerateBatchResponse:
+        """Generate for each request, all submitted before any is awaited (the engine admits them together); a
+        refused request refuses the call, and the requests already submitted are cancelled."""
+        if self.weights_port:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not "
+                                                                   "on the weights port")
+        submitted: list[tuple[GenerationInput, Submitted]] = []
+        try:
+            for r in request.requests:
+                inp, sub, _ = await self._submit(r, context, stream=False)
+                submitted.append((inp, sub))
+        except BaseException:
+            for _, (future, _t0) in submitted:
+                future.cancel()
+            raise
+        outputs = await asyncio.gather(*(self.service.result(sub, "grpc_batch") for _, sub in submitted))
+        return pb.GenerateBatchResponse(responses=[
+            pb.GenerateResponse(request_id=r.request_id, prompt_token_ids=inp.prompt_ids,
+                                samples=[sample_message(s) for s in samples])
+            for r, (inp, _), samples in zip(request.requests, submitted, outputs, strict=True)])
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:

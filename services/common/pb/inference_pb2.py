@@ -26,15 +26,15 @@ _sym_db = _symbol_database.Default()
 from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arelayrl/v1/inference.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xbc\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x42\x07\n\x05_seed\"\xf0\x01\n\x0fGenerateRequest\x12\x15\n\x0bprompt_text\x18\x01 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x14.relayrl.v1.TokenIdsH\x00\x12\x33\n\x0fprompt_messages\x18\x05 \x01(\x0b\x32\x18.relayrl.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.relayrl.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x13\n\x0bsuffix_text\x18\x06 \x01(\tB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.relayrl.v1.ChatMessage\"\x85\x01\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.relayrl.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"e\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12#\n\x07samples\x18\x03 \x03(\x0b\x32\x12.relayrl.v1.Sample\"\xae\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\r\n\x05index\x18\x03 \x01(\r\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x06 \x03(\x03\x12\"\n\x06sample\x18\x07 \x01(\x0b\x32\x12.relayrl.v1.Sample\"l\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\xc9\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12#\n\x05probe\x18\x06 \x03(\x0b\x32\x14.relayrl.v1.TokenIds\x12\x39\n\x12\x63hecksum_algorithm\x18\x07 \x01(\x0e\x32\x1d.relayrl.v1.ChecksumAlgorithm\"z\n\x13WeightUpdateMessage\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x17.relayrl.v1.TensorChunkH\x00\x12.\n\x08manifest\x18\x02 \x01(\x0b\x32\x1a.relayrl.v1.WeightManifestH\x00\x42\t\n\x07payload\"\xe1\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pply_s\x18\x02 \x01(\x01\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x12\x16\n\x0eprobe_logprobs\x18\x04 \x03(\x02\x12\x11\n\treceive_s\x18\x05 \x01(\x01\x12\x12\n\nassemble_s\x18\x06 \x01(\x01\x12\x0e\n\x06swap_s\x18\x07 \x01(\x01\x12\x0f\n\x07probe_s\x18\x08 \x01(\x01\x12\x15\n\rserved_sha256\x18\t \x01(\t\x12\x17\n\x0fserved_mismatch\x18\n \x01(\t\"]\n\x0eScoredSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1c\n\x14\x63ompletion_token_ids\x18\x02 \x03(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\"W\n\x12ScoreTokensRequest\x12-\n\tsequences\x18\x01 \x03(\x0b\x32\x1a.relayrl.v1.ScoredSequence\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"!\n\rTokenLogprobs\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\"l\n\x13ScoreTokensResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x06scores\x18\x02 \x03(\x0b\x32\x19.relayrl.v1.TokenLogprobs\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\x1b\n\x19GetInferenceStatusRequest\"\x96\x02\n\x0fInferenceStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x17\n\x0frequests_served\x18\x04 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x04\x12\x18\n\x10requests_running\x18\x06 \x01(\r\x12\x16\n\x0eweight_updates\x18\x07 \x01(\x04\x12\x17\n\x0frequests_queued\x18\x08 \x01(\r\x12\x19\n\x11sequences_running\x18\t \x01(\r\x12\x0e\n\x06\x65ngine\x18\n \x01(\t*w\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43HECKSUM_ALGORITHM_SHA256\x10\x01\x12\x1f\n\x1b\x43HECKSUM_ALGORITHM_XXH3_128\x10\x02\x32\x9d\x03\n\x10InferenceService\x12\x45\n\x08Generate\x12\x1b.relayrl.v1.GenerateRequest\x1a\x1c.relayrl.v1.GenerateResponse\x12J\n\x0eGenerateStream\x12\x1b.relayrl.v1.GenerateRequest\x1a\x19.relayrl.v1.GenerateChunk0\x01\x12U\n\rUpdateWeights\x12\x1f.relayrl.v1.WeightUpdateMessage\x1a!.relayrl.v1.UpdateWeightsResponse(\x01\x12O\n\tGetStatus\x12%.relayrl.v1.GetInferenceStatusRequest\x1a\x1b.relayrl.v1.InferenceStatus\x12N\n\x0bScoreTokens\x12\x1e.relayrl.v1.ScoreTokensRequest\x1a\x1f.relayrl.v1.ScoreTokensResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arelayrl/v1/inference.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\xbc\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x42\x07\n\x05_seed\"\xf0\x01\n\x0fGenerateRequest\x12\x15\n\x0bprompt_text\x18\x01 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x14.relayrl.v1.TokenIdsH\x00\x12\x33\n\x0fprompt_messages\x18\x05 \x01(\x0b\x32\x18.relayrl.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.relayrl.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x13\n\x0bsuffix_text\x18\x06 \x01(\tB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.relayrl.v1.ChatMessage\"\x85\x01\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.relayrl.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"e\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12#\n\x07samples\x18\x03 \x03(\x0b\x32\x12.relayrl.v1.Sample\"E\n\x14GenerateBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.relayrl.v1.GenerateRequest\"H\n\x15GenerateBatchResponse\x12/\n\tresponses\x18\x01 \x03(\x0b\x32\x1c.relayrl.v1.GenerateResponse\"\xae\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\r\n\x05index\x18\x03 \x01(\r\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x06 \x03(\x03\x12\"\n\x06sample\x18\x07 \x01(\x0b\x32\x12.relayrl.v1.Sample\"l\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\xc9\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12#\n\x05probe\x18\x06 \x03(\x0b\x32\x14.relayrl.v1.TokenIds\x12\x39\n\x12\x63hecksum_algorithm\x18\x07 \x01(\x0e\x32\x1d.relayrl.v1.ChecksumAlgorithm\"z\n\x13WeightUpdateMessage\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x17.relayrl.v1.TensorChunkH\x00\x12.\n\x08manifest\x18\x02 \x01(\x0b\x32\x1a.relayrl.v1.WeightManifestH\x00\x42\t\n\x07payload\"\xe1\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pply_s\x18\x02 \x01(\x01\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x12\x16\n\x0eprobe_logprobs\x18\x04 \x03(\x02\x12\x11\n\treceive_s\x18\x05 \x01(\x01\x12\x12\n\nassemble_s\x18\x06 \x01(\x01\x12\x0e\n\x06swap_s\x18\x07 \x01(\x01\x12\x0f\n\x07probe_s\x18\x08 \x01(\x01\x12\x15\n\rserved_sha256\x18\t \x01(\t\x12\x17\n\x0fserved_mismatch\x18\n \x01(\t\"]\n\x0eScoredSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1c\n\x14\x63ompletion_token_ids\x18\x02 \x03(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\"W\n\x12ScoreTokensRequest\x12-\n\tsequences\x18\x01 \x03(\x0b\x32\x1a.relayrl.v1.ScoredSequence\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"!\n\rTokenLogprobs\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\"l\n\x13ScoreTokensResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x06scores\x18\x02 \x03(\x0b\x32\x19.relayrl.v1.TokenLogprobs\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\x1b\n\x19GetInferenceStatusRequest\"\x96\x02\n\x0fInferenceStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x17\n\x0frequests_served\x18\x04 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x04\x12\x18\n\x10requests_running\x18\x06 \x01(\r\x12\x16\n\x0eweight_updates\x18\x07 \x01(\x04\x12\x17\n\x0frequests_queued\x18\x08 \x01(\r\x12\x19\n\x11sequences_running\x18\t \x01(\r\x12\x0e\n\x06\x65ngine\x18\n \x01(\t*w\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43HECKSUM_ALGORITHM_SHA256\x10\x01\x12\x1f\n\x1b\x43HECKSUM_ALGORITHM_XXH3_128\x10\x02\x32\xf3\x03\n\x10InferenceService\x12\x45\n\x08Generate\x12\x1b.relayrl.v1.GenerateRequest\x1a\x1c.relayrl.v1.GenerateResponse\x12J\n\x0eGenerateStream\x12\x1b.relayrl.v1.GenerateRequest\x1a\x19.relayrl.v1.GenerateChunk0\x01\x12T\n\rGenerateBatch\x12 .relayrl.v1.GenerateBatchRequest\x1a!.relayrl.v1.GenerateBatchResponse\x12U\n\rUpdateWeights\x12\x1f.relayrl.v1.WeightUpdateMessage\x1a!.relayrl.v1.UpdateWeightsResponse(\x01\x12O\n\tGetStatus\x12%.relayrl.v1.GetInferenceStatusRequest\x1a\x1b.relayrl.v1.InferenceStatus\x12N\n\x0bScoreTokens\x12\x1e.relayrl.v1.ScoreTokensRequest\x1a\x1f.relayrl.v1.ScoreTokensResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKSUMALGORITHM']._serialized_start=2352
-  _globals['_CHECKSUMALGORITHM']._serialized_end=2471
+  _globals['_CHECKSUMALGORITHM']._serialized_start=2497
+  _globals['_CHECKSUMALGORITHM']._serialized_end=2616
   _globals['_SAMPLINGPARAMS']._serialized_start=68
   _globals['_SAMPLINGPARAMS']._serialized_end=256
   _globals['_GENERATEREQUEST']._serialized_start=259
@@ -49,28 +49,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLE']._serialized_end=765
   _globals['_GENERATERESPONSE']._serialized_start=767
   _globals['_GENERATERESPONSE']._serialized_end=868
-  _globals['_GENERATECHUNK']._serialized_start=871
-  _globals['_GENERATECHUNK']._serialized_end=1045
-  _globals['_TENSORCHUNK']._serialized_start=1047
-  _globals['_TENSORCHUNK']._serialized_end=1155
-  _globals['_WEIGHTMANIFEST']._serialized_start=1158
-  _globals['_WEIGHTMANIFEST']._serialized_end=1359
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=1361
-  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=1483
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1486
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1711
-  _globals['_SCOREDSEQUENCE']._serialized_start=1713
-  _globals['_SCOREDSEQUENCE']._serialized_end=1806
-  _globals['_SCORETOKENSREQUEST']._serialized_start=1808
-  _globals['_SCORETOKENSREQUEST']._serialized_end=1895
-  _globals['_TOKENLOGPROBS']._serialized_start=1897
-  _globals['_TOKENLOGPROBS']._serialized_end=1930
-  _globals['_SCORETOKENSRESPONSE']._serialized_start=1932
-  _globals['_SCORETOKENSRESPONSE']._serialized_end=2040
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=2042
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=2069
-  _globals['_INFERENCESTATUS']._serialized_start=2072
-  _globals['_INFERENCESTATUS']._serialized_end=2350
-  _globals['_INFERENCESERVICE']._serialized_start=2474
-  _globals['_INFERENCESERVICE']._serialized_end=2887
+  _globals['_GENERATEBATCHREQUEST']._serialized_start=870
+  _globals['_GENERATEBATCHREQUEST']._serialized_end=939
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=941
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1013
+  _globals['_GENERATECHUNK']._serialized_start=1016
+  _globals['_GENERATECHUNK']._serialized_end=1190
+  _globals['_TENSORCHUNK']._serialized_start=1192
+  _globals['_TENSORCHUNK']._serialized_end=1300
+  _globals['_WEIGHTMANIFEST']._serialized_start=1303
+  _globals['_WEIGHTMANIFEST']._serialized_end=1504
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_start=1506
+  _globals['_WEIGHTUPDATEMESSAGE']._serialized_end=1628
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1631
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1856
+  _globals['_SCOREDSEQUENCE']._serialized_start=1858
+  _globals['_SCOREDSEQUENCE']._serialized_end=1951
+  _globals['_SCORETOKENSREQUEST']._serialized_start=1953
+  _globals['_SCORETOKENSREQUEST']._serialized_end=2040
+  _globals['_TOKENLOGPROBS']._serialized_start=2042
+  _globals['_TOKENLOGPROBS']._serialized_end=2075
+  _globals['_SCORETOKENSRESPONSE']._serialized_start=2077
+  _globals['_SCORETOKENSRESPONSE']._serialized_end=2185
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=2187
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=2214
+  _globals['_INFERENCESTATUS']._serialized_start=2217
+  _globals['_INFERENCESTATUS']._serialized_end=2495
+  _globals['_INFERENCESERVICE']._serialized_start=2619
+  _globals['_INFERENCESERVICE']._serialized_end=3118
 # @@protoc_insertion_point(module_scope)

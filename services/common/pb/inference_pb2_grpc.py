@@ -45,6 +45,11 @@ class InferenceServiceStub:
                 request_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.GenerateBatch = channel.unary_unary(
+                '/relayrl.v1.InferenceService/GenerateBatch',
+                request_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchResponse.FromString,
+                _registered_method=True)
         self.UpdateWeights = channel.stream_unary(
                 '/relayrl.v1.InferenceService/UpdateWeights',
                 request_serializer=relayrl_dot_v1_dot_inference__pb2.WeightUpdateMessage.SerializeToString,
@@ -78,6 +83,17 @@ class InferenceServiceServicer:
         sample (see GenerateChunk). Same checks, limits and errors as Generate, raised before the first chunk; the
         call's deadline bounds the whole stream, and a cancelled call (client gone, deadline passed) cancels the
         request in the engine, which frees its rows before its next decode step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateBatch(self, request, context):
+        """Several Generate requests in one call (rollout joins its concurrent groups' requests: one round trip, and the
+        engine admits them together). Each request is checked, limited and answered as Generate does, all before any
+        is waited for; a request Generate would refuse refuses the whole call with Generate's code (INVALID_ARGUMENT,
+        or RESOURCE_EXHAUSTED over a limit, max_queued_requests counting every request of the batch), and nothing of
+        the call keeps running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,6 +137,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateChunk.SerializeToString,
+            ),
+            'GenerateBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GenerateBatch,
+                    request_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchResponse.SerializeToString,
             ),
             'UpdateWeights': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateWeights,
@@ -192,6 +213,33 @@ class InferenceService:
             '/relayrl.v1.InferenceService/GenerateStream',
             relayrl_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             relayrl_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.InferenceService/GenerateBatch',
+            relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.SerializeToString,
+            relayrl_dot_v1_dot_inference__pb2.GenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
