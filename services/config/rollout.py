@@ -51,7 +51,10 @@ class RolloutConfig:
         "help": "Attempts per group before it is counted as failed and skipped.", "ge": 1})
     score_batch_max: int = field(default=1024, metadata={
         "help": "Concurrent groups' ScoreBatch calls are joined into one call of at most this many requests (and "
-                "at most reward.max_batch; relayrl.rollout.score_batching); 0: one call per group.", "ge": 0})
+                "at most reward.max_batch; relayrl.rollout.joining); 0: one call per group.", "ge": 0})
+    generate_batch_max: int = field(default=64, metadata={
+        "help": "Concurrent Generate calls are joined into one GenerateBatch call of at most this many requests "
+                "(relayrl.rollout.joining); 0: one Generate per call.", "ge": 0})
     workflow: str = field(default="single_turn", metadata={
         "help": "How a dataset row becomes a group of episodes: single_turn (one completion per episode, scored by "
                 "the reward service), multi_turn (an environment over several turns: rollout.environment), tools "

@@ -11,7 +11,7 @@ from typing import Self
 from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy, RewardClient, TrainerClient
 from relayrl.config.tls import TlsConfig
 
-# Generate and ScoreBatch are safe to repeat (relayrl.client says why): a restarting server is retried briefly
+# Generate(Batch) and ScoreBatch are safe to repeat (relayrl.client says why): a restarting server is retried briefly
 # before the group counts as failed. The trainer's status is followed (WatchStatus) or polled anyway: no retry.
 GENERATE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
 SCORE_POLICY = RetryPolicy(attempts=3, backoff_s=0.5)
@@ -34,7 +34,8 @@ class RolloutClients:
                 code_token: str = "") -> RolloutClients:
         """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on; ``code_token``:
         what reward's RunCode needs (control.code_token_env), sent on that call only."""
-        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY}, tls=tls),
+        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY, "GenerateBatch": GENERATE_POLICY},
+                                   tls=tls),
                    RewardClient(reward, token=code_token,
                                 policies={"ScoreBatch": SCORE_POLICY, "RunCode": RUN_CODE_POLICY}, tls=tls),
                    TrainerClient(trainer, timeout_s=TRAINER_STATUS_TIMEOUT_S,

@@ -28,8 +28,8 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.joining import JoinedInference, JoinedScorer
 from relayrl.rollout.progress import Progress, ProgressStore
-from relayrl.rollout.score_batching import CoalescingScorer
 from relayrl.rollout.turns import TurnCounters
 from relayrl.rollout.workflows.api import GroupFailed, WorkflowContext
 from relayrl.rollout.workflows.loader import build_workflow
@@ -50,8 +50,11 @@ class RolloutProducer:
                  model_path: Path | None = None, score_batch_max: int | None = None) -> None:
         self.cfg = cfg
         joined = cfg.score_batch_max if score_batch_max is None else score_batch_max
-        # the workflows' reward: concurrent groups' ScoreBatch calls joined into one (rollout.score_batch_max)
-        self.reward = CoalescingScorer(clients.reward, joined) if joined > 0 else clients.reward
+        # the workflows' clients: concurrent groups' calls joined into one (rollout.score_batch_max,
+        # rollout.generate_batch_max; relayrl.rollout.joining)
+        self.reward = JoinedScorer(clients.reward, joined) if joined > 0 else clients.reward
+        self.inference = (JoinedInference(clients.inference, cfg.generate_batch_max) if cfg.generate_batch_max > 0
+                          else clients.inference)
         self.redis_retry_s = redis_retry_s
         self.stream = stream
         self.cursor = cursor
@@ -327,20 +330,22 @@ class RolloutProducer:
                 "episodes_reward_errors": self.episodes_reward_errors, "redis_oom_retries": self.redis_oom_retries,
                 "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
                 "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index,
-                **self.turns.state(), **self._score_calls(),
+                **self.turns.state(), **self._joined_calls(),
                 **{f"wait_ms_{reason}": round(s * 1000) for reason, s in sorted(self.wait_s.items())}}
 
-    def _score_calls(self) -> dict[str, int]:
-        """ScoreBatch calls made for the workflows, and the workflows' calls they carried (joined: fewer)."""
-        if isinstance(self.reward, CoalescingScorer):
-            return {"score_calls": self.reward.calls, "score_calls_joined": self.reward.callers}
-        return {}
+    def _joined_calls(self) -> dict[str, int]:
+        """ScoreBatch and GenerateBatch calls made for the workflows, and the workflows' calls they carried."""
+        out: dict[str, int] = {}
+        for name, client in (("score", self.reward), ("generate", self.inference)):
+            if isinstance(client, JoinedScorer | JoinedInference):
+                out[f"{name}_calls"], out[f"{name}_calls_joined"] = client.joiner.calls, client.joiner.callers
+        return out
 
     async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:
         """One group from the configured workflow (rollout.workflow), checked and counted."""
         group_id = uuid.uuid4().hex
         bind_log_context(group_id=group_id)  # the rest of this group's task (_group), its failure warnings too
-        ctx = WorkflowContext(inference=self.clients.inference, reward=self.reward, group_id=group_id,
+        ctx = WorkflowContext(inference=self.inference, reward=self.reward, group_id=group_id,
                               group_size=self.cfg.group_size, producer_id=self.producer_id, created_at=time.time(),
                               config=self.cfg, environment=self.environment)
         episodes = await self.workflow(prompt, ctx)

@@ -1,14 +1,15 @@
-"""CoalescingScorer (relayrl.rollout.score_batching): concurrent groups' ScoreBatch calls joined into one."""
+"""relayrl.rollout.joining: concurrent groups' ScoreBatch and Generate calls joined into one call each."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
+import grpc
 import pytest
 
-from relayrl.common.pb import reward_pb2
-from relayrl.rollout.score_batching import CoalescingScorer
+from relayrl.common.pb import inference_pb2, reward_pb2
+from relayrl.rollout.joining import JoinedInference, JoinedScorer
 
 
 class GatedReward:
@@ -45,9 +46,9 @@ async def settle() -> None:
 
 
 def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_gets_its_own_scores() -> None:
-    async def go() -> tuple[GatedReward, CoalescingScorer, list[reward_pb2.ScoreBatchResponse]]:
+    async def go() -> tuple[GatedReward, JoinedScorer, list[reward_pb2.ScoreBatchResponse]]:
         reward = GatedReward()
-        scorer = CoalescingScorer(reward, max_items=1024)
+        scorer = JoinedScorer(reward, max_items=1024)
         first = asyncio.create_task(scorer.score_batch(requests("a", 2)))
         await settle()  # a's call is on the wire
         rest = [asyncio.create_task(scorer.score_batch(requests(g, 3), timeout_s=t)) for g, t in (("b", 7.0),
@@ -63,14 +64,14 @@ def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_get
     assert [r.episode_id for r in b.responses] == ["b0", "b1", "b2"]
     assert [r.score for r in c.responses] == [1.0, 2.0, 3.0]
     assert [r.episode_id for r in a.responses] == ["a0", "a1"]
-    assert (scorer.calls, scorer.callers) == (2, 3)
+    assert (scorer.joiner.calls, scorer.joiner.callers) == (2, 3)
 
 
 def test_calls_of_the_same_loop_turn_join_the_first_call() -> None:
     async def go() -> GatedReward:
         reward = GatedReward()
         reward.gate.set()
-        scorer = CoalescingScorer(reward, max_items=1024)
+        scorer = JoinedScorer(reward, max_items=1024)
         await asyncio.gather(*(scorer.score_batch(requests(g, 2)) for g in "abcd"))
         return reward
 
@@ -81,7 +82,7 @@ def test_a_joined_call_holds_at_most_max_items_but_a_larger_caller_still_goes_al
     async def go() -> GatedReward:
         reward = GatedReward()
         reward.gate.set()
-        scorer = CoalescingScorer(reward, max_items=5)
+        scorer = JoinedScorer(reward, max_items=5)
         await asyncio.gather(scorer.score_batch(requests("a", 3)), scorer.score_batch(requests("b", 3)),
                              scorer.score_batch(requests("c", 7)), scorer.score_batch(requests("d", 2)))
         return reward
@@ -93,7 +94,7 @@ def test_a_failed_call_fails_every_caller_in_it_and_the_next_call_still_goes_out
     async def go() -> tuple[list[BaseException | reward_pb2.ScoreBatchResponse], reward_pb2.ScoreBatchResponse]:
         reward = GatedReward(fail=RuntimeError("reward is down"))
         reward.gate.set()
-        scorer = CoalescingScorer(reward, max_items=1024)
+        scorer = JoinedScorer(reward, max_items=1024)
         failed = await asyncio.gather(scorer.score_batch(requests("a", 1)), scorer.score_batch(requests("b", 1)),
                                       return_exceptions=True)
         reward.fail = None
@@ -109,7 +110,7 @@ def test_a_short_answer_gives_every_joined_caller_no_scores_which_its_workflow_r
     async def go() -> list[reward_pb2.ScoreBatchResponse]:
         reward = GatedReward(short=True)
         reward.gate.set()
-        scorer = CoalescingScorer(reward, max_items=1024)
+        scorer = JoinedScorer(reward, max_items=1024)
         return list(await asyncio.gather(scorer.score_batch(requests("a", 2)), scorer.score_batch(requests("b", 2))))
 
     assert [len(r.responses) for r in asyncio.run(go())] == [0, 0]
@@ -118,7 +119,7 @@ def test_a_short_answer_gives_every_joined_caller_no_scores_which_its_workflow_r
 def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_call() -> None:
     async def go() -> tuple[GatedReward, reward_pb2.ScoreBatchResponse]:
         reward = GatedReward()
-        scorer = CoalescingScorer(reward, max_items=1024)
+        scorer = JoinedScorer(reward, max_items=1024)
         first = asyncio.create_task(scorer.score_batch(requests("a", 1)))
         await settle()
         gone = asyncio.create_task(scorer.score_batch(requests("b", 1)))
@@ -140,11 +141,96 @@ def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_call() -> None
 def test_other_client_calls_and_empty_batches_pass_through() -> None:
     async def go() -> tuple[str, int, GatedReward]:
         reward = GatedReward()
-        scorer = CoalescingScorer(reward, max_items=4)
+        scorer = JoinedScorer(reward, max_items=4)
         return await scorer.run_code("print(1)"), len((await scorer.score_batch([])).responses), reward
 
     ran, empty, reward = asyncio.run(go())
 
     assert (ran, empty, reward.batches) == ("ran print(1)", 0, [])
     with pytest.raises(ValueError, match="max_items 0 must be >= 1"):
-        CoalescingScorer(reward, max_items=0)
+        JoinedScorer(reward, max_items=0)
+
+
+class FakeInference:
+    """An inference client: GenerateBatch answers each request with its prompt reversed (or fails with ``code``);
+    Generate alone refuses the prompt "bad"."""
+
+    def __init__(self, code: grpc.StatusCode | None = None) -> None:
+        self.code = code
+        self.batches: list[list[str]] = []
+        self.alone: list[str] = []
+
+    async def generate_batch(self, requests: list[inference_pb2.GenerateRequest],
+                             timeout_s: float = 120.0) -> inference_pb2.GenerateBatchResponse:
+        self.batches.append([r.prompt_text for r in requests])
+        if self.code is not None:
+            raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(), "refused")
+        return inference_pb2.GenerateBatchResponse(responses=[self.answer(r) for r in requests])
+
+    async def send_generate(self, request: inference_pb2.GenerateRequest,
+                            timeout_s: float = 120.0) -> inference_pb2.GenerateResponse:
+        self.alone.append(request.prompt_text)
+        if request.prompt_text == "bad":
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "prompt too long")
+        return self.answer(request)
+
+    @staticmethod
+    def answer(r: inference_pb2.GenerateRequest) -> inference_pb2.GenerateResponse:
+        return inference_pb2.GenerateResponse(request_id=r.request_id,
+                                              samples=[inference_pb2.Sample(text=r.prompt_text[::-1])])
+
+
+SAMPLING = inference_pb2.SamplingParams(n=2, max_new_tokens=4)
+
+
+async def generate_all(joined: JoinedInference, prompts: list[str]) -> list[BaseException | str]:
+    got = await asyncio.gather(*(joined.generate(p, SAMPLING, request_id=p) for p in prompts), return_exceptions=True)
+    return [g if isinstance(g, BaseException) else g.samples[0].text for g in got]
+
+
+def test_concurrent_generates_go_out_as_one_batch_and_each_caller_gets_its_own_response() -> None:
+    fake = FakeInference()
+
+    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd", "ef"]))
+
+    assert got == ["ba", "dc", "fe"] and fake.batches == [["ab", "cd", "ef"]] and fake.alone == []
+
+
+def test_a_batch_refused_for_one_request_is_sent_request_by_request_so_only_that_caller_fails() -> None:
+    fake = FakeInference(code=grpc.StatusCode.INVALID_ARGUMENT)
+
+    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "bad", "ef"]))
+
+    assert got[0] == "ba" and got[2] == "fe"
+    assert isinstance(got[1], grpc.aio.AioRpcError) and got[1].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fake.alone == ["ab", "bad", "ef"]
+
+
+def test_an_inference_without_generate_batch_is_called_request_by_request_from_then_on() -> None:
+    fake = FakeInference(code=grpc.StatusCode.UNIMPLEMENTED)
+    joined = JoinedInference(fake, max_requests=64)
+
+    async def go() -> list[BaseException | str]:
+        first = await generate_all(joined, ["ab", "cd"])
+        return first + await generate_all(joined, ["ef", "gh"])
+
+    assert asyncio.run(go()) == ["ba", "dc", "fe", "hg"]
+    assert fake.batches == [["ab", "cd"]] and not joined.batching  # asked once, then never again
+
+
+def test_other_failures_of_a_batch_fail_every_caller_in_it() -> None:
+    fake = FakeInference(code=grpc.StatusCode.UNAVAILABLE)
+
+    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd"]))
+
+    assert all(isinstance(g, grpc.aio.AioRpcError) and g.code() == grpc.StatusCode.UNAVAILABLE for g in got)
+    assert fake.alone == []  # as each would have failed alone: no second try outside the client's retry policy
+
+
+def test_a_lone_generate_is_sent_as_generate_and_other_calls_pass_through() -> None:
+    fake = FakeInference()
+    joined = JoinedInference(fake, max_requests=64)
+
+    assert asyncio.run(generate_all(joined, ["ab"])) == ["ba"] and fake.batches == [] and fake.alone == ["ab"]
+    assert joined.answer is fake.answer  # anything else is the wrapped client's

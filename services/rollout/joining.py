@@ -1,0 +1,181 @@
+"""One call for the concurrent groups of rollout: a per-call cost paid once per batch, not once per group.
+
+Groups run concurrently, and each makes one Generate and one ScoreBatch call (relayrl.rollout.workflows). Each call
+costs a gRPC round trip, a handler and (for ScoreBatch) a hand-off to reward's verifier workers whatever its size,
+and on a small model that per-call cost is most of the work. :class:`CallJoiner` joins calls of one kind: a call made
+while another is on the wire waits for it, then goes out with every other call that arrived meanwhile, as one
+request (at most ``max_items`` items). The first call of a quiet moment goes out at once, after the other groups
+woken in the same event-loop turn have joined it, so joining adds no latency when there is nothing to join.
+
+Each caller gets exactly its own result. A joined call that fails fails every caller in it, as each would have
+failed alone (both RPCs are idempotent and retried by the client's policy); its deadline is the shortest of its
+callers'. A caller cancelled while waiting is left out of the next call; one cancelled while its call is on the wire
+leaves the call to finish for the others.
+
+:class:`JoinedScorer` and :class:`JoinedInference` stand where the workflows' reward and inference clients stood
+(``WorkflowContext``): ``score_batch`` joins into one ScoreBatch, ``generate`` into one GenerateBatch (inference
+refuses a whole batch for one bad request: then each request of it is sent alone, so that only its own caller
+fails). Every other attribute (``run_code``, ``generate_stream``, ...) is the wrapped client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from relayrl.client import generate_request
+from relayrl.common.pb import inference_pb2, reward_pb2
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# GenerateBatch answers these for one request it refuses (or, UNIMPLEMENTED, an inference without it): each request
+# then goes alone, so that only its own caller fails
+_SEND_ALONE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED)
+
+
+@dataclass
+class _Caller(Generic[T, R]):
+    item: T
+    timeout_s: float
+    future: asyncio.Future[R] = field(repr=False)
+
+
+class CallJoiner(Generic[T, R]):
+    """Joins concurrent ``call(item)`` into ``send(items, timeout_s)``, which returns one result (or exception) per
+    item, in order. ``size`` weighs an item against ``max_items`` (1 each by default)."""
+
+    def __init__(self, send: Callable[[list[T], float], Awaitable[list[R | BaseException]]], max_items: int,
+                 size: Callable[[T], int] = lambda _: 1) -> None:
+        if max_items < 1:
+            raise ValueError(f"max_items {max_items} must be >= 1")
+        self.send, self.max_items, self.size = send, max_items, size
+        self._waiting: list[_Caller[T, R]] = []
+        self._sender: asyncio.Task[None] | None = None
+        self.calls = 0  # calls sent
+        self.callers = 0  # calls they carried
+
+    async def call(self, item: T, timeout_s: float) -> R:
+        caller: _Caller[T, R] = _Caller(item, timeout_s, asyncio.get_running_loop().create_future())
+        self._waiting.append(caller)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_all(), name="joined-call")
+        return await caller.future
+
+    def _take(self) -> list[_Caller[T, R]]:
+        """The next call's callers: waiting ones in arrival order while they fit in ``max_items`` (the first always
+        goes, whatever its size: the server refuses it as it would alone)."""
+        taken: list[_Caller[T, R]] = []
+        items = 0
+        while self._waiting:
+            caller = self._waiting[0]
+            if caller.future.done():  # cancelled while it waited
+                self._waiting.pop(0)
+                continue
+            if taken and items + self.size(caller.item) > self.max_items:
+                break
+            taken.append(self._waiting.pop(0))
+            items += self.size(caller.item)
+        return taken
+
+    async def _send_all(self) -> None:
+        await asyncio.sleep(0)  # the groups woken in this loop turn join the first call
+        while taken := self._take():
+            await self._send(taken)
+
+    async def _send(self, taken: list[_Caller[T, R]]) -> None:
+        try:
+            results = await self.send([c.item for c in taken], min(c.timeout_s for c in taken))
+        except asyncio.CancelledError:  # rollout is stopping: nobody waits for the rest
+            for c in [*taken, *self._waiting]:
+                c.future.cancel()
+            self._waiting.clear()
+            raise
+        except Exception as exc:  # the call failed: each caller fails as it would have alone
+            results = [exc] * len(taken)
+        if len(results) != len(taken):  # a server that answered another count: nobody's answer can be trusted
+            results = [RuntimeError(f"{len(results)} answers for {len(taken)} joined calls")] * len(taken)
+        self.calls += 1
+        self.callers += len(taken)
+        for c, result in zip(taken, results, strict=True):
+            if c.future.done():
+                continue
+            if isinstance(result, BaseException):
+                c.future.set_exception(result)
+            else:
+                c.future.set_result(result)
+
+
+class JoinedScorer:
+    """``score_batch`` of ``client`` (a relayrl.client.RewardClient), joined into one ScoreBatch of at most
+    ``max_items`` requests across concurrent callers."""
+
+    def __init__(self, client: Any, max_items: int) -> None:
+        self.client = client
+        self.joiner: CallJoiner[list[reward_pb2.ScoreRequest], reward_pb2.ScoreBatchResponse] = CallJoiner(
+            self._send, max_items, len)
+
+    def __getattr__(self, name: str) -> Any:  # run_code, status, close, ...: the wrapped client's
+        return getattr(self.client, name)
+
+    async def score_batch(self, requests: Sequence[reward_pb2.ScoreRequest],
+                          timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
+        """Score ``requests`` (responses in their order), in one call with whatever else is waiting."""
+        if not requests:
+            return reward_pb2.ScoreBatchResponse()
+        return await self.joiner.call(list(requests), timeout_s)
+
+    async def _send(self, items: list[list[reward_pb2.ScoreRequest]],
+                    timeout_s: float) -> list[reward_pb2.ScoreBatchResponse | BaseException]:
+        requests = [r for item in items for r in item]
+        got = list((await self.client.score_batch(requests, timeout_s=timeout_s)).responses)
+        if len(got) != len(requests):  # each caller's workflow refuses a short answer (GroupFailed)
+            log.warning("reward returned %d scores for %d requests of %d joined calls", len(got), len(requests),
+                        len(items))
+            return [reward_pb2.ScoreBatchResponse() for _ in items]
+        out: list[reward_pb2.ScoreBatchResponse | BaseException] = []
+        start = 0
+        for item in items:
+            out.append(reward_pb2.ScoreBatchResponse(responses=got[start:start + len(item)]))
+            start += len(item)
+        return out
+
+
+class JoinedInference:
+    """``generate`` of ``client`` (a relayrl.client.InferenceClient), joined into one GenerateBatch of at most
+    ``max_requests`` requests across concurrent callers."""
+
+    def __init__(self, client: Any, max_requests: int) -> None:
+        self.client = client
+        self.batching = True  # False once inference answered UNIMPLEMENTED (a version without GenerateBatch)
+        self.joiner: CallJoiner[inference_pb2.GenerateRequest, inference_pb2.GenerateResponse] = CallJoiner(
+            self._send, max_requests)
+
+    def __getattr__(self, name: str) -> Any:  # generate_stream, score, status, close, ...: the wrapped client's
+        return getattr(self.client, name)
+
+    async def generate(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
+                       timeout_s: float = 120.0, request_id: str = "",
+                       suffix_text: str = "") -> inference_pb2.GenerateResponse:
+        """As InferenceClient.generate, in one call with whatever else is waiting."""
+        return await self.joiner.call(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
+
+    async def _send(self, requests: list[inference_pb2.GenerateRequest],
+                    timeout_s: float) -> list[inference_pb2.GenerateResponse | BaseException]:
+        if len(requests) > 1 and self.batching:
+            try:
+                resp = await self.client.generate_batch(requests, timeout_s=timeout_s)
+                return list(resp.responses)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _SEND_ALONE:
+                    raise
+                self.batching = exc.code() != grpc.StatusCode.UNIMPLEMENTED
+        return list(await asyncio.gather(*(self.client.send_generate(r, timeout_s) for r in requests),
+                                         return_exceptions=True))
