@@ -92,6 +92,11 @@ class GroupInfo:
     length: int  # entries in the stream
 
 
+def _counts(values: Any) -> tuple[int, int]:
+    """(groups, episodes) of a drop or invalid hash's values (group id -> its episodes)."""
+    return len(values), sum(int(v) for v in values)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -173,8 +178,7 @@ class EpisodeStream:
 
     async def invalid(self) -> tuple[int, int]:
         """(groups, episodes) moved to the dead-letter stream, over every rank and restart."""
-        values: Any = await self._redis.hvals(self.keys.invalid)
-        return len(values), sum(int(v) for v in values)
+        return _counts(await self._redis.hvals(self.keys.invalid))
 
     async def trim_acked(self) -> str | None:
         """Trim the stream below the oldest entry any consumer group still needs: its oldest pending
@@ -225,8 +229,7 @@ class EpisodeStream:
 
     async def dropped(self, reason: DropReason = "stale") -> tuple[int, int]:
         """(groups, episodes) dropped for ``reason``, over every rank and restart."""
-        values: Any = await self._redis.hvals(self.keys.dropped(reason))
-        return len(values), sum(int(v) for v in values)
+        return _counts(await self._redis.hvals(self.keys.dropped(reason)))
 
     async def books(self) -> Books:
         """Every drop and invalid count and the queue depth, in one round trip (a pipeline without MULTI: each
@@ -242,7 +245,7 @@ class EpisodeStream:
                 raise value
         entry = self._find_group(groups)
         lag = entry.get("lag") if entry is not None else None
-        pairs = [(len(values), sum(int(v) for v in values)) for values in counts]
+        pairs = [_counts(values) for values in counts]
         return Books(dropped=dict(zip(DROP_REASONS, pairs[:-1], strict=True)), invalid=pairs[-1],
                      lag=int(lag) if lag is not None else None, pending=int(entry["pending"]) if entry else 0)
 
