@@ -15,8 +15,15 @@ step's row is written (after the weights are published and verified), so it excl
 generation of the first batch, and includes everything after. Wall time: from launching the subprocess to its
 exit, for both.
 
+Seeds. ``--seeds 0,1,2`` runs both systems once per seed (TRL then relayrl for each seed, alternated, so a change
+in the machine's speed reaches both), each with that ``seed`` for sampling, data order and initialisation of
+anything random (the model stays the one saved directory), and ends with the mean of every figure per system over
+the seeds and the ratios of those means. One run per system says little about the final reward: TRL's own spreads
+over several hundredths between seeds, relayrl's also between runs of one seed (its asynchrony decides which
+weights generate which group).
+
     python bench/vs_trl.py [--task quickstart|sequence|sequence32] [--steps N] [--out runs/vs_trl] [--set k=v ...]
-                           [--skip-trl] [--skip-relayrl]
+                           [--seeds 0,1,2] [--skip-trl] [--skip-relayrl]
 """
 
 from __future__ import annotations
@@ -205,6 +212,19 @@ def run_relayrl(cfg_path: Path, overrides: list[str], out: Path, max_reward: flo
     return summarise("relayrl", relayrl_step_rows(out / "metrics.jsonl"), wall, max_reward)
 
 
+def mean_result(system: str, runs: list[Result]) -> Result:
+    """The mean of each figure over runs (several seeds); a threshold's mean only where every run reached it."""
+    res = Result(f"{system} mean", steps=runs[0].steps)
+    for name in ("train_s", "wall_s", "steps_per_s", "tokens_per_s", "final_reward"):
+        setattr(res, name, statistics.fmean(getattr(r, name) for r in runs))
+    for frac in FRACTIONS:
+        hits = [r.thresholds[f"{frac:g}"] for r in runs]
+        reached = all(h["time_s"] is not None for h in hits)
+        res.thresholds[f"{frac:g}"] = {k: statistics.fmean(float(h[k] or 0) for h in hits) if reached else None
+                                       for k in ("step", "time_s")}
+    return res
+
+
 def _fmt(x: float | int | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -219,7 +239,7 @@ def report(results: list[Result], max_reward: float) -> str:
                  f"{r.tokens_per_s:.0f}", f"{r.final_reward:.3f}"]
         for frac in FRACTIONS:
             hit = r.thresholds[f"{frac:g}"]
-            cells += [_fmt(hit["time_s"], ".1f"), _fmt(hit["step"], "d")]
+            cells += [_fmt(hit["time_s"], ".1f"), _fmt(hit["step"], "d" if isinstance(hit["step"], int) else ".1f")]
         lines.append("  ".join(f"{c:>13}" for c in cells))
     if len(results) == 2:
         trl, ours = results
@@ -235,6 +255,21 @@ def report(results: list[Result], max_reward: float) -> str:
     return "\n".join(lines)
 
 
+def run_seed(args: argparse.Namespace, task: Task, model_dir: Path, out: Path, steps: int,
+             seed: int | None) -> list[Result]:
+    """Both systems (unless skipped) on one seed (None: the config's); results under ``out``."""
+    cfg_path = REPO / task.config
+    seed_set = [f"seed={seed}"] if seed is not None else []
+    overrides = run_overrides(task, model_dir, steps, [*args.overrides, *seed_set])
+    cfg = load_run_config(cfg_path, overrides)
+    results = []
+    if not args.skip_trl:
+        results.append(run_trl(cfg, steps, model_dir, out / "trl", task.max_reward))
+    if not args.skip_relayrl:
+        results.append(run_relayrl(cfg_path, overrides, out / "relayrl", task.max_reward))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--task", choices=sorted(TASKS), default="quickstart")
@@ -242,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/vs_trl"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="relayrl config override; shared settings (batch, lr, tokens, ...) reach TRL too")
+    parser.add_argument("--seeds", default="", help="comma-separated seeds: one run of each system per seed, "
+                        "then the means (default: the config's seed, one run each)")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-relayrl", action="store_true")
     args = parser.parse_args(argv)
@@ -251,24 +288,31 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = out / "model"
     cfg_path = REPO / task.config
     ensure_inputs(task, cfg_path, model_dir)
-    overrides = run_overrides(task, model_dir, steps, args.overrides)
-    cfg = load_run_config(cfg_path, overrides)
+    cfg = load_run_config(cfg_path, run_overrides(task, model_dir, steps, args.overrides))
     rc = cfg.rollout
+    seeds: list[int | None] = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
     load_before = os.getloadavg()
     print(f"task {args.task}: {model_parameters(model_dir) / 1e6:.2f} M parameters, {steps} steps of "
           f"{cfg.trainer.groups_per_step} prompts x {rc.group_size} samples, max_new_tokens {rc.max_new_tokens}, "
           f"lr {cfg.trainer.optimizer.lr:g}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
-    results = []
-    if not args.skip_trl:
-        results.append(run_trl(cfg, steps, model_dir, out / "trl", task.max_reward))
-    if not args.skip_relayrl:
-        results.append(run_relayrl(cfg_path, overrides, out / "relayrl", task.max_reward))
+    runs: list[tuple[int, list[Result]]] = []
+    for seed in seeds:
+        results = run_seed(args, task, model_dir, out if seed is None else out / f"seed{seed}", steps, seed)
+        runs.append((cfg.seed if seed is None else seed, results))
+        if len(seeds) > 1:
+            print(f"seed {runs[-1][0]}:\n{report(results, task.max_reward)}", flush=True)
+    by_system = list(zip(*(results for _, results in runs), strict=True))
+    final = [r[0] for r in by_system] if len(seeds) == 1 else [mean_result(r[0].system, list(r)) for r in by_system]
     load_after = os.getloadavg()
-    print(report(results, task.max_reward))
+    if len(seeds) > 1:
+        print(f"mean over seeds {', '.join(str(seed) for seed, _ in runs)}:")
+    print(report(final, task.max_reward))
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     (out / "summary.json").write_text(json.dumps({
-        "task": args.task, "steps": steps, "overrides": overrides, "load_average": [load_before, load_after],
-        "results": [asdict(r) for r in results]}, indent=1))
+        "task": args.task, "steps": steps, "overrides": run_overrides(task, model_dir, steps, args.overrides),
+        "load_average": [load_before, load_after], "results": [asdict(r) for r in final],
+        "runs": [{"seed": seed, "results": [asdict(r) for r in results]} for seed, results in runs]},
+        indent=1))
     return 0
 
 

@@ -82,6 +82,31 @@ def test_summarise_without_rows_raises() -> None:
         vs.summarise("relayrl", [], wall_s=1.0, max_reward=1.0)
 
 
+def test_mean_result_over_seeds_averages_every_figure_and_thresholds_all_runs_reached() -> None:
+    fast = vs.summarise("TRL", _rows([0.5] * 10 + [1.0] * 10), wall_s=20.0, max_reward=1.0)  # 0.8 at 16, 0.9 at 18
+    slow = vs.summarise("TRL", _rows([0.5] * 10 + [1.0] * 10, dt=1.0), wall_s=30.0, max_reward=1.0)
+
+    res = vs.mean_result("TRL", [fast, slow])
+
+    assert res.system == "TRL mean"
+    assert (res.wall_s, res.train_s) == (pytest.approx(25.0), pytest.approx(15.0))
+    assert res.steps_per_s == pytest.approx((2.0 + 1.0) / 2)
+    assert res.thresholds["0.8"] == {"step": pytest.approx(16.0), "time_s": pytest.approx((8.0 + 16.0) / 2)}
+
+
+def test_mean_result_leaves_a_threshold_one_seed_never_reached_unset() -> None:
+    reached = vs.summarise("relayrl", _rows([1.0] * 10), wall_s=5.0, max_reward=1.0)
+    missed = vs.summarise("relayrl", _rows([0.85] * 10), wall_s=5.0, max_reward=1.0)
+
+    res = vs.mean_result("relayrl", [reached, missed])
+
+    assert res.thresholds["0.8"]["time_s"] == pytest.approx(5.0)
+    # a mean over only the seeds that reached 0.9 would flatter: unset
+    assert res.thresholds["0.9"] == {"step": None, "time_s": None}
+    assert res.final_reward == pytest.approx(0.925)
+    assert "relayrl mean" in vs.report([res], max_reward=1.0)
+
+
 def test_relayrl_clock_starts_at_the_first_trainer_steps_start(tmp_path: Path) -> None:
     # row 1 ends 7.0 s after the trainer started and its step took 0.25 s: the clock's zero is at 6.75 s
     rows = [RlRow(step=1, time_s=7.0, step_time_s=0.25, reward_mean=0.1, episodes=128, completion_len_mean=2.0),
