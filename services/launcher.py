@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
@@ -37,7 +38,7 @@ from relayrl.common.lifecycle import (
 from relayrl.common.metrics_row import format_books, format_time_shares, parse_line, read_rows
 from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
-from relayrl.common.threads import automatic_division, thread_env
+from relayrl.common.threads import automatic_cpus, automatic_division, pin_cpus, thread_env
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.trainer import PublicationConfig, WeightTransport
@@ -65,15 +66,20 @@ def local_http(http: HttpConfig, port: int) -> HttpConfig:
     return replace(http, host="127.0.0.1", port=port)
 
 
-def with_thread_budget(cfg: RunConfig, cores: int) -> RunConfig:
+def with_thread_budget(cfg: RunConfig, cores: Sequence[int]) -> RunConfig:
     """``cfg`` with every automatic (0) thread count of reward, inference, trainer and rollout resolved by
-    :func:`relayrl.common.threads.automatic_division` of ``cores`` (inter-op: 1); set counts stay."""
-    auto = automatic_division(cores, cfg.trainer.distributed.world_size)
-    sections = {}
-    for name in SERVICE_ORDER:
-        section = getattr(cfg, name)
+    :func:`relayrl.common.threads.automatic_division` of ``cores`` (usable CPU ids; inter-op: 1); set counts stay.
+    When inference's and the trainer's counts are both automatic and no service names its ``cpus``, the services
+    are also pinned by :func:`relayrl.common.threads.automatic_cpus` (the trainer's cores apart from generation's)."""
+    ranks = cfg.trainer.distributed.world_size
+    auto = automatic_division(len(cores), ranks)
+    sections = {name: getattr(cfg, name) for name in SERVICE_ORDER}
+    divided = not any(sections[name].threads.intra_op for name in ("inference", "trainer")) \
+        and not any(section.threads.cpus for section in sections.values())
+    cpus = automatic_cpus(cores, ranks) if divided else {name: s.threads.cpus for name, s in sections.items()}
+    for name, section in sections.items():
         threads = replace(section.threads, intra_op=section.threads.intra_op or auto[name],
-                          interop=section.threads.interop or 1)
+                          interop=section.threads.interop or 1, cpus=list(cpus[name]))
         sections[name] = replace(section, threads=threads)
     return replace(cfg, **sections)
 
@@ -103,7 +109,7 @@ class Launcher:
         if not cfg.rollout.dataset.is_file():
             raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
         cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
-        cfg = with_thread_budget(cfg, len(os.sched_getaffinity(0)))
+        cfg = with_thread_budget(cfg, sorted(os.sched_getaffinity(0)))
         p = iter(free_ports(9))  # distinct: one per server of the stack
         return replace(
             cfg, output_dir=self.out, tls=cfg.tls.resolved(),
@@ -139,11 +145,13 @@ class Launcher:
 
     def _start_redis(self) -> None:
         """The embedded redis-server, its password the caller's ``$RELAYRL_REDIS_PASSWORD`` (``redis.password_env``)
-        or a fresh random one; config.yaml gets its URL, which holds no password."""
+        or a fresh random one; config.yaml gets its URL, which holds no password. It runs on rollout's CPUs when
+        those are set (the automatic division: beside generation, off the trainer's cores)."""
         self.redis_password = self.cfg.redis.effective_password() or secrets.token_urlsafe(32)
         self.redis = RedisProcess(find_redis_server(self.cfg.redis.server_binary), self.out / "redis",
                                   self.out / "logs" / "redis.log", self.redis_password)
         self.redis.wait_ready()
+        pin_cpus(self.cfg.rollout.threads.cpus, "rollout.threads.cpus", self.redis.proc.pid)  # beside its writer
         self.cfg = replace(self.cfg, redis=replace(self.cfg.redis, url=self.redis.url))
 
     def _start_child(self, name: str, config_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Applying a service's thread budget (relayrl.config.threads) at start-up, before any torch work.
 
 ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (which the local launcher exports to each child, see
-:func:`thread_env`) size the OpenMP and MKL pools when torch is imported; :func:`apply_threads` then sets
-torch's own counts from the config. A torch-free service (reward, rollout) only logs what its environment says.
+:func:`thread_env`) size the OpenMP and MKL pools when torch is imported; :func:`apply_threads` pins the process
+to its ``cpus`` (:func:`pin_cpus`), then sets torch's own counts from the config. A torch-free service (reward,
+rollout) is pinned and logs what its environment says.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
+from relayrl.common.config import ConfigError
 from relayrl.config.threads import ThreadsConfig
 
 log = logging.getLogger(__name__)
@@ -27,6 +30,9 @@ def apply_threads(cfg: ThreadsConfig, service: str) -> tuple[int, int] | None:
     """Set torch's intra-op and inter-op threads from ``cfg`` (0 keeps torch's choice) and log the effective
     counts. Returns them, or None when torch is not loaded (nothing to set). Call before any torch work: inter-op
     threads can be set only once, before inter-op parallel work starts; a later attempt is logged, not fatal."""
+    pinned = pin_cpus(cfg.cpus, f"{service}.threads.cpus")
+    if pinned is not None:
+        log.info("%s runs on CPUs %s", service, ",".join(map(str, sorted(pinned))))
     torch = sys.modules.get("torch")
     if torch is None:
         log.info("%s threads: no torch loaded (OMP_NUM_THREADS=%s)", service, os.environ.get("OMP_NUM_THREADS", "-"))
@@ -42,6 +48,36 @@ def apply_threads(cfg: ThreadsConfig, service: str) -> tuple[int, int] | None:
     log.info("%s threads: intra-op %d, inter-op %d (OMP_NUM_THREADS=%s)", service, *counts,
              os.environ.get("OMP_NUM_THREADS", "-"))
     return counts
+
+
+def pin_cpus(cpus: Sequence[int], field: str, pid: int | None = None) -> set[int] | None:
+    """Run every thread of this process (or of process ``pid``), and each thread or child process it starts later,
+    on ``cpus`` only; empty: nothing changes (None). A CPU this process may not use is a :class:`ConfigError`
+    naming ``field``."""
+    if not cpus:
+        return None
+    wanted, usable = set(cpus), os.sched_getaffinity(0)
+    if not wanted <= usable:
+        raise ConfigError(field, list(cpus), f"must be CPUs this process may use: {sorted(usable)}")
+    # sched_setaffinity of a pid pins that one thread only
+    for tid in os.listdir(f"/proc/{'self' if pid is None else pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), wanted)
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+    return wanted
+
+
+def automatic_cpus(cores: Sequence[int], trainer_ranks: int = 1) -> dict[str, list[int]]:
+    """The local launcher's pinning of ``cores`` (usable CPU ids), matching :func:`automatic_division`: the trainer
+    (all its ranks) on the last cores, as many as its threads in all; inference, reward and rollout on the others.
+    Nothing is pinned (empty lists) with fewer than 2 cores: there is nothing to divide."""
+    cores = sorted(cores)
+    if len(cores) < 2:
+        return {name: [] for name in ("inference", "trainer", "reward", "rollout")}
+    inference = automatic_division(len(cores), trainer_ranks)["inference"]
+    generation, training = cores[:inference], cores[inference:]
+    return {"inference": generation, "reward": generation, "rollout": generation, "trainer": training}
 
 
 def automatic_division(cores: int, trainer_ranks: int = 1) -> dict[str, int]:

@@ -1,24 +1,44 @@
-"""A service's thread budget: torch's intra-op and inter-op threads (shared by every service section)."""
+"""A service's thread budget: torch's intra-op and inter-op threads and the CPUs it runs on (shared by every service
+section)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from relayrl.common.config import ConfigError
+
 MAX_THREADS = 1024
+MAX_CPU = 8191  # the highest CPU id Linux's default cpu set size (8192) can name
 
 
 @dataclass
 class ThreadsConfig:
-    """How many CPU threads a service's torch may use (0: automatic).
+    """How many CPU threads a service's torch may use (0: automatic), and on which CPUs the service runs.
 
     Automatic under ``relayrl run``: the launcher divides the cores it may use (``os.sched_getaffinity``) between
     inference and the trainer (inference half, at least 1; the trainer the rest, split between its ranks, at
     least 1) and gives reward and rollout 1 thread each, inter-op 1 everywhere; it exports ``OMP_NUM_THREADS``
-    and ``MKL_NUM_THREADS`` to each child so that they hold from import. Started any other way, 0 leaves torch's
-    own default (all cores, or ``OMP_NUM_THREADS`` when set)."""
+    and ``MKL_NUM_THREADS`` to each child so that they hold from import. With at least 2 cores and both
+    inference's and the trainer's counts automatic and no service's ``cpus`` set, it also pins them: the trainer
+    to the cores its threads got, inference, reward and rollout to the others, so that the trainer's step never
+    shares its core with generation (relayrl.common.threads.automatic_cpus). Started any other way, 0 leaves
+    torch's own default (all cores, or ``OMP_NUM_THREADS`` when set) and an empty ``cpus`` the inherited
+    affinity."""
 
     intra_op: int = field(default=0, metadata={
         "help": "torch intra-op threads (torch.set_num_threads; OMP/MKL under relayrl run); 0: automatic.",
         "ge": 0, "le": MAX_THREADS})
     interop: int = field(default=0, metadata={
         "help": "torch inter-op threads (torch.set_num_interop_threads); 0: automatic.", "ge": 0, "le": MAX_THREADS})
+    cpus: list[int] = field(default_factory=list, metadata={
+        "help": "CPU ids this service runs on (every thread and child process it has or starts; "
+                "os.sched_setaffinity at start-up); empty: automatic (relayrl run pins inference, reward and "
+                "rollout to some of its cores and the trainer to the others when it divides them; otherwise "
+                "the affinity the process inherited). Each must be a CPU the process may use."})
+
+    def validate(self) -> None:
+        for i, cpu in enumerate(self.cpus):
+            if not 0 <= cpu <= MAX_CPU:
+                raise ConfigError(f"cpus[{i}]", cpu, f"must be a CPU id in [0, {MAX_CPU}]")
+        if len(set(self.cpus)) != len(self.cpus):
+            raise ConfigError("cpus", self.cpus, "must not repeat a CPU")
