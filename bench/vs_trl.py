@@ -239,7 +239,7 @@ def report(results: list[Result], max_reward: float) -> str:
                  f"{r.tokens_per_s:.0f}", f"{r.final_reward:.3f}"]
         for frac in FRACTIONS:
             hit = r.thresholds[f"{frac:g}"]
-            cells += [_fmt(hit["time_s"], ".1f"), _fmt(hit["step"], "d" if isinstance(hit["step"], int) else ".1f")]
+            cells += [_fmt(hit["time_s"], ".1f"), _fmt(hit["step"], "g")]  # a step, or a mean over seeds
         lines.append("  ".join(f"{c:>13}" for c in cells))
     if len(results) == 2:
         trl, ours = results
@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = out / "model"
     cfg_path = REPO / task.config
     ensure_inputs(task, cfg_path, model_dir)
-    cfg = load_run_config(cfg_path, run_overrides(task, model_dir, steps, args.overrides))
+    overrides = run_overrides(task, model_dir, steps, args.overrides)
+    cfg = load_run_config(cfg_path, overrides)
     rc = cfg.rollout
     seeds: list[int | None] = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
     load_before = os.getloadavg()
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(final, task.max_reward))
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     (out / "summary.json").write_text(json.dumps({
-        "task": args.task, "steps": steps, "overrides": run_overrides(task, model_dir, steps, args.overrides),
+        "task": args.task, "steps": steps, "overrides": overrides,
         "load_average": [load_before, load_after], "results": [asdict(r) for r in final],
         "runs": [{"seed": seed, "results": [asdict(r) for r in results]} for seed, results in runs]},
         indent=1))

@@ -73,11 +73,9 @@ def automatic_cpus(cores: Sequence[int], trainer_ranks: int = 1) -> dict[str, li
     (all its ranks) on the last cores, as many as its threads in all; inference, reward and rollout on the others.
     Nothing is pinned (empty lists) with fewer than 2 cores: there is nothing to divide."""
     cores = sorted(cores)
-    if len(cores) < 2:
-        return {name: [] for name in ("inference", "trainer", "reward", "rollout")}
-    inference = automatic_division(len(cores), trainer_ranks)["inference"]
-    generation, training = cores[:inference], cores[inference:]
-    return {"inference": generation, "reward": generation, "rollout": generation, "trainer": training}
+    split = automatic_division(len(cores), trainer_ranks)["inference"] if len(cores) >= 2 else 0
+    generation, training = cores[:split], (cores[split:] if split else [])
+    return {"inference": generation, "reward": list(generation), "rollout": list(generation), "trainer": training}
 
 
 def automatic_division(cores: int, trainer_ranks: int = 1) -> dict[str, int]:
