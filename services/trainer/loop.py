@@ -50,17 +50,21 @@ def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode
     """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors)."""
     s = max_staleness
     hist = torch.bincount(staleness.long().clamp(0, s + 1), minlength=s + 2).to(torch.float64)
-    ends = torch.zeros(len(EPISODE_ENDS), dtype=torch.float64)  # how episodes ended, by EpisodeEnd value
+    ends = [0.0] * len(EPISODE_ENDS)  # how episodes ended, by EpisodeEnd value
+    # [episodes, reward sum, reward square sum, staleness sum, completion tokens, excluded, turns, tool calls,
+    # tool errors, episodes of several versions]: one pass over the episodes (each field read once)
+    totals = [float(len(episodes)), 0.0, 0.0, float(staleness.sum()), 0.0, float(excluded), 0.0, 0.0, 0.0, 0.0]
     for ep in episodes:
-        ends[ep.episode_end if 0 <= ep.episode_end < len(EPISODE_ENDS) else 0] += 1
-    rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float64)
-    lengths = sum(len(ep.completion_token_ids) for ep in episodes)
-    turns = [float(sum(max(ep.turns, 1) for ep in episodes)), float(sum(ep.tool_calls for ep in episodes)),
-             float(sum(ep.tool_errors for ep in episodes)),
-             float(sum(len(set(ep.token_weight_versions)) > 1 for ep in episodes))]
-    sums = torch.cat([torch.tensor([float(len(episodes)), float(rewards.sum()), float((rewards ** 2).sum()),
-                                    float(staleness.sum()), float(lengths), float(excluded), *turns],
-                                   dtype=torch.float64), hist, ends])
+        end, reward, versions = ep.episode_end, ep.reward, ep.token_weight_versions
+        ends[end if 0 <= end < len(EPISODE_ENDS) else 0] += 1
+        totals[1] += reward
+        totals[2] += reward * reward
+        totals[4] += len(ep.completion_token_ids)
+        totals[6] += max(ep.turns, 1)
+        totals[7] += ep.tool_calls
+        totals[8] += ep.tool_errors
+        totals[9] += len(set(versions)) > 1
+    sums = torch.cat([torch.tensor(totals, dtype=torch.float64), hist, torch.tensor(ends, dtype=torch.float64)])
     coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
     maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
     coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
