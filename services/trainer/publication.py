@@ -196,8 +196,11 @@ class VersionPublication:
         checks = ("served weights confirmed" if result.served_verified else "") + (
             f"{'; ' if result.served_verified else ''}probe max |Δ logprob| {result.probe_max_diff:.2e}"
             if result.probe_max_diff is not None else "")
-        log.info("published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; "
-                 "%s)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s, t.swap_s, t.probe_s,
+        # every step publishes: a line each at DEBUG (the metrics row has the same figures), at INFO where the probe
+        # checked the served weights
+        log.log(logging.INFO if result.probe_max_diff is not None else logging.DEBUG,
+                "published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; "
+                "%s)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s, t.swap_s, t.probe_s,
                  checks)
         return version
 
