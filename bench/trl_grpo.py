@@ -4,7 +4,9 @@
 
 SPEC: ``model`` (a save_pretrained directory), ``dataset`` (relayrl JSONL: prompt, answer), ``reward``
 ("module:function", a relayrl reward function), ``rows`` (where to write one JSON line per optimizer step) and
-``kwargs`` (GRPOConfig arguments). Torch threads are left at their defaults, as TRL leaves them. Each row's
+``kwargs`` (GRPOConfig arguments); optional ``scores``: a file that gets one JSON line per reward call (one step's
+prompts, completions and scores; for bench/prompt_accuracy.py, off in timed runs). Torch threads are left at their
+defaults, as TRL leaves them. Each row's
 ``time_s`` counts from ``on_train_begin`` (model, tokenizer, dataset and TRL already loaded) to the step's
 ``on_log``; ``tokens`` is the step's generated tokens (TRL's completions/mean_length x completions per step).
 """
@@ -12,6 +14,7 @@ SPEC: ``model`` (a save_pretrained directory), ``dataset`` (relayrl JSONL: promp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -21,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 
-def load_reward(spec: str) -> Any:
+def load_reward(spec: str, scores: Any = None) -> Any:
+    """TRL's reward function for a relayrl one; ``scores`` (an open file, optional) gets each call's samples."""
     from relayrl.reward.api import RewardInput, RewardResult
 
     module, name = spec.split(":")
@@ -34,6 +38,8 @@ def load_reward(spec: str) -> Any:
             if inspect.isawaitable(res):
                 res = asyncio.run(res)  # type: ignore[arg-type]
             out.append(res.score if isinstance(res, RewardResult) else float(res))
+        if scores is not None:
+            scores.write(json.dumps({"prompts": prompts, "completions": completions, "scores": out}) + "\n")
         return out
 
     score.__name__ = name
@@ -55,8 +61,10 @@ def main(spec_path: str) -> int:
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype="float32")
     args = GRPOConfig(**spec["kwargs"])
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    with Path(spec["rows"]).open("w") as out:
-        _train(GRPOTrainer, model, load_reward(spec["reward"]), args, dataset, tokenizer, per_step, out,
+    with contextlib.ExitStack() as files:
+        scores = files.enter_context(Path(spec["scores"]).open("w")) if spec.get("scores") else None
+        out = files.enter_context(Path(spec["rows"]).open("w"))
+        _train(GRPOTrainer, model, load_reward(spec["reward"], scores), args, dataset, tokenizer, per_step, out,
                TrainerCallback)
     return 0
 
