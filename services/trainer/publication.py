@@ -201,7 +201,7 @@ class VersionPublication:
         log.log(logging.INFO if result.probe_max_diff is not None else logging.DEBUG,
                 "published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; "
                 "%s)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s, t.swap_s, t.probe_s,
-                 checks)
+                checks)
         return version
 
     def admission_step(self, step: int) -> int:
