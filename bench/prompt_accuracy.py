@@ -55,7 +55,8 @@ def summarise(steps: list[Groups], last: int) -> dict[str, Any]:
     by_prompt: dict[str, list[float]] = defaultdict(list)
     for prompt, scores in groups:
         by_prompt[prompt] += scores
-    weak = sorted(((sum(v) / len(v) / top, p, len(v)) for p, v in by_prompt.items() if sum(v) / len(v) < 0.9 * top))
+    means = {p: sum(v) / len(v) / top for p, v in by_prompt.items()}  # of the maximum
+    weak = sorted((m, p, len(by_prompt[p])) for p, m in means.items() if m < 0.9)
     return {"steps": len(window), "groups": len(groups), "reward_mean": sum(flat) / max(len(flat), 1),
             "groups_alike": len(alike), "groups_stuck": sum(1 for s in alike if s and s[0] < top),
             "prompts": len(by_prompt), "prompts_below_0.9": [(round(m, 3), p, n) for m, p, n in weak]}

@@ -6,9 +6,9 @@ SPEC: ``model`` (a save_pretrained directory), ``dataset`` (relayrl JSONL: promp
 ("module:function", a relayrl reward function), ``rows`` (where to write one JSON line per optimizer step) and
 ``kwargs`` (GRPOConfig arguments); optional ``scores``: a file that gets one JSON line per reward call (one step's
 prompts, completions and scores; for bench/prompt_accuracy.py, off in timed runs). Torch threads are left at their
-defaults, as TRL leaves them. Each row's
-``time_s`` counts from ``on_train_begin`` (model, tokenizer, dataset and TRL already loaded) to the step's
-``on_log``; ``tokens`` is the step's generated tokens (TRL's completions/mean_length x completions per step).
+defaults, as TRL leaves them. Each row's ``time_s`` counts from ``on_train_begin`` (model, tokenizer, dataset and TRL
+already loaded) to the step's ``on_log``; ``tokens`` is the step's generated tokens (TRL's completions/mean_length x
+completions per step).
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
-"""Shared fixtures: a real redis-server on a free port, the tiny model built from a config."""
+"""Shared fixtures: a real redis-server on a free port, the tiny model built from a config; bench scripts as modules."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,6 +22,16 @@ REPO = Path(__file__).resolve().parent.parent
 # environment, as the services do); subprocesses inherit it. Tests about credentials set or clear their own.
 WEIGHTS_TOKEN = "test-weights-token"
 os.environ.setdefault("RELAYRL_WEIGHTS_TOKEN", WEIGHTS_TOKEN)
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` (a script, not a package) as the module ``bench_<name>``."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

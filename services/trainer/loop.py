@@ -55,7 +55,7 @@ def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode
     # tool errors, episodes of several versions]: one pass over the episodes (each field read once)
     totals = [float(len(episodes)), 0.0, 0.0, float(staleness.sum()), 0.0, float(excluded), 0.0, 0.0, 0.0, 0.0]
     for ep in episodes:
-        end, reward, versions = ep.episode_end, ep.reward, ep.token_weight_versions
+        end, reward = ep.episode_end, ep.reward
         ends[end if 0 <= end < len(EPISODE_ENDS) else 0] += 1
         totals[1] += reward
         totals[2] += reward * reward
@@ -63,7 +63,7 @@ def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode
         totals[6] += max(ep.turns, 1)
         totals[7] += ep.tool_calls
         totals[8] += ep.tool_errors
-        totals[9] += len(set(versions)) > 1
+        totals[9] += len(set(ep.token_weight_versions)) > 1
     sums = torch.cat([torch.tensor(totals, dtype=torch.float64), hist, torch.tensor(ends, dtype=torch.float64)])
     coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
     maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)

@@ -3,27 +3,15 @@ bench/trl_grpo.py's optional per-call score log. TRL itself is not needed."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
-from tests.conftest import REPO
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_bench
 
 
 def test_trl_scores_and_relayrl_dump_give_the_same_summary_for_the_same_samples(tmp_path: Path) -> None:
-    acc = _load("prompt_accuracy")
+    acc = load_bench("prompt_accuracy")
     # two steps of two groups of 4: "0+0=" stuck wrong at step 2, "1+1=" right 3 times of 4 each step
     steps = [[("0+0=", [1.0, 0.0, 0.0, 0.0]), ("1+1=", [1.0, 1.0, 1.0, 0.0])],
              [("0+0=", [0.0, 0.0, 0.0, 0.0]), ("1+1=", [0.0, 1.0, 1.0, 1.0])]]
@@ -45,7 +33,7 @@ def test_trl_scores_and_relayrl_dump_give_the_same_summary_for_the_same_samples(
 
 
 def test_trl_reward_wrapper_logs_each_call_only_when_asked() -> None:
-    trl = _load("trl_grpo")
+    trl = load_bench("trl_grpo")
     log = io.StringIO()
     args = (["3+4=", "3+4="], ["7", "8"], ["7", "7"])
 

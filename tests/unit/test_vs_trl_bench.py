@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -16,19 +14,9 @@ from relayrl.common.metrics_row import RlRow
 from relayrl.config.run import load_run_config
 from relayrl.reward.api import RewardInput
 from relayrl.tasks import sequence
-from tests.conftest import REPO
+from tests.conftest import REPO, load_bench
 
-
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_vs_trl", REPO / "bench" / "vs_trl.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-vs = _load_bench()
+vs = load_bench("vs_trl")
 
 
 def _rows(rewards: list[float], dt: float = 0.5) -> list:
