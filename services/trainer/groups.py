@@ -65,12 +65,20 @@ def groups_per_rank(groups_per_step: int, world_size: int) -> int:
     return groups_per_step // world_size
 
 
-def oldest_version(entry: StreamEntry) -> int:
-    return min(min(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
+@dataclass(frozen=True)
+class Ready:
+    """A decoded, valid entry waiting to be trained, with the oldest and newest weight version of its tokens
+    (read once, when it is checked: iterating a protobuf repeated field is the costly part)."""
 
+    entry: StreamEntry
+    oldest: int  # of its episodes' oldest tokens (an episode without tokens counts as version 0)
+    newest: int
 
-def newest_version(entry: StreamEntry) -> int:
-    return max(max(ep.token_weight_versions, default=0) for ep in entry.group.episodes)
+    @classmethod
+    def of(cls, entry: StreamEntry) -> Ready:
+        versions = [list(ep.token_weight_versions) for ep in entry.group.episodes]
+        return cls(entry, min((min(v, default=0) for v in versions), default=0),
+                   max((max(v, default=0) for v in versions), default=0))
 
 
 def reward_failed(ep: Episode) -> bool:
@@ -123,7 +131,7 @@ class GroupCollector:
         self.max_staleness = max_staleness
         self.block_ms = block_ms
         self.already_done = already_done  # group ids whose effect the restored checkpoint holds
-        self._ready: list[StreamEntry] = []
+        self._ready: list[Ready] = []
         self._pending_after: str | None = "0"  # page through our own pending entries first, then new ones
         self.consumed_ids: list[str] = []  # groups trained or dropped since the last checkpoint
         self.unacked: list[str] = []  # their stream entry ids (acknowledged after the next checkpoint)
@@ -138,7 +146,7 @@ class GroupCollector:
             await self._drop_zero_advantage()
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
-                return taken
+                return [r.entry for r in taken]
             # read only the shortfall: a rank that took more than its share could starve the others
             count, after = num_groups - len(self._ready), self._pending_after
             entries = await redis_retry(
@@ -147,7 +155,7 @@ class GroupCollector:
                 "read", self.retry_s, on_reconnect=self._rescan)
             if self._pending_after is not None and after == self._pending_after:
                 self._pending_after = entries[-1].entry_id if entries else None
-            waiting = {e.group.group_id for e in self._ready}
+            waiting = {r.entry.group.group_id for r in self._ready}
             for entry in entries:
                 if isinstance(entry, BadEntry):
                     await self.dead_letter(entry.entry_id, entry.fields, entry.reason, 0)
@@ -161,18 +169,19 @@ class GroupCollector:
                     # trained or dropped already, delivered again (Redis lost a delivery or an ack in a crash):
                     # never train twice; acknowledge it with the next checkpoint
                     self.unacked.append(entry.entry_id)
-                elif (reason := await self._invalid(entry)) is not None:
-                    await self.dead_letter(entry.entry_id, entry.fields, reason, len(entry.group.episodes))
                 else:
-                    self.seen.add(gid)
-                    self._ready.append(entry)
+                    ready = Ready.of(entry)
+                    if (reason := await self._invalid(ready)) is not None:
+                        await self.dead_letter(entry.entry_id, entry.fields, reason, len(entry.group.episodes))
+                    else:
+                        self.seen.add(gid)
+                        self._ready.append(ready)
 
-    async def _invalid(self, entry: StreamEntry) -> str | None:
-        """Why the trainer must not train on ``entry`` (relayrl.common.episodes), or None."""
-        claimed = max((v for ep in entry.group.episodes for v in ep.token_weight_versions), default=0)
-        if claimed > self._newest_version:  # allocated since we last looked, or from the future: ask the counter
+    async def _invalid(self, ready: Ready) -> str | None:
+        """Why the trainer must not train on ``ready``'s entry (relayrl.common.episodes), or None."""
+        if ready.newest > self._newest_version:  # allocated since we last looked, or from the future: ask the counter
             self._newest_version = await redis_retry(self.checks.newest_version, "newest version", self.retry_s)
-        return validate_group(entry.group, Limits(self.checks.vocab_size, self.checks.max_completion_tokens,
+        return validate_group(ready.entry.group, Limits(self.checks.vocab_size, self.checks.max_completion_tokens,
                                                   self._newest_version))
 
     async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int) -> None:
@@ -187,8 +196,9 @@ class GroupCollector:
 
     async def _drop_failed(self) -> None:
         """Reward errors: stop (policy fail), or drop and count the groups with no valid episode (drop)."""
-        keep: list[StreamEntry] = []
-        for entry in self._ready:
+        keep: list[Ready] = []
+        for ready in self._ready:
+            entry = ready.entry
             failed = [ep for ep in entry.group.episodes if reward_failed(ep)]
             if failed and self.on_reward_error is RewardErrorPolicy.FAIL:
                 ep = failed[0]
@@ -203,17 +213,18 @@ class GroupCollector:
                 log.warning("dropped group %s: every episode failed scoring (%s)", entry.group.group_id,
                             failed[0].reward_error)
             else:
-                keep.append(entry)
+                keep.append(ready)
         self._ready = keep
 
     async def _drop_stale(self, staleness: StalenessFn) -> None:
-        keep: list[StreamEntry] = []
-        for entry in self._ready:
-            lag = await staleness(oldest_version(entry))
-            ahead = await staleness(newest_version(entry))
+        keep: list[Ready] = []
+        for ready in self._ready:
+            entry = ready.entry
+            lag = await staleness(ready.oldest)
+            ahead = await staleness(ready.newest)
             if min(lag, ahead) < 0:  # never a negative staleness: a version the lineage places after our weights
                 await self.dead_letter(entry.entry_id, entry.fields, f"token_weight_versions: version "
-                                       f"{newest_version(entry) if ahead < 0 else oldest_version(entry)} is ahead of "
+                                       f"{ready.newest if ahead < 0 else ready.oldest} is ahead of "
                                        f"the trainer's weights (staleness {min(lag, ahead)})",
                                        len(entry.group.episodes))
             elif lag > self.max_staleness:
@@ -226,13 +237,14 @@ class GroupCollector:
                     log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
                                 self.max_staleness)
             else:
-                keep.append(entry)
+                keep.append(ready)
         self._ready = keep
 
     async def _drop_zero_advantage(self) -> None:
         """Dynamic sampling: drop (record, count) zero-advantage groups while this step's budget lasts."""
-        keep: list[StreamEntry] = []
-        for entry in self._ready:
+        keep: list[Ready] = []
+        for ready in self._ready:
+            entry = ready.entry
             if self._zero_advantage_budget > 0 and zero_advantage(entry):
                 self._zero_advantage_budget -= 1
                 await redis_retry(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
@@ -241,7 +253,7 @@ class GroupCollector:
                 log.info("dropped group %s: every valid episode has the same reward (dynamic sampling)",
                          entry.group.group_id)
             else:
-                keep.append(entry)
+                keep.append(ready)
         self._ready = keep
 
     def consumed(self, entry: StreamEntry) -> None:
