@@ -181,8 +181,8 @@ class GroupCollector:
         """Why the trainer must not train on ``ready``'s entry (relayrl.common.episodes), or None."""
         if ready.newest > self._newest_version:  # allocated since we last looked, or from the future: ask the counter
             self._newest_version = await redis_retry(self.checks.newest_version, "newest version", self.retry_s)
-        return validate_group(ready.entry.group, Limits(self.checks.vocab_size, self.checks.max_completion_tokens,
-                                                  self._newest_version))
+        limits = Limits(self.checks.vocab_size, self.checks.max_completion_tokens, self._newest_version)
+        return validate_group(ready.entry.group, limits)
 
     async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int) -> None:
         """Move an entry to the dead-letter stream, count it and acknowledge it (one idempotent script)."""
