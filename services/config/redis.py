@@ -25,7 +25,8 @@ class RedisConfig:
     stream: str = field(default="relayrl:episodes", metadata={"help": "Stream key that carries episodes."})
     group: str = field(default="trainer", metadata={"help": "Consumer group of the trainer."})
     retry_s: float = field(default=60.0, metadata={
-        "help": "How long services retry Redis operations through an outage before failing.", "gt": 0})
+        "help": "How long services retry Redis operations through an outage, and their writes through a full "
+                "Redis (maxmemory reached under noeviction: backpressure), before failing.", "gt": 0})
     version_key: str = field(default="relayrl:weight_version", metadata={
         "help": "Key of the durable counter that allocates weight versions (INCR; never reused)."})
     server_binary: str = field(default="", metadata={

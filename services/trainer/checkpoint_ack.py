@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from relayrl.common.retry import redis_retry
+from relayrl.common.retry import OomBackpressure, redis_retry
 from relayrl.common.stream import EpisodeStream
 from relayrl.trainer.checkpoint import save_checkpoint
 from relayrl.trainer.collectives import Collectives
@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 class CheckpointAck:
     def __init__(self, root: Path, every: int, keep: int, model: Any, tokenizer: Any,
                  optimizer: torch.optim.Optimizer, coll: Collectives, collector: GroupCollector,
-                 stream: EpisodeStream, retry_s: float, export_model: Any | None = None) -> None:
+                 stream: EpisodeStream, retry_s: float, export_model: Any | None = None,
+                 backpressure: OomBackpressure | None = None) -> None:
         self.root = root
+        # XACK and XTRIM free memory and a full Redis runs them; should one be refused, it waits like any write
+        self.backpressure = backpressure or OomBackpressure("trainer")
         self.export_model = export_model  # FSDP2, rank 0: the unsharded copy the Hugging Face export is written from
         self.every = every
         self.keep = keep
@@ -61,9 +64,9 @@ class CheckpointAck:
             save_checkpoint, self.root, step, weight_version, self.model, self.tokenizer, self.optimizer, self.keep,
             counters, self.coll, collector.consumed_ids, self.export_model)
         ids = collector.unacked + collector.done_on_resume
-        acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.retry_s)
+        acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.retry_s, backpressure=self.backpressure)
         # bounded memory: what every consumer group has acknowledged goes (never an unread or pending entry)
-        minid = await redis_retry(self.stream.trim_acked, "trim", self.retry_s)
+        minid = await redis_retry(self.stream.trim_acked, "trim", self.retry_s, backpressure=self.backpressure)
         log.info("checkpoint at step %d durable; acknowledged %d groups; stream trimmed below %s", step, acked,
                  minid)
         self.last_step = step

@@ -28,6 +28,11 @@ weights), is moved to the dead-letter stream ``<stream>:dead`` with the reason, 
 trained, never read again, and never stops the trainer. Groups produced = trained + dropped as stale + dropped
 for reward errors + dropped with zero advantage + invalid + pending.
 
+A full Redis (``maxmemory`` under ``noeviction``) refuses the dead-letter script and the drop records whole: the
+collector waits and retries each for up to ``redis.retry_s`` (counted in the trainer's OomBackpressure), consumes
+nothing meanwhile, and goes on exactly where it was once memory frees; past the bound the trainer stops with an
+OutOfMemoryError naming it.
+
 Ranks: every rank reads its own share of groups as the stable Redis consumer ``<consumer>-rank<r>``
 (groups_per_step / world_size groups per step); pending entries of consumers that no longer exist (a larger
 earlier world size) are claimed by rank 0 (:func:`consumer_name`, :func:`live_consumers`).
@@ -38,17 +43,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from relayrl.common.episodes import Limits, validate_group
 from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.redis_keys import trainer_consumer
-from relayrl.common.retry import redis_retry
+from relayrl.common.retry import OomBackpressure, redis_retry
 from relayrl.common.stream import BadEntry, EpisodeStream, StreamEntry
 from relayrl.config.trainer import RewardErrorPolicy
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def consumer_name(prefix: str, rank: int) -> str:
@@ -117,8 +125,10 @@ class GroupCollector:
     def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
                  already_done: set[str], checks: EntryChecks, retry_s: float = 60.0,
                  on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP,
-                 zero_advantage_drop_ratio: float | None = None) -> None:
+                 zero_advantage_drop_ratio: float | None = None, backpressure: OomBackpressure | None = None) -> None:
         self.checks = checks
+        # writes refused by a full Redis wait and retry (shared by the trainer's parts: relayrl.trainer.runtime)
+        self.backpressure = backpressure or OomBackpressure("trainer")
         # dynamic sampling: None leaves zero-advantage groups in; else drops per collect <= ratio x groups asked
         self.zero_advantage_drop_ratio = zero_advantage_drop_ratio
         self._zero_advantage_budget = 0
@@ -186,9 +196,20 @@ class GroupCollector:
 
     async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int) -> None:
         """Move an entry to the dead-letter stream, count it and acknowledge it (one idempotent script)."""
-        await redis_retry(lambda: self.stream.dead_letter(entry_id, fields, reason, episodes,  # type: ignore[misc]
-                                                          self.checks.dead_letter_maxlen), "dead letter", self.retry_s)
+        await self._write(lambda: self.stream.dead_letter(entry_id, fields, reason, episodes,  # type: ignore[misc]
+                                                          self.checks.dead_letter_maxlen), "dead letter")
         log.warning("moved stream entry %s to %s: %s", entry_id, self.stream.keys.dead_letter, reason)
+
+    async def ensure_group(self) -> None:
+        """The stream and its consumer group, created if absent (a full Redis refuses even an XGROUP CREATE of
+        a group that exists: it waits like any write)."""
+        await self._write(self.stream.ensure_group, "consumer group creation")
+
+    async def _write(self, op: Callable[[], Awaitable[T]], what: str) -> T:
+        """A write to Redis, retried through an outage and, as backpressure, through a full Redis (its command or
+        script refused whole: nothing applied) for up to ``redis.retry_s``; the collector goes on only once it is
+        applied, so nothing is consumed, counted or acknowledged before it."""
+        return await redis_retry(op, what, self.retry_s, backpressure=self.backpressure)
 
     def _rescan(self) -> None:
         """After a Redis outage, page through our pending entries again: acks or deliveries may be lost."""
@@ -207,8 +228,8 @@ class GroupCollector:
                     f"{reward_pb2.ScoreStatus.Name(ep.reward_status)}: {ep.reward_error} "
                     f"({len(failed)} of {len(entry.group.episodes)} failed; trainer.on_reward_error is fail)")
             if failed and len(failed) == len(entry.group.episodes):
-                await redis_retry(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
-                    e.group.group_id, len(e.group.episodes), "reward_error"), "record drop", self.retry_s)
+                await self._write(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
+                    e.group.group_id, len(e.group.episodes), "reward_error"), "record drop")
                 self.consumed(entry)
                 log.warning("dropped group %s: every episode failed scoring (%s)", entry.group.group_id,
                             failed[0].reward_error)
@@ -230,9 +251,8 @@ class GroupCollector:
             elif lag > self.max_staleness:
                 with log_context(group_id=entry.group.group_id):
                     # recorded in Redis at once: rollout's admission releases it without waiting for a step
-                    await redis_retry(lambda e=entry: self.stream.record_dropped(e.group.group_id,
-                                                                                 len(e.group.episodes)),
-                                      "record drop", self.retry_s)
+                    await self._write(lambda e=entry: self.stream.record_dropped(e.group.group_id,  # type: ignore[misc]
+                                                                                len(e.group.episodes)), "record drop")
                     self.consumed(entry)
                     log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
                                 self.max_staleness)
@@ -247,8 +267,8 @@ class GroupCollector:
             entry = ready.entry
             if self._zero_advantage_budget > 0 and zero_advantage(entry):
                 self._zero_advantage_budget -= 1
-                await redis_retry(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
-                    e.group.group_id, len(e.group.episodes), "zero_advantage"), "record drop", self.retry_s)
+                await self._write(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
+                    e.group.group_id, len(e.group.episodes), "zero_advantage"), "record drop")
                 self.consumed(entry)
                 log.info("dropped group %s: every valid episode has the same reward (dynamic sampling)",
                          entry.group.group_id)

@@ -159,7 +159,7 @@ class TrainingLoop:
             log.info("the run finished at step %d (%s): nothing to train", self.progress.step, self.resumed_from)
             self._announce(ServingState.SERVING_STATE_STOPPED, finished=True)
             return
-        await self.stream.ensure_group()
+        await self.collector.ensure_group()  # waits on a full Redis (XGROUP CREATE is refused) like any write
         if self.is_main:
             live = live_consumers(tc.stream.consumer, self.coll.world_size)
             await self.stream.claim_from_gone_consumers(self.collector.consumer, live)

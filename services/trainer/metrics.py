@@ -42,6 +42,11 @@ class _TrainerCollector(Collector):
                                   "validated, moved to the dead-letter stream (never trained).", value=s.groups_invalid)
         yield CounterMetricFamily("relayrl_trainer_episodes_invalid", "Episodes of those entries.",
                                   value=s.episodes_invalid)
+        oom = t.redis_backpressure
+        yield CounterMetricFamily("relayrl_trainer_redis_oom_retries", "Writes refused by a full Redis (maxmemory, "
+                                  "noeviction) and retried after a back-off.", value=oom.retries)
+        yield GaugeMetricFamily("relayrl_trainer_redis_full", "1 while a write waits on a full Redis (the trainer "
+                                "neither steps nor publishes meanwhile).", value=int(oom.full))
         yield GaugeMetricFamily("relayrl_trainer_last_checkpoint_step", "Step of the newest durable checkpoint.",
                                 value=t.checkpoints.last_step)
         if s.last_reward_mean is not None:

@@ -22,7 +22,7 @@ import torch
 
 from relayrl.client import InferenceClient
 from relayrl.common.logging import log_context
-from relayrl.common.retry import redis_retry
+from relayrl.common.retry import OomBackpressure, redis_retry
 from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.collectives import Collectives
@@ -42,8 +42,10 @@ class VersionPublication:
 
     def __init__(self, publisher: WeightPublisher, versions: VersionSource, lineage: VersionLineage,
                  coll: Collectives, inference_target: str, retry_s: float, resumed_version: int = 0,
-                 tls: TlsConfig | None = None, sharded: bool = False, inference_wait_s: float = 0.0) -> None:
+                 tls: TlsConfig | None = None, sharded: bool = False, inference_wait_s: float = 0.0,
+                 backpressure: OomBackpressure | None = None) -> None:
         self.publisher = publisher
+        self.backpressure = backpressure or OomBackpressure("trainer")  # a full Redis: allocation waits, retries
         self.inference_wait_s = inference_wait_s  # the first publication's wait for an inference still loading
         self.sharded = sharded  # FSDP2: every rank takes part in gathering the weights before each publication
         self.versions = versions
@@ -211,20 +213,30 @@ class VersionPublication:
         return step if not self.publishing else min(step, max(self.served_step, 0))
 
     async def _allocate(self, policy_step: int, floor: int) -> int:
-        version = await redis_retry(lambda: self.versions.allocate(floor=floor), "allocate version", self.retry_s)
+        """A fresh version, registered with its lineage and policy step, before anything is pushed under it. Each
+        write is retried on its own through an outage or a full Redis (backpressure, up to ``redis.retry_s``): a
+        refused allocation script applied nothing (the counter is not raised, no version is consumed), and a
+        registration is retried for the version already allocated, never under a new one. A reply lost in an
+        outage can only skip a version, never hand one out twice."""
+        version = await redis_retry(lambda: self.versions.allocate(floor=floor), "version allocation", self.retry_s,
+                                    backpressure=self.backpressure)
         with log_context(weight_version=version):
-            await redis_retry(lambda: self._register(version, policy_step), "register version", self.retry_s)
+            await redis_retry(lambda: self._register(version, policy_step), "version registration", self.retry_s,
+                              backpressure=self.backpressure)
         return version
 
     async def _register(self, version: int, policy_step: int) -> None:
+        """Record the version (and, at this incarnation's first publication, its lineage): idempotent HSETs, so a
+        retry after a refusal or a lost reply writes the same records again."""
+        lineage = self.lineage or version
         if self.lineage == 0:  # first publication of this incarnation: a new lineage, forked at resume
-            self.lineage = version
             parent = 0
             if self.resumed_version:
                 info = await self.lineage_db.info(self.resumed_version)
                 parent = info.lineage if info is not None else 0
-            await self.lineage_db.register_lineage(self.lineage, parent, policy_step)
-        await self.lineage_db.register(version, self.lineage, policy_step)
+            await self.lineage_db.register_lineage(lineage, parent, policy_step)
+            self.lineage = lineage  # only once recorded: a retry records it again
+        await self.lineage_db.register(version, lineage, policy_step)
 
     async def staleness(self, token_version: int) -> int:
         """Optimizer steps between the current weights and those that produced ``token_version``."""

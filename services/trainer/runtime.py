@@ -21,6 +21,7 @@ from relayrl.common.config import ConfigError
 from relayrl.common.control import redacted
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import trainer_pb2
+from relayrl.common.retry import OomBackpressure
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream
 from relayrl.common.tracking import Tracker, open_tracker
@@ -94,21 +95,24 @@ class Trainer:
         self.progress = TrainerProgress()
         already_done, resumed_version = self._restore()
         self.stream = EpisodeStream.from_config(cfg.redis)
+        # every write of this rank to a full Redis waits and retries (up to redis.retry_s), counted here
+        self.redis_backpressure = OomBackpressure("trainer")
         checks = EntryChecks(int(self.model.get_input_embeddings().num_embeddings), cfg.rollout.episode_token_cap(),
                              VersionSource(self.stream.client, self.stream.keys).latest, tc.stream.dead_letter_maxlen)
         self.collector = GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank),
                                         cfg.rollout.max_staleness, tc.stream.read_block_ms, already_done, checks,
                                         cfg.redis.retry_s, tc.on_reward_error,
-                                        tc.dynamic_sampling.max_drop_ratio if tc.dynamic_sampling.enabled else None)
+                                        tc.dynamic_sampling.max_drop_ratio if tc.dynamic_sampling.enabled else None,
+                                        self.redis_backpressure)
         self.publication = VersionPublication(
             self._publisher(), VersionSource(self.stream.client, self.stream.keys),
             VersionLineage(self.stream.client, self.stream.keys), self.coll, cfg.inference.server.target,
             cfg.redis.retry_s, resumed_version, cfg.tls, sharded=dims.fsdp,
-            inference_wait_s=tc.publication.inference_wait_s)
+            inference_wait_s=tc.publication.inference_wait_s, backpressure=self.redis_backpressure)
         self.publication.on_change = self.progress.changed.notify
         self.checkpoints = CheckpointAck(cfg.checkpoint_dir, tc.checkpoint.every, tc.checkpoint.keep, self.model,
                                          self.tokenizer, self.learner.optimizer, self.coll, self.collector,
-                                         self.stream, cfg.redis.retry_s, self.plain_model)
+                                         self.stream, cfg.redis.retry_s, self.plain_model, self.redis_backpressure)
         # rank 0: metrics.jsonl and the configured tracking backends (a backend that cannot start fails here)
         self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) \
             if self.rank == 0 else None
