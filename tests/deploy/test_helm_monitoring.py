@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from relayrl.common.pb.rollout_pb2 import RolloutStatus
+from relayrl.common.retry import OomBackpressure
 from relayrl.inference.engine import EngineStats
 from relayrl.inference.metrics import InferenceMetrics
 from relayrl.reward.server import RewardMetrics
@@ -92,7 +93,7 @@ def _exported_series() -> set[str]:
     push = SimpleNamespace(probe_max_diff=0.0, seconds=1.0, bytes_sent=10, version=1)
     publication = SimpleNamespace(weight_version=1, last_push=push, last_probe=push)
     trainer = SimpleNamespace(progress=progress, publication=publication,
-                              checkpoints=SimpleNamespace(last_step=0))
+                              checkpoints=SimpleNamespace(last_step=0), redis_backpressure=OomBackpressure("trainer"))
     pool = SimpleNamespace(ready_workers=1, busy_workers=0, queued=0)
     registries: list[CollectorRegistry] = [
         trainer_metrics(trainer),  # type: ignore[arg-type]

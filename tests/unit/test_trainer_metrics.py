@@ -7,6 +7,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from relayrl.common.retry import OomBackpressure
 from relayrl.trainer.metrics import trainer_metrics
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.weight_sync import PushResult
@@ -15,7 +16,7 @@ from relayrl.trainer.weight_sync import PushResult
 def _scrape(last_push: PushResult | None, last_probe: PushResult | None) -> dict[str, float]:
     publication = SimpleNamespace(weight_version=7, last_push=last_push, last_probe=last_probe)
     trainer: Any = SimpleNamespace(progress=TrainerProgress(step=3), publication=publication,
-                                   checkpoints=SimpleNamespace(last_step=0))
+                                   checkpoints=SimpleNamespace(last_step=0), redis_backpressure=OomBackpressure("t"))
     text = generate_latest(trainer_metrics(trainer)).decode()
     samples = (line.split(" ") for line in text.splitlines() if line and not line.startswith("#"))
     return {name: float(value) for name, value in samples}
@@ -38,3 +39,4 @@ def test_no_publication_yet_exports_no_publication_gauges() -> None:
     assert "relayrl_trainer_weight_sync_seconds" not in series
     assert "relayrl_trainer_probe_max_abs_diff" not in series
     assert series["relayrl_trainer_step"] == 3
+    assert series["relayrl_trainer_redis_oom_retries_total"] == 0 and series["relayrl_trainer_redis_full"] == 0
