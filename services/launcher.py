@@ -26,6 +26,7 @@ from typing import IO
 
 from relayrl.common.checkpoints import checkpoint_step, latest_checkpoint
 from relayrl.common.config import ConfigError
+from relayrl.common.credentials import service_environment
 from relayrl.common.files import write_private
 from relayrl.common.grpc_utils import check_health
 from relayrl.common.lifecycle import (
@@ -156,8 +157,9 @@ class Launcher:
 
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
-        env = {**os.environ, **self.credentials, "PYTHONUNBUFFERED": "1",
-               **thread_env(getattr(self.cfg, name).threads.intra_op)}
+        # only the credentials this service holds (relayrl.common.credentials.HELD); the caller's others removed
+        env = {**service_environment(name, os.environ, self.credentials, self.cfg.control, self.cfg.redis),
+               "PYTHONUNBUFFERED": "1", **thread_env(getattr(self.cfg, name).threads.intra_op)}
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
         world = self.cfg.trainer.distributed.world_size
         if name == "trainer" and world > 1:
@@ -187,6 +189,25 @@ class Launcher:
         return 1
 
     def run(self) -> int:
+        """The whole run with the umask of ``output_dir_mode`` (the launcher's, hence its children's and
+        redis-server's: every file of the run folder readable by its owner only by default)."""
+        umask = self._prepare_folder()
+        try:
+            return self._run()
+        finally:
+            os.umask(umask)
+
+    def _prepare_folder(self) -> int:
+        """Set the umask that ``output_dir_mode`` implies (returns the previous one), create the run folder and
+        give it and its existing folders that mode (a resumed or reused folder may be older and wider open)."""
+        mode = self.cfg.folder_mode()
+        previous = os.umask(0o777 & ~mode)
+        self.out.mkdir(parents=True, exist_ok=True)
+        for folder in (self.out, *(p for p in self.out.iterdir() if p.is_dir() and not p.is_symlink())):
+            folder.chmod(mode)
+        return previous
+
+    def _run(self) -> int:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
         if self.fresh:  # a new run never inherits an old stream, metrics or checkpoints

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,12 @@ class RunConfig:
     name: str = field(default="run", metadata={"help": "Run name (used for the default output folder)."})
     output_dir: Path = field(default=Path("runs/latest"), metadata={
         "help": "Output root: metrics.jsonl, config.yaml, logs/, checkpoints/."})
+    output_dir_mode: str = field(default="0700", metadata={
+        "help": "Permissions (octal) of the run folder of `relayrl run`; its files get the same without execute "
+                "bits (the launcher's and its services' umask): 0700 (files 0600) keeps the Redis AOF (every "
+                "episode), checkpoints, logs and metrics from other local users; 0750 shares them read-only with "
+                "the group. The owner needs rwx; nobody else may write. Quote it in YAML ('0750'): unquoted, YAML "
+                "reads an octal number."})
     seed: int = field(default=0, metadata={"help": "Global seed."})
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = field(default="INFO", metadata={
         "help": "Log level of every service."})
@@ -60,6 +67,7 @@ class RunConfig:
                 "plaintext)."})
 
     def validate(self) -> None:
+        self.folder_mode()
         if self.model.lora.enabled and self.trainer.distributed.dp_shard > 1:
             raise ConfigError("trainer.distributed.dp_shard", self.trainer.distributed.dp_shard,
                               "must be 1 with model.lora.enabled (the adapter is small: replicate it)")
@@ -78,6 +86,20 @@ class RunConfig:
             raise ConfigError("rollout.group_size", self.rollout.group_size,
                               f"must be <= inference.max_samples_per_request "
                               f"({self.inference.max_samples_per_request})")
+
+    def folder_mode(self) -> int:
+        """``output_dir_mode`` as mode bits (ConfigError when it is not octal, lacks the owner's rwx or lets group
+        or others write)."""
+        text = self.output_dir_mode
+        if not re.fullmatch(r"0?[0-7]{3}", text):
+            raise ConfigError("output_dir_mode", text, "must be three octal digits, e.g. 0700 or 0750")
+        mode = int(text, 8)
+        if mode & 0o700 != 0o700:
+            raise ConfigError("output_dir_mode", text, "must give the owner rwx (7 as the first digit)")
+        if mode & 0o022:
+            raise ConfigError("output_dir_mode", text, "must not let group or others write (no 2, 3, 6 or 7 after "
+                                                       "the first digit)")
+        return mode
 
     @property
     def weights_dir(self) -> Path:
