@@ -146,6 +146,9 @@ def _operating_commands(sub: Any) -> None:
     dash.add_argument("run_dir", type=Path, help="run folder (holding metrics.jsonl) or a metrics.jsonl file")
     dash.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
     dash.add_argument("--port", type=_port, default=0, help="TCP port (0: any free port; the URL is printed)")
+    dash.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                      help="a Host header name to answer besides localhost, IP addresses and --host (repeatable; "
+                           "'*' answers any name, which lets a web page read the metrics by DNS rebinding)")
 
 
 def _tls_arguments(p: argparse.ArgumentParser) -> None:
@@ -305,7 +308,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
     setup_logging("dashboard")
     try:
-        server = DashboardServer(args.run_dir, args.host, args.port)
+        server = DashboardServer(args.run_dir, args.host, args.port, ("localhost", *args.allow_host))
     except OSError as exc:
         print(f"relayrl: cannot serve the dashboard on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+import re
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 from relayrl.config.endpoints import HttpConfig
@@ -71,6 +73,67 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body.encode()})
 
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+_HOST_PORT = re.compile(r"(?:\[(?P<v6>[^\]]+)\]|(?P<name>[^:\[\]]+))(?::[0-9]{1,5})?")
+
+
+def host_allowed(header: str | None, allowed: Sequence[str], bind_host: str = "") -> bool:
+    """Whether a request's ``Host`` header (name or IP, optional port) names this server: an IP address (a DNS
+    rebinding attack's page always sends its own name), ``bind_host`` unless a wildcard, or a name of ``allowed``
+    (``*.domain``: its subdomains; ``*``: anything). No Host header, or a malformed one, is refused."""
+    if "*" in allowed:
+        return True
+    match = _HOST_PORT.fullmatch(header.strip()) if header else None
+    if match is None:
+        return False
+    name = (match["v6"] or match["name"]).lower().rstrip(".")
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        if match["v6"]:
+            return False
+    names = {n.lower().rstrip(".") for n in allowed}
+    if bind_host not in WILDCARD_HOSTS:
+        names.add(bind_host.strip("[]").lower().rstrip("."))
+    return name in names or any(n.startswith("*.") and name.endswith(n[1:]) for n in names)
+
+
+class TrustedHosts:
+    """ASGI middleware: a request whose ``Host`` header :func:`host_allowed` refuses gets 400 (in OpenAI's error
+    shape) before any route, or the body limit, sees it."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str], bind_host: str) -> None:
+        self.app = app
+        self.allowed = tuple(allowed)
+        self.bind_host = bind_host
+        self.refused = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = dict(scope.get("headers") or []).get(b"host")
+            if not host_allowed(host.decode("latin-1") if host is not None else None, self.allowed, self.bind_host):
+                self.refused += 1
+                (log.warning if self.refused == 1 else log.debug)(  # once: a page may send many
+                    "refused a request naming a host not in http.allowed_hosts %s (%d so far)", list(self.allowed),
+                    self.refused)
+                await _refuse_host(scope, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _refuse_host(scope: Scope, send: Send) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = json.dumps({"error": {"message": "invalid Host header: this server does not answer that name "
+                                            "(http.allowed_hosts)", "type": "invalid_request_error",
+                                 "param": None, "code": "invalid_host"}})
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body.encode()})
+
+
 def _server_class() -> Any:
     import uvicorn
 
@@ -92,7 +155,7 @@ class HttpServer:
 
         self.cfg = cfg
         self.name = name
-        limited = BodyLimit(app, cfg.max_body_mib * 1024 * 1024)
+        limited = TrustedHosts(BodyLimit(app, cfg.max_body_mib * 1024 * 1024), cfg.allowed_hosts, cfg.host)
         self._server = _server_class()(uvicorn.Config(limited, host=cfg.host, port=cfg.port, log_config=None,
                                                       access_log=False, lifespan="off"))
         self._task: asyncio.Task[None] | None = None

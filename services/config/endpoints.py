@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from relayrl.common.config import ConfigError
@@ -55,6 +56,20 @@ class HttpConfig:
     port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port).", "ge": 0, "le": 65535})
     max_body_mib: int = field(default=1, metadata={
         "help": "Largest request body (MiB); a larger one gets 413 before it is read.", "ge": 1, "le": 1024})
+    allowed_hosts: list[str] = field(default_factory=lambda: ["localhost"], metadata={
+        "help": "Host header names the HTTP API answers (any port), besides IP addresses and the bind host: a "
+                "request naming another host gets 400 before any route runs, so a web page cannot read the API "
+                "through DNS rebinding. '*.example.org' matches its subdomains; '*' answers any name "
+                "(unsafe: DNS rebinding)."})
+
+    def validate(self) -> None:
+        for name in self.allowed_hosts:
+            if not HOST_PATTERN.fullmatch(name):
+                raise ConfigError("allowed_hosts", name, "must be a host name without port or scheme "
+                                                         "(e.g. inference, *.svc.cluster.local), or '*'")
+
+
+HOST_PATTERN = re.compile(r"\*|(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?")
 
 
 def http_config(port: int, max_body_mib: int = 1) -> HttpConfig:

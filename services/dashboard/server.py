@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from relayrl.common.http import host_allowed
 from relayrl.common.metrics_row import RlRow, format_books, parse_row
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ def _max_staleness(config_path: Path) -> int | None:
 class DashboardServer:
     """Serves the page and ``/api/metrics`` for one run folder until ``close``."""
 
-    def __init__(self, run_dir: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, run_dir: Path, host: str = "127.0.0.1", port: int = 0,
+                 allowed_hosts: tuple[str, ...] = ("localhost",)) -> None:
         if run_dir.is_file():  # a metrics file given directly
             self.metrics_path, self.run_dir = run_dir, run_dir.parent
         else:
@@ -133,6 +135,7 @@ class DashboardServer:
         self.httpd = server_cls((host, port), _Handler)
         self.httpd.dashboard = self
         self.host = host
+        self.allowed_hosts = allowed_hosts  # Host header names answered besides IPs and the bind host (DNS rebinding)
         self._thread: threading.Thread | None = None
 
     @property
@@ -198,6 +201,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
+        dashboard = self.server.dashboard
+        if not host_allowed(self.headers.get("Host"), dashboard.allowed_hosts, dashboard.host):
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": "invalid Host header: this dashboard does not answer "
+                                                              "that name (relayrl dashboard --allow-host)"})
+            return
         try:
             if url.path in ("/", "/index.html"):
                 self._send(HTTPStatus.OK, "text/html; charset=utf-8", self.server.dashboard.page)

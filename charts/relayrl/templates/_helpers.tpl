@@ -175,6 +175,11 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- $http := default dict $section.http }}
 {{- $_ := set $http "host" "0.0.0.0" }}
 {{- $_ := set $http "port" (int .) }}
+{{- /* Host names the REST API answers (DNS rebinding guard): the configured ones (default localhost) and the
+       Service's names; IP addresses (probes, Prometheus scraping pods) are always answered */}}
+{{- $svcName := include "relayrl.componentName" (list $ $svc) }}
+{{- $names := list $svcName (printf "%s.%s" $svcName $.Release.Namespace) (printf "%s.%s.svc" $svcName $.Release.Namespace) (printf "%s.%s.svc.cluster.local" $svcName $.Release.Namespace) }}
+{{- $_ := set $http "allowed_hosts" (concat (default (list "localhost") $http.allowed_hosts) $names | uniq) }}
 {{- $_ := set $section "http" $http }}
 {{- end }}
 {{- if eq $svc "inference" }}
