@@ -111,8 +111,8 @@ async def _post_raw(port: int, declared: int | None, body_bytes: int) -> tuple[i
     ``body_bytes`` of body, stopping as soon as the server has answered. Returns (status, response, bytes sent)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     framing = f"content-length: {declared}" if declared is not None else "transfer-encoding: chunked"
-    writer.write(f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
-                 .encode())
+    writer.write(f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 f"{framing}\r\n\r\n".encode())
     sent = 0
     answer = asyncio.ensure_future(reader.read(65536))
     try:
