@@ -49,6 +49,7 @@ from relayrl.run_report import entries_added, progress_line, run_summary
 log = logging.getLogger(__name__)
 
 SERVICE_ORDER = ("reward", "inference", "trainer", "rollout")
+RUN_FOLDERS = ("logs", "checkpoints", "redis", "weights", "tensorboard", "collectives")  # what a run writes
 CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what `relayrl control RUN_DIR` presents
 
 
@@ -199,12 +200,14 @@ class Launcher:
 
     def _prepare_folder(self) -> int:
         """Set the umask that ``output_dir_mode`` implies (returns the previous one), create the run folder and
-        give it and its existing folders that mode (a resumed or reused folder may be older and wider open)."""
+        give it and the run's own folders that mode (a resumed or reused folder may be older and wider open; the
+        folder's mode alone keeps others out of everything below it)."""
         mode = self.cfg.folder_mode()
         previous = os.umask(0o777 & ~mode)
         self.out.mkdir(parents=True, exist_ok=True)
-        for folder in (self.out, *(p for p in self.out.iterdir() if p.is_dir() and not p.is_symlink())):
-            folder.chmod(mode)
+        for folder in (self.out, *(self.out / name for name in RUN_FOLDERS)):
+            if folder.is_dir() and not folder.is_symlink():
+                folder.chmod(mode)
         return previous
 
     def _run(self) -> int:
