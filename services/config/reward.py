@@ -58,6 +58,24 @@ class SandboxConfig:
                               f"must be >= wall_timeout_s ({self.wall_timeout_s})")
 
 
+class SelfReported(StrEnum):
+    REFUSE = "refuse"
+    TRUST = "trust"
+
+
+@dataclass
+class CodeVerifierConfig:
+    """How the `code` verifier judges a row's `tests` (io_tests and hidden-answer tests are always judged outside
+    the sandbox, against answers the program never sees)."""
+
+    self_reported: SelfReported = field(default=SelfReported.REFUSE, metadata={
+        "help": "Tests whose verdict only the harness inside the sandbox can report (any statement other than "
+                "`assert <expr> == <literal>` / `assert <expr> is None|True|False`, e.g. `assert is_prime(7)`): "
+                "the program shares that interpreter and can forge them. refuse: a row with one is a reward "
+                "ERROR naming the test (never a score); trust: they count as the harness reports them, and the "
+                "details say how many were self-reported."})
+
+
 @dataclass
 class CodeRunsConfig:
     """Limits of RunCode, which runs one program for a tool in the sandbox above (its memory, output, process and
@@ -123,6 +141,8 @@ class RewardConfig:
         "deprecated": "use workers (verifiers now run in worker processes)", "removed_in": "0.3"})
     sandbox: SandboxConfig = field(default_factory=SandboxConfig, metadata={
         "help": "The sandbox that runs model-written code (the `code` verifier, RunCode)."})
+    code: CodeVerifierConfig = field(default_factory=CodeVerifierConfig, metadata={
+        "help": "The `code` verifier: how it judges the row's tests."})
     code_runs: CodeRunsConfig = field(default_factory=CodeRunsConfig, metadata={
         "help": "RunCode (a rollout tool running model-written code in the sandbox): its limits; it needs the code "
                 "token (control.code_token_env)."})

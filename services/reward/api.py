@@ -4,7 +4,10 @@ A reward function takes a :class:`RewardInput` and returns a float or a :class:`
 sync or async. Raising, or returning a non-finite score, is an error result, never a 0. Configured keyword
 parameters are bound after the input: ``fn(inp, **params)``. A function that runs untrusted code declares a
 keyword-only parameter ``sandbox``: the service passes it its :class:`relayrl.reward.sandbox.Sandbox` (built from
-``reward.sandbox`` in each verifier process): ``fn(inp, *, sandbox, **params)``.
+``reward.sandbox`` in each verifier process): ``fn(inp, *, sandbox, **params)``; one that also declares a
+keyword-only ``code_config`` gets ``reward.code`` (:class:`relayrl.config.reward.CodeVerifierConfig`). A function
+that runs programs (it takes the sandbox, or is decorated with :func:`runs_code`) makes every scoring call need
+the code token.
 
 Plugins: a package registers functions under the entry-point group ``relayrl.rewards``
 (``[project.entry-points."relayrl.rewards"] my_reward = "my_pkg.rewards:score"``); the config then names them
@@ -18,7 +21,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from relayrl.common.config import ConfigError
 from relayrl.common.plugins import load_callable, registered
@@ -76,13 +79,43 @@ def bind_params(fn: RewardFn, params: Mapping[str, Any], field_name: str = "rewa
     return bound  # type: ignore[return-value]
 
 
-def wants_sandbox(fn: RewardFn) -> bool:
-    """Whether ``fn`` takes the service's sandbox: it has a keyword-only parameter named ``sandbox``."""
+def wants_keyword(fn: RewardFn, name: str) -> bool:
+    """Whether ``fn`` has a keyword-only parameter ``name`` (one the service gives, not a configured param)."""
     try:
-        param = inspect.signature(fn).parameters.get("sandbox")
+        param = inspect.signature(fn).parameters.get(name)
     except (TypeError, ValueError):  # no signature (a builtin)
         return False
     return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def wants_sandbox(fn: RewardFn) -> bool:
+    """Whether ``fn`` takes the service's sandbox: it has a keyword-only parameter named ``sandbox``."""
+    return wants_keyword(fn, "sandbox")
+
+
+RUNS_CODE = "relayrl_runs_code"  # the attribute by which a reward function declares that it runs programs
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def runs_code(fn: F) -> F:
+    """Declare that the reward function ``fn`` executes programs (model-written code): the service then requires the
+    code token (``control.code_token_env``) on every Score, ScoreBatch and ``POST /score`` call. A function that
+    takes the service's ``sandbox`` counts as one without it; a plugin that runs code by other means must say so."""
+    setattr(fn, RUNS_CODE, True)
+    return fn
+
+
+def executes_code(fn: RewardFn) -> bool:
+    """Whether ``fn`` runs programs: it takes the sandbox, or is declared with :func:`runs_code` (also through a
+    ``functools.partial`` or a wrapper that keeps ``__wrapped__``)."""
+    target: Any = fn
+    for _ in range(16):
+        if wants_sandbox(target) or getattr(target, RUNS_CODE, False) is True:
+            return True
+        target = target.func if isinstance(target, functools.partial) else getattr(target, "__wrapped__", None)
+        if target is None:
+            return False
+    return False
 
 
 def normalize_result(value: Any) -> RewardResult:

@@ -8,16 +8,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.common.config import ConfigError
-from relayrl.config.reward import RewardConfig
+from relayrl.config.reward import CodeVerifierConfig, RewardConfig
 from relayrl.reward.api import (
     RewardFn,
     RewardFunctionError,
     RewardInput,
     RewardResult,
     bind_params,
+    executes_code,
     load_reward_function,
     normalize_result,
     registered_rewards,
+    wants_keyword,
     wants_sandbox,
 )
 from relayrl.reward.sandbox import Sandbox
@@ -38,13 +40,14 @@ class ScorerSpec:
     function: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     components: tuple[ComponentSpec, ...] = ()
+    code: CodeVerifierConfig = field(default_factory=CodeVerifierConfig)  # reward.code, for the code verifier
 
     @classmethod
     def from_config(cls, cfg: RewardConfig) -> ScorerSpec:
         if cfg.components:
             return cls(components=tuple(ComponentSpec(c.name, c.function, c.weight, dict(c.params))
-                                        for c in cfg.components))
-        return cls(function=cfg.function, params=dict(cfg.params))
+                                        for c in cfg.components), code=cfg.code)
+        return cls(function=cfg.function, params=dict(cfg.params), code=cfg.code)
 
     def modules(self) -> list[str]:
         """Modules of the configured ``module:function`` specs (preloaded by the forkserver)."""
@@ -58,17 +61,23 @@ class ScorerSpec:
         return " + ".join(f"{c.weight:g}*{c.name}({c.function})" for c in self.components)
 
 
-def _load(function: str, params: dict[str, Any], field_name: str, sandbox: Sandbox | None) -> RewardFn:
-    """The function of ``function`` with its ``params`` bound, and ``sandbox=`` when it takes one."""
+def _load(function: str, params: dict[str, Any], field_name: str, sandbox: Sandbox | None,
+          code: CodeVerifierConfig) -> tuple[RewardFn, bool]:
+    """The function of ``function`` with its ``params`` bound (and ``sandbox=``, ``code_config=`` when it takes
+    them), and whether it runs code."""
     fn = load_reward_function(function, f"{field_name}.function")
-    if not wants_sandbox(fn):
-        return bind_params(fn, params, f"{field_name}.params")
-    if "sandbox" in params:
-        raise ConfigError(f"{field_name}.params", dict(params), "`sandbox` is not a parameter: the service gives "
-                                                                "its sandbox (reward.sandbox)")
-    if sandbox is None:
-        raise ValueError(f"{function} runs code in a sandbox: create the Scorer with one")
-    return bind_params(fn, {**params, "sandbox": sandbox}, f"{field_name}.params")
+    injected: dict[str, Any] = {}
+    if wants_keyword(fn, "code_config"):
+        injected["code_config"] = code
+    if wants_sandbox(fn):
+        if sandbox is None:
+            raise ValueError(f"{function} runs code in a sandbox: create the Scorer with one")
+        injected["sandbox"] = sandbox
+    clash = sorted(set(injected) & set(params))
+    if clash:
+        raise ConfigError(f"{field_name}.params", dict(params), f"`{clash[0]}` is not a parameter: the service "
+                                                                "gives it (reward.sandbox, reward.code)")
+    return bind_params(fn, {**params, **injected}, f"{field_name}.params"), executes_code(fn)
 
 
 class Scorer:
@@ -79,18 +88,18 @@ class Scorer:
     Async functions run to completion on this scorer's event loop (one per verifier process).
 
     ``sandbox`` is passed to the functions that take a keyword-only ``sandbox`` parameter (the ``code``
-    verifier); a spec with such a function needs one."""
+    verifier); a spec with such a function needs one. ``runs_code``: some function runs programs
+    (:func:`relayrl.reward.api.executes_code`)."""
 
     def __init__(self, spec: ScorerSpec, sandbox: Sandbox | None = None) -> None:
         self.spec = spec
         self.sandbox = sandbox
         self._loop: asyncio.AbstractEventLoop | None = None
-        if spec.components:
-            self.parts: list[tuple[str, float, RewardFn]] = [
-                (c.name, c.weight, _load(c.function, c.params, f"reward.components.{c.name}", sandbox))
-                for c in spec.components]
-        else:
-            self.parts = [("", 1.0, _load(spec.function, spec.params, "reward", sandbox))]
+        loaded = [(c.name, c.weight, _load(c.function, c.params, f"reward.components.{c.name}", sandbox, spec.code))
+                  for c in spec.components] if spec.components else \
+            [("", 1.0, _load(spec.function, spec.params, "reward", sandbox, spec.code))]
+        self.parts: list[tuple[str, float, RewardFn]] = [(name, weight, fn) for name, weight, (fn, _) in loaded]
+        self.runs_code = any(runs for _, _, (_, runs) in loaded)  # some part runs programs: calls need the code token
 
     def _call(self, fn: RewardFn, inp: RewardInput) -> RewardResult:
         value = fn(inp)

@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from relayrl.config.reward import SandboxBackend, SandboxConfig
+from relayrl.config.reward import CodeVerifierConfig, SandboxBackend, SandboxConfig, SelfReported
 from relayrl.reward.api import RewardInput
 from relayrl.reward.sandbox import Sandbox, SandboxUnavailable
 from relayrl.reward.verifiers.code import code_reward
@@ -21,12 +21,13 @@ SANDBOX = Sandbox(SandboxConfig(wall_timeout_s=4.0, total_timeout_s=8.0))
 TESTS = ["assert solve(2) == 4", "assert solve(3) == 9", "assert 16 == solve(4)"]
 
 
-Verify = Callable[[str, list[str]], tuple[float, str]]  # (program, tests) -> (score, details)
+Verify = Callable[..., tuple[float, str]]  # (program, tests, trust self-reported=False) -> (score, details)
 
 
-def _score_here(program: str, tests: list[str]) -> tuple[float, str]:
+def _score_here(program: str, tests: list[str], trust: bool = False) -> tuple[float, str]:
+    code = CodeVerifierConfig(SelfReported.TRUST if trust else SelfReported.REFUSE)
     result = code_reward(RewardInput(prompt="", completion=program, reference="", metadata={"tests": tests}),
-                         sandbox=SANDBOX)
+                         sandbox=SANDBOX, code_config=code)
     return result.score, result.details
 
 
@@ -41,8 +42,8 @@ def verifier_process() -> Iterator[ProcessPoolExecutor]:
 
 @pytest.fixture
 def verify(verifier_process: ProcessPoolExecutor) -> Verify:
-    def run(program: str, tests: list[str]) -> tuple[float, str]:
-        return verifier_process.submit(_score_here, program, tests).result(timeout=60)
+    def run(program: str, tests: list[str], trust: bool = False) -> tuple[float, str]:
+        return verifier_process.submit(_score_here, program, tests, trust).result(timeout=60)
     return run
 
 
@@ -85,8 +86,10 @@ def test_an_honest_program_passes_hidden_answer_tests(verify: Verify) -> None:
     assert score == 1.0, details
 
 
-def test_statement_tests_that_cannot_hide_their_answer_are_counted_as_self_reported(verify: Verify) -> None:
-    score, details = verify("def solve(x):\n    return x * x\n", ["assert solve(2) > 3", "assert solve(2) == 4"])
+def test_statement_tests_that_cannot_hide_their_answer_are_counted_as_self_reported_when_trusted(
+        verify: Verify) -> None:
+    score, details = verify("def solve(x):\n    return x * x\n", ["assert solve(2) > 3", "assert solve(2) == 4"],
+                            trust=True)
 
     assert score == 1.0
     assert "1 of 2 tests self-reported" in details
