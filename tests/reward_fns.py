@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from relayrl.reward.api import RewardInput, RewardResult
+from relayrl.reward.api import RewardInput, RewardResult, runs_code
 from relayrl.reward.sandbox import Sandbox
 
 
@@ -140,3 +140,11 @@ def job_echo(inp: RewardInput) -> RewardResult:
     if kind == "late":
         time.sleep(float(inp.metadata["late_s"]))
     return RewardResult(score=float(number), details=f"job {number}")
+
+
+@runs_code
+def runs_a_program(inp: RewardInput) -> RewardResult:
+    """A plugin that declares it runs code (no sandbox parameter): it leaves the file metadata["marker"] behind, so
+    a test sees whether it ran."""
+    Path(inp.metadata["marker"]).touch()
+    return RewardResult(score=1.0, details="ran")

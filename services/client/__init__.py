@@ -253,14 +253,16 @@ class RewardClient(ServiceClient):
         return await self.call(self.stub.GetStatus, reward_pb2.GetRewardStatusRequest(),
                                policy=self.policy_for("GetStatus"))
 
+    # Score and ScoreBatch send the client's token (the code token) when it has one: a reward that runs code (the
+    # code verifier) scores only for its holders; a pure reward ignores it.
     async def score(self, request: reward_pb2.ScoreRequest, timeout_s: float = 60.0) -> reward_pb2.ScoreResponse:
-        return await self.call(self.stub.Score, request, timeout_s, policy=self.policy_for("Score"))
+        return await self.call(self.stub.Score, request, timeout_s, mutating=True, policy=self.policy_for("Score"))
 
     async def score_batch(self, requests: Sequence[reward_pb2.ScoreRequest],
                           timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
         """Score several episodes in one call; the responses come in the order of ``requests``."""
         return await self.call(self.stub.ScoreBatch, reward_pb2.ScoreBatchRequest(requests=requests), timeout_s,
-                               policy=self.policy_for("ScoreBatch"))
+                               mutating=True, policy=self.policy_for("ScoreBatch"))
 
     async def run_code(self, code: str, stdin: bytes = b"", timeout_s: float = 10.0, run_timeout_s: float = 0.0,
                        memory_mb: int = 0) -> reward_pb2.RunCodeResponse:

@@ -3,6 +3,8 @@
 - ``POST /score``: one request (``prompt``, ``completion``, ``reference``, ``metadata`` as plain JSON,
   optional ``episode_id``) -> ``status`` (``ok`` / ``error`` / ``timeout``), ``score``, ``components``,
   ``error``, ``details``. A failed verifier is a 200 with an error status (a result, not a transport error).
+  When the reward runs code (``RewardServicer.runs_code``) it needs the code token as ``/run_code`` does (401
+  without it, 403 when the service has none), checked before the body is scored.
 - ``POST /run_code`` (RunCode's REST form, for tools written outside rollout): ``code``, ``stdin`` (text),
   ``timeout_s``, ``memory_mb`` (0: the defaults) -> ``status`` (``exited`` / ``timeout`` / ``output_exceeded`` /
   ``error``), ``exit_code``, ``stdout``, ``stderr`` (UTF-8, undecodable bytes replaced), ``wall_s``, ``error``.
@@ -29,7 +31,7 @@ from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.reward.api import RewardInput
 from relayrl.reward.code_runs import RefusedRun, status_label
 from relayrl.reward.protocol import Status
-from relayrl.reward.server import RewardServicer
+from relayrl.reward.server import SCORE_CALL, RewardServicer
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +72,12 @@ class RunCodeResult(BaseModel):
 REFUSED_HTTP = {grpc.StatusCode.RESOURCE_EXHAUSTED: 413, grpc.StatusCode.INVALID_ARGUMENT: 400}
 
 
-def check_code_token(authorization: str | None, token: str) -> None:
-    """RunCode's credential over REST, as over gRPC: 403 when the service has none, 401 without it."""
+def check_code_token(authorization: str | None, token: str, what: str = "run_code") -> None:
+    """The code token over REST, as over gRPC: 403 when the service has none, 401 without it."""
     if not token:
-        raise HTTPException(status_code=403, detail="run_code is disabled: the service has no code token configured")
+        raise HTTPException(status_code=403, detail=f"{what} is disabled: the service has no code token configured")
     if not authorized(authorization, token):
-        raise HTTPException(status_code=401, detail="run_code needs Authorization: Bearer <code token>",
+        raise HTTPException(status_code=401, detail=f"{what} needs Authorization: Bearer <code token>",
                             headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -84,7 +86,9 @@ def create_app(servicer: RewardServicer) -> FastAPI:
     refuse_invalid_bodies(app)
 
     @app.post("/score", response_model=ScoreResponseBody)
-    async def score(body: ScoreRequestBody) -> ScoreResponseBody:
+    async def score(body: ScoreRequestBody, authorization: str | None = Header(default=None)) -> ScoreResponseBody:
+        if servicer.runs_code:  # before anything runs
+            check_code_token(authorization, servicer.code_token, SCORE_CALL)
         inp = RewardInput(prompt=body.prompt, completion=body.completion, reference=body.reference,
                           metadata=body.metadata)
         (outcome,) = await servicer.score([inp], [body.episode_id])

@@ -67,15 +67,23 @@ class RewardMetrics:
               registry=self.registry).set_function(lambda: pool.queued)
 
 
+SCORE_CALL = "scoring with a reward that runs code"
+
+
 class RewardServicer(pb_grpc.RewardServiceServicer):
-    """``code_token``: the bearer token RunCode needs (empty: RunCode is refused)."""
+    """``code_token``: the bearer token RunCode needs (empty: RunCode is refused), and Score/ScoreBatch too when the
+    reward runs programs (``runs_code``: the code verifier, or a plugin declared with
+    :func:`relayrl.reward.api.runs_code`); scoring with a pure reward needs none."""
 
     def __init__(self, cfg: RewardConfig, code_token: str = "") -> None:
         self.cfg = cfg
         self.code_token = code_token
         self.spec = ScorerSpec.from_config(cfg)
         # import and check the functions here (before serving): a bad config fails start-up naming the field
-        Scorer(self.spec, sandbox=Sandbox(cfg.sandbox))
+        self.runs_code = Scorer(self.spec, sandbox=Sandbox(cfg.sandbox)).runs_code
+        if self.runs_code and not code_token:
+            log.warning("the reward (%s) runs code and no code token is configured (control.code_token_env): every "
+                        "Score, ScoreBatch and POST /score is refused", self.spec.describe())
         self.header = StatusHeader("reward")
         self.pool = VerifierPool(self.spec, cfg.sandbox, cfg.workers, cfg.timeout_s, cfg.chunk_size,
                                  cfg.start_method, cfg.worker_memory_mb, on_restart=self._restarted)
@@ -125,12 +133,19 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         return RewardInput(prompt=req.prompt, completion=req.completion, reference=req.reference,
                            metadata=decode_metadata(req.metadata))
 
+    async def require_code_token(self, context: grpc.aio.ServicerContext) -> None:
+        """A reward that runs code scores only for holders of the code token, checked before any work."""
+        if self.runs_code:
+            await require_token(context, self.code_token, SCORE_CALL)
+
     async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
+        await self.require_code_token(context)
         (outcome,) = await self.score([self.to_input(request)], [request.episode_id])
         return self.to_pb(request.episode_id, outcome)
 
     async def ScoreBatch(self, request: pb.ScoreBatchRequest,
                          context: grpc.aio.ServicerContext) -> pb.ScoreBatchResponse:
+        await self.require_code_token(context)
         if len(request.requests) > self.cfg.max_batch:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"batch of {len(request.requests)} exceeds max_batch={self.cfg.max_batch}")
@@ -172,7 +187,8 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
 def create_reward_server(cfg: RewardConfig, tls: TlsConfig | None = None,
                          code_token: str = "") -> tuple[ServerHandle, RewardServicer]:
     """The gRPC server (TLS when ``tls`` is on) and its servicer; ``await servicer.start()`` starts the verifier
-    workers. ``code_token``: what RunCode needs (control.code_token_env; empty: RunCode is refused)."""
+    workers. ``code_token``: what RunCode needs (control.code_token_env; empty: RunCode is refused), and scoring
+    with a reward that runs code."""
     servicer = RewardServicer(cfg, code_token)
     handle = create_server(
         cfg.server,

@@ -33,7 +33,8 @@ class RolloutClients:
     def connect(cls, inference: str, reward: str, trainer: str, tls: TlsConfig | None = None,
                 code_token: str = "") -> RolloutClients:
         """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on; ``code_token``:
-        what reward's RunCode needs (control.code_token_env), sent on that call only."""
+        what reward's RunCode needs (control.code_token_env), and its ScoreBatch when the reward runs code; sent on
+        those calls only."""
         return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY, "GenerateBatch": GENERATE_POLICY},
                                    tls=tls),
                    RewardClient(reward, token=code_token,

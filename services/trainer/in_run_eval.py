@@ -96,7 +96,8 @@ class InRunEval:
     async def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
         async with InferenceClient(cfg.inference.server.target, tls=cfg.tls) as inference, \
-                RewardClient(cfg.reward.server.target, tls=cfg.tls) as reward:
+                RewardClient(cfg.reward.server.target, token=cfg.control.effective_code_token(),  # a code reward's
+                             tls=cfg.tls) as reward:
             return await evaluate(cfg, self.settings, self.rows, inference, reward)
 
     def row(self, step: int, version: int, result: dict[str, Any]) -> EvalRow:
