@@ -37,6 +37,8 @@ UID_BASE = 300_000 + (os.getpid() % 4096) * UID_RANGE
 # start-up (namespaces, an interpreter), the RPC, and a late timer; 1 s was enough only on an idle machine.
 MARGIN_S = 3.0
 SECRET = "relayrl-test-secret-7f3a91"
+CODE_TOKEN = "relayrl-test-code-token-0c4e"  # scoring with the code verifier needs it (Score, ScoreBatch)
+AUTH = (("authorization", f"Bearer {CODE_TOKEN}"),)
 
 
 @dataclass
@@ -108,13 +110,13 @@ def _score(host: Host, backend: SandboxBackend, completion: str, metadata: dict[
     before, earlier = host.snapshot(), _descendants()
 
     async def go() -> tuple[pb.ScoreResponse, float]:
-        async with reward_server(function, workers=1, timeout_s=VERIFIER_TIMEOUT_S, sandbox=sandbox) as (target, _), \
-                insecure_channel(target) as ch:
+        async with reward_server(function, code_token=CODE_TOKEN, workers=1, timeout_s=VERIFIER_TIMEOUT_S,
+                                 sandbox=sandbox) as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
             t0 = time.monotonic()
             resp = await stub.Score(pb.ScoreRequest(
                 episode_id="adv", completion=completion, reference=reference,
-                metadata={k: json.dumps(v) for k, v in metadata.items()}), timeout=30)
+                metadata={k: json.dumps(v) for k, v in metadata.items()}), timeout=30, metadata=AUTH)
             return resp, time.monotonic() - t0
 
     resp, elapsed = asyncio.run(go())
@@ -255,12 +257,12 @@ def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
         out: dict[str, list[pb.ScoreResponse]] = {}
         for function in dict.fromkeys(f for f, *_ in CLEAN_SET):  # each verifier as the service's reward
             rows = [(c, r, m) for f, c, r, m in CLEAN_SET if f == function]
-            async with reward_server(function, workers=2, sandbox=sandbox) as (target, _), \
+            async with reward_server(function, code_token=CODE_TOKEN, workers=2, sandbox=sandbox) as (target, _), \
                     insecure_channel(target) as ch:
                 batch = await pb_grpc.RewardServiceStub(ch).ScoreBatch(pb.ScoreBatchRequest(requests=[
                     pb.ScoreRequest(episode_id=str(i), completion=c, reference=r,
                                     metadata={k: json.dumps(v) for k, v in m.items()})
-                    for i, (c, r, m) in enumerate(rows)]), timeout=60)
+                    for i, (c, r, m) in enumerate(rows)]), timeout=60, metadata=AUTH)
             out[function] = list(batch.responses)
         return out
 
