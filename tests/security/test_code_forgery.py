@@ -110,14 +110,17 @@ def test_statements_that_cannot_hide_an_answer_are_self_reported_and_untrusted_b
 # -- fuzzing the result channel ----------------------------------------------------------------------------------
 KEYS = ["test", "value", "error", "passed", "load_error", "expr", "code", "extra"]
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=12),
-                    st.sampled_from(["", "None", "True", "9", "[1]", "''", "(", "1e999"]))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                    st.sampled_from(["None", "True", "9", "[1]", "''", "(", "1e999"]))
+json_values = scalars | st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
     st.sampled_from(KEYS), inner, max_size=3), max_leaves=8)
-rows = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=5) | st.fixed_dictionaries(
-    {"test": st.one_of(st.integers(-1, 3), st.booleans(), st.floats(0, 3))},
-    optional={k: json_values for k in KEYS if k != "test"})
-line = st.one_of(rows.map(lambda r: json.dumps(r).encode()), st.binary(max_size=40), json_values.map(
-    lambda v: json.dumps(v).encode()))
+# the shapes a forger would try, dense enough to be drawn often: an index of the tests (or one that only looks
+# like it), and for each other key an edge value ("", None, 0, False, ...) half the time
+index = st.integers(0, 2) | st.sampled_from([True, False, -1, 3, 1.0, "0", None])
+edgy = st.sampled_from(["", None, 0, False, True, "9"]) | json_values
+claims = st.fixed_dictionaries({"test": index}, optional={k: edgy for k in KEYS if k != "test"})
+rows = claims | st.dictionaries(st.sampled_from(KEYS), json_values, max_size=5)
+line = st.one_of(claims.map(lambda r: json.dumps(r).encode()), rows.map(lambda r: json.dumps(r).encode()),
+                 st.binary(max_size=40), json_values.map(lambda v: json.dumps(v).encode()))
 channels = st.lists(line, max_size=12).map(lambda ls: b"\n".join(ls) + b"\n")
 
 
@@ -128,6 +131,16 @@ def test_no_channel_content_passes_a_hidden_answer_test_it_does_not_know(channel
     assert all(t.hidden for t in tests)
 
     assert judge_channel(channel, tests, trust_self_reported=trust).passed == 0
+
+
+@FUZZ
+@given(claim=st.fixed_dictionaries({"test": st.just(0)}, optional={k: edgy for k in KEYS if k != "test"}),
+       noise=st.lists(line, max_size=4).map(lambda ls: b"\n".join(ls) + b"\n"), trust=st.booleans())
+def test_no_single_report_passes_a_hidden_answer_test_it_does_not_know(claim: dict[str, Any], noise: bytes,
+                                                                        trust: bool) -> None:
+    tests = [split_test(s) for s in SECRET_TESTS]
+
+    assert judge_channel(noise + _lines(claim), tests, trust_self_reported=trust).passed == 0
 
 
 @FUZZ
