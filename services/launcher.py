@@ -159,7 +159,8 @@ class Launcher:
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
         # only the credentials this service holds (relayrl.common.credentials.HELD); the caller's others removed
-        env = {**service_environment(name, os.environ, self.credentials, self.cfg.control, self.cfg.redis),
+        env = {**service_environment(name, os.environ, self.credentials, self.cfg.control, self.cfg.redis,
+                                     in_run_eval=self.cfg.trainer.eval.every_steps > 0),
                "PYTHONUNBUFFERED": "1", **thread_env(getattr(self.cfg, name).threads.intra_op)}
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
         world = self.cfg.trainer.distributed.world_size

@@ -3,7 +3,8 @@
 A service holds only the credentials its own calls need, so a compromised service (reward runs model-written
 code) cannot use the others': inference checks the weights token; the trainer presents it (UpdateWeights), checks
 the control token and reads Redis; rollout checks the control token, presents the code token (RunCode) and writes
-Redis; reward checks the code token. tests/security/test_least_privilege.py checks the launcher's children, the
+Redis; reward checks the code token. A trainer that evaluates during the run also presents the code token
+(its evaluation scores through reward). tests/security/test_least_privilege.py checks the launcher's children, the
 compose file and the rendered chart against :data:`HELD`.
 """
 
@@ -32,6 +33,15 @@ HELD: Mapping[str, frozenset[Credential]] = MappingProxyType({
 })
 
 
+def held(service: str, in_run_eval: bool = False) -> frozenset[Credential]:
+    """What ``service`` holds: :data:`HELD`, plus the code token for a trainer that evaluates during the run
+    (``trainer.eval.every_steps > 0``): its evaluation scores through reward, where a reward that runs code needs
+    the code token like rollout's scoring does."""
+    if service == "trainer" and in_run_eval:
+        return HELD[service] | {Credential.CODE}
+    return HELD[service]
+
+
 def variables(control: ControlConfig, redis: RedisConfig) -> dict[Credential, tuple[str, ...]]:
     """The environment variables that carry each credential in this config."""
     return {Credential.CONTROL: (control.token_env,), Credential.WEIGHTS: (control.weights_token_env,),
@@ -40,13 +50,13 @@ def variables(control: ControlConfig, redis: RedisConfig) -> dict[Credential, tu
 
 
 def service_environment(service: str, base: Mapping[str, str], values: Mapping[str, str], control: ControlConfig,
-                        redis: RedisConfig) -> dict[str, str]:
+                        redis: RedisConfig, in_run_eval: bool = False) -> dict[str, str]:
     """``base`` (the caller's environment) without any credential variable that ``service`` does not hold, plus
     those of ``values`` (variable -> value: the run's credentials) that it holds. A credential variable of the
     caller's that ``service`` holds and ``values`` lacks stays (e.g. an external Redis's $RELAYRL_REDIS_URL)."""
     carried = variables(control, redis)
-    held = {name for credential in HELD[service] for name in carried[credential]}
+    holds = {name for credential in held(service, in_run_eval) for name in carried[credential]}
     every = {name for names in carried.values() for name in names}
-    env = {name: value for name, value in base.items() if name not in every or name in held}
-    env.update({name: value for name, value in values.items() if name in held})
+    env = {name: value for name, value in base.items() if name not in every or name in holds}
+    env.update({name: value for name, value in values.items() if name in holds})
     return env

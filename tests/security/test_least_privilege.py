@@ -74,3 +74,13 @@ def test_renamed_credential_variables_are_the_ones_separated() -> None:
     env = service_environment("reward", caller, {}, control, RedisConfig(password_env="MY_REDIS"))
 
     assert env == {"MY_CODE": "k", "RELAYRL_WEIGHTS_TOKEN": "unrelated"}
+
+
+def test_a_trainer_that_evaluates_during_the_run_holds_the_code_token_and_no_other_service_gains_one() -> None:
+    run = {"RELAYRL_CONTROL_TOKEN": "c1", "RELAYRL_WEIGHTS_TOKEN": "w1", "RELAYRL_CODE_TOKEN": "k1"}
+
+    envs = {s: service_environment(s, {}, run, ControlConfig(), RedisConfig(), in_run_eval=True) for s in SERVICES}
+
+    assert envs["trainer"] == run  # its in-run eval scores through reward, where a code reward needs the code token
+    assert envs["inference"] == {"RELAYRL_WEIGHTS_TOKEN": "w1"}
+    assert envs["reward"] == {"RELAYRL_CODE_TOKEN": "k1"}
