@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from relayrl.common.config import ConfigError
+from relayrl.common.grpc_admission import Admission
 from relayrl.common.grpc_decode import DecodeInHandler
 from relayrl.config.endpoints import ServerConfig
 from relayrl.config.tls import TlsConfig
@@ -41,6 +42,7 @@ class ServerHandle:
     port: int
     health: health_aio.HealthServicer
     service_names: list[str]
+    admission: Admission  # its ``state``: the calls each budget holds, the refusals so far
 
     async def start(self) -> None:
         await self.server.start()
@@ -58,17 +60,24 @@ def create_server(
     register: Sequence[Callable[[grpc.aio.Server], None]],
     service_names: Sequence[str],
     tls: TlsConfig | None = None,
+    tokens: Mapping[str, str] | None = None,
+    section: str = "server",
 ) -> ServerHandle:
     """Create an aio server with the given servicers and the standard health service, bound to host:port, with the
     section's limits on inbound message size and concurrent calls; with ``tls`` on, TLS only (no plaintext port).
-    Raises ConfigError naming the ``tls`` field of a missing or unreadable file."""
+    ``tokens``: full method name (``/relayrl.v1.TrainerService/RequestCheckpoint``) -> the token it needs (empty:
+    nobody may call it); calls are admitted by relayrl.common.grpc_admission (the credential first, then separate
+    budgets), whose refusals name ``section`` (the config path of ``cfg``). Raises ConfigError naming the ``tls``
+    field of a missing or unreadable file."""
     host, port = cfg.host, cfg.port
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024)]
     credentials = server_credentials(tls) if tls is not None and tls.enabled else None  # files read now
-    # beyond max_concurrent_rpcs grpc answers RESOURCE_EXHAUSTED at once instead of queueing without bound
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
-                             interceptors=[DecodeInHandler()])  # undecodable bytes: INVALID_ARGUMENT
+    # admission first (credential, then its budget: RESOURCE_EXHAUSTED at once over it); grpc's own cap is only an
+    # outer backstop well above the budgets (grpc counts a call before any interceptor, credential or not)
+    admission = Admission(cfg, tokens, section)
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.hard_cap,
+                             interceptors=[admission, DecodeInHandler()])  # undecodable bytes: INVALID_ARGUMENT
     for add in register:
         add(server)
     health = health_aio.HealthServicer()
@@ -79,7 +88,8 @@ def create_server(
              else server.add_insecure_port(f"{host}:{port}"))
     if bound == 0:
         raise OSError(f"could not bind gRPC server to {host}:{port}")
-    return ServerHandle(server=server, port=bound, health=health, service_names=list(service_names))
+    return ServerHandle(server=server, port=bound, health=health, service_names=list(service_names),
+                        admission=admission)
 
 
 def enable_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> None:

@@ -21,9 +21,26 @@ class ServerConfig:
     max_receive_mib: int = field(default=1, metadata={
         "help": "Largest inbound gRPC message (MiB); a larger one is refused with RESOURCE_EXHAUSTED before it "
                 "is buffered. Sized per service to what its callers send.", "ge": 1, "le": 1024})
+    max_authenticated_rpcs: int = field(default=8, metadata={
+        "help": "Calls carrying a valid credential of this service (weight pushes, pause, checkpoint, RunCode; any "
+                "call with a valid bearer token) served at once: their own budget, which callers without a "
+                "credential never take. One more is refused at once with RESOURCE_EXHAUSTED.", "ge": 1})
+    max_unauthenticated_rpcs: int = field(default=32, metadata={
+        "help": "Unary calls without a credential (status, config, Generate, Score, health Check) served at once, "
+                "counted from the moment the call opens (a call that never sends its request holds its slot until "
+                "its deadline); one more is refused at once with RESOURCE_EXHAUSTED.", "ge": 1})
+    max_streams: int = field(default=32, metadata={
+        "help": "Streaming calls without a credential (health Watch, WatchStatus, reflection, GenerateStream) open "
+                "at once, all peers together; one more is refused at once with RESOURCE_EXHAUSTED.", "ge": 1})
+    max_streams_per_peer: int = field(default=16, metadata={
+        "help": "Streaming calls without a credential open at once from one peer host (of max_streams). Local "
+                "callers all share the loopback host, so on loopback this bounds them together.", "ge": 1})
     max_concurrent_rpcs: int = field(default=32, metadata={
-        "help": "Calls (and streams) served at once; one more is refused at once with RESOURCE_EXHAUSTED.",
-        "ge": 1})
+        "help": "Ignored: the budgets above replace it (grpc counted every call, health and reflection included, "
+                "before any credential, so callers without one could fill it). The server's outer hard cap is "
+                "derived from the budgets (twice their sum plus 64).", "ge": 1,
+        "deprecated": "use max_authenticated_rpcs, max_unauthenticated_rpcs, max_streams and max_streams_per_peer",
+        "removed_in": "0.4"})
     reflection: bool = field(default=True, metadata={
         "help": "Register gRPC server reflection, so grpcurl-style tools list and call the services without the "
                 "protos. It describes the (public) schema only; calls still need their credentials."})
@@ -31,6 +48,16 @@ class ServerConfig:
     def validate(self) -> None:
         if not self.host:
             raise ConfigError("host", self.host, "must not be empty")
+        if self.max_streams_per_peer > self.max_streams:
+            raise ConfigError("max_streams_per_peer", self.max_streams_per_peer,
+                              f"must be <= max_streams ({self.max_streams})")
+
+    @property
+    def hard_cap(self) -> int:
+        """grpc's own ``maximum_concurrent_rpcs``: an outer backstop that is never the binding limit. grpc counts a
+        call before any interceptor sees it, so the cap sits well above the budgets' sum (a refused call holds it
+        for the moment its refusal takes)."""
+        return 2 * (self.max_authenticated_rpcs + self.max_unauthenticated_rpcs + self.max_streams) + 64
 
     @property
     def target(self) -> str:
@@ -41,10 +68,14 @@ class ServerConfig:
         return f"{connect}:{self.port}"
 
 
-def server_config(port: int, max_receive_mib: int = 1, max_concurrent_rpcs: int = 32) -> ServerConfig:
+def server_config(port: int, max_receive_mib: int = 1, max_authenticated_rpcs: int = 8,
+                  max_unauthenticated_rpcs: int = 32, max_streams: int = 32,
+                  max_streams_per_peer: int = 16) -> ServerConfig:
     """Default factory for a service's ``server`` section: its conventional port and the limits its callers need
     (the defaults fit control-plane servers: status, pause, checkpoint)."""
-    return ServerConfig(port=port, max_receive_mib=max_receive_mib, max_concurrent_rpcs=max_concurrent_rpcs)
+    return ServerConfig(port=port, max_receive_mib=max_receive_mib, max_authenticated_rpcs=max_authenticated_rpcs,
+                        max_unauthenticated_rpcs=max_unauthenticated_rpcs, max_streams=max_streams,
+                        max_streams_per_peer=max_streams_per_peer)
 
 
 @dataclass

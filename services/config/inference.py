@@ -80,15 +80,18 @@ class InferenceConfig:
         "help": "OpenAI-compatible REST API, /healthz and /metrics."})
     vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "vLLM engine settings."})
     server: ServerConfig = field(  # Generate calls are small; weight chunks stay under 4 MiB
-        default_factory=lambda: server_config(50051, max_receive_mib=8, max_concurrent_rpcs=512),
+        default_factory=lambda: server_config(50051, max_receive_mib=8, max_unauthenticated_rpcs=512,
+                                      max_streams=512, max_streams_per_peer=256),
         metadata={"help": "gRPC server of this service: Generate and GetStatus (UpdateWeights is refused here with "
                           "PERMISSION_DENIED: weights arrive on weights_server)."})
     weights_server: ServerConfig = field(
-        default_factory=lambda: server_config(50055, max_receive_mib=8, max_concurrent_rpcs=2),
+        default_factory=lambda: server_config(50055, max_receive_mib=8, max_authenticated_rpcs=2,
+                                      max_unauthenticated_rpcs=8, max_streams=4, max_streams_per_peer=2),
         metadata={"help": "gRPC server that accepts weight updates (UpdateWeights; also GetStatus and health), meant "
-                          "for the trainer alone (a network policy can name this port). Its max_concurrent_rpcs "
-                          "bounds how many updates are assembled in memory at once (each holds up to one copy of "
-                          "the model's weights); max_receive_mib must exceed the trainer's chunk size."})
+                          "for the trainer alone (a network policy can name this port). Its max_authenticated_rpcs "
+                          "bounds how many updates (calls with the weights token) are assembled in memory at once "
+                          "(each holds up to one copy of the model's weights); calls without the token never take "
+                          "that budget. max_receive_mib must exceed the trainer's chunk size."})
     weights_idle_timeout_s: float = field(default=30.0, metadata={
         "help": "An UpdateWeights stream that sends no message for this long is aborted with DEADLINE_EXCEEDED "
                 "and frees its slot on weights_server (a stuck or hostile sender cannot hold it).", "gt": 0})

@@ -151,7 +151,7 @@ class RewardConfig:
     http: HttpConfig = field(default_factory=lambda: http_config(8002, max_body_mib=16), metadata={
         "help": "REST API (POST /score), /healthz and /metrics."})
     server: ServerConfig = field(  # a ScoreBatch of max_batch completions with their references
-        default_factory=lambda: server_config(50052, max_receive_mib=16, max_concurrent_rpcs=128),
+        default_factory=lambda: server_config(50052, max_receive_mib=16, max_unauthenticated_rpcs=128),
         metadata={"help": "gRPC server of this service."})
 
     def validate(self) -> None:

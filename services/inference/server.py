@@ -14,6 +14,7 @@ import grpc
 from torch import Tensor
 
 from relayrl.common.control import require_token
+from relayrl.common.grpc_admission import method_path
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import inference_pb2 as pb
@@ -310,9 +311,13 @@ def create_inference_servers(service: InferenceService,
     name = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
     add = pb_grpc.add_InferenceServiceServicer_to_server
     handles = []
+    # the weights port admits UpdateWeights with the weights token only (its own budget); the main port refuses it
+    weights_tokens = {method_path(name, "UpdateWeights"): service.weights_token}
     for cfg, weights_port in ((service.cfg.server, False), (service.cfg.weights_server, True)):
         servicer = InferenceServicer(service, weights_port)
-        handles.append(create_server(cfg, [lambda s, sv=servicer: add(sv, s)], [name], tls))
+        handles.append(create_server(cfg, [lambda s, sv=servicer: add(sv, s)], [name], tls,
+                                     tokens=weights_tokens if weights_port else None,
+                                     section="inference.weights_server" if weights_port else "inference.server"))
     ws = service.cfg.weights_server
     service.weights_target = ws.address or replace(ws, port=handles[1].port).target
     return handles[0], handles[1]

@@ -11,6 +11,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from relayrl.common.control import require_token
+from relayrl.common.grpc_admission import method_path
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2 as pb
@@ -190,10 +191,7 @@ def create_reward_server(cfg: RewardConfig, tls: TlsConfig | None = None,
     workers. ``code_token``: what RunCode needs (control.code_token_env; empty: RunCode is refused), and scoring
     with a reward that runs code."""
     servicer = RewardServicer(cfg, code_token)
-    handle = create_server(
-        cfg.server,
-        [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)],
-        [pb.DESCRIPTOR.services_by_name["RewardService"].full_name],
-        tls,
-    )
+    name = pb.DESCRIPTOR.services_by_name["RewardService"].full_name
+    handle = create_server(cfg.server, [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)], [name],
+                           tls, tokens={method_path(name, "RunCode"): code_token}, section="reward.server")
     return handle, servicer

@@ -7,6 +7,7 @@ from fastapi import FastAPI
 
 from relayrl.common.control import redacted_yaml, require_token
 from relayrl.common.control_api import control_app
+from relayrl.common.grpc_admission import method_path
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.pb import rollout_pb2, rollout_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText
@@ -69,7 +70,9 @@ def create_rollout_server(producer: RolloutProducer, cfg: RunConfig,
                           server: ServerConfig | None = None) -> tuple[ServerHandle, RolloutServicer]:
     """The gRPC server (``server``, else ``rollout.server``) and its servicer, not started."""
     servicer = RolloutServicer(producer, cfg)
+    name = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
     handle = create_server(
         server or cfg.rollout.server, [lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)],
-        [rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name], cfg.tls)
+        [name], cfg.tls, tokens={method_path(name, m): servicer.token for m in ("Pause", "Resume")},
+        section="rollout.server")
     return handle, servicer

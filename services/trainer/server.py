@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from relayrl.common.control import redacted_yaml, require_token
 from relayrl.common.control_api import control_app
+from relayrl.common.grpc_admission import method_path
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.pb import trainer_pb2, trainer_pb2_grpc
 from relayrl.common.pb.common_pb2 import GetConfigRequest, RunConfigText
@@ -68,7 +69,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
 def create_trainer_server(trainer: Trainer) -> tuple[ServerHandle, TrainerServicer]:
     servicer = TrainerServicer(trainer)
+    name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
     handle = create_server(
         trainer.cfg.trainer.server, [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
-        [trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name], trainer.cfg.tls)
+        [name], trainer.cfg.tls, tokens={method_path(name, "RequestCheckpoint"): servicer.token},
+        section="trainer.server")
     return handle, servicer
