@@ -67,6 +67,9 @@ class _TrainerCollector(Collector):
         yield HistogramMetricFamily("relayrl_trainer_sample_staleness_steps", "Staleness of trained samples in "
                                     "optimizer steps.", buckets=buckets,
                                     sum_value=float(sum(lag * c for lag, c in counts)))
+        yield CounterMetricFamily("relayrl_trainer_weight_push_retries", "Weight pushes sent again after inference "
+                                  "refused one as busy (RESOURCE_EXHAUSTED) or could not be reached.",
+                                  value=publication.publisher.push_retries)
         push = publication.last_push
         if push is not None:  # every publication that landed was verified (probe or served-weights check)
             yield GaugeMetricFamily("relayrl_trainer_weight_sync_seconds", "Duration of the last weight publication "

@@ -126,6 +126,9 @@ class WeightPublisher:
         # the engine does not confirm the served weights itself (served_sha256)
         self.probe_every = probe_every
         self.answered = 0  # pushes answered so far
+        # pushes sent again after a refusal (RESOURCE_EXHAUSTED: the weights server's budget was full) or a failure
+        # (UNAVAILABLE, DEADLINE_EXCEEDED): relayrl_trainer_weight_push_retries
+        self.push_retries = 0
         self.engine_confirms = False  # the last answer carried the engine's served-weights check
         self.dtype = next(model.parameters()).dtype
         # held by optimizer steps (VersionPublication.locked) and by the probe, which evaluates the live module
@@ -242,10 +245,14 @@ class WeightPublisher:
             self._client = InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token,
                                            tls=self.tls)
         try:
-            return await self._client.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS)
+            return await self._client.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS,
+                                                     on_retry=self._count_retry)
         except grpc.aio.AioRpcError as exc:
             raise RuntimeError(f"weight push of version {version} failed: "
                                f"{exc.code().name}: {exc.details()}") from exc
+
+    def _count_retry(self, code: grpc.StatusCode) -> None:
+        self.push_retries += 1
 
     async def close(self) -> None:
         """Close the push channel (the trainer is closing); a later push opens a new one."""

@@ -14,7 +14,8 @@ from relayrl.trainer.weight_sync import PushResult
 
 
 def _scrape(last_push: PushResult | None, last_probe: PushResult | None) -> dict[str, float]:
-    publication = SimpleNamespace(weight_version=7, last_push=last_push, last_probe=last_probe)
+    publication = SimpleNamespace(weight_version=7, last_push=last_push, last_probe=last_probe,
+                                  publisher=SimpleNamespace(push_retries=2))
     trainer: Any = SimpleNamespace(progress=TrainerProgress(step=3), publication=publication,
                                    checkpoints=SimpleNamespace(last_step=0), redis_backpressure=OomBackpressure("t"))
     text = generate_latest(trainer_metrics(trainer)).decode()
@@ -40,3 +41,4 @@ def test_no_publication_yet_exports_no_publication_gauges() -> None:
     assert "relayrl_trainer_probe_max_abs_diff" not in series
     assert series["relayrl_trainer_step"] == 3
     assert series["relayrl_trainer_redis_oom_retries_total"] == 0 and series["relayrl_trainer_redis_full"] == 0
+    assert series["relayrl_trainer_weight_push_retries_total"] == 2
