@@ -34,9 +34,10 @@ async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | N
                            weights_limits: dict[str, int] | None = None, lora: Any = None,
                            **overrides: object) -> AsyncIterator[tuple[str, InferenceService]]:
     """A native-engine inference server on loopback: yields the main server's target; the weights server's
-    (UpdateWeights) is ``service.weights_target``. With ``http`` its REST API too (``service.http_port``);
+    (UpdateWeights) is ``service.weights_target``, the two handles ``service.grpc_handles``. With ``http`` its REST
+    API too (``service.http_port``);
     ``server_limits`` / ``weights_limits`` override fields of the main / weights gRPC server sections
-    (max_receive_mib, max_concurrent_rpcs); ``lora`` (a LoraConfig) serves base + adapter."""
+    (max_receive_mib, max_authenticated_rpcs, max_streams...); ``lora`` (a LoraConfig) serves base + adapter."""
     defaults = InferenceConfig()  # the service's own limits, on loopback and free ports
     cfg = InferenceConfig(server=replace(defaults.server, port=port, **(server_limits or {})),
                           weights_server=replace(defaults.weights_server, port=weights_port, **(weights_limits or {})),
@@ -53,6 +54,7 @@ async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | N
     service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
                                weights_token=ControlConfig().effective_weights_token())
     handle, weights = create_inference_servers(service)
+    service.grpc_handles = (handle, weights)  # type: ignore[attr-defined]  # their admission state, for tests
     rest = HttpServer(create_app(service), cfg.http, "inference") if http else None
     await handle.start()
     await weights.start()

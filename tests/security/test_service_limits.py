@@ -77,8 +77,9 @@ def test_grpc_message_over_the_services_receive_limit_is_refused_and_the_server_
     assert samples == 1
 
 
-def test_call_beyond_max_concurrent_rpcs_is_refused_at_once(tiny_model_dir: Path) -> None:
-    async def go() -> grpc.StatusCode:
+def test_authenticated_call_beyond_max_authenticated_rpcs_is_refused_at_once_and_status_still_answers(
+        tiny_model_dir: Path) -> None:
+    async def go() -> tuple[grpc.StatusCode, str, int]:
         release = asyncio.Event()
 
         async def held_open() -> AsyncIterator[pb.WeightUpdateMessage]:
@@ -86,7 +87,7 @@ def test_call_beyond_max_concurrent_rpcs_is_refused_at_once(tiny_model_dir: Path
             return
             yield
 
-        async with inference_server(tiny_model_dir, weights_limits={"max_concurrent_rpcs": 1}) as (_, service), \
+        async with inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service), \
                 insecure_channel(service.weights_target) as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
             first = stub.UpdateWeights(held_open(), timeout=30,  # with the weights token: it stays open
@@ -96,14 +97,19 @@ def test_call_beyond_max_concurrent_rpcs_is_refused_at_once(tiny_model_dir: Path
                     break
                 await asyncio.sleep(0.01)
             assert service.weight_streams == 1
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.GetStatus(pb.GetInferenceStatusRequest(), timeout=30)
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # a second update: over the budget of one
+                await stub.UpdateWeights(held_open(), timeout=30,
+                                         metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),))
+            status = await stub.GetStatus(pb.GetInferenceStatusRequest(), timeout=30)  # another budget
             release.set()
             with pytest.raises(grpc.aio.AioRpcError):
                 await first  # ends without a manifest: refused, as before
-            return err.value.code()
+            return err.value.code(), err.value.details() or "", int(status.weight_version)
 
-    assert asyncio.run(go()) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    code, details, version = asyncio.run(go())
+
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "inference.weights_server.max_authenticated_rpcs" in details
+    assert version == 0
 
 
 async def _post_raw(port: int, declared: int | None, body_bytes: int) -> tuple[int, bytes, int]:

@@ -147,7 +147,7 @@ def test_update_with_non_finite_weights_is_refused_before_the_swap(tiny_model_di
 def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(tiny_model_dir: Path,
                                                                                sent_first: int) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int, int]:
-        async with inference_server(tiny_model_dir, weights_limits={"max_concurrent_rpcs": 1},
+        async with inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1},
                                     weights_idle_timeout_s=0.2) as (_, service), \
                 insecure_channel(service.weights_target) as channel:
             messages = list(iter_update_messages(_perturbed(service), 1, chunk_bytes=1 << 12))

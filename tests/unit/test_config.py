@@ -106,6 +106,7 @@ def test_partial_server_section_keeps_its_services_defaults(tmp_path: Path) -> N
     # only the key given changes: inference's port and limits (its default_factory) stay, not ServerConfig's own
     assert cfg.inference.server.port == defaults.inference.server.port == 50051
     assert cfg.inference.server.max_receive_mib == defaults.inference.server.max_receive_mib == 8
-    assert cfg.inference.weights_server.max_concurrent_rpcs == defaults.inference.weights_server.max_concurrent_rpcs
+    ws, default_ws = cfg.inference.weights_server, defaults.inference.weights_server
+    assert ws.max_authenticated_rpcs == default_ws.max_authenticated_rpcs == 2
     assert cfg.reward.server.port == 6000
     assert cfg.reward.server.max_receive_mib == defaults.reward.server.max_receive_mib == 16
