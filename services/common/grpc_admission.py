@@ -5,7 +5,8 @@ before anything checks a credential, so callers without one could fill it and st
 trainer's weight push, a checkpoint request). :class:`Admission`, the first interceptor of every server
 (relayrl.common.grpc_utils.create_server), admits instead:
 
-1. A method that needs a credential (``tokens``: full method name -> the token it needs, given by the service) is
+1. A method that needs a credential (``tokens``: full method name -> the token it needs, or a function that reads
+   the service's token when a call comes, given by the service) is
    refused at once without one: UNAUTHENTICATED for a missing or wrong ``authorization: Bearer <token>``,
    PERMISSION_DENIED when the service has none configured. Nothing is counted for a refused call. (The handlers
    keep their own check, relayrl.common.control.require_token: defence in depth.)
@@ -40,6 +41,8 @@ import grpc
 
 from relayrl.common.control import authorized
 from relayrl.config.endpoints import ServerConfig
+
+Token = str | Callable[[], str]  # a method's token, or what reads it when a call comes
 
 
 class Budget(Enum):
@@ -79,10 +82,9 @@ def _authorization(metadata: Any) -> str | None:
 class Admission(grpc.aio.ServerInterceptor):
     """Server interceptor (the first): credential check, then a slot in the call's budget (see the module)."""
 
-    def __init__(self, cfg: ServerConfig, tokens: Mapping[str, str] | None = None, section: str = "server") -> None:
+    def __init__(self, cfg: ServerConfig, tokens: Mapping[str, Token] | None = None, section: str = "server") -> None:
         self.cfg = cfg
         self.tokens = dict(tokens or {})
-        self.credentials = sorted({t for t in self.tokens.values() if t})  # any of them admits as authenticated
         self.section = section
         self.state = AdmissionState()
         self.limits = {Budget.AUTHENTICATED: cfg.max_authenticated_rpcs,
@@ -97,10 +99,14 @@ class Admission(grpc.aio.ServerInterceptor):
         streaming = handler.request_streaming or handler.response_streaming
         return _wrap(handler, lambda context: self._admit(method, streaming, context))
 
+    def _token(self, method: str) -> str:
+        token = self.tokens[method]
+        return token() if callable(token) else token
+
     def _refuse_credential(self, method: str, header: str | None) -> tuple[grpc.StatusCode, str] | None:
         if method not in self.tokens:
             return None
-        token = self.tokens[method]
+        token = self._token(method)
         if not token:
             self.state.refused["PERMISSION_DENIED"] += 1
             return grpc.StatusCode.PERMISSION_DENIED, f"{method} is disabled: the service has no credential configured"
@@ -110,8 +116,10 @@ class Admission(grpc.aio.ServerInterceptor):
         return None
 
     def _budget(self, method: str, header: str | None, streaming: bool) -> Budget:
-        if method in self.tokens or (header is not None and any(authorized(header, t) for t in self.credentials)):
-            return Budget.AUTHENTICATED
+        if method in self.tokens:
+            return Budget.AUTHENTICATED  # its credential was checked
+        if header is not None and any(authorized(header, self._token(m)) for m in self.tokens):
+            return Budget.AUTHENTICATED  # any credential of the service, on a method open to all
         return Budget.STREAM if streaming else Budget.UNARY
 
     def _over(self, budget: Budget, host: str) -> str | None:

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from relayrl.common.config import ConfigError
-from relayrl.common.grpc_admission import Admission
+from relayrl.common.grpc_admission import Admission, Token
 from relayrl.common.grpc_decode import DecodeInHandler
 from relayrl.config.endpoints import ServerConfig
 from relayrl.config.tls import TlsConfig
@@ -60,15 +60,15 @@ def create_server(
     register: Sequence[Callable[[grpc.aio.Server], None]],
     service_names: Sequence[str],
     tls: TlsConfig | None = None,
-    tokens: Mapping[str, str] | None = None,
+    tokens: Mapping[str, Token] | None = None,
     section: str = "server",
 ) -> ServerHandle:
     """Create an aio server with the given servicers and the standard health service, bound to host:port, with the
     section's limits on inbound message size and concurrent calls; with ``tls`` on, TLS only (no plaintext port).
-    ``tokens``: full method name (``/relayrl.v1.TrainerService/RequestCheckpoint``) -> the token it needs (empty:
-    nobody may call it); calls are admitted by relayrl.common.grpc_admission (the credential first, then separate
-    budgets), whose refusals name ``section`` (the config path of ``cfg``). Raises ConfigError naming the ``tls``
-    field of a missing or unreadable file."""
+    ``tokens``: full method name (``/relayrl.v1.TrainerService/RequestCheckpoint``) -> the token it needs, or a
+    function that reads it (empty: nobody may call it). Calls are admitted by relayrl.common.grpc_admission (the
+    credential first, then separate budgets), whose refusals name ``section`` (the config path of ``cfg``). Raises
+    ConfigError naming the ``tls`` field of a missing or unreadable file."""
     host, port = cfg.host, cfg.port
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024)]

@@ -312,7 +312,7 @@ def create_inference_servers(service: InferenceService,
     add = pb_grpc.add_InferenceServiceServicer_to_server
     handles = []
     # the weights port admits UpdateWeights with the weights token only (its own budget); the main port refuses it
-    weights_tokens = {method_path(name, "UpdateWeights"): service.weights_token}
+    weights_tokens = {method_path(name, "UpdateWeights"): lambda: service.weights_token}
     for cfg, weights_port in ((service.cfg.server, False), (service.cfg.weights_server, True)):
         servicer = InferenceServicer(service, weights_port)
         handles.append(create_server(cfg, [lambda s, sv=servicer: add(sv, s)], [name], tls,
