@@ -16,7 +16,8 @@ may still be working on the call). Retrying is safe for every unary method relay
 
 A client's default policy comes from ``retries`` and ``backoff_s``; ``policies`` overrides it per RPC name
 (``{"Generate": RetryPolicy(attempts=3)}``, ``{"GetStatus": NO_RETRY}``). Mutating control calls send the
-bearer token (``authorization`` metadata) when one is given. With ``tls`` (the run config's ``tls`` section) the
+bearer token (``authorization`` metadata) when one is given (every call, with ``authenticate_all``: the server
+then admits them in its budget of calls with a credential). With ``tls`` (the run config's ``tls`` section) the
 channel is TLS, verifying the server against its CA and presenting its client certificate (mutual TLS).
 
     async with TrainerClient("localhost:50054", token="...") as trainer:
@@ -90,8 +91,11 @@ class ServiceClient:
 
     def __init__(self, target: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.2,
                  token: str = "", policies: Mapping[str, RetryPolicy] | None = None,
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None, authenticate_all: bool = False) -> None:
         self.target = target
+        # send the token on read-only calls too: the server then counts them in its budget of authenticated calls,
+        # which callers without a credential cannot fill (relayrl.common.grpc_admission)
+        self.authenticate_all = authenticate_all
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -124,7 +128,7 @@ class ServiceClient:
         """One call: each try with the deadline ``timeout_s`` (else the client's), retried by ``policy``
         (else the client's default)."""
         policy = policy or self.policy
-        metadata = self._auth() if mutating else None
+        metadata = self._auth() if mutating or self.authenticate_all else None
         failed = 0
         while True:
             try:
@@ -356,7 +360,8 @@ class TrainerClient(ServiceClient):
     async def watch_status(self, timeout_s: float) -> AsyncIterator[trainer_pb2.TrainerStatus]:
         """The trainer's status now and at each change, until the run finishes or ``timeout_s`` (the stream's
         deadline: DEADLINE_EXCEEDED then, and the caller subscribes again). Not retried: the caller decides."""
-        call = self.stub.WatchStatus(trainer_pb2.WatchTrainerStatusRequest(), timeout=timeout_s)
+        call = self.stub.WatchStatus(trainer_pb2.WatchTrainerStatusRequest(), timeout=timeout_s,
+                                     metadata=self._auth() if self.authenticate_all else None)
         try:
             async for status in call:
                 yield status

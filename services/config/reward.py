@@ -150,8 +150,10 @@ class RewardConfig:
         "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8002, max_body_mib=16), metadata={
         "help": "REST API (POST /score), /healthz and /metrics."})
-    server: ServerConfig = field(  # a ScoreBatch of max_batch completions with their references
-        default_factory=lambda: server_config(50052, max_receive_mib=16, max_unauthenticated_rpcs=128),
+    # a ScoreBatch of max_batch completions with their references; rollout's Score calls may carry the code token
+    server: ServerConfig = field(
+        default_factory=lambda: server_config(50052, max_receive_mib=16, max_authenticated_rpcs=128,
+                                      max_unauthenticated_rpcs=128),
         metadata={"help": "gRPC server of this service."})
 
     def validate(self) -> None:

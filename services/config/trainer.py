@@ -236,8 +236,9 @@ class TrainerConfig:
         "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
     http: HttpConfig = field(default_factory=lambda: http_config(8004), metadata={
         "help": "REST control plane (status, control calls, config), /healthz and /metrics."})
-    server: ServerConfig = field(default_factory=lambda: server_config(50054), metadata={
-        "help": "gRPC server of this service."})
+    server: ServerConfig = field(  # rollout's status stream and polls carry the control token: authenticated
+        default_factory=lambda: server_config(50054, max_authenticated_rpcs=40), metadata={
+            "help": "gRPC server of this service."})
 
     def validate(self) -> None:
         d = self.distributed

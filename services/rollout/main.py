@@ -31,7 +31,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     stream = EpisodeStream.from_config(cfg.redis)
     async with RolloutClients.connect(cfg.inference.server.target, cfg.reward.server.target,
                                       cfg.trainer.server.target, cfg.tls,
-                                      code_token=cfg.control.effective_code_token()) as clients:
+                                      code_token=cfg.control.effective_code_token(),
+                                      trainer_token=cfg.control.effective_token()) as clients:
         producer = RolloutProducer(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed), clients,
                                    redis_retry_s=cfg.redis.retry_s, model_path=cfg.model.path,
                                    score_batch_max=min(rc.score_batch_max, cfg.reward.max_batch))

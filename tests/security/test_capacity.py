@@ -19,7 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from relayrl.client import InferenceClient
+from relayrl.client import InferenceClient, TrainerClient
 from relayrl.common.grpc_admission import Budget, peer_host
 from relayrl.common.grpc_utils import ServerHandle, create_server, insecure_channel
 from relayrl.common.pb import inference_pb2 as pb
@@ -133,8 +133,8 @@ def _fake_trainer(server: ServerConfig) -> Any:
                            refresh_drops=refresh)
 
 
-def test_unauthenticated_watch_status_streams_do_not_starve_get_status() -> None:
-    async def go() -> tuple[int, int, int]:
+def test_unauthenticated_watch_status_streams_do_not_starve_get_status_nor_rollouts_own_stream() -> None:
+    async def go() -> tuple[int, int, int, int, int]:
         handle, _ = create_trainer_server(_fake_trainer(ServerConfig(port=0)))  # the trainer's default budgets
         await handle.start()
         try:
@@ -144,17 +144,24 @@ def test_unauthenticated_watch_status_streams_do_not_starve_get_status() -> None
                 held, refused = await _fill(watches, lambda w: w.read())
 
                 status = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=10)
+                # rollout's client (the control token on every call): its stream and polls have their own budget
+                async with TrainerClient(f"127.0.0.1:{handle.port}", token="control-token",
+                                         authenticate_all=True) as rollout:
+                    stream = rollout.watch_status(30)
+                    watched = await anext(stream)
+                    await stream.aclose()
+                    polled = await rollout.status()
 
                 still_open = sum(not w.done() for w in held)
                 for w in watches:
                     w.cancel()
-                return status.step, refused, still_open
+                return status.step, watched.step, polled.step, refused, still_open
         finally:
             await handle.stop(0)
 
-    step, refused, still_open = asyncio.run(go())
+    step, watched, polled, refused, still_open = asyncio.run(go())
 
-    assert step == 0  # answered
+    assert step == watched == polled == 0  # answered
     assert refused > 0 and still_open > 0
 
 
