@@ -110,3 +110,26 @@ def test_partial_server_section_keeps_its_services_defaults(tmp_path: Path) -> N
     assert ws.max_authenticated_rpcs == default_ws.max_authenticated_rpcs == 2
     assert cfg.reward.server.port == 6000
     assert cfg.reward.server.max_receive_mib == defaults.reward.server.max_receive_mib == 16
+
+
+def test_deprecated_max_concurrent_rpcs_still_loads_with_a_warning_and_leaves_the_admission_budgets(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("inference:\n  weights_server: {max_concurrent_rpcs: 2}\n")
+
+    cfg, defaults = load_run_config(path), load_run_config(None)
+
+    ws, default_ws = cfg.inference.weights_server, defaults.inference.weights_server
+    assert "inference.weights_server.max_concurrent_rpcs is deprecated" in caplog.text
+    assert (ws.max_authenticated_rpcs, ws.max_streams) == (default_ws.max_authenticated_rpcs, default_ws.max_streams)
+    assert ws.hard_cap > ws.max_authenticated_rpcs + ws.max_unauthenticated_rpcs + ws.max_streams
+
+
+def test_per_peer_stream_cap_above_the_global_one_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  server: {max_streams: 4, max_streams_per_peer: 8}\n")
+
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path)
+
+    assert info.value.field == "trainer.server.max_streams_per_peer"
