@@ -9,6 +9,15 @@ from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.threads import ThreadsConfig
 
+# Sampling temperatures inference accepts (0 aside: gRPC's "unset", REST's greedy). Below MIN_TEMPERATURE vLLM samples
+# greedily (its _SAMPLING_EPS), whose logprobs are not the tempered softmax's, and the native engine's float32
+# logits / temperature would overflow to inf for logits above ~3e33 (NaN probabilities fail the whole decode step).
+# Above MAX_TEMPERATURE the tempered softmax of any real model's logits is uniform to a few percent: no use in
+# sampling or training, so a larger value is a mistake or an attack, refused with the rest (relayrl.inference.
+# sampling_limits; rollout.temperature is bounded by the same numbers).
+MIN_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 100.0
+
 
 class EngineKind(StrEnum):
     NATIVE = "native"  # relayrl's PyTorch engine (CPU or CUDA)
@@ -53,7 +62,9 @@ class InferenceConfig:
                 "always admitted). Prompt-scoring requests (ScoreTokens, echoed prompt logprobs) prefill only with "
                 "each other, while their count x their longest prompt stays within it (their logits cover every "
                 "position).", "ge": 1})
-    max_prompt_tokens: int = field(default=2048, metadata={"help": "Longest accepted prompt.", "ge": 1})
+    max_prompt_tokens: int = field(default=2048, metadata={
+        "help": "Longest accepted prompt. At most the model's context length - 1 (checked at start-up: a larger "
+                "value is refused, the default lowered to fit).", "ge": 1})
     max_prompt_chars: int = field(default=65536, metadata={
         "help": "Longest accepted prompt text in characters, checked before tokenising (tokenising a huge text "
                 "costs memory and time before max_prompt_tokens can refuse it).", "ge": 1})
@@ -61,8 +72,14 @@ class InferenceConfig:
         "help": "Requests waiting for the engine at most; one more is refused at once (RESOURCE_EXHAUSTED / 429).",
         "ge": 1})
     max_new_tokens_limit: int = field(default=2048, metadata={
-        "help": "Largest max_new_tokens a request may ask for.", "ge": 1})
-    max_samples_per_request: int = field(default=256, metadata={"help": "Largest n per request.", "ge": 1})
+        "help": "Largest max_new_tokens a request may ask for (prompt + max_new_tokens must also fit the model's "
+                "context). At most the model's context length - 1 (checked at start-up: a larger value is refused, "
+                "the default lowered to fit).", "ge": 1})
+    max_samples_per_request: int = field(default=256, metadata={
+        "help": "Most samples one call may ask for: n of a Generate (a ScoreTokens call's sequences), prompts x n of "
+                "a REST completion, the requests' n summed over a GenerateBatch (rollout joins at most this many "
+                "into one); more is refused at once (RESOURCE_EXHAUSTED / 413), before anything is queued.",
+        "ge": 1})
     max_prompt_logprob_mib: int = field(default=1024, metadata={
         "help": "REST echo with logprobs scores every prompt token against the whole vocabulary: the engine holds a "
                 "prompt tokens x vocabulary float32 matrix (about three copies at its peak) for each such prompt, "

@@ -35,10 +35,21 @@ from relayrl.inference.openai_schema import (
     refuse_unsupported,
 )
 from relayrl.inference.openai_tools import answer, chat_prompt, uses_tools
+from relayrl.inference.sampling_limits import LimitExceeded, SamplingError, check_samples
 from relayrl.inference.serving import InferenceService
 from relayrl.inference.token_stream import Submitted, cancel
 
 __all__ = ["ApiError", "ChatRequest", "CompletionRequest", "OpenAiApi", "create_app"]
+
+
+def rest_name(req: _Sampling, field: str) -> str:
+    """The REST request's name of a GenerationInput field (relayrl.inference.sampling_limits names those)."""
+    if field == "max_new_tokens":
+        chosen = isinstance(req, ChatRequest) and req.max_completion_tokens is not None
+        return "max_completion_tokens" if chosen else "max_tokens"
+    if field in ("top_logprobs", "prompt_logprobs"):
+        return "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"
+    return field
 
 
 def finish_reason(s: SampleOutput) -> str:
@@ -65,12 +76,16 @@ class OpenAiApi:
                            "alternatives or prompt logprobs", param)
         inp = GenerationInput(
             prompt_ids=ids, n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-            max_new_tokens=max_tokens or 16, stop=req.stops(), stop_token_ids=list(req.stop_token_ids),
-            seed=req.seed, ignore_eos=req.ignore_eos, top_logprobs=top, prompt_logprobs=prompt_logprobs)
+            max_new_tokens=16 if max_tokens is None else max_tokens, stop=req.stops(),
+            stop_token_ids=list(req.stop_token_ids), seed=req.seed, ignore_eos=req.ignore_eos, top_logprobs=top,
+            prompt_logprobs=prompt_logprobs)
         if req.temperature == 0:  # greedy, as OpenAI defines temperature 0
             inp.temperature, inp.top_k = 1.0, 1
         try:
             return service.check(inp)
+        except SamplingError as exc:  # the rule, under this API's name of the field
+            name = rest_name(req, exc.field)
+            raise ApiError(exc.message(name), name) from exc
         except ValueError as exc:
             raise ApiError.refused(exc) from exc
 
@@ -136,9 +151,12 @@ class OpenAiApi:
             raise ApiError("echo with stream=true is not supported", "echo")
         count = len(req.prompt) if isinstance(req.prompt, list) and not all(
             isinstance(p, int) for p in req.prompt) else 1  # checked before any prompt is tokenised
-        if count * req.n > self.service.cfg.max_samples_per_request:
-            raise ApiError(f"{count} prompts x n={req.n} is over max_samples_per_request="
-                           f"{self.service.cfg.max_samples_per_request}", "prompt", 413)
+        try:
+            check_samples([req.n] * count, self.service.cfg, f"{count} prompts x n={req.n}")
+        except SamplingError as exc:
+            raise ApiError(exc.message("n"), "n") from exc
+        except LimitExceeded as exc:
+            raise ApiError(str(exc), "prompt", 413) from exc
         top = req.logprobs or 0
         prompt_lp = top if req.echo and req.logprobs is not None else None
         inputs = [self.generation_input(req, ids, req.max_tokens, top, prompt_lp)
@@ -172,7 +190,8 @@ class OpenAiApi:
         top = (req.top_logprobs or 0) if req.logprobs else 0
         # OpenAI's chat default is "until the context is full": here, up to the server's max_new_tokens_limit
         room = min(self.service.cfg.max_new_tokens_limit, self.service.engine.context_length - len(ids))
-        inp = self.generation_input(req, ids, req.max_completion_tokens or req.max_tokens or max(1, room), top)
+        asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        inp = self.generation_input(req, ids, max(1, room) if asked is None else asked, top)
         if req.logprobs:
             self.check_logprob_cost([inp], top, "top_logprobs" if top else "logprobs")
         return inp
@@ -210,7 +229,10 @@ def create_app(service: InferenceService) -> FastAPI:
         service.metrics.request_errors.labels("openai", "400").inc()
         if first.get("type") == "extra_forbidden":
             return error_response(400, f"unsupported field {where!r}: relayrl does not implement it", where)
-        return error_response(400, f"{where}: {first.get('msg', 'invalid request')}", where or None)
+        value = first.get("input")
+        shown = f"={value!r}" if isinstance(value, int | float | bool) or (isinstance(value, str) and len(value) < 40) \
+            else ""
+        return error_response(400, f"{where}{shown}: {first.get('msg', 'invalid request')}", where or None)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -14,9 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.common.openai_messages import Strict, TextPart, ToolCallIn
-from relayrl.inference.serving import LimitExceeded
-
-MAX_ALTERNATIVES = 20  # top_logprobs / logprobs=N: OpenAI's own cap on chat
+from relayrl.inference.sampling_limits import MAX_ALTERNATIVES, LimitExceeded
 
 
 class ApiError(Exception):
@@ -47,12 +45,14 @@ class StreamOptions(Strict):
 
 
 class _Sampling(Strict):
+    # types only: the ranges of the sampling fields (max_tokens, temperature, top_p, top_k, n, stop, ...) are
+    # relayrl.inference.sampling_limits', the rules gRPC requests meet too
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)  # vLLM-style extension
-    n: int = Field(default=1, ge=1)
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # vLLM-style extension
+    n: int = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = Field(default_factory=list)  # vLLM-style extension
     seed: int | None = None
@@ -112,7 +112,7 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_ALTERNATIVES)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -121,9 +121,9 @@ class ChatRequest(_Sampling):
 
 def _refuse_sampling(req: _Sampling) -> None:
     for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name) != 0:
-            raise ApiError(f"{name} is not supported (only 0): relayrl samples from the model's own distribution "
-                           "so that its logprobs are the policy's", name)
+        if getattr(req, name) != 0:  # NaN and +/-Infinity too
+            raise ApiError(f"{name}={getattr(req, name)!r} is not supported (only 0): relayrl samples from the "
+                           "model's own distribution so that its logprobs are the policy's", name)
     if req.logit_bias:
         raise ApiError("logit_bias is not supported", "logit_bias")
     if req.stream_options is not None and not req.stream:

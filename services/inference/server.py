@@ -23,7 +23,8 @@ from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpdateError, check_finite, read_shared
 from relayrl.config.tls import TlsConfig
 from relayrl.inference.engine import GenerationInput, SampleOutput
-from relayrl.inference.serving import InferenceService, LimitExceeded, WeightSwapError
+from relayrl.inference.sampling_limits import check_samples
+from relayrl.inference.serving import InferenceService, LimitExceeded, SamplingError, WeightSwapError
 from relayrl.inference.token_stream import Event, Submitted, events, feed
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,12 @@ def score_inputs(service: InferenceService, request: pb.ScoreTokensRequest) -> l
     for i, seq in enumerate(request.sequences):
         if not seq.prompt_token_ids or not seq.completion_token_ids:
             raise ValueError(f"sequence {i}: prompt and completion need at least one token each")
-        if seq.temperature < 0:
-            raise ValueError(f"sequence {i}: temperature {seq.temperature} must be > 0")
-        inputs.append(service.check(GenerationInput(
-            prompt_ids=[*seq.prompt_token_ids, *seq.completion_token_ids], max_new_tokens=1,
-            temperature=seq.temperature or 1.0, prompt_logprobs=0)))
+        try:
+            inputs.append(service.check(GenerationInput(
+                prompt_ids=[*seq.prompt_token_ids, *seq.completion_token_ids], max_new_tokens=1,
+                temperature=seq.temperature if seq.temperature != 0 else 1.0, prompt_logprobs=0)))
+        except SamplingError as exc:  # named as the request names it
+            raise SamplingError(f"sequences[{i}].{exc.field}", exc.value, exc.rule) from exc
     return inputs
 
 
@@ -104,23 +106,30 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self.service = service
         self.weights_port = weights_port
 
+    async def _refuse_request(self, context: grpc.aio.ServicerContext, exc: ValueError) -> NoReturn:
+        """Abort a refused generation call: RESOURCE_EXHAUSTED over a limit, else INVALID_ARGUMENT."""
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) \
+            else grpc.StatusCode.INVALID_ARGUMENT
+        self.service.metrics.request_errors.labels("grpc", code.name).inc()
+        await context.abort(code, str(exc))
+        raise AssertionError("unreachable: abort raises") from exc
+
+    async def _generation_port(self, context: grpc.aio.ServicerContext) -> None:
+        if self.weights_port:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not "
+                                                                   "on the weights port")
+
     async def _submit(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext,
                       stream: bool) -> tuple[GenerationInput, Submitted, asyncio.Queue[Event] | None]:
         """Check and submit a Generate(Stream) request (with ``stream``, its tokens fed to a queue); a refused one
         aborts the call (RESOURCE_EXHAUSTED over a limit, else INVALID_ARGUMENT)."""
-        if self.weights_port:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not "
-                                                                   "on the weights port")
+        await self._generation_port(context)
         try:
             inp = await generation_input(self.service, request)
             queue = feed([inp]) if stream else None
             return inp, self.service.submit(inp), queue
         except ValueError as exc:
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) \
-                else grpc.StatusCode.INVALID_ARGUMENT
-            self.service.metrics.request_errors.labels("grpc", code.name).inc()
-            await context.abort(code, str(exc))
-            raise AssertionError("unreachable: abort raises") from exc
+            await self._refuse_request(context, exc)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         inp, submitted, _ = await self._submit(request, context, stream=False)
@@ -130,25 +139,31 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     async def GenerateBatch(self, request: pb.GenerateBatchRequest,
                             context: grpc.aio.ServicerContext) -> pb.GenerateBatchResponse:
-        """Generate for each request, all submitted before any is awaited (the engine admits them together); a
-        refused request refuses the call, and the requests already submitted are cancelled."""
-        if self.weights_port:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not "
-                                                                   "on the weights port")
-        submitted: list[tuple[GenerationInput, Submitted]] = []
+        """Generate for each request: the call's samples (the requests' n summed) within max_samples_per_request
+        (else RESOURCE_EXHAUSTED before anything is tokenised), every request checked, then all submitted before
+        any is awaited (the engine admits them together). A refused request refuses the call; nothing of a
+        refused call stays queued."""
+        await self._generation_port(context)
+        submitted: list[Submitted] = []
         try:
-            for r in request.requests:
-                inp, sub, _ = await self._submit(r, context, stream=False)
-                submitted.append((inp, sub))
+            check_samples([r.sampling.n or 1 for r in request.requests], self.service.cfg,
+                          f"the {len(request.requests)} requests of this GenerateBatch")
+            inputs = [await generation_input(self.service, r) for r in request.requests]
+            for inp in inputs:
+                submitted.append(self.service.submit(inp))
+        except ValueError as exc:
+            for future, _t0 in submitted:
+                future.cancel()
+            await self._refuse_request(context, exc)
         except BaseException:
-            for _, (future, _t0) in submitted:
+            for future, _t0 in submitted:
                 future.cancel()
             raise
-        outputs = await asyncio.gather(*(self.service.result(sub, "grpc_batch") for _, sub in submitted))
+        outputs = await asyncio.gather(*(self.service.result(sub, "grpc_batch") for sub in submitted))
         return pb.GenerateBatchResponse(responses=[
             pb.GenerateResponse(request_id=r.request_id, prompt_token_ids=inp.prompt_ids,
                                 samples=[sample_message(s) for s in samples])
-            for r, (inp, _), samples in zip(request.requests, submitted, outputs, strict=True)])
+            for r, inp, samples in zip(request.requests, inputs, outputs, strict=True)])
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
@@ -178,10 +193,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             inputs = score_inputs(self.service, request)
             submitted = [self.service.submit(inp) for inp in inputs]
         except ValueError as exc:
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) \
-                else grpc.StatusCode.INVALID_ARGUMENT
-            self.service.metrics.request_errors.labels("grpc", code.name).inc()
-            await context.abort(code, str(exc))
+            await self._refuse_request(context, exc)
         outputs = await asyncio.gather(*(self.service.result(s, "grpc_score") for s in submitted))
         scores, version = [], 0
         for seq, samples in zip(request.sequences, outputs, strict=True):

@@ -19,6 +19,9 @@ from relayrl.common.weights import StaleVersionError, WeightUpdateError
 from relayrl.config.inference import InferenceConfig
 from relayrl.inference.engine import Engine, GenerationInput, SampleOutput
 from relayrl.inference.metrics import InferenceMetrics
+from relayrl.inference.sampling_limits import LimitExceeded, SamplingError, check_request
+
+__all__ = ["InferenceService", "LimitExceeded", "SamplingError", "WeightSwapError"]
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +29,6 @@ log = logging.getLogger(__name__)
 # group's retries), and the longest text remembered: a repeated prompt skips the tokenizer and the thread hop.
 TOKEN_CACHE_SIZE = 4096
 TOKEN_CACHE_MAX_CHARS = 2048
-
-
-class LimitExceeded(ValueError):
-    """A request over one of the service's size or load limits: RESOURCE_EXHAUSTED over gRPC, ``http_status`` (413
-    too large, 429 too many waiting) over REST. Refused before any work is done."""
-
-    def __init__(self, message: str, http_status: int = 413) -> None:
-        super().__init__(message)
-        self.http_status = http_status
 
 
 class WeightSwapError(Exception):
@@ -97,34 +91,10 @@ class InferenceService:
             raise LimitExceeded(f"prompt has {chars} characters, limit is max_prompt_chars={self.cfg.max_prompt_chars}")
 
     def check(self, inp: GenerationInput) -> GenerationInput:
-        """Raise ValueError (→ INVALID_ARGUMENT / HTTP 400) for a request the engine must not see."""
-        cfg, ids = self.cfg, inp.prompt_ids
-        if not ids:
-            raise ValueError("the prompt has no tokens")
-        if len(ids) > cfg.max_prompt_tokens:
-            raise LimitExceeded(f"prompt has {len(ids)} tokens, limit is max_prompt_tokens={cfg.max_prompt_tokens}")
-        vocab = self.engine.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if inp.n < 1:
-            raise ValueError(f"n={inp.n} must be >= 1")
-        if inp.n > cfg.max_samples_per_request:
-            raise LimitExceeded(f"n={inp.n} is over max_samples_per_request={cfg.max_samples_per_request}")
-        if not 1 <= inp.max_new_tokens <= cfg.max_new_tokens_limit:
-            raise ValueError(f"max_new_tokens must be in [1, {cfg.max_new_tokens_limit}], got {inp.max_new_tokens}")
-        if not inp.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {inp.temperature}")
-        if not 0 < inp.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {inp.top_p}")
-        if inp.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {inp.top_k}")
-        if any(not stop for stop in inp.stop):
-            raise ValueError("stop strings must not be empty")
-        if any(not 0 <= t < vocab for t in inp.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
-        if inp.seed is not None and not -(2**63) <= inp.seed < 2**64:  # what a torch generator takes
-            raise ValueError("seed must be in [-2**63, 2**64)")
-        return inp
+        """``inp`` when the engine may see it: relayrl.inference.sampling_limits' rules against this service's limits
+        and the served model's vocabulary and context. SamplingError / ValueError (→ INVALID_ARGUMENT / HTTP 400),
+        LimitExceeded (→ RESOURCE_EXHAUSTED / HTTP 413)."""
+        return check_request(inp, self.cfg, self.engine.vocab_size, self.engine.context_length)
 
     def submit(self, inp: GenerationInput) -> tuple[Future[list[SampleOutput]], float]:
         """Hand a checked request to the engine; ValueError when the engine refuses it (→ INVALID_ARGUMENT / HTTP

@@ -202,4 +202,6 @@ def test_rest_seed_beyond_what_a_generator_takes_is_a_400_naming_the_seed(servic
     with TestClient(create_app(service), raise_server_exceptions=False) as client:
         response = client.post("/v1/completions", json={"prompt": "1+2=", "max_tokens": 2, "seed": seed})
 
-    assert response.status_code == 400 and "seed must be in" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "seed"
+    assert error["message"].startswith(f"seed={seed}: must be in")

@@ -17,6 +17,16 @@ from tests.integration.helpers import inference_server
 pytestmark = [pytest.mark.security, pytest.mark.integration]
 
 
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a context long enough for the prompts below (a prompt must fit the model's context,
+    prompt + max_tokens checked before the logprob limits)."""
+    from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("models") / "long", TinyModelConfig(
+        hidden_size=64, intermediate_size=128, num_layers=2, seed=1, max_position_embeddings=20_001))
+
+
 async def _post(service: Any, route: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], int]:
     """(status, JSON body, engine decode steps taken meanwhile)."""
     before = service.engine.stats().decode_steps
@@ -26,10 +36,10 @@ async def _post(service: Any, route: str, body: dict[str, Any]) -> tuple[int, di
 
 
 def test_echo_of_a_prompt_whose_logprob_matrix_is_over_the_limit_is_413_before_the_engine(
-        tiny_model_dir: Path) -> None:
+        long_model_dir: Path) -> None:
     async def go() -> list[tuple[int, dict[str, Any], int]]:
         # 1 MiB of float32 logprobs over the tiny model's vocabulary (18 tokens) is 14,563 prompt tokens
-        async with inference_server(tiny_model_dir, http=True, max_prompt_logprob_mib=1,
+        async with inference_server(long_model_dir, http=True, max_prompt_logprob_mib=1,
                                     max_prompt_tokens=20_000) as (_, service):
             vocab = service.engine.vocab_size
             too_long = [5] * (2**20 // (4 * vocab) + 1)
