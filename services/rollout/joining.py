@@ -50,13 +50,14 @@ class _Caller(Generic[T, R]):
 
 class CallJoiner(Generic[T, R]):
     """Joins concurrent ``call(item)`` into ``send(items, timeout_s)``, which returns one result (or exception) per
-    item, in order. ``size`` weighs an item against ``max_items`` (1 each by default)."""
+    item, in order. ``size`` weighs an item against ``max_items`` (1 each by default); ``max_callers``, when set,
+    also bounds the items of one call."""
 
     def __init__(self, send: Callable[[list[T], float], Awaitable[list[R | BaseException]]], max_items: int,
-                 size: Callable[[T], int] = lambda _: 1) -> None:
+                 size: Callable[[T], int] = lambda _: 1, max_callers: int | None = None) -> None:
         if max_items < 1:
             raise ValueError(f"max_items {max_items} must be >= 1")
-        self.send, self.max_items, self.size = send, max_items, size
+        self.send, self.max_items, self.size, self.max_callers = send, max_items, size, max_callers
         self._waiting: list[_Caller[T, R]] = []
         self._sender: asyncio.Task[None] | None = None
         self.calls = 0  # calls sent
@@ -79,7 +80,8 @@ class CallJoiner(Generic[T, R]):
             if caller.future.done():  # cancelled while it waited
                 self._waiting.pop(0)
                 continue
-            if taken and items + self.size(caller.item) > self.max_items:
+            if taken and (items + self.size(caller.item) > self.max_items
+                          or (self.max_callers is not None and len(taken) >= self.max_callers)):
                 break
             taken.append(self._waiting.pop(0))
             items += self.size(caller.item)
@@ -150,13 +152,15 @@ class JoinedScorer:
 
 class JoinedInference:
     """``generate`` of ``client`` (a relayrl.client.InferenceClient), joined into one GenerateBatch of at most
-    ``max_requests`` requests across concurrent callers."""
+    ``max_requests`` requests across concurrent callers and, when ``max_samples`` is given, at most that many samples
+    (their n summed: inference refuses a GenerateBatch over its inference.max_samples_per_request)."""
 
-    def __init__(self, client: Any, max_requests: int) -> None:
+    def __init__(self, client: Any, max_requests: int, max_samples: int | None = None) -> None:
         self.client = client
         self.batching = True  # False once inference answered UNIMPLEMENTED (a version without GenerateBatch)
         self.joiner: CallJoiner[inference_pb2.GenerateRequest, inference_pb2.GenerateResponse] = CallJoiner(
-            self._send, max_requests)
+            self._send, max_requests) if max_samples is None else CallJoiner(
+            self._send, max_samples, lambda r: max(1, r.sampling.n), max_callers=max_requests)
 
     def __getattr__(self, name: str) -> Any:  # generate_stream, score, status, close, ...: the wrapped client's
         return getattr(self.client, name)

@@ -35,7 +35,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
                                       trainer_token=cfg.control.effective_token()) as clients:
         producer = RolloutProducer(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed), clients,
                                    redis_retry_s=cfg.redis.retry_s, model_path=cfg.model.path,
-                                   score_batch_max=min(rc.score_batch_max, cfg.reward.max_batch))
+                                   score_batch_max=min(rc.score_batch_max, cfg.reward.max_batch),
+                                   generate_batch_samples=cfg.inference.max_samples_per_request)
         handle, servicer = create_rollout_server(producer, cfg)
         http = HttpServer(servicer.http_app(), rc.http, "rollout") if rc.http.enabled else None
         await handle.start()

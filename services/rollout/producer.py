@@ -47,14 +47,16 @@ WATCH_DEADLINE_S = 60.0
 class RolloutProducer:
     def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor, clients: RolloutClients,
                  redis_retry_s: float = 60.0,
-                 model_path: Path | None = None, score_batch_max: int | None = None) -> None:
+                 model_path: Path | None = None, score_batch_max: int | None = None,
+                 generate_batch_samples: int | None = None) -> None:
         self.cfg = cfg
         joined = cfg.score_batch_max if score_batch_max is None else score_batch_max
         # the workflows' clients: concurrent groups' calls joined into one (rollout.score_batch_max,
         # rollout.generate_batch_max; relayrl.rollout.joining)
         self.reward = JoinedScorer(clients.reward, joined) if joined > 0 else clients.reward
-        self.inference = (JoinedInference(clients.inference, cfg.generate_batch_max) if cfg.generate_batch_max > 0
-                          else clients.inference)
+        # (at most generate_batch_samples samples a GenerateBatch: inference.max_samples_per_request)
+        self.inference = (JoinedInference(clients.inference, cfg.generate_batch_max, generate_batch_samples)
+                          if cfg.generate_batch_max > 0 else clients.inference)
         self.redis_retry_s = redis_retry_s
         self.stream = stream
         self.cursor = cursor

@@ -234,3 +234,24 @@ def test_a_lone_generate_is_sent_as_generate_and_other_calls_pass_through() -> N
 
     assert asyncio.run(generate_all(joined, ["ab"])) == ["ba"] and fake.batches == [] and fake.alone == ["ab"]
     assert joined.answer is fake.answer  # anything else is the wrapped client's
+
+
+def test_joined_generates_carry_at_most_max_samples_samples_and_max_requests_requests_a_batch() -> None:
+    fake = FakeInference()  # SAMPLING asks n=2 a request
+    prompts = [f"p{i}" for i in range(9)]
+
+    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=3, max_samples=5), prompts))
+
+    assert got == [p[::-1] for p in prompts]
+    assert [len(b) for b in fake.batches] == [2, 2, 2, 2] and fake.alone == ["p8"]  # 2 x n=2 <= 5 < 3 x n=2
+    fake = FakeInference()
+    asyncio.run(generate_all(JoinedInference(fake, max_requests=3, max_samples=100), prompts))
+    assert [len(b) for b in fake.batches] == [3, 3, 3]
+
+
+def test_a_batch_refused_as_too_large_is_sent_request_by_request() -> None:
+    fake = FakeInference(code=grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd"]))
+
+    assert got == ["ba", "dc"] and fake.alone == ["ab", "cd"]
