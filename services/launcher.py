@@ -42,6 +42,7 @@ from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.common.threads import automatic_cpus, automatic_division, pin_cpus, thread_env
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.config.model_fit import fit_to_model
 from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_ports
 from relayrl.run_report import entries_added, progress_line, run_summary
@@ -108,6 +109,7 @@ class Launcher:
 
     def _resolve(self, cfg: RunConfig) -> RunConfig:
         cfg.model.check_exists()
+        cfg = fit_to_model(cfg)  # the length limits within the model's context and vocabulary, before any service
         if not cfg.rollout.dataset.is_file():
             raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
         cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)

@@ -14,7 +14,7 @@ import yaml
 from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
 from relayrl.common.files import write_private
 from relayrl.config.control import ControlConfig
-from relayrl.config.inference import InferenceConfig
+from relayrl.config.inference import MAX_TEMPERATURE, MIN_TEMPERATURE, InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.redis import RedisConfig
 from relayrl.config.reward import RewardConfig
@@ -82,6 +82,16 @@ class RunConfig:
             raise ConfigError("rollout.group_size", self.rollout.group_size,
                               f"must be <= inference.max_batch_sequences ({self.inference.max_batch_sequences}): "
                               "a group's samples decode together")
+        if not MIN_TEMPERATURE <= self.rollout.temperature <= MAX_TEMPERATURE:
+            raise ConfigError("rollout.temperature", self.rollout.temperature,
+                              f"must be in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]: what inference accepts "
+                              "(relayrl.inference.sampling_limits)")
+        pc = self.trainer.publication
+        if pc.probe_sequences * pc.probe_tokens > self.inference.max_probe_tokens:
+            raise ConfigError("trainer.publication.probe_tokens", pc.probe_tokens,
+                              f"probe_sequences ({pc.probe_sequences}) x probe_tokens must be <= "
+                              f"inference.max_probe_tokens ({self.inference.max_probe_tokens}): inference refuses a "
+                              "larger probe")
         if self.rollout.group_size > self.inference.max_samples_per_request:
             raise ConfigError("rollout.group_size", self.rollout.group_size,
                               f"must be <= inference.max_samples_per_request "

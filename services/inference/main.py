@@ -13,6 +13,7 @@ from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.config import RunConfig
 from relayrl.config.inference import EngineKind
+from relayrl.config.model_fit import fit_to_model
 from relayrl.inference.engine import Engine
 from relayrl.inference.http import create_app
 from relayrl.inference.server import create_inference_servers
@@ -43,6 +44,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     require_credential(cfg.control.effective_weights_token(), hosts,
                        "a weights token (control.weights_token_env): it decides who may change the served weights")
     cfg.model.check_exists()
+    cfg = fit_to_model(cfg)  # the limits within the model's context (ConfigError before the model is loaded)
     engine = await asyncio.to_thread(build_engine, cfg)
     service = InferenceService(cfg.inference, engine, load_tokenizer(cfg.model.path), str(cfg.model.path),
                                weights_dir=cfg.weights_dir, weights_token=cfg.control.effective_weights_token())

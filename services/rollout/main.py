@@ -13,6 +13,7 @@ from relayrl.common.http import HttpServer
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig
+from relayrl.config.model_fit import fit_to_model
 from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.producer import RolloutProducer
 from relayrl.rollout.server import create_rollout_server
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     """Produce groups until the trainer finishes (then wait) or until SIGTERM/SIGINT (or ``stop``)."""
+    cfg = fit_to_model(cfg)  # the limits within the model's context, when its config.json is here
     rc = cfg.rollout
     cfg.redis.require_url()
     hosts = {"rollout.server.host": rc.server.host, **({"rollout.http.host": rc.http.host} if rc.http.enabled else {})}

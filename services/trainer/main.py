@@ -16,6 +16,7 @@ from relayrl.common.control import require_credential
 from relayrl.common.http import HttpServer
 from relayrl.common.probe import WeightVerificationError
 from relayrl.config import RunConfig
+from relayrl.config.model_fit import fit_to_model
 from relayrl.config.trainer import AfterFinish
 from relayrl.trainer.collectives import Collectives, CollectiveTimeout
 from relayrl.trainer.runtime import Trainer
@@ -51,6 +52,7 @@ def init_collectives(cfg: RunConfig) -> Collectives:
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     """Train until trainer.total_steps (then exit 0) or until SIGTERM/SIGINT. Rank 0 serves the status API."""
     cfg.model.check_exists()
+    cfg = fit_to_model(cfg)  # the limits within the model's context (ConfigError before the model is loaded)
     cfg.trainer.eval.check_exists()
     cfg.redis.require_url()
     tc = cfg.trainer
