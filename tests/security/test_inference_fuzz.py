@@ -29,7 +29,7 @@ from relayrl.common.weights import (
     iter_update_messages,
 )
 from relayrl.config.control import ControlConfig
-from relayrl.config.inference import InferenceConfig
+from relayrl.config.inference import MAX_TEMPERATURE, MIN_TEMPERATURE, InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.inference.http import create_app
 from relayrl.inference.native import NativeEngine
@@ -168,7 +168,8 @@ def test_grpc_generate_request_is_either_checked_or_refused_with_value_error(
     vocab = service.engine.vocab_size
     assert 1 <= len(inp.prompt_ids) <= service.cfg.max_prompt_tokens
     assert all(0 <= t < vocab for t in inp.prompt_ids) and 1 <= inp.n <= service.cfg.max_samples_per_request
-    assert inp.temperature > 0 and 0 < inp.top_p <= 1 and 1 <= inp.max_new_tokens <= 3
+    assert MIN_TEMPERATURE <= inp.temperature <= MAX_TEMPERATURE and 0 < inp.top_p <= 1  # finite, bounded
+    assert 1 <= inp.max_new_tokens <= 3 and 0 <= inp.top_k <= vocab
 
 
 json_values = st.recursive(
