@@ -17,6 +17,9 @@ from relayrl.config.threads import ThreadsConfig
 # sampling_limits; rollout.temperature is bounded by the same numbers).
 MIN_TEMPERATURE = 1e-5
 MAX_TEMPERATURE = 100.0
+# Stop strings of one request: each is searched in every sample's text after every token
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 256
 
 
 class EngineKind(StrEnum):

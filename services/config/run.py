@@ -14,7 +14,13 @@ import yaml
 from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
 from relayrl.common.files import write_private
 from relayrl.config.control import ControlConfig
-from relayrl.config.inference import MAX_TEMPERATURE, MIN_TEMPERATURE, InferenceConfig
+from relayrl.config.inference import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    InferenceConfig,
+)
 from relayrl.config.model import ModelConfig
 from relayrl.config.redis import RedisConfig
 from relayrl.config.reward import RewardConfig
@@ -86,6 +92,10 @@ class RunConfig:
             raise ConfigError("rollout.temperature", self.rollout.temperature,
                               f"must be in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]: what inference accepts "
                               "(relayrl.inference.sampling_limits)")
+        stop = self.rollout.stop
+        if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise ConfigError("rollout.stop", stop, f"at most {MAX_STOP_STRINGS} stop strings of at most "
+                                                    f"{MAX_STOP_CHARS} characters: what inference accepts")
         pc = self.trainer.publication
         if pc.probe_sequences * pc.probe_tokens > self.inference.max_probe_tokens:
             raise ConfigError("trainer.publication.probe_tokens", pc.probe_tokens,

@@ -15,12 +15,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from relayrl.config.inference import MAX_TEMPERATURE, MIN_TEMPERATURE, InferenceConfig
+from relayrl.config.inference import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    InferenceConfig,
+)
 from relayrl.inference.engine import GenerationInput
 
 MAX_ALTERNATIVES = 20  # top_logprobs / logprobs=N (and the prompt's alternatives with echo): OpenAI's own cap on chat
-MAX_STOP_STRINGS = 16  # each is searched in every sample's text after every token
-MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64  # the engine holds samples x this many stop ids per decode step
 
 

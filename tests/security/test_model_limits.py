@@ -53,11 +53,14 @@ def test_probe_tokens_beyond_the_probe_limit_is_refused_at_load(tiny_model_dir: 
     assert err.value.field == "trainer.publication.probe_tokens" and "inference.max_probe_tokens" in err.value.rule
 
 
-def test_rollout_temperature_beyond_what_inference_accepts_is_refused_at_load(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("override", ["rollout.temperature=1000", "rollout.temperature=0.000001",
+                                      "rollout.stop=[" + ",".join(["x"] * 65) + "]"])
+def test_rollout_sampling_beyond_what_inference_accepts_is_refused_at_load(tiny_model_dir: Path,
+                                                                          override: str) -> None:
     with pytest.raises(ConfigError) as err:
-        _config(tiny_model_dir, "rollout.temperature=1000")
+        _config(tiny_model_dir, override)
 
-    assert err.value.field == "rollout.temperature"
+    assert err.value.field == override.split("=")[0]
 
 
 def test_limits_at_their_defaults_are_lowered_to_the_model_and_set_ones_that_fit_are_kept(
