@@ -189,10 +189,13 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "scoring is served on inference.server")
         if not getattr(self.service.engine, "computes_alternatives", False):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this engine does not compute prompt logprobs")
+        submitted: list[Submitted] = []
         try:
-            inputs = score_inputs(self.service, request)
-            submitted = [self.service.submit(inp) for inp in inputs]
-        except ValueError as exc:
+            for inp in score_inputs(self.service, request):
+                submitted.append(self.service.submit(inp))
+        except ValueError as exc:  # all or none: a refused one (a full queue) cancels those already queued
+            for future, _t0 in submitted:
+                future.cancel()
             await self._refuse_request(context, exc)
         outputs = await asyncio.gather(*(self.service.result(s, "grpc_score") for s in submitted))
         scores, version = [], 0
