@@ -227,6 +227,17 @@ class TrainerConfig:
                 "JSON object (field names as in episode.proto, with the step) per line; 0: none.", "ge": 0})
     linger_s: float = field(default=1.0, metadata={
         "help": "Seconds the status server keeps answering `finished` after the last step.", "ge": 0})
+    stop_grace_s: float = field(default=30.0, metadata={
+        "help": "A stop (SIGTERM/SIGINT) is graceful: the trainer stops at the next micro-batch boundary (the step's "
+                "partial gradients discarded, its groups left pending and read again on resume) or read of groups, "
+                "writes a final checkpoint and acknowledges the groups it holds; a second signal stops it at once. "
+                "`relayrl run` waits for that at least this long, longer when the measured steps and checkpoints "
+                "need it (about 1.5 x the longest step + push + checkpoint seen in metrics.jsonl), at most "
+                "stop_grace_max_s, before it kills the trainer. Set a Kubernetes pod's "
+                "terminationGracePeriodSeconds likewise.", "gt": 0})
+    stop_grace_max_s: float = field(default=600.0, metadata={
+        "help": "The most `relayrl run` waits for the trainer to stop gracefully, whatever its steps measured; "
+                "then it is killed (its steps since the last checkpoint are trained again on resume).", "gt": 0})
     after_finish: AfterFinish = field(default=AfterFinish.EXIT, metadata={
         "help": "After the last step: exit = exit 0 after linger_s; stay = keep serving status and health "
                 "(finished) until SIGTERM, for workloads that restart whatever exits (a Kubernetes StatefulSet). "
@@ -261,6 +272,9 @@ class TrainerConfig:
         if self.micro_batch_layout is MicroBatchLayout.PACKED and self.micro_batch_tokens == 0:
             raise ConfigError("micro_batch_tokens", self.micro_batch_tokens,
                               "must be > 0 when micro_batch_layout is packed (the row budget)")
+        if self.stop_grace_max_s < self.stop_grace_s:
+            raise ConfigError("stop_grace_max_s", self.stop_grace_max_s,
+                              f"must be >= stop_grace_s ({self.stop_grace_s})")
         if self.optimizer.warmup_steps > self.total_steps:
             raise ConfigError("optimizer.warmup_steps", self.optimizer.warmup_steps,
                               f"must be <= total_steps ({self.total_steps})")

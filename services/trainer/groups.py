@@ -101,6 +101,11 @@ def zero_advantage(entry: StreamEntry) -> bool:
     return len(rewards) <= 1
 
 
+class CollectStopped(Exception):
+    """A stop was requested while this rank waited for its groups: what it read stays ready in memory and pending
+    in the stream (read again on resume); nothing it consumed is lost (dropped groups are recorded as consumed)."""
+
+
 class RewardErrorStop(RuntimeError):
     """An episode's scoring failed and ``trainer.on_reward_error`` is ``fail``."""
 
@@ -146,6 +151,8 @@ class GroupCollector:
         self.consumed_ids: list[str] = []  # groups trained or dropped since the last checkpoint
         self.unacked: list[str] = []  # their stream entry ids (acknowledged after the next checkpoint)
         self.done_on_resume: list[str] = []  # entry ids of groups the restored checkpoint holds
+        # a stop request: collect raises CollectStopped between two reads (never in the middle of a drop)
+        self.stop_requested: Callable[[], bool] = lambda: False
 
     async def collect(self, num_groups: int, staleness: StalenessFn) -> list[StreamEntry]:
         ratio = self.zero_advantage_drop_ratio
@@ -157,6 +164,8 @@ class GroupCollector:
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
                 return [r.entry for r in taken]
+            if self.stop_requested():  # within read_block_ms of the request
+                raise CollectStopped(f"stopped waiting for groups ({len(self._ready)} of {num_groups} ready)")
             # read only the shortfall: a rank that took more than its share could starve the others
             count, after = num_groups - len(self._ready), self._pending_after
             entries = await redis_retry(

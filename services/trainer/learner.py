@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,25 @@ class StepStats:
     optimizer_s: float = 0.0
 
 
+class StepAbandoned(Exception):
+    """A stop agreed by every rank at a micro-batch boundary: the step's partial gradients are discarded, no
+    optimizer step is taken, and its batch stays unconsumed (pending in the stream, read again on resume)."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"stopped after {done} of {total} micro-batches")
+        self.done, self.total = done, total
+
+
+def stop_agreed(coll: Collectives, local: bool) -> bool:
+    """Whether any rank asked to stop: one all-reduce MAX of the flag with several ranks (the same call, at the
+    same boundary, on every rank), the flag itself with one (no collective)."""
+    if coll.world_size == 1:
+        return local
+    flag = torch.tensor([int(local)], dtype=torch.int64)
+    coll.all_reduce(flag, dist.ReduceOp.MAX, "stop_requested")
+    return bool(flag.item())
+
+
 def agreed_count(coll: Collectives, local: int) -> int:
     """Micro-batches every rank runs this step: the most any rank needs (one all-reduce MAX); a rank with fewer
     pads with zero-weight ones, so every rank issues the same collectives (collectives are global contracts)."""
@@ -94,6 +114,8 @@ class Learner:
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
                                                weight_decay=opt.weight_decay)
         self.steps_done = 0
+        # set (from any thread) to stop at the next micro-batch boundary of rl_step: see StepAbandoned
+        self.stop = threading.Event()
 
     def _lr(self) -> float:
         opt = self.cfg.optimizer
@@ -219,7 +241,8 @@ class Learner:
         batch and N ranks with a share each, and any micro-batch split, compute the same gradient (up to
         summation order). Micro-batches: see relayrl.trainer.batching (each padded to its own longest
         sequence). Every rank runs the same number of micro-batches (all-reduce MAX, padded with zero-weight
-        ones). One forward per micro-batch gives both the current and the proximal logprobs (one optimizer
+        ones), and before each one agrees whether to stop (:func:`stop_agreed`, :class:`StepAbandoned`). One forward
+        per micro-batch gives both the current and the proximal logprobs (one optimizer
         step per batch), and the loop never reads a tensor on the host: statistics stay tensors until the end.
         """
         coll = self.collectives
@@ -240,7 +263,14 @@ class Learner:
         # teacher kl
         sums = torch.zeros(9, dtype=torch.float64, device=self.device)
         importance_max = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for i in range(n_micro):
+        # a stop at a micro-batch boundary (agreed by every rank; n_micro is, so all check equally often, at least
+        # once): nothing of this step is applied yet, its partial gradients are dropped (StepAbandoned)
+        for i in range(max(n_micro, 1)):
+            if stop_agreed(coll, self.stop.is_set()):  # a safe point: nothing of this step is applied yet
+                self.optimizer.zero_grad(set_to_none=True)
+                raise StepAbandoned(i, n_micro)
+            if i >= n_micro:
+                break
             if i < len(plan):
                 mb = self._pack_rows(episodes, plan[i])
                 mb_adv = adv[torch.tensor(plan[i], dtype=torch.long, device=self.device)]

@@ -14,73 +14,32 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 from google.protobuf.json_format import MessageToDict
 
 from relayrl.common.dataset import load_jsonl
-from relayrl.common.episodes import end_name
 from relayrl.common.logging import log_context
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
 from relayrl.common.model import chat_token_ids
 from relayrl.common.pb.common_pb2 import ServingState
-from relayrl.common.pb.episode_pb2 import Episode, EpisodeEnd
+from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.tracking import Tracker
 from relayrl.config import RunConfig
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.groups import GroupCollector, groups_per_rank, live_consumers, reward_failed
+from relayrl.trainer.groups import CollectStopped, GroupCollector, groups_per_rank, live_consumers, reward_failed
 from relayrl.trainer.in_run_eval import InRunEval
-from relayrl.trainer.learner import Learner, StepStats
+from relayrl.trainer.learner import Learner, StepAbandoned, StepStats
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication
-from relayrl.trainer.steptime import StepClock, StepTimes
+from relayrl.trainer.step_summary import global_summary as global_summary
+from relayrl.trainer.step_summary import set_times
+from relayrl.trainer.steptime import StepClock
 from relayrl.trainer.teacher import Teacher
 
 log = logging.getLogger(__name__)
-
-# EpisodeEnd values by number, as metrics name them (UNSPECIFIED: a single-turn episode)
-EPISODE_ENDS = tuple(end_name(v) for v in range(max(EpisodeEnd.values()) + 1))
-
-
-def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode], staleness: torch.Tensor,
-                   excluded: int = 0) -> dict[str, Any]:
-    """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors)."""
-    s = max_staleness
-    hist = torch.bincount(staleness.long().clamp(0, s + 1), minlength=s + 2).to(torch.float64)
-    ends = [0.0] * len(EPISODE_ENDS)  # how episodes ended, by EpisodeEnd value
-    # [episodes, reward sum, reward square sum, staleness sum, completion tokens, excluded, turns, tool calls,
-    # tool errors, episodes of several versions]: one pass over the episodes (each field read once)
-    totals = [float(len(episodes)), 0.0, 0.0, float(staleness.sum()), 0.0, float(excluded), 0.0, 0.0, 0.0, 0.0]
-    for ep in episodes:
-        end, reward = ep.episode_end, ep.reward
-        ends[end if 0 <= end < len(EPISODE_ENDS) else 0] += 1
-        totals[1] += reward
-        totals[2] += reward * reward
-        totals[4] += len(ep.completion_token_ids)
-        totals[6] += max(ep.turns, 1)
-        totals[7] += ep.tool_calls
-        totals[8] += ep.tool_errors
-        totals[9] += len(set(ep.token_weight_versions)) > 1
-    sums = torch.cat([torch.tensor(totals, dtype=torch.float64), hist, torch.tensor(ends, dtype=torch.float64)])
-    coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
-    maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
-    coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
-    n = max(float(sums[0]), 1.0)
-    mean = float(sums[1]) / n
-    k = 10 + s + 2  # where the ends' counts start
-    return {"episodes": int(sums[0]), "reward_mean": mean,
-            "reward_std": max(float(sums[2]) / n - mean * mean, 0.0) ** 0.5,
-            "staleness_mean": float(sums[3]) / n, "staleness_max": int(maxima[0]),
-            "completion_len_mean": float(sums[4]) / n, "reward_errors": int(sums[5]),
-            "turns_mean": float(sums[6]) / n, "tool_calls_mean": float(sums[7]) / n, "tool_errors": int(sums[8]),
-            "episodes_multi_version": int(sums[9]),
-            "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[10:k].tolist()) if c},
-            "episode_ends": {EPISODE_ENDS[i]: int(c) for i, c in enumerate(sums[k:].tolist()) if c}}
-
-
 
 def generation_wait(entries: list[StreamEntry], start: float, end: float) -> float | None:
     """Of a wait for a batch from ``start`` to ``end`` (wall clock), the seconds before its last group left
@@ -140,6 +99,19 @@ class TrainingLoop:
         # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
         self.evals = InRunEval(cfg, self._write_metrics, self._t0) \
             if self.is_main and cfg.trainer.eval.every_steps else None
+        self.stop = learner.stop
+        collector.stop_requested = self.stop.is_set
+
+    @property
+    def stepping(self) -> bool:
+        """RL steps have begun (after start-up, the first publication and the warm-up): a stop is graceful."""
+        return self.header.state == ServingState.SERVING_STATE_SERVING
+
+    def request_stop(self) -> None:
+        """Stop at the next safe point, then write a final checkpoint and acknowledge what it holds. Safe points:
+        waiting for groups, and each micro-batch boundary of a step (agreed by every rank), where the step's
+        partial gradients are discarded and its groups stay pending (read again on resume). Thread-safe."""
+        self.stop.set()
 
     async def publish(self, policy_step: int, wait: bool = True) -> int:
         """Publish the current weights; every rank learns the version and whether to checkpoint after this step.
@@ -176,12 +148,20 @@ class TrainingLoop:
         self.clock.reset()  # the first step's cycle starts here, not at start-up
         try:
             while self.progress.step < tc.total_steps:
-                await self.train_step()
+                try:
+                    await self.train_step()
+                except StepAbandoned as stopped:
+                    self._log_abandoned(stopped)
+                    break
                 if self.checkpoints.due(self.progress.step, tc.total_steps):
                     with self.clock.part("checkpoint"):
                         await self.checkpoint_and_ack()
         finally:
             await self._drop_prefetch()
+        if self.progress.step < tc.total_steps:  # stopped
+            await self._stop_checkpoint()
+            self._announce(ServingState.SERVING_STATE_STOPPED)
+            return
         await self.checkpoint_and_ack()
         if self.evals is not None:
             await self.evals.finish(self.progress.step, self.publication.weight_version)
@@ -193,13 +173,46 @@ class TrainingLoop:
         self.progress.finished = self.progress.finished or finished
         self.progress.changed.notify()
 
+    def _log_abandoned(self, stopped: StepAbandoned) -> None:
+        if stopped.total:
+            log.info("stop: step %d abandoned at a micro-batch boundary after %d of %d micro-batches (partial "
+                     "gradients discarded, no optimizer step); its groups stay pending and are read again on resume",
+                     self.progress.step + 1, stopped.done, stopped.total)
+        else:
+            log.info("stop: before step %d (nothing of it computed)", self.progress.step + 1)
+
+    async def _stop_checkpoint(self) -> None:
+        """After a stop: the final checkpoint and its acknowledgements, unless no step was trained since the last
+        durable one (it is not written again; groups dropped since stay pending, read and dropped again on resume)."""
+        step = self.progress.step
+        if step == self.checkpoints.last_step:
+            log.info("stopped at step %d: the checkpoint of step %d already holds every trained step", step, step)
+            return
+        await self.checkpoint_and_ack()
+        log.info("stopped at step %d with a final checkpoint (every trained group acknowledged)", step)
+
+    async def _batch(self) -> Batch:
+        """This step's batch: the prefetched one or read now. After a stop request: with one rank, StepAbandoned
+        at once; with several, an empty share, so that this rank still joins the step's collectives and every rank
+        agrees to stop at its first micro-batch boundary."""
+        prefetched, self._prefetch = self._prefetch, None
+        if self.stop.is_set() and self.coll.world_size == 1:
+            if prefetched is not None:
+                self._prefetch = prefetched  # dropped with its entries left pending (see train)
+            raise StepAbandoned(0, 0)
+        try:
+            return await (prefetched or self._collect())
+        except CollectStopped:
+            if self.coll.world_size == 1:
+                raise StepAbandoned(0, 0) from None
+            return Batch([], [], 0, torch.zeros(0), None, None)
+
     async def train_step(self) -> None:
         """One optimizer step over the global batch, then its publication, counters and metrics."""
         tc, progress, clock = self.cfg.trainer, self.progress, self.clock
         with clock.part("data"):  # the batch read while the previous step's metrics were written, or read now
-            prefetched, self._prefetch = self._prefetch, None
             waited_from = time.time()  # wall clock: compared with rollout's enqueued_at
-            entries, episodes, excluded, staleness, teacher, reference = await (prefetched or self._collect())
+            entries, episodes, excluded, staleness, teacher, reference = await self._batch()
             self._generating_s = generation_wait(entries, waited_from, time.time())
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
@@ -365,7 +378,7 @@ class TrainingLoop:
         if last_push is not None:
             row.weight_sync_s, row.weight_sync_bytes = last_push.seconds, last_push.bytes_sent
             row.probe_max_diff = last_push.probe_max_diff
-        _set_times(row, times, self.publication)
+        set_times(row, times, self.publication)
         if self._generating_s is not None:  # unknown: both stay 0 (not measured)
             row.time_data_generating_s = min(self._generating_s, times.parts["data"])  # the rest is transit
             row.time_data_transit_s = times.parts["data"] - row.time_data_generating_s
@@ -384,16 +397,3 @@ class TrainingLoop:
         self._trained_log.close()
         if self._episode_dump is not None:
             self._episode_dump.close()
-
-
-def _set_times(row: RlRow, times: StepTimes, publication: VersionPublication) -> None:
-    """The step's time breakdown into ``row``; the publication's own parts from this step's push."""
-    t = times.parts
-    row.time_wall_s, row.time_other_s = times.wall, times.other
-    row.time_data_s, row.time_fwd_bwd_s, row.time_optimizer_s = t["data"], t["fwd_bwd"], t["optimizer"]
-    row.time_publish_s, row.time_checkpoint_s, row.time_metrics_s = t["publish"], t["checkpoint"], t["metrics"]
-    push = publication.last_push
-    if push is not None and t["publish"] > 0:
-        pt = push.timings
-        row.time_publish_serialise_s, row.time_publish_transfer_s = pt.serialise_s, pt.transfer_s
-        row.time_publish_swap_s, row.time_publish_probe_s = pt.swap_s, pt.probe_s

@@ -49,6 +49,29 @@ def init_collectives(cfg: RunConfig) -> Collectives:
     return Collectives(group, tc.distributed.collective_timeout_s, record, group_name="world")
 
 
+async def _stop_training(trainer: Trainer, train: asyncio.Task[None], force: asyncio.Event) -> None:
+    """A stop before the end: once RL steps have begun, graceful (the loop stops at its next safe point, a
+    micro-batch boundary or a read of groups, and writes a final checkpoint whose groups it acknowledges; a second
+    signal cancels it); before that (start-up, warm-up: nothing consumed yet) at once."""
+    step = trainer.progress.step
+    if trainer.loop.stepping:
+        log.info("stop requested at step %d: stopping at the next micro-batch boundary, then a final checkpoint "
+                 "(a second signal stops at once)", step)
+        trainer.loop.request_stop()
+        forced = asyncio.create_task(force.wait())
+        await asyncio.wait({train, forced}, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        if train.done():
+            train.result()  # a failure of the final checkpoint is loud
+            return
+        log.warning("second stop signal: stopping at once, without a final checkpoint (step %d)",
+                    trainer.progress.step)
+    else:
+        log.info("stopping before the end of training (step %d)", step)
+    train.cancel()
+    await asyncio.gather(train, return_exceptions=True)
+
+
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     """Train until trainer.total_steps (then exit 0) or until SIGTERM/SIGINT. Rank 0 serves the status API."""
     cfg.model.check_exists()
@@ -61,10 +84,10 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     if not cfg.control.effective_weights_token():
         raise ConfigError(cfg.control.weights_token_env, "", "the trainer needs the weights token: inference accepts "
                                                             "weight updates only with it")
-    stop = stop or asyncio.Event()
+    stop, force = stop or asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the first asks for a graceful stop, a second one stops at once
+        loop.add_signal_handler(sig, lambda: (force if stop.is_set() else stop).set())
     coll = init_collectives(cfg)
     trainer = Trainer(cfg, coll)
     handle, servicer = create_trainer_server(trainer) if coll.rank == 0 else (None, None)
@@ -102,9 +125,9 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
             else:
                 await asyncio.sleep(cfg.trainer.linger_s)  # let rollout see `finished`
         else:
-            log.info("stopping before the end of training (step %d)", trainer.progress.step)
-            train.cancel()
-            await asyncio.gather(train, return_exceptions=True)
+            if watchdog is not None:
+                watchdog.cancel()  # no re-push while stopping
+            await _stop_training(trainer, train, force)
     finally:
         stopper.cancel()
         if watchdog is not None:

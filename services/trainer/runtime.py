@@ -113,6 +113,7 @@ class Trainer:
         self.checkpoints = CheckpointAck(cfg.checkpoint_dir, tc.checkpoint.every, tc.checkpoint.keep, self.model,
                                          self.tokenizer, self.learner.optimizer, self.coll, self.collector,
                                          self.stream, cfg.redis.retry_s, self.plain_model, self.redis_backpressure)
+        self.checkpoints.last_step = self.progress.step  # the checkpoint resumed from (0: none)
         # rank 0: metrics.jsonl and the configured tracking backends (a backend that cannot start fails here)
         self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) \
             if self.rank == 0 else None

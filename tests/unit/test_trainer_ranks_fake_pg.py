@@ -22,11 +22,12 @@ from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
+from relayrl.trainer import learner as learner_module
 from relayrl.trainer.batching import plan_micro_batches
 from relayrl.trainer.collective_debug import find_divergence, load_records
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import consumer_name, groups_per_rank, live_consumers
-from relayrl.trainer.learner import Learner, agreed_micro_batches
+from relayrl.trainer.learner import Learner, StepAbandoned, agreed_micro_batches
 from relayrl.trainer.loop import global_summary
 from relayrl.trainer.publication import VersionPublication
 
@@ -86,10 +87,23 @@ def _episodes(n: int, seed: int) -> list[Episode]:
     return eps
 
 
-def test_ranks_with_different_shares_and_micro_batches_issue_the_same_collectives(tiny_model_dir: Path,
-                                                                                  tmp_path: Path) -> None:
+def _max_of(monkeypatch: pytest.MonkeyPatch, counts: list[int]) -> None:
+    """The agreed micro-batch count that a real MAX all-reduce gives every rank (the fake one returns the rank's own):
+    the collective is still issued and recorded."""
+    real = learner_module.agreed_count
+
+    def agreed(coll: Collectives, local: int) -> int:
+        real(coll, local)
+        return max(counts)
+
+    monkeypatch.setattr(learner_module, "agreed_count", agreed)
+
+
+def test_ranks_with_different_shares_and_micro_batches_issue_the_same_collectives(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The invariant that keeps real ranks from hanging: whatever a rank's data, the same collective sequence."""
     shares = {0: (_episodes(6, 0), 2), 1: (_episodes(3, 1), 5)}  # 3 vs 1 local micro-batches, other token counts
+    _max_of(monkeypatch, [3, 1])
     for rank, (episodes, micro) in shares.items():
         model = load_model(ModelConfig(path=tiny_model_dir))
         with fake_rank(rank, record_dir=tmp_path) as coll:
@@ -99,19 +113,23 @@ def test_ranks_with_different_shares_and_micro_batches_issue_the_same_collective
 
     records = load_records(tmp_path)
     assert find_divergence(records) is None
-    assert [c.name for c in records[0]] == ["global_tokens_and_episodes", "micro_batch_count", "gradients",
-                                            "loss_stats", "importance_max", "step_stats", "step_stats_max"]
+    assert [c.name for c in records[0]] == ["global_tokens_and_episodes", "micro_batch_count",
+                                            *["stop_requested"] * 3,  # one agreement before each micro-batch
+                                            "gradients", "loss_stats", "importance_max", "step_stats",
+                                            "step_stats_max"]
 
 
-def test_ranks_splitting_by_token_budget_into_different_counts_issue_the_same_collectives(tiny_model_dir: Path,
-                                                                                        tmp_path: Path) -> None:
+def test_ranks_splitting_by_token_budget_into_different_counts_issue_the_same_collectives(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With micro-batches by tokens the count depends on each rank's lengths: agreed by the MAX all-reduce."""
     shares = {0: (_episodes(6, 0), 8), 1: (_episodes(3, 1), 64)}
     local: dict[int, int] = {}
     for rank, (episodes, budget) in shares.items():
-        model = load_model(ModelConfig(path=tiny_model_dir))
         lengths = [len(e.prompt_token_ids) + len(e.completion_token_ids) - 1 for e in episodes]
         local[rank] = len(plan_micro_batches(lengths, 64, budget))
+    _max_of(monkeypatch, list(local.values()))
+    for rank, (episodes, budget) in shares.items():
+        model = load_model(ModelConfig(path=tiny_model_dir))
         with fake_rank(rank, record_dir=tmp_path) as coll:
             Learner(model, TrainerConfig(micro_batch_tokens=budget), 0, torch.device("cpu"),
                     max_completion_tokens=8, collectives=coll).rl_step(episodes)
@@ -119,8 +137,39 @@ def test_ranks_splitting_by_token_budget_into_different_counts_issue_the_same_co
     records = load_records(tmp_path)
     assert local[0] > local[1]  # the ranks' own splits differ ...
     assert find_divergence(records) is None  # ... and their collective sequences do not
-    assert [c.name for c in records[1]] == ["global_tokens_and_episodes", "micro_batch_count", "gradients",
-                                            "loss_stats", "importance_max"]
+    assert [c.name for c in records[1]] == ["global_tokens_and_episodes", "micro_batch_count",
+                                            *["stop_requested"] * local[0], "gradients", "loss_stats",
+                                            "importance_max"]
+
+
+def test_a_rank_asked_to_stop_abandons_the_step_at_the_boundary_where_the_ranks_agree(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The stop is agreed by one MAX all-reduce of the flag before each micro-batch (with the fake group a rank
+    sees its own flag: a real one gives every rank the MAX); the step's partial gradients go, no optimizer step."""
+    model = load_model(ModelConfig(path=tiny_model_dir))
+    with fake_rank(1, record_dir=tmp_path) as coll:
+        learner = Learner(model, TrainerConfig(micro_batch_size=2), 0, torch.device("cpu"), max_completion_tokens=8,
+                          collectives=coll)
+        before = [p.detach().clone() for p in model.parameters()]
+        learner.stop.set()
+        with pytest.raises(StepAbandoned) as abandoned:
+            learner.rl_step(_episodes(6, 0))
+
+    assert (abandoned.value.done, abandoned.value.total) == (0, 3)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert learner.steps_done == 0 and not learner.optimizer.state
+    [*_, call] = load_records(tmp_path)[1]
+    assert (call.op, call.name, call.reduce_op, call.shapes) == ("all_reduce", "stop_requested", "MAX", ((1,),))
+
+
+def test_one_rank_checks_its_stop_flag_without_a_collective(tiny_model_dir: Path, tmp_path: Path) -> None:
+    coll = Collectives(None, timeout_s=10, record_dir=tmp_path)
+    Learner(load_model(ModelConfig(path=tiny_model_dir)), TrainerConfig(micro_batch_size=2), 0, torch.device("cpu"),
+            max_completion_tokens=8, collectives=coll).rl_step(_episodes(6, 0))
+    coll.close()
+
+    assert "stop_requested" not in [c.name for c in load_records(tmp_path)[0]]
 
 
 def test_the_recorder_names_the_first_collective_where_ranks_diverge(tmp_path: Path) -> None:
