@@ -36,7 +36,7 @@ from relayrl.common.lifecycle import (
     raise_on_stop_signals,
     restore_signals,
 )
-from relayrl.common.metrics_row import format_books, format_time_shares, parse_line, read_rows
+from relayrl.common.metrics_row import MetricsRow, format_books, format_time_shares, parse_line, read_rows, rl_rows
 from relayrl.common.redis_conn import sync_client
 from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.common.threads import automatic_cpus, automatic_division, pin_cpus, thread_env
@@ -52,6 +52,29 @@ log = logging.getLogger(__name__)
 SERVICE_ORDER = ("reward", "inference", "trainer", "rollout")
 RUN_FOLDERS = ("logs", "checkpoints", "redis", "weights", "tensorboard", "collectives")  # what a run writes
 CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what `relayrl control RUN_DIR` presents
+# shutdown in two stages: the trainer (its final checkpoint may settle a push to inference and acknowledges in
+# Redis) and rollout first, then the servers they use; Redis last
+STOP_STAGES = (("rollout", "trainer"), ("inference", "reward"))
+SERVICE_STOP_S = 15.0  # the deadline of a service other than the trainer (their gRPC grace is 5 s)
+STOP_MARGIN = 1.5  # x the measured time of what a graceful trainer stop may still have to do
+
+
+def stop_deadline(rows: Sequence[MetricsRow], grace_s: float, max_s: float) -> tuple[float, str]:
+    """How long to wait for the trainer to stop gracefully, and why: it may finish the micro-batch it is in (at
+    most a step), settle a push in flight and write a checkpoint, so STOP_MARGIN x (the longest step + the longest
+    push + the longest checkpoint measured in ``rows``), at least ``grace_s`` (trainer.stop_grace_s) and at most
+    ``max_s`` (trainer.stop_grace_max_s)."""
+    steps = rl_rows(rows)
+    step = max((r.step_time_s for r in steps), default=0.0)
+    push = max((r.weight_sync_s or 0.0 for r in steps), default=0.0)
+    checkpoint = max((r.time_checkpoint_s for r in steps), default=0.0)
+    need = STOP_MARGIN * (step + push + checkpoint)
+    deadline = min(max(grace_s, need), max_s)
+    measured = (f"{STOP_MARGIN:g} x (longest step {step:.1f}s + push {push:.1f}s + checkpoint {checkpoint:.1f}s) = "
+                f"{need:.1f}s over {len(steps)} steps in metrics.jsonl" if steps else "no step measured yet")
+    bound = ("trainer.stop_grace_max_s" if need > max_s else
+             "trainer.stop_grace_s" if grace_s >= need else "the measured steps")
+    return deadline, f"{measured}; trainer.stop_grace_s {grace_s:g}s, trainer.stop_grace_max_s {max_s:g}s: {bound}"
 
 
 def local(server: ServerConfig, port: int) -> ServerConfig:
@@ -330,20 +353,36 @@ class Launcher:
         if summary["trainer_time"]:
             self._say(f"relayrl: {format_time_shares(summary['trainer_time'])}")
 
-    def shutdown(self) -> None:
-        for name in reversed(SERVICE_ORDER):
-            child = self.children.get(name)
-            if child and child.proc.poll() is None:
+    def _trainer_stop_deadline(self) -> float:
+        """The trainer's stop deadline (:func:`stop_deadline` of the run's metrics), said in the log."""
+        tc = self.cfg.trainer
+        path = self.cfg.metrics_path
+        rows = read_rows(path) if path.exists() else []
+        deadline, why = stop_deadline(rows, tc.stop_grace_s, tc.stop_grace_max_s)
+        self._say(f"relayrl: waiting up to {deadline:.0f}s for the trainer to stop gracefully ({why})")
+        return deadline
+
+    def _stop(self, names: Sequence[str], deadline_s: float) -> None:
+        """SIGTERM to each of ``names`` still running, then wait up to ``deadline_s`` for all; SIGKILL the rest."""
+        children = [self.children[n] for n in names if n in self.children]
+        for child in children:
+            if child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15.0
-        for child in self.children.values():
+        deadline = time.monotonic() + deadline_s
+        for child in children:
             try:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in time; killing it", child.name)
+                log.warning("%s did not stop within %.0fs; killing it", child.name, deadline_s)
                 child.proc.kill()
                 child.proc.wait()
             child.log_file.close()
+
+    def shutdown(self) -> None:
+        trainer = self.children.get("trainer")
+        trainer_s = self._trainer_stop_deadline() if trainer and trainer.proc.poll() is None else 0.0
+        for names in STOP_STAGES:
+            self._stop(names, max(trainer_s, SERVICE_STOP_S) if "trainer" in names else SERVICE_STOP_S)
         if self.cfg.redis.effective_url() and self.children:
             self._summary()
         if self.redis is not None:
