@@ -257,3 +257,31 @@ def test_redis_killed_mid_run_loses_no_acknowledged_group_and_the_run_completes(
     finally:
         redis.stop()
     print("redis kill -9:", summary)
+
+
+def test_ctrl_c_mid_run_stops_the_trainer_gracefully_and_the_resume_trains_no_step_again(
+        tmp_path: Path, demo_model: Path) -> None:
+    """Hold under attack, finding 5: Ctrl-C used to cancel the trainer without a checkpoint (and a step longer than
+    15 s was SIGKILLed), so a resume trained every step since the last periodic checkpoint again. Now the trainer
+    stops at its next micro-batch boundary with a final checkpoint of its last step, acknowledged."""
+    out = tmp_path / "run"
+    small = ["--set", "trainer.micro_batch_size=16"]  # 8 micro-batches per step
+    proc = _start(out, demo_model, 30, *small)
+    _wait_for_step(out, 7, proc)  # past the periodic checkpoint of step 5
+
+    proc.send_signal(signal.SIGINT)
+    first = _finish(proc)
+    last = max(r["step"] for r in _rows(out) if r.get("phase", "rl") == "rl")
+    resumed = _start(out, demo_model, 30, "--resume", "auto", *small)
+    second = _finish(resumed)
+
+    assert proc.returncode == 130 and resumed.returncode == 0, second[-3000:]
+    records = [json.loads(line) for line in (out / "trained" / "rank0.jsonl").read_text().splitlines()]
+    incarnations = list(dict.fromkeys(r["incarnation"] for r in records))
+    assert len(incarnations) == 2
+    # the resume starts at the last step trained before the stop: none trained again
+    assert {r["resumed_from_step"] for r in records if r["incarnation"] == incarnations[1]} == {last}
+    assert max(r["step"] for r in records if r["incarnation"] == incarnations[0]) == last
+    _check_books(out, 30)
+    assert f"stopped at step {last} with a final checkpoint" in (out / "logs" / "trainer.log").read_text()
+    assert "killing it" not in first and "for the trainer to stop gracefully" in first, first[-3000:]
