@@ -192,20 +192,20 @@ class TrainingLoop:
         log.info("stopped at step %d with a final checkpoint (every trained group acknowledged)", step)
 
     async def _batch(self) -> Batch:
-        """This step's batch: the prefetched one or read now. After a stop request: with one rank, StepAbandoned
-        at once; with several, an empty share, so that this rank still joins the step's collectives and every rank
-        agrees to stop at its first micro-batch boundary."""
+        """This step's batch (prefetched, or read now). After a stop request a read ends at its next safe point
+        (never in the middle of a drop); one rank then abandons the step at once, several take an empty share and
+        join the step's collectives, so that every rank agrees to stop at its first micro-batch boundary."""
         prefetched, self._prefetch = self._prefetch, None
-        if self.stop.is_set() and self.coll.world_size == 1:
-            if prefetched is not None:
-                self._prefetch = prefetched  # dropped with its entries left pending (see train)
-            raise StepAbandoned(0, 0)
+        alone = self.coll.world_size == 1
         try:
-            return await (prefetched or self._collect())
+            if prefetched is None and alone and self.stop.is_set():
+                raise CollectStopped("stop requested")
+            batch = await (prefetched or self._collect())
         except CollectStopped:
-            if self.coll.world_size == 1:
-                raise StepAbandoned(0, 0) from None
-            return Batch([], [], 0, torch.zeros(0), None, None)
+            batch = Batch([], [], 0, torch.zeros(0), None, None)
+        if alone and self.stop.is_set():
+            raise StepAbandoned(0, 0)
+        return batch
 
     async def train_step(self) -> None:
         """One optimizer step over the global batch, then its publication, counters and metrics."""
