@@ -259,13 +259,15 @@ def test_redis_killed_mid_run_loses_no_acknowledged_group_and_the_run_completes(
     print("redis kill -9:", summary)
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
 def test_ctrl_c_mid_run_stops_the_trainer_gracefully_and_the_resume_trains_no_step_again(
-        tmp_path: Path, demo_model: Path) -> None:
+        tmp_path: Path, demo_model: Path, ranks: int) -> None:
     """Hold under attack, finding 5: Ctrl-C used to cancel the trainer without a checkpoint (and a step longer than
     15 s was SIGKILLed), so a resume trained every step since the last periodic checkpoint again. Now the trainer
     stops at its next micro-batch boundary with a final checkpoint of its last step, acknowledged."""
     out = tmp_path / "run"
-    small = ["--set", "trainer.micro_batch_size=16"]  # 8 micro-batches per step
+    # 8 micro-batches per step (per rank: 8 / ranks); with 2 ranks every rank agrees on the stop before each one
+    small = ["--set", f"trainer.micro_batch_size={16 // ranks}", "--set", f"trainer.distributed.world_size={ranks}"]
     proc = _start(out, demo_model, 30, *small)
     _wait_for_step(out, 7, proc)  # past the periodic checkpoint of step 5
 
@@ -276,12 +278,19 @@ def test_ctrl_c_mid_run_stops_the_trainer_gracefully_and_the_resume_trains_no_st
     second = _finish(resumed)
 
     assert proc.returncode == 130 and resumed.returncode == 0, second[-3000:]
-    records = [json.loads(line) for line in (out / "trained" / "rank0.jsonl").read_text().splitlines()]
-    incarnations = list(dict.fromkeys(r["incarnation"] for r in records))
-    assert len(incarnations) == 2
-    # the resume starts at the last step trained before the stop: none trained again
-    assert {r["resumed_from_step"] for r in records if r["incarnation"] == incarnations[1]} == {last}
-    assert max(r["step"] for r in records if r["incarnation"] == incarnations[0]) == last
-    _check_books(out, 30)
+    groups: list[str] = []
+    for path in sorted((out / "trained").glob("rank*.jsonl")):  # each rank's own record of what it trained
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        incarnations = list(dict.fromkeys(r["incarnation"] for r in records))
+        assert len(incarnations) == 2
+        # the resume starts at the last step trained before the stop: none trained again
+        assert {r["resumed_from_step"] for r in records if r["incarnation"] == incarnations[1]} == {last}
+        assert max(r["step"] for r in records if r["incarnation"] == incarnations[0]) == last
+        groups += [g for r in records for g, _ in r["groups"]]
+    assert len(groups) == len(set(groups)) == 30 * 8  # every group trained once, none lost
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["groups_trained"] == 30 * 8 and summary["groups_invalid"] == 0
+    assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
+                                          + summary["groups_invalid"] + summary["groups_pending"])
     assert f"stopped at step {last} with a final checkpoint" in (out / "logs" / "trainer.log").read_text()
     assert "killing it" not in first and "for the trainer to stop gracefully" in first, first[-3000:]
