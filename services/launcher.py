@@ -190,8 +190,9 @@ class Launcher:
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
         world = self.cfg.trainer.distributed.world_size
         if name == "trainer" and world > 1:
+            # torchrun SIGKILLs its ranks 30 s after SIGTERM by default: give them the longest graceful stop allowed
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                       *command[1:]]
+                       f"--shutdown-timeout={int(self.cfg.trainer.stop_grace_max_s)}", *command[1:]]
         proc = subprocess.Popen(
             command,
             stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent())
