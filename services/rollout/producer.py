@@ -188,7 +188,9 @@ class RolloutProducer:
                      self.progress.appended, len(self._retry))
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.stream.ensure_group()
+        # XGROUP CREATE is refused by a full Redis even when the group exists: a restart waits like an append
+        await redis_retry(self.stream.ensure_group, "consumer group creation", self.redis_retry_s,
+                          on_oom=self._count_oom)
         await self.resume()
         poller = asyncio.create_task(self._follow_trainer(stop))
         tasks: set[asyncio.Task[None]] = set()
@@ -318,10 +320,13 @@ class RolloutProducer:
             if not done.done():
                 done.set_result(None)
 
+    def _count_oom(self) -> None:
+        self.redis_oom_retries += 1
+
     def _on_oom(self) -> None:
         """A full Redis refused the append (nothing of the MULTI applied): count it, and admit nothing until the
         append goes through (backpressure: the group waits, it is neither lost nor appended twice)."""
-        self.redis_oom_retries += 1
+        self._count_oom()
         self.append_blocked = True
 
     def state(self) -> dict[str, int]:

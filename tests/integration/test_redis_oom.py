@@ -134,3 +134,22 @@ def test_readers_that_do_not_ask_for_oom_retries_get_the_error_at_once(redis_ser
         return calls, None
 
     assert asyncio.run(go()) == (1, OutOfMemoryError)
+
+
+def test_a_rollout_started_on_a_full_redis_waits_for_its_consumer_group_then_starts_when_memory_frees(
+        redis_server: RedisServer) -> None:
+    async def go() -> tuple[bool, int, BaseException | None]:
+        async with producer_on(redis_server, retry_s=30.0) as producer:
+            admin = fill(redis_server)  # XGROUP CREATE is refused now, though the group already exists
+            stop = asyncio.Event()
+            stop.set()  # run() returns as soon as it has started: its group ensured and its progress read
+            run = asyncio.create_task(producer.run(stop))
+            await until(lambda: producer.redis_oom_retries >= 2 or run.done())
+            waited = not run.done()
+            admin.delete("filler")
+            await asyncio.wait_for(asyncio.gather(run, return_exceptions=True), 20)
+            return waited, producer.redis_oom_retries, run.exception()
+
+    waited, retries, error = asyncio.run(go())
+
+    assert error is None and waited and retries >= 2  # a restarted rollout is backpressured, not killed
