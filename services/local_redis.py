@@ -5,10 +5,12 @@ no redis-server is installed. It requires a password, given to the server as con
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import redis
@@ -78,6 +80,15 @@ def secret_config(password: str) -> bytes:
     return f"requirepass {config_string(password)}\n".encode()
 
 
+SERVER_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "TZ")  # all redis-server reads; never a credential
+
+
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What redis-server gets of the launcher's environment: locale and PATH only, so a token or password the caller
+    exported never reaches it (/proc/PID/environ)."""
+    return {name: environ[name] for name in SERVER_ENVIRONMENT if name in environ}
+
+
 class RedisProcess:
     """A private redis-server: AOF (appendfsync everysec), noeviction, data under the run folder, ``password``
     required (``requirepass``, read from stdin)."""
@@ -93,6 +104,7 @@ class RedisProcess:
             [*redis_server_args(binary, self.port, data_dir), "--logfile", str(log_path.resolve()),
              "--daemonize", "no", "-"],  # "-": the rest of the config (requirepass) comes from stdin
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env=server_environment(os.environ),  # none of the caller's credentials
             preexec_fn=die_with_parent())  # no redis-server outlives the launcher
         assert self.proc.stdin is not None
         try:

@@ -3,6 +3,7 @@ rendered Helm chart as by `relayrl run` (whose children tests/security/test_run_
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +85,34 @@ def test_a_trainer_that_evaluates_during_the_run_holds_the_code_token_and_no_oth
     assert envs["trainer"] == run  # its in-run eval scores through reward, where a code reward needs the code token
     assert envs["inference"] == {"RELAYRL_WEIGHTS_TOKEN": "w1"}
     assert envs["reward"] == {"RELAYRL_CODE_TOKEN": "k1"}
+
+
+
+def test_the_embedded_redis_server_is_started_with_none_of_the_callers_credentials(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # redis-server overwrites its own /proc/PID/environ (its process title), so the environment it is given is what
+    # a process of the same user could read from its memory: look at that one
+    import subprocess
+
+    from relayrl import local_redis
+
+    monkeypatch.setenv("RELAYRL_WEIGHTS_TOKEN", "exported-weights-token")
+    monkeypatch.setenv("RELAYRL_CODE_TOKEN", "exported-code-token")
+    given: dict[str, Any] = {}
+    real_popen = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        given.update(kwargs)
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(local_redis.subprocess, "Popen", popen)
+    binary = local_redis.find_redis_server("")
+    server = local_redis.RedisProcess(binary, tmp_path / "redis", tmp_path / "redis.log", "pw-of-the-run")
+    try:
+        server.wait_ready()
+    finally:
+        server.stop()
+
+    assert given.get("env") is not None  # None would be the launcher's whole environment
+    assert not [name for name in given["env"] if name.startswith("RELAYRL_")]
+    assert "pw-of-the-run" not in given["env"].values()  # the password reaches it on stdin only
