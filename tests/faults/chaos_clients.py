@@ -22,7 +22,6 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from relayrl.common.pb import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 KINDS = ("health", "trainer_watch", "update_weights", "generate")
+# a service being restarted is retried within a second, not after grpc's exponential reconnect back-off
+CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1), ("grpc.initial_reconnect_backoff_ms", 500),
+                   ("grpc.min_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 1000)]
 OPEN_WAIT_S = 2.0  # a call that neither failed nor answered within this is held (UpdateWeights never answers)
 
 
@@ -61,9 +63,15 @@ def parse_target(text: str) -> Target:
     return Target(name, kind, address, int(slots))
 
 
-async def _never_send() -> AsyncIterator[inference_pb2.WeightUpdateMessage]:
-    await asyncio.Event().wait()  # the body never comes
-    yield inference_pb2.WeightUpdateMessage()  # pragma: no cover
+class _NeverSend:
+    """A request stream whose first message never comes."""
+
+    def __aiter__(self) -> _NeverSend:
+        return self
+
+    async def __anext__(self) -> inference_pb2.WeightUpdateMessage:
+        await asyncio.Event().wait()
+        raise StopAsyncIteration
 
 
 def _call(target: Target, channel: grpc.aio.Channel) -> Any:
@@ -72,7 +80,7 @@ def _call(target: Target, channel: grpc.aio.Channel) -> Any:
     if target.kind == "trainer_watch":
         return trainer_pb2_grpc.TrainerServiceStub(channel).WatchStatus(trainer_pb2.WatchTrainerStatusRequest())
     if target.kind == "update_weights":
-        return inference_pb2_grpc.InferenceServiceStub(channel).UpdateWeights(_never_send())
+        return inference_pb2_grpc.InferenceServiceStub(channel).UpdateWeights(_NeverSend())
     request = inference_pb2.GenerateRequest(prompt_text="1+2=", sampling=inference_pb2.SamplingParams(
         n=1, temperature=1.0, max_new_tokens=256, ignore_eos=True))
     return inference_pb2_grpc.InferenceServiceStub(channel).GenerateStream(request)
@@ -132,7 +140,7 @@ async def main(stats: Path, lifetime_s: float, targets: list[Target]) -> None:
     tasks = []
     for target in targets:
         # separate connections (a local subchannel pool each), 64 calls a connection at most
-        channels = [grpc.aio.insecure_channel(target.address, options=[("grpc.use_local_subchannel_pool", 1)])
+        channels = [grpc.aio.insecure_channel(target.address, options=CHANNEL_OPTIONS)
                     for _ in range((target.slots + 63) // 64)]
         tasks += [asyncio.create_task(_slot(target, channels[i // 64])) for i in range(target.slots)]
     tasks.append(asyncio.create_task(_report(targets, stats)))

@@ -12,6 +12,7 @@ it can be filled.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -178,8 +179,7 @@ class ChaosStack:
         try:
             for n in range(4 * self.maxmemory_mib):
                 client.set(f"{FILLER_PREFIX}{n}", b"x" * FILLER_BYTES)
-        except redis.exceptions.ResponseError as exc:
-            assert "OOM" in str(exc), exc
+        except redis.exceptions.OutOfMemoryError:
             self.note(f"Redis full after {n} filler keys ({client.info('memory')['used_memory_human']})")
             return n
         finally:
@@ -225,8 +225,17 @@ class ChaosStack:
     def stop_holders(self) -> None:
         if self.holders is not None:
             self._killpg(self.holders)
-            self.note("stream holders stopped")
+            self.note(f"stream holders stopped; {self.holder_stats()}")
             self.holders = None
+
+    def holder_stats(self) -> str:
+        """What the holders last reported, per target: held now / ever opened, refusals and ends by status."""
+        try:
+            data = json.loads((self.out / "holders.json").read_text())
+        except (OSError, ValueError):
+            return "no holder stats"
+        return "; ".join(f"{name}: held {t['held']}/{t['slots']} (opened {t['opened']}) refused {t['refused']} "
+                         f"ended {t['ended']}" for name, t in data.items())
 
     # --- observation --------------------------------------------------------------------------------------------
     def target(self, name: str) -> str:
