@@ -82,7 +82,7 @@ def _call(target: Target, channel: grpc.aio.Channel) -> Any:
     if target.kind == "update_weights":
         return inference_pb2_grpc.InferenceServiceStub(channel).UpdateWeights(_NeverSend())
     request = inference_pb2.GenerateRequest(prompt_text="1+2=", sampling=inference_pb2.SamplingParams(
-        n=1, temperature=1.0, max_new_tokens=256, ignore_eos=True))
+        n=1, temperature=1.0, max_new_tokens=200, ignore_eos=True))  # within the tiny model's 256
     return inference_pb2_grpc.InferenceServiceStub(channel).GenerateStream(request)
 
 

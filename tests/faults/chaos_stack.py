@@ -65,6 +65,7 @@ class ChaosStack:
     deaths: list[Death] = field(default_factory=list)
     holders: subprocess.Popen[bytes] | None = None
     log: list[str] = field(default_factory=list)
+    filler_seq: int = 0  # filler keys written so far (their names)
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -172,15 +173,27 @@ class ChaosStack:
         return self.launcher.redis.client(socket_timeout=5.0)
 
     def fill_redis(self) -> int:
-        """Write 1 MiB filler keys until Redis refuses one for lack of memory (bounded); the keys written."""
+        """Write 1 MiB filler keys, then 16 KiB ones, until Redis refuses one for lack of memory (bounded); the keys
+        written. What the trainer's trims free meanwhile :meth:`top_up_redis` takes back."""
+        written = self._fill(FILLER_BYTES, 4 * self.maxmemory_mib) + self.top_up_redis()
+        client = self.redis()
+        self.note(f"Redis full after {written} filler keys ({client.info('memory')['used_memory_human']})")
+        client.close()
+        return written
+
+    def top_up_redis(self) -> int:
+        """Keep Redis full: 16 KiB filler keys until one is refused (at most 200)."""
+        return self._fill(16 * 1024, 200)
+
+    def _fill(self, size: int, most: int) -> int:
         import redis
 
-        client, n = self.redis(), 0
+        client = self.redis()
         try:
-            for n in range(4 * self.maxmemory_mib):
-                client.set(f"{FILLER_PREFIX}{n}", b"x" * FILLER_BYTES)
+            for n in range(most):
+                client.set(f"{FILLER_PREFIX}{size}:{self.filler_seq + n}", b"x" * size)
         except redis.exceptions.OutOfMemoryError:
-            self.note(f"Redis full after {n} filler keys ({client.info('memory')['used_memory_human']})")
+            self.filler_seq += n
             return n
         finally:
             client.close()

@@ -106,6 +106,8 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
         if empty_at is not None and now >= empty_at:
             stack.empty_redis()
             empty_at = None
+        elif empty_at is not None:
+            stack.top_up_redis()  # what the trainer's trims freed
         if holders_until is not None and now >= holders_until:
             stack.stop_holders()
             holders_until = None
