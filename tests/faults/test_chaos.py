@@ -27,6 +27,7 @@ import pytest
 
 from relayrl.common.metrics_row import RlRow, read_rows, rl_rows
 from relayrl.common.redis_keys import RedisKeys
+from relayrl.launcher import SERVICE_ORDER
 from tests.faults.chaos_stack import ChaosStack
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.security]
@@ -228,6 +229,9 @@ def settle(stack: ChaosStack, failures: list[str]) -> None:
     inference serves the trainer's latest version."""
     end_step = _last_step(stack.out)
     stack.note(f"chaos over at trainer step {end_step}; waiting for a checkpoint past it")
+    for name in SERVICE_ORDER:
+        if not stack.wait_healthy(name, 120):
+            failures.append(f"health: {name} not SERVING within 120 s after the chaos:\n{stack.log_tail(name)}")
     if not _wait("training to pass a checkpoint after the chaos",
                  lambda: (s := stack.trainer_status()) is not None and s.last_checkpoint_step > end_step, 300, stack):
         failures.append(f"progress: no checkpoint after the chaos (step {end_step}) within 300 s; trainer "
@@ -279,3 +283,15 @@ def test_chaos_under_load_keeps_the_books_the_staleness_bound_and_the_served_ver
     finally:
         stack.kill_everything()
     assert failures == [], f"seed {seed}:\n" + "\n".join(failures) + "\n\nchaos log:\n" + "\n".join(stack.log)
+
+
+@pytest.mark.parametrize("duration_s", [30.0, 60.0, 180.0])
+def test_chaos_schedule_has_every_fault_kind_in_order_within_the_duration_and_repeats_by_seed(
+        duration_s: float) -> None:
+    for seed in range(50):
+        events = schedule(random.Random(seed), duration_s)
+        assert sorted(k for _, k in events[:len(KINDS)]) == sorted(KINDS)  # the first round: each kind once
+        assert {k for _, k in events} == set(KINDS)
+        times = [t for t, _ in events]
+        assert times == sorted(times) and times[0] > 0 and times[-1] < duration_s
+        assert events == schedule(random.Random(seed), duration_s)
