@@ -66,6 +66,7 @@ class ChaosStack:
     holders: subprocess.Popen[bytes] | None = None
     log: list[str] = field(default_factory=list)
     filler_seq: int = 0  # filler keys written so far (their names)
+    umask: int | None = None  # the test process's own, restored at the end
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -73,6 +74,7 @@ class ChaosStack:
             f"model.path={self.model}", f"rollout.dataset={REPO / 'examples' / 'data' / 'arithmetic.jsonl'}",
             *self.overrides])
         launcher = self.launcher = Launcher(cfg, self.out, progress=sys.stdout)
+        self.umask = launcher._prepare_folder()  # output_dir_mode: the launcher's umask, for every child too
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
         launcher._start_redis()
@@ -115,6 +117,8 @@ class ChaosStack:
                 child.log_file.close()
         if self.launcher.redis is not None:
             self.launcher.redis.stop()
+        if self.umask is not None:
+            os.umask(self.umask)
 
     @staticmethod
     def _killpg(proc: subprocess.Popen[Any]) -> None:

@@ -101,6 +101,7 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
     trainer_kill_steps: list[int] = []
     empty_at: float | None = None
     holders_until: float | None = None
+    holders_hard_until, holders_rows, holders_deaths = 0.0, 0, 0
     while events or empty_at is not None or holders_until is not None:
         now = time.monotonic() - start
         stack.check_deaths()
@@ -109,11 +110,18 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
             empty_at = None
         elif empty_at is not None:
             stack.top_up_redis()  # what the trainer's trims freed
-        if holders_until is not None and now >= holders_until:
+        if holders_until is not None and now >= holders_until and (
+                len(_rl(stack.out)) >= holders_rows + 3 or len(stack.deaths) > holders_deaths
+                or now >= holders_hard_until):
+            stack.note(f"holders window over: {len(_rl(stack.out)) - holders_rows} trainer steps under the attack, "
+                       f"{len(stack.deaths) - holders_deaths} deaths")
             stack.stop_holders()
             holders_until = None
         if events and now >= events[0][0]:
             _, kind = events.pop(0)
+            if kind == "kill:trainer" and holders_until is not None:  # the trainer faces the holders, alive
+                events = sorted([*events, (now + 5.0, kind)])
+                continue
             if kind.startswith("kill:"):
                 name = kind.split(":", 1)[1]
                 if name == "trainer":
@@ -127,7 +135,11 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
                 saturated = _wait("the holders to saturate every port", lambda s=stats: _holders_saturated(s), 20,
                                   stack)
                 stack.note(f"holders saturated every port: {saturated}; {stack.holder_stats()}")
+                # the window lasts its random length and until the trainer trained (so published) 3 steps under
+                # the attack or died, at most 90 s
+                holders_rows, holders_deaths = len(_rl(stack.out)), len(stack.deaths)
                 holders_until = time.monotonic() - start + rng.uniform(15.0, max(20.0, duration_s / 4))
+                holders_hard_until = holders_until + 90.0
             else:
                 continue  # that fault is already under way
             done[kind] += 1
