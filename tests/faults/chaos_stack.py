@@ -140,6 +140,9 @@ class ChaosStack:
         """SIGKILL the service (its whole process group: a container dying) and start it again at once."""
         assert self.launcher is not None and self.config_path is not None
         child = self.launcher.children[name]
+        if child.proc.poll() is not None:  # it died by itself first: a death, not a kill
+            self.check_deaths()
+            return
         self.killed.add(name)
         self._killpg(child.proc)
         child.log_file.close()

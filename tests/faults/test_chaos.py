@@ -92,6 +92,10 @@ def _holders_saturated(stats: Path) -> bool:
     return bool(ports) and all(ports.values())
 
 
+def _trainer_deaths(stack: ChaosStack) -> int:
+    return sum(d.name == "trainer" for d in stack.deaths)
+
+
 def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[str, Any]:
     """The chaos phase; what it did, by kind, and the trainer's step at each of its kills."""
     events = schedule(rng, duration_s)
@@ -111,10 +115,10 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
         elif empty_at is not None:
             stack.top_up_redis()  # what the trainer's trims freed
         if holders_until is not None and now >= holders_until and (
-                len(_rl(stack.out)) >= holders_rows + 3 or len(stack.deaths) > holders_deaths
+                len(_rl(stack.out)) >= holders_rows + 3 or _trainer_deaths(stack) > holders_deaths
                 or now >= holders_hard_until):
             stack.note(f"holders window over: {len(_rl(stack.out)) - holders_rows} trainer steps under the attack, "
-                       f"{len(stack.deaths) - holders_deaths} deaths")
+                       f"{_trainer_deaths(stack) - holders_deaths} trainer deaths")
             stack.stop_holders()
             holders_until = None
         if events and now >= events[0][0]:
@@ -137,7 +141,7 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
                 stack.note(f"holders saturated every port: {saturated}; {stack.holder_stats()}")
                 # the window lasts its random length and until the trainer trained (so published) 3 steps under
                 # the attack or died, at most 90 s
-                holders_rows, holders_deaths = len(_rl(stack.out)), len(stack.deaths)
+                holders_rows, holders_deaths = len(_rl(stack.out)), _trainer_deaths(stack)
                 holders_until = time.monotonic() - start + rng.uniform(15.0, max(20.0, duration_s / 4))
                 holders_hard_until = holders_until + 90.0
             else:
