@@ -135,13 +135,13 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
                 stack.fill_redis()
                 empty_at = now + rng.uniform(4.0, 12.0)
             elif kind == "holders" and holders_until is None:
+                holders_rows, holders_deaths = len(_rl(stack.out)), _trainer_deaths(stack)
                 stats = stack.start_holders(lifetime_s=duration_s + 120)
                 saturated = _wait("the holders to saturate every port", lambda s=stats: _holders_saturated(s), 20,
                                   stack)
                 stack.note(f"holders saturated every port: {saturated}; {stack.holder_stats()}")
                 # the window lasts its random length and until the trainer trained (so published) 3 steps under
                 # the attack or died, at most 90 s
-                holders_rows, holders_deaths = len(_rl(stack.out)), _trainer_deaths(stack)
                 holders_until = time.monotonic() - start + rng.uniform(15.0, max(20.0, duration_s / 4))
                 holders_hard_until = holders_until + 90.0
             else:
