@@ -224,15 +224,15 @@ class ChaosStack:
         def slots(server: Any) -> int:
             return int(server.max_concurrent_rpcs) + 4
 
-        targets = [
-            f"reward=health@{cfg.reward.server.target}#{slots(cfg.reward.server)}",
-            f"rollout=health@{cfg.rollout.server.target}#{slots(cfg.rollout.server)}",
-            f"trainer_watch=trainer_watch@{cfg.trainer.server.target}#{slots(cfg.trainer.server)}",
-            f"trainer=health@{cfg.trainer.server.target}#4",
-            f"inference_generate=generate@{cfg.inference.server.target}#4",
-            f"inference=health@{cfg.inference.server.target}#{slots(cfg.inference.server)}",
+        targets = [  # the weights port first: its two slots are what the trainer's pushes need
             f"weights_update=update_weights@{cfg.inference.weights_server.target}#{slots(cfg.inference.weights_server)}",
             f"weights=health@{cfg.inference.weights_server.target}#4",
+            f"trainer_watch=trainer_watch@{cfg.trainer.server.target}#{slots(cfg.trainer.server)}",
+            f"trainer=health@{cfg.trainer.server.target}#4",
+            f"reward=health@{cfg.reward.server.target}#{slots(cfg.reward.server)}",
+            f"rollout=health@{cfg.rollout.server.target}#{slots(cfg.rollout.server)}",
+            f"inference_generate=generate@{cfg.inference.server.target}#4",
+            f"inference=health@{cfg.inference.server.target}#{slots(cfg.inference.server)}",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")}  # no credential at all
         self.holders = subprocess.Popen(
