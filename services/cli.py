@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import importlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,8 @@ from typing import Any
 from relayrl.common.config import ConfigError, apply_override, check_config_digest, from_dict
 from relayrl.common.logging import records_held, setup_logging
 from relayrl.config.tls import TlsConfig
+from relayrl.dashboard.command import add_command as dashboard_command
+from relayrl.dashboard.command import run as run_dashboard
 
 SERVICES = ("inference", "reward", "rollout", "trainer")
 EXIT_CONFIG = 2
@@ -141,15 +142,7 @@ def _operating_commands(sub: Any) -> None:
     plot.add_argument("metrics", type=Path, help="metrics.jsonl or a run folder")
     plot.add_argument("-o", "--output", type=Path, default=None, help="PNG path (default: next to metrics)")
 
-    dash = sub.add_parser("dashboard", help="serve a live page of a run's metrics: reward, staleness, throughput "
-                                            "and queue depth against step (Ctrl-C stops it)")
-    dash.add_argument("run_dir", type=Path, help="run folder (holding metrics.jsonl) or a metrics.jsonl file")
-    dash.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
-    dash.add_argument("--port", type=_port, default=0, help="TCP port (0: any free port; the URL is printed)")
-    dash.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                      help="a Host header name to answer besides localhost, IP addresses and --host (repeatable; "
-                           "'*' answers any name, which lets a web page read the metrics by DNS rebinding)")
-
+    dashboard_command(sub, _port)
 
 def _tls_arguments(p: argparse.ArgumentParser) -> None:
     """TLS of a command that dials a service by address (a run folder or config brings its own ``tls`` section)."""
@@ -303,25 +296,6 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_dashboard(args: argparse.Namespace) -> int:
-    from relayrl.dashboard import DashboardServer
-
-    setup_logging("dashboard")
-    try:
-        server = DashboardServer(args.run_dir, args.host, args.port, ("localhost", *args.allow_host))
-    except OSError as exc:
-        print(f"relayrl: cannot serve the dashboard on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    print(f"relayrl dashboard: {server.url} (run {args.run_dir}; Ctrl-C stops it)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        logging.getLogger("relayrl.dashboard").info("stopped")
-    finally:
-        server.close()
-    return 0
-
-
 def _cmd_health(args: argparse.Namespace) -> int:
     from relayrl.common.grpc_utils import health_status
 
@@ -382,7 +356,7 @@ COMMANDS = {"debug": _cmd_debug, "run": _cmd_run, "serve": _cmd_serve, "init-mod
             "import-model": _cmd_import_model, "merge-lora": _cmd_merge_lora,
             "eval": _cmd_eval,
             "make-dataset": _cmd_make_dataset, "plot": _cmd_plot, "health": _cmd_health, "status": _cmd_status,
-            "control": _cmd_control, "dashboard": _cmd_dashboard}
+            "control": _cmd_control, "dashboard": run_dashboard}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
