@@ -3,7 +3,8 @@ to its maxmemory and emptied, and unauthenticated clients hold every gRPC stream
 balance, no token was trained beyond the staleness bound, the served version is the trainer's, and training made
 progress through it all with versions never reused.
 
-Duration: ``RELAYRL_CHAOS_S`` seconds of chaos (default 180), seed ``RELAYRL_CHAOS_SEED`` (default: random,
+Duration: ``RELAYRL_CHAOS_S`` seconds of chaos (default 60, what CI runs; the issue's three-minute run is
+``RELAYRL_CHAOS_S=180``), seed ``RELAYRL_CHAOS_SEED`` (default 7, so CI repeats one schedule; ``random`` draws one;
 printed). Every kind of fault is scheduled once in the first 60 % of the chaos (in a seeded random order), then
 at random until the end, so even a short run (60 s) exercises each at least once. The stack is the launcher's,
 its services run one process each (tests/faults/chaos_stack.py); the holders are tests/faults/chaos_clients.py.
@@ -270,8 +271,9 @@ def settle(stack: ChaosStack, failures: list[str]) -> None:
 @pytest.mark.timeout(1800)
 def test_chaos_under_load_keeps_the_books_the_staleness_bound_and_the_served_version(
         tmp_path: Path, demo_model: Path) -> None:
-    duration_s = float(os.environ.get("RELAYRL_CHAOS_S", "180"))
-    seed = int(os.environ.get("RELAYRL_CHAOS_SEED", str(random.SystemRandom().randrange(2**31))))
+    duration_s = float(os.environ.get("RELAYRL_CHAOS_S", "60"))
+    chosen = os.environ.get("RELAYRL_CHAOS_SEED", "7")
+    seed = random.SystemRandom().randrange(2**31) if chosen == "random" else int(chosen)
     print(f"chaos: seed {seed} (RELAYRL_CHAOS_SEED={seed} repeats the schedule), {duration_s:.0f} s", flush=True)
     rng = random.Random(seed)
     stack = ChaosStack(tmp_path / "run", demo_model, OVERRIDES)
