@@ -91,7 +91,8 @@ def _exported_series() -> set[str]:
     """Sample names the four services' registries really expose (counters with _total, histograms' parts)."""
     progress = TrainerProgress(last_reward_mean=0.5, queue_depth=(1, 2), staleness_counts={0: 3})
     push = SimpleNamespace(probe_max_diff=0.0, seconds=1.0, bytes_sent=10, version=1)
-    publication = SimpleNamespace(weight_version=1, last_push=push, last_probe=push)
+    publication = SimpleNamespace(weight_version=1, last_push=push, last_probe=push,
+                                  publisher=SimpleNamespace(push_retries=0))
     trainer = SimpleNamespace(progress=progress, publication=publication,
                               checkpoints=SimpleNamespace(last_step=0), redis_backpressure=OomBackpressure("trainer"))
     pool = SimpleNamespace(ready_workers=1, busy_workers=0, queued=0)
