@@ -83,7 +83,7 @@ def test_a_stream_that_goes_away_cancels_its_request_in_the_engine(tiny_model_di
                 gate.set()
                 dropped = await until(lambda: engine.stats().running_sequences == 0)
             stats, served = engine.stats(), service.requests_served
-            ok = await client.generate("1", pb.SamplingParams(n=1, max_new_tokens=2), timeout_s=30)
+            ok = await client.generate("1", pb.SamplingParams(n=1, max_new_tokens=2, ignore_eos=True), timeout_s=30)
             return {"seen": seen, "dropped": dropped, "stats": stats, "served": served, "ok": ok}
 
     out = asyncio.run(go())
