@@ -104,8 +104,10 @@ def test_a_dead_service_stops_the_whole_stack_with_exit_1_and_the_summary_adds_u
 def test_services_stop_by_themselves_when_the_launcher_is_killed(tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "run"
     # Redis dies with the launcher: a group append in flight at that moment is retried for redis.retry_s (60 s by
-    # default) before rollout gives up and stops, which a CI run once caught past the 30 s below; 5 s bounds it
-    proc = _start(out, demo_model, "redis.retry_s=5")
+    # default) before rollout gives up and stops, which a CI run once caught past the 30 s below; 5 s bounds it.
+    # Likewise the trainer's graceful stop settles a weight push in flight, retried against the dead inference for
+    # trainer.publication.push_timeout_s (60 s by default; a CI run caught the trainer still up at 30 s): 5 s
+    proc = _start(out, demo_model, "redis.retry_s=5", "trainer.publication.push_timeout_s=5")
     try:
         _until_training(out, proc, steps=1)
         stack = _stack(proc)
