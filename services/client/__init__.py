@@ -204,83 +204,86 @@ class InferenceClient(ServiceClient):
         return await self.call(self.stub.ScoreTokens, request, timeout_s, policy=self.policy_for("ScoreTokens"))
 
     async def update_weights(self, messages: Sequence[inference_pb2.WeightUpdateMessage], version: int,
-                             timeout_s: float, attempts: int = 5,
+                             timeout_s: float, attempts: int | None = None,
                              on_retry: Callable[[grpc.StatusCode], None] | None = None,
                              ) -> inference_pb2.UpdateWeightsResponse | None:
-        """Push one weight update (its chunks, then the manifest, on the UpdateWeights client stream) with a
-        deadline of ``timeout_s`` per attempt.
+        """Push one weight update (its chunks, then the manifest, on the UpdateWeights client stream) within
+        ``timeout_s``: the deadline of the whole push, its retries and checks included.
 
-        A push that timed out (DEADLINE_EXCEEDED) or met UNAVAILABLE may still have been applied, so before
-        retrying it asks the served version: when inference serves ``version`` the push landed and this returns
-        None (applied; its answer, with the probe logprobs, was lost). A retry refused as stale
-        (FAILED_PRECONDITION) because ``version`` is served reads the same. Back-off between attempts:
-        ``backoff_s`` x attempt. A push refused with RESOURCE_EXHAUSTED (a budget of the weights server full:
-        nothing was received) is sent again with exponential back-off until ``timeout_s`` after the first try,
-        without using up ``attempts``. ``on_retry`` is told the code of each retried failure. Any other failure,
-        the last attempt's, or a busy server past the deadline raises grpc.aio.AioRpcError."""
+        A try that timed out (DEADLINE_EXCEEDED) or met UNAVAILABLE may still have been applied, so before
+        retrying it asks the served version (one try): when inference serves ``version`` the push landed and this
+        returns None (applied; its answer, with the probe logprobs, was lost). A retry refused as stale
+        (FAILED_PRECONDITION) because ``version`` is served reads the same. A try refused with RESOURCE_EXHAUSTED
+        (a budget of the weights server full: nothing was received) or that met UNAVAILABLE or DEADLINE_EXCEEDED
+        (inference restarting) is sent again with exponential back-off while the next try still starts within
+        the deadline, at most ``attempts`` tries of the latter kind (None: as many as the deadline allows).
+        ``on_retry`` is told the code of each retried failure. Any other failure, or the last try's, raises
+        grpc.aio.AioRpcError."""
         retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        busy = _BusyDeadline(timeout_s, self.backoff_s)
+        deadline = _PushDeadline(timeout_s, self.backoff_s)
         attempt = 1
         while True:
             try:
                 response: inference_pb2.UpdateWeightsResponse = await self.stub.UpdateWeights(
-                    _update_stream(messages), timeout=busy.timeout(timeout_s), metadata=self._auth())
+                    _update_stream(messages), timeout=deadline.try_timeout(), metadata=self._auth())
                 return response
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
-                if code is grpc.StatusCode.RESOURCE_EXHAUSTED and (delay := busy.next_delay()) is not None:
+                if code is grpc.StatusCode.RESOURCE_EXHAUSTED and (delay := deadline.next_delay()) is not None:
                     log.warning("%s: weight push of version %d refused (%s: %s); retrying in %.2fs (%.1fs left)",
-                                self.target, version, code.name, exc.details(), delay, busy.left())
+                                self.target, version, code.name, exc.details(), delay, deadline.left())
                     _told(on_retry, code)
                     await asyncio.sleep(delay)
                     continue
                 if code not in (*retryable, grpc.StatusCode.FAILED_PRECONDITION):
                     raise
-                if await self._serves(version):
+                if await self._serves(version, deadline):
                     return None
-                if code not in retryable or attempt == attempts:
+                if code not in retryable or attempt == attempts or (delay := deadline.next_delay()) is None:
                     raise
-                log.warning("%s: weight push of version %d failed (%s; attempt %d of %d); retrying", self.target,
-                            version, code.name, attempt, attempts)
+                log.warning("%s: weight push of version %d failed (%s; try %d); retrying in %.2fs (%.1fs left)",
+                            self.target, version, code.name, attempt, delay, deadline.left())
                 _told(on_retry, code)
-                await asyncio.sleep(self.backoff_s * attempt)
+                await asyncio.sleep(delay)
                 attempt += 1
 
-    async def _serves(self, version: int) -> bool:
-        """Whether inference serves ``version`` now (False when it cannot tell). Asked with the client's credential
-        (when it has one): on the weights port the call counts in the budget of authenticated calls, which callers
-        without the weights token cannot fill."""
+    async def _serves(self, version: int, deadline: _PushDeadline) -> bool:
+        """Whether inference serves ``version`` now (False when it cannot tell), asked once within what is left of
+        the push's deadline (at least a second: a push that landed at its deadline is still recognised). Asked with
+        the client's credential (when it has one): on the weights port the call counts in the budget of
+        authenticated calls, which callers without the weights token cannot fill."""
         try:
-            status = await self.call(self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(), mutating=True,
-                                     policy=self.policy_for("GetStatus"))
+            status = await self.call(self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(),
+                                     timeout_s=min(max(deadline.left(), 1.0), self.timeout_s), mutating=True,
+                                     policy=NO_RETRY)
             return int(status.weight_version) == version
         except grpc.aio.AioRpcError:
             return False
 
 
-class _BusyDeadline:
-    """When a push refused as busy (RESOURCE_EXHAUSTED) may be sent again: exponential back-off from ``backoff_s``
-    (at most 2 s) while the next try still starts within ``timeout_s`` of the first; each try's deadline is what is
-    left of that (never more than a try's own)."""
+class _PushDeadline:
+    """One push's deadline, ``timeout_s`` after it starts: each try gets what is left of it, and a failed try
+    may be sent again after an exponential back-off from ``backoff_s`` (at most 2 s) while the next try still
+    starts before the deadline."""
 
     MAX_DELAY_S = 2.0
 
     def __init__(self, timeout_s: float, backoff_s: float) -> None:
         self.deadline = time.monotonic() + timeout_s
         self.backoff_s = max(backoff_s, 0.01)
-        self.refusals = 0
+        self.retries = 0
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def timeout(self, per_try_s: float) -> float:
-        return per_try_s if self.refusals == 0 else max(min(per_try_s, self.left()), 0.001)
+    def try_timeout(self) -> float:
+        return max(self.left(), 0.001)
 
     def next_delay(self) -> float | None:
-        delay = min(self.backoff_s * 2 ** self.refusals, self.MAX_DELAY_S)
+        delay = min(self.backoff_s * 2 ** self.retries, self.MAX_DELAY_S)
         if self.left() - delay <= 0:
             return None
-        self.refusals += 1
+        self.retries += 1
         return delay
 
 

@@ -92,7 +92,8 @@ class PublicationConfig:
         "help": "Bytes per weight-update chunk (under gRPC's 4 MiB message limit).", "ge": 1024,
         "le": 4 * 1024 * 1024 - 4096})
     push_timeout_s: float = field(default=60.0, metadata={
-        "help": "Deadline of one weight push to inference.", "gt": 0})
+        "help": "Deadline of one weight push to inference, its retries included (while inference restarts or "
+                "its weights server is busy) and a final check of whether it landed.", "gt": 0})
     probe_sequences: int = field(default=4, metadata={
         "help": "Sequences of the probe batch inference scores after a weight swap when a probe is due (see "
                 "probe_every).", "ge": 1})

@@ -48,9 +48,6 @@ from relayrl.trainer.transports import Transport, Weights
 
 log = logging.getLogger(__name__)
 
-PUSH_ATTEMPTS = 5
-
-
 @dataclass(frozen=True)
 class PublishTimings:
     """Where one publication's seconds went (rank 0; the last push of a publication).
@@ -245,8 +242,7 @@ class WeightPublisher:
             self._client = InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token,
                                            tls=self.tls)
         try:
-            return await self._client.update_weights(messages, version, self.timeout_s, attempts=PUSH_ATTEMPTS,
-                                                     on_retry=self._count_retry)
+            return await self._client.update_weights(messages, version, self.timeout_s, on_retry=self._count_retry)
         except grpc.aio.AioRpcError as exc:
             raise RuntimeError(f"weight push of version {version} failed: "
                                f"{exc.code().name}: {exc.details()}") from exc
