@@ -43,7 +43,7 @@ from relayrl.common.threads import automatic_cpus, automatic_division, pin_cpus,
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.model_fit import fit_to_model
-from relayrl.config.trainer import PublicationConfig, WeightTransport
+from relayrl.config.trainer import STOP_MARGIN, PublicationConfig, WeightTransport, graceful_stop_s
 from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_ports
 from relayrl.run_report import entries_added, progress_line, run_summary
 
@@ -56,25 +56,20 @@ CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what 
 # Redis) and rollout first, then the servers they use; Redis last
 STOP_STAGES = (("rollout", "trainer"), ("inference", "reward"))
 SERVICE_STOP_S = 15.0  # the deadline of a service other than the trainer (their gRPC grace is 5 s)
-STOP_MARGIN = 1.5  # x the measured time of what a graceful trainer stop may still have to do
 
 
 def stop_deadline(rows: Sequence[MetricsRow], grace_s: float, max_s: float) -> tuple[float, str]:
-    """How long to wait for the trainer to stop gracefully, and why: it may finish the micro-batch it is in (at
-    most a step), settle a push in flight and write a checkpoint, so STOP_MARGIN x (the longest step + the longest
-    push + the longest checkpoint measured in ``rows``), at least ``grace_s`` (trainer.stop_grace_s) and at most
-    ``max_s`` (trainer.stop_grace_max_s)."""
+    """How long to wait for the trainer to stop gracefully, and why: :func:`graceful_stop_s` of the longest
+    step, push and checkpoint measured in ``rows``."""
     steps = rl_rows(rows)
     step = max((r.step_time_s for r in steps), default=0.0)
     push = max((r.weight_sync_s or 0.0 for r in steps), default=0.0)
     checkpoint = max((r.time_checkpoint_s for r in steps), default=0.0)
-    need = STOP_MARGIN * (step + push + checkpoint)
-    deadline = min(max(grace_s, need), max_s)
+    budget = graceful_stop_s(step, push, checkpoint, grace_s, max_s)
     measured = (f"{STOP_MARGIN:g} x (longest step {step:.1f}s + push {push:.1f}s + checkpoint {checkpoint:.1f}s) = "
-                f"{need:.1f}s over {len(steps)} steps in metrics.jsonl" if steps else "no step measured yet")
-    bound = ("trainer.stop_grace_max_s" if need > max_s else
-             "trainer.stop_grace_s" if grace_s >= need else "the measured steps")
-    return deadline, f"{measured}; trainer.stop_grace_s {grace_s:g}s, trainer.stop_grace_max_s {max_s:g}s: {bound}"
+                f"{budget.need_s:.1f}s over {len(steps)} steps in metrics.jsonl" if steps else "no step measured yet")
+    return budget.deadline_s, (f"{measured}; trainer.stop_grace_s {grace_s:g}s, trainer.stop_grace_max_s {max_s:g}s: "
+                               f"{budget.bound}")
 
 
 def local(server: ServerConfig, port: int) -> ServerConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
@@ -21,6 +21,30 @@ from relayrl.config.threads import ThreadsConfig
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
 FLAT_KEYS_REMOVED_IN = "0.3"  # the release that stops accepting the flat keys of MOVED_FIELDS
+
+
+STOP_MARGIN = 1.5  # x the measured time of what a graceful trainer stop may still have to do
+
+
+class StopBudget(NamedTuple):
+    """How long a graceful trainer stop may take (``deadline_s``), what the measurements asked for (``need_s``)
+    and which bound decided it."""
+
+    deadline_s: float
+    need_s: float
+    bound: str
+
+
+def graceful_stop_s(step_s: float, push_s: float, checkpoint_s: float, grace_s: float, max_s: float) -> StopBudget:
+    """The trainer may finish the micro-batch it is in (at most a step), settle a push in flight and write a
+    checkpoint, so a graceful stop may take STOP_MARGIN x (the longest step + push + checkpoint measured), at
+    least ``grace_s`` (trainer.stop_grace_s) and at most ``max_s`` (trainer.stop_grace_max_s). The launcher waits
+    this long before it kills the trainer; the trainer itself gives up its graceful stop after as long (so an
+    orphaned trainer, whose launcher was killed, ends by itself)."""
+    need = STOP_MARGIN * (step_s + push_s + checkpoint_s)
+    bound = ("trainer.stop_grace_max_s" if need > max_s else
+             "trainer.stop_grace_s" if grace_s >= need else "the measured steps")
+    return StopBudget(min(max(grace_s, need), max_s), need, bound)
 
 
 class WeightTransport(StrEnum):

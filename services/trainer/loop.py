@@ -7,14 +7,12 @@ and publishes each weight version and writes metrics (metrics.jsonl and the trac
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from google.protobuf.json_format import MessageToDict
 
 from relayrl.common.dataset import load_jsonl
 from relayrl.common.logging import log_context
@@ -26,6 +24,8 @@ from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
 from relayrl.common.tracking import Tracker
 from relayrl.config import RunConfig
+from relayrl.config.trainer import StopBudget, graceful_stop_s
+from relayrl.trainer.audit import TrainedAudit
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import CollectStopped, GroupCollector, groups_per_rank, live_consumers, reward_failed
@@ -36,7 +36,7 @@ from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication
 from relayrl.trainer.step_summary import global_summary as global_summary
 from relayrl.trainer.step_summary import set_times
-from relayrl.trainer.steptime import StepClock
+from relayrl.trainer.steptime import Longest, StepClock
 from relayrl.trainer.teacher import Teacher
 
 log = logging.getLogger(__name__)
@@ -88,14 +88,8 @@ class TrainingLoop:
         self._prefetch: asyncio.Task[Batch] | None = None
         self._generating_s: float | None = None  # of the step's data wait, the part before its batch was generated
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
-        # audit trail: which groups each step trained, per rank and incarnation (fault tests read it)
-        self.incarnation = f"{int(time.time() * 1000)}-{coll.rank}"
-        (cfg.output_dir / "trained").mkdir(parents=True, exist_ok=True)
-        self._trained_log = (cfg.output_dir / "trained" / f"rank{coll.rank}.jsonl").open("a")
-        self._episode_dump = None  # trainer.dump_episodes: debugging, and the e2e tests' evidence
-        if cfg.trainer.dump_episodes:
-            (cfg.output_dir / "trained" / "episodes").mkdir(exist_ok=True)
-            self._episode_dump = (cfg.output_dir / "trained" / "episodes" / f"rank{coll.rank}.jsonl").open("a")
+        self.longest = Longest()  # this rank's longest step, push and checkpoint: its graceful stop's deadline
+        self.audit = TrainedAudit(cfg.output_dir, coll.rank, cfg.trainer.dump_episodes, resumed_from)
         # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
         self.evals = InRunEval(cfg, self._write_metrics, self._t0) \
             if self.is_main and cfg.trainer.eval.every_steps else None
@@ -106,6 +100,13 @@ class TrainingLoop:
     def stepping(self) -> bool:
         """RL steps have begun (after start-up, the first publication and the warm-up): a stop is graceful."""
         return self.header.state == ServingState.SERVING_STATE_SERVING
+
+    def stop_budget(self) -> StopBudget:
+        """How long this rank's graceful stop may take: the launcher's rule (``graceful_stop_s``) over the longest
+        step, push and checkpoint this rank measured."""
+        tc, longest = self.cfg.trainer, self.longest
+        return graceful_stop_s(longest.step_s, longest.push_s, longest.checkpoint_s, tc.stop_grace_s,
+                               tc.stop_grace_max_s)
 
     def request_stop(self) -> None:
         """Stop at the next safe point, then write a final checkpoint and acknowledge what it holds. Safe points:
@@ -154,8 +155,10 @@ class TrainingLoop:
                     self._log_abandoned(stopped)
                     break
                 if self.checkpoints.due(self.progress.step, tc.total_steps):
+                    t_checkpoint = time.monotonic()
                     with self.clock.part("checkpoint"):
                         await self.checkpoint_and_ack()
+                    self.longest.saw(checkpoint_s=time.monotonic() - t_checkpoint)
         finally:
             await self._drop_prefetch()
         if self.progress.step < tc.total_steps:  # stopped
@@ -233,7 +236,7 @@ class TrainingLoop:
                     with log_context(group_id=entry.group.group_id):
                         log.debug("trained group at step %d (%d episodes: %s)", progress.step + 1,
                                   len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
-            self._audit(entries)
+            self.audit.trained(progress.step + 1, entries)
         with clock.part("publish"):
             await self.publish(progress.step + 1, wait=not tc.publication.overlap)
         progress.advance()
@@ -249,7 +252,10 @@ class TrainingLoop:
             progress.groups_trained += tc.groups_per_step
             if books is not None:
                 await books
-        await self._log_step(summary, episodes, stats, time.monotonic() - t_step)
+        step_s = time.monotonic() - t_step
+        last_push = self.publication.last_push
+        self.longest.saw(step_s, push_s=last_push.seconds if last_push is not None else 0.0)
+        await self._log_step(summary, episodes, stats, step_s)
         if self.evals is not None:
             self.evals.after_step(progress.step, self.publication.weight_version, progress.step >= tc.total_steps)
 
@@ -282,20 +288,6 @@ class TrainingLoop:
         oldest = [min(ep.token_weight_versions, default=0) for ep in episodes]
         lags = {v: await self.staleness(v) for v in dict.fromkeys(oldest)}
         return torch.tensor([lags[v] for v in oldest], dtype=torch.float32)
-
-    def _audit(self, entries: list[StreamEntry]) -> None:
-        self._trained_log.write(json.dumps({
-            "incarnation": self.incarnation, "step": self.progress.step + 1,
-            "resumed_from_step": int(self.resumed_from.name.split("_")[1]) if self.resumed_from else 0,
-            "groups": [[e.group.group_id, e.group.prompt_seq] for e in entries]}) + "\n")
-        self._trained_log.flush()
-        if self._episode_dump is not None:
-            groups = [e.group.episodes for e in entries]
-            taken = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
-            for ep in taken[:self.cfg.trainer.dump_episodes]:
-                row = {"step": self.progress.step + 1, **MessageToDict(ep, preserving_proto_field_name=True)}
-                self._episode_dump.write(json.dumps(row) + "\n")
-            self._episode_dump.flush()
 
     async def sft_warmup(self) -> None:
         sft = self.cfg.trainer.sft
@@ -394,6 +386,4 @@ class TrainingLoop:
     def close(self) -> None:
         if self.evals is not None:
             self.evals.cancel()
-        self._trained_log.close()
-        if self._episode_dump is not None:
-            self._episode_dump.close()
+        self.audit.close()

@@ -51,21 +51,25 @@ def init_collectives(cfg: RunConfig) -> Collectives:
 
 async def _stop_training(trainer: Trainer, train: asyncio.Task[None], force: asyncio.Event) -> None:
     """A stop before the end: once RL steps have begun, graceful (the loop stops at its next safe point, a
-    micro-batch boundary or a read of groups, and writes a final checkpoint whose groups it acknowledges; a second
-    signal cancels it); before that (start-up, warm-up: nothing consumed yet) at once."""
+    micro-batch boundary or a read of groups, and writes a final checkpoint whose groups it acknowledges); before
+    that (start-up, warm-up: nothing consumed yet) at once. A second signal, or the graceful stop outlasting its
+    deadline (what the launcher waits: relayrl.config.trainer.graceful_stop_s, over this rank's measured steps),
+    cancels it: a checkpoint already being written still completes, nothing after it runs."""
     step = trainer.progress.step
     if trainer.loop.stepping:
-        log.info("stop requested at step %d: stopping at the next micro-batch boundary, then a final checkpoint "
-                 "(a second signal stops at once)", step)
+        budget = trainer.loop.stop_budget()
+        log.info("stop requested at step %d: stopping at the next micro-batch boundary, then a final checkpoint, "
+                 "within %.1fs (%s; a second signal stops at once)", step, budget.deadline_s, budget.bound)
         trainer.loop.request_stop()
         forced = asyncio.create_task(force.wait())
-        await asyncio.wait({train, forced}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({train, forced}, timeout=budget.deadline_s, return_when=asyncio.FIRST_COMPLETED)
         forced.cancel()
         if train.done():
             train.result()  # a failure of the final checkpoint is loud
             return
-        log.warning("second stop signal: stopping at once, without a final checkpoint (step %d)",
-                    trainer.progress.step)
+        log.warning("%s: stopping at once, without a final checkpoint (step %d)",
+                    "second stop signal" if force.is_set() else
+                    f"the graceful stop did not end within {budget.deadline_s:.1f}s", trainer.progress.step)
     else:
         log.info("stopping before the end of training (step %d)", step)
     train.cancel()

@@ -62,3 +62,18 @@ class StepClock:
         times = StepTimes(now - self._start, dict(self._parts))
         self.reset(now)
         return times
+
+
+@dataclass
+class Longest:
+    """The longest step, weight push and checkpoint this rank measured (this incarnation): what a graceful stop
+    may still have to wait for (relayrl.config.trainer.graceful_stop_s)."""
+
+    step_s: float = 0.0
+    push_s: float = 0.0
+    checkpoint_s: float = 0.0
+
+    def saw(self, step_s: float = 0.0, push_s: float = 0.0, checkpoint_s: float = 0.0) -> None:
+        self.step_s = max(self.step_s, step_s)
+        self.push_s = max(self.push_s, push_s)
+        self.checkpoint_s = max(self.checkpoint_s, checkpoint_s)

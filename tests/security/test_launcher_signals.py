@@ -105,9 +105,10 @@ def test_services_stop_by_themselves_when_the_launcher_is_killed(tmp_path: Path,
     out = tmp_path / "run"
     # Redis dies with the launcher: a group append in flight at that moment is retried for redis.retry_s (60 s by
     # default) before rollout gives up and stops, which a CI run once caught past the 30 s below; 5 s bounds it.
-    # Likewise the trainer's graceful stop settles a weight push in flight, retried against the dead inference for
-    # trainer.publication.push_timeout_s (60 s by default; a CI run caught the trainer still up at 30 s): 5 s
-    proc = _start(out, demo_model, "redis.retry_s=5", "trainer.publication.push_timeout_s=5")
+    # The trainer's graceful stop settles a weight push in flight, retried against the dead inference for up to
+    # trainer.publication.push_timeout_s (60 s): nobody is left to kill it, so it gives its graceful stop up after
+    # its stop deadline (trainer.stop_grace_s here; the old code stayed up past the 30 s below)
+    proc = _start(out, demo_model, "redis.retry_s=5", "trainer.stop_grace_s=5")
     try:
         _until_training(out, proc, steps=1)
         stack = _stack(proc)
