@@ -3,6 +3,9 @@
 Inference, reward and the trainer are called through the typed clients (relayrl.client) with the retry policies
 of :class:`RolloutClients`: a brief UNAVAILABLE is retried inside the call; a call that still fails fails its
 group, which is tried again up to ``rollout.max_group_attempts`` times (each failure counted), then skipped.
+Redis is different: an append that cannot land within ``redis.retry_s`` (Redis unreachable, or full) stops the loop
+with :class:`AppendFailed` (every later append would meet the same Redis); the groups not recorded are generated
+again on restart (relayrl.rollout.progress).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.admission import Admission, TrainerView
 from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.group_commit import AppendFailed, GroupCommit
 from relayrl.rollout.joining import JoinedInference, JoinedScorer
-from relayrl.rollout.progress import Progress, ProgressStore
+from relayrl.rollout.progress import Progress
 from relayrl.rollout.turns import TurnCounters
 from relayrl.rollout.workflows.api import GroupFailed, WorkflowContext
 from relayrl.rollout.workflows.loader import build_workflow
@@ -42,6 +46,7 @@ log = logging.getLogger(__name__)
 BLOCKED_POLL_DIVISOR = 5
 # Deadline of one WatchStatus stream; rollout subscribes again when it passes.
 WATCH_DEADLINE_S = 60.0
+
 
 
 class RolloutProducer:
@@ -64,8 +69,8 @@ class RolloutProducer:
         self.producer_id = cfg.producer_id or f"{socket.gethostname()}:{os.getpid()}"
         self.trainer_view = TrainerView()
         self.admission = Admission(cfg.max_staleness)
-        self.store = ProgressStore(stream.client, stream.keys)
-        self.progress = Progress()
+        # each group's XADD with the record of its prompt seq, by group commit (relayrl.rollout.group_commit)
+        self.appends = GroupCommit(stream, redis_retry_s, on_oom=self._on_oom, after_try=self._append_unblocked)
         self.groups_produced = 0  # by this process
         self.episodes_produced = 0
         self.groups_failed = 0
@@ -75,9 +80,6 @@ class RolloutProducer:
         self._next_seq = 0
         self._retry: deque[tuple[int, int]] = deque()  # (seq, attempt)
         self._appending: set[asyncio.Future[None]] = set()
-        self._record_lock = asyncio.Lock()
-        self._records: list[tuple[int, episode_pb2.EpisodeGroup | None, asyncio.Future[None]]] = []
-        self.records_committed = 0  # Redis transactions that appended groups or recorded skips (group commit)
         self._wake = asyncio.Event()
         self.paused = False  # by an operator: admit no new group
         self.append_blocked = False  # Redis refuses the append for lack of memory: admit no new group meanwhile
@@ -179,7 +181,7 @@ class RolloutProducer:
 
     async def resume(self) -> None:
         """Continue where the stream says this rollout stopped (see progress.py)."""
-        self.progress = await self.store.load()
+        await self.appends.load()
         self.admission.admitted = self.progress.appended
         self._next_seq = self.progress.next_seq()
         self._retry.extend((seq, 1) for seq in self.progress.missing())
@@ -195,7 +197,7 @@ class RolloutProducer:
         poller = asyncio.create_task(self._follow_trainer(stop))
         tasks: set[asyncio.Task[None]] = set()
         try:
-            while not stop.is_set() and not self.trainer_view.finished:
+            while not stop.is_set() and not self.trainer_view.finished and self.appends.failure is None:
                 reason = self.blocked_by()
                 if reason is not None:
                     self.refused_while_paused += self.paused
@@ -233,6 +235,8 @@ class RolloutProducer:
                 await close()
         log.info("rollout loop ended: %d groups produced, %d failed attempts, %d skipped",
                  self.groups_produced, self.groups_failed, self.groups_skipped)
+        if self.appends.failure is not None:
+            raise self.appends.failure
 
     async def _group(self, seq: int, attempt: int) -> None:
         prompt = self.cursor.at(seq)
@@ -254,7 +258,11 @@ class RolloutProducer:
             else:
                 self.groups_skipped += 1
                 log.error("group for prompt %s failed %d times, skipping it: %s", prompt.prompt_id, attempt, why)
-                await self._record_skip(seq)
+                with contextlib.suppress(AppendFailed):  # the loop stops; the seq is regenerated on restart
+                    await self.appends.record(seq, None)
+        except AppendFailed:  # not this group's fault: the loop stops, the group is generated again on restart
+            self.admission.release()
+            self.groups_failed += 1
         except asyncio.CancelledError:
             self.admission.release()
             raise
@@ -270,55 +278,20 @@ class RolloutProducer:
     async def _append(self, seq: int, episodes: list[episode_pb2.Episode]) -> None:
         """One transaction: the group's XADD and the record of its prompt seq (see progress.py)."""
         group = episode_pb2.EpisodeGroup(group_id=episodes[0].group_id, episodes=episodes, prompt_seq=seq)
-        await self._record(seq, group)
+        await self.appends.record(seq, group)
         self.groups_produced += 1
         self.episodes_produced += len(episodes)
 
-    async def _record_skip(self, seq: int) -> None:
-        await self._record(seq, None)
+    @property
+    def progress(self) -> Progress:
+        """What Redis records of this rollout's prompts (relayrl.rollout.progress)."""
+        return self.appends.progress
 
-    async def _record(self, seq: int, group: episode_pb2.EpisodeGroup | None) -> None:
-        """The group's XADD (unless skipped) and the record of its seq in one MULTI, retried through a Redis
-        outage. Group commit: records queue, and whoever holds the lock next writes every queued record in one
-        transaction (in queue order: the recorded watermark follows the order in which they execute), so groups
-        that finish together cost one round trip. A failed transaction fails its caller's record only; the others
-        go back to the head of the queue, and the next holder of the lock (one of their callers) writes them. A
-        transaction whose reply was lost may be applied twice: the trainer never trains a group id twice."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._records.append((seq, group, done))
-        async with self._record_lock:
-            if not done.done():  # not yet written by an earlier holder of the lock
-                batch, self._records = self._records, []
-                try:
-                    await self._commit(batch)
-                except BaseException:  # nothing of the batch is known applied: the others are written by their
-                    self._records[:0] = [r for r in batch if r[2] is not done]  # own callers, next, in order
-                    raise
-        await done
-
-    async def _commit(self, batch: list[tuple[int, episode_pb2.EpisodeGroup | None, asyncio.Future[None]]]) -> None:
-        """One MULTI for ``batch``; then the records count as applied and their callers are released."""
-        async def attempt() -> None:
-            planned = Progress(self.progress.watermark, set(self.progress.done))  # each seq planned after the last
-            async with self.stream.client.pipeline(transaction=True) as pipe:
-                for seq, group, _ in batch:
-                    if group is not None:
-                        await self.stream.append(group, pipe)
-                    self.store.queue(pipe, planned, seq, appended=group is not None)
-                    planned.mark(seq)
-                await pipe.execute()
-
-        try:
-            await redis_retry(attempt, "append group", self.redis_retry_s, on_oom=self._on_oom)
-        finally:
-            if self.append_blocked:
-                self.append_blocked = False
-                self._wake.set()
-        self.records_committed += 1
-        for seq, group, done in batch:
-            self.store.applied(self.progress, seq, appended=group is not None)
-            if not done.done():
-                done.set_result(None)
+    def _append_unblocked(self) -> None:
+        """An append went through or gave up: admission no longer waits for Redis memory."""
+        if self.append_blocked:
+            self.append_blocked = False
+            self._wake.set()
 
     def _count_oom(self) -> None:
         self.redis_oom_retries += 1

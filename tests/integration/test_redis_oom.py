@@ -20,6 +20,7 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.admission import TrainerView
 from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.group_commit import AppendFailed
 from relayrl.rollout.producer import RolloutProducer
 from tests.conftest import RedisServer
 
@@ -102,8 +103,8 @@ def test_append_to_a_redis_that_stays_full_fails_after_redis_retry_s_with_nothin
             error: type[BaseException] | None = None
             try:
                 await asyncio.wait_for(producer._append(0, episodes("g-full")), 10)
-            except OutOfMemoryError as exc:
-                error = type(exc)
+            except AppendFailed as exc:  # rollout stops, naming redis.retry_s and the full Redis
+                error = type(exc.__cause__) if exc.__cause__ is not None else type(exc)
             progress = admin.hgetall(producer.stream.keys.rollout_progress)
             return error, admin.xlen(STREAM), producer.append_blocked, producer.redis_oom_retries, progress
 

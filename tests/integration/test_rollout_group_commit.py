@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from relayrl.common.redis_keys import STREAM_FIELD
+from relayrl.rollout.group_commit import AppendFailed
 from relayrl.rollout.progress import ProgressStore
 from tests.conftest import RedisServer
 from tests.integration.test_redis_oom import STREAM, episodes, producer_on
@@ -24,7 +25,7 @@ def test_groups_finishing_together_share_one_transaction_and_every_seq_is_record
             # seqs finish out of order: 2 and 4 leave gaps until 1 and 3 land in the same commit
             await asyncio.gather(*(producer._append(seq, episodes(f"g{seq}")) for seq in (0, 2, 4, 1, 3)))
             stored = await ProgressStore(producer.stream.client, producer.stream.keys).load()
-            return (producer.records_committed, producer.groups_produced, stored.watermark, sorted(stored.done),
+            return (producer.appends.committed, producer.groups_produced, stored.watermark, sorted(stored.done),
                     {"appended": stored.appended, "memory_watermark": producer.progress.watermark})
 
     commits, produced, watermark, done, counts = asyncio.run(go())
@@ -42,7 +43,7 @@ def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_
         redis_server: RedisServer) -> None:
     async def go() -> tuple[list[BaseException | None], int, list[int]]:
         async with producer_on(redis_server, retry_s=5.0) as producer:
-            commit = producer._commit
+            commit = producer.appends._commit
             entered, release, calls = asyncio.Event(), asyncio.Event(), []
 
             async def fail_first(batch: list[Any]) -> None:
@@ -50,10 +51,10 @@ def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_
                 if len(calls) == 1:  # the first holder of the lock waits until the others queue, then fails
                     entered.set()
                     await release.wait()
-                    raise ConnectionError("redis went away")
+                    raise ValueError("a transaction that failed for another reason than Redis")
                 await commit(batch)
 
-            producer._commit = fail_first  # type: ignore[method-assign]
+            producer.appends._commit = fail_first  # type: ignore[method-assign]
             first = asyncio.create_task(producer._append(0, episodes("g0")))
             await entered.wait()
             queued = [asyncio.create_task(producer._append(seq, episodes(f"g{seq}"))) for seq in (1, 2)]
@@ -67,7 +68,42 @@ def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_
     results, produced, recorded = asyncio.run(go())
 
     admin = redis.Redis(port=redis_server.port)
-    assert isinstance(results[0], ConnectionError)  # the caller whose transaction failed sees why
+    assert isinstance(results[0], ValueError)  # the caller whose transaction failed sees why
     assert results[1:] == [None, None]  # the queued groups were written by their own callers afterwards
     assert produced == 2 and admin.xlen(STREAM) == 2
     assert recorded == [1, 2]  # seq 0 is missing: its group is retried (or skipped) by _group, not lost
+
+
+def test_redis_down_past_retry_s_fails_every_waiting_group_at_once_and_every_later_one(
+        redis_server: RedisServer) -> None:
+    """One outage costs one redis.retry_s, not one per group: rollout used to retry each waiting group's append for
+    the whole budget in turn (eight groups in flight kept an orphaned rollout up for 25 s of a 5 s budget)."""
+    async def go() -> tuple[list[BaseException | None], int, BaseException | None, BaseException | None]:
+        async with producer_on(redis_server, retry_s=0.5) as producer:
+            commit = producer.appends._commit
+            entered, release, calls = asyncio.Event(), asyncio.Event(), []
+
+            async def down(batch: list[Any]) -> None:
+                calls.append([seq for seq, _, _ in batch])
+                entered.set()
+                await release.wait()
+                raise ConnectionError("Error 111 connecting to 127.0.0.1:6379")  # what redis_retry re-raises
+
+            producer.appends._commit = down  # type: ignore[method-assign]
+            first = asyncio.create_task(producer._append(0, episodes("g0")))
+            await entered.wait()
+            queued = [asyncio.create_task(producer._append(seq, episodes(f"g{seq}"))) for seq in (1, 2)]
+            await asyncio.sleep(0)  # let them queue their records behind the lock
+            release.set()
+            results = await asyncio.gather(first, *queued, return_exceptions=True)
+            producer.appends._commit = commit  # type: ignore[method-assign]
+            later = await asyncio.gather(producer._append(3, episodes("g3")), return_exceptions=True)
+            return ([r if isinstance(r, BaseException) else None for r in results], len(calls), later[0],
+                    producer.appends.failure)
+
+    results, commits, later, failure = asyncio.run(go())
+
+    assert commits == 1  # the queued groups did not retry the dead Redis each in turn
+    assert all(isinstance(r, AppendFailed) for r in results) and isinstance(later, AppendFailed)
+    assert failure is not None and "redis.retry_s = 0.5s" in str(failure)
+    assert redis.Redis(port=redis_server.port).xlen(STREAM) == 0  # nothing written after the failure either
