@@ -45,6 +45,7 @@ from typing import Any
 
 from relayrl.common.metrics_row import read_rows, rl_rows
 from relayrl.config.loss import AdvantageEstimator, LossAggregation, MismatchMask, PolicyLoss
+from relayrl.config.optimizer import LrSchedule, OptimizerName
 from relayrl.config.run import RunConfig, load_run_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,6 +139,9 @@ def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
     if cfg.model.dtype != "float32" or cfg.model.device != "cpu":
         raise ValueError("the comparison runs float32 on the CPU")
     opt = tc.optimizer
+    if opt.name is not OptimizerName.ADAMW or opt.schedule is not LrSchedule.CONSTANT:
+        raise ValueError("the comparison mirrors trainer.optimizer name adamw with schedule constant (TRL's decaying "
+                         "schedules end one step earlier than relayrl's)")
     return {
         "output_dir": str(output_dir), "max_steps": steps, "seed": cfg.seed, "data_seed": cfg.rollout.seed,
         "learning_rate": opt.lr, "adam_beta1": opt.beta1, "adam_beta2": opt.beta2,

@@ -17,6 +17,7 @@ from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.evaluation import InRunEvalConfig
 from relayrl.config.loss import AdvantageEstimator, DynamicSamplingConfig, LossConfig, PolicyLoss, TeacherConfig
+from relayrl.config.optimizer import OptimizerConfig
 from relayrl.config.threads import ThreadsConfig
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
@@ -69,21 +70,6 @@ class RewardErrorPolicy(StrEnum):
 class AfterFinish(StrEnum):
     EXIT = "exit"  # exit 0 after linger_s (a launcher, a Job)
     STAY = "stay"  # keep answering status (finished) until SIGTERM (an always-restarting workload: a StatefulSet)
-
-
-@dataclass
-class OptimizerConfig:
-    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate.", "gt": 0})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay.", "ge": 0})
-    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1.", "ge": 0, "lt": 1})
-    beta2: float = field(default=0.99, metadata={"help": "AdamW beta2.", "ge": 0, "lt": 1})
-    warmup_steps: int = field(default=0, metadata={"help": "Linear learning-rate warm-up steps.", "ge": 0})
-    grad_clip: float = field(default=1.0, metadata={"help": "Max gradient norm (0: no clipping).", "ge": 0})
-    master_weights: bool = field(default=True, metadata={
-        "help": "With model.dtype bfloat16 or float16 and trained parameters in that dtype (full fine-tuning): AdamW "
-                "steps float32 master copies (moments in float32 too) and writes them back rounded, so updates "
-                "smaller than the dtype's rounding accumulate instead of being lost. Costs 12 bytes per trained "
-                "parameter. false: AdamW steps the low-precision parameters directly."})
 
 
 @dataclass

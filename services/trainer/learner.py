@@ -30,7 +30,7 @@ from relayrl.trainer.losses.distill import distill_baselines
 from relayrl.trainer.losses.kl import kl_reward_penalty
 from relayrl.trainer.losses.step import LossTerms, denominator, loss_terms
 from relayrl.trainer.losses.tokens import Tokens
-from relayrl.trainer.master_weights import LOW_PRECISION, MasterWeightAdamW
+from relayrl.trainer.optim import build_optimizer, lr_at
 from relayrl.trainer.parallel_dims import full_norm, sync_gradients
 from relayrl.trainer.reference import Reference, model_logprobs, sequence_lengths
 
@@ -91,7 +91,7 @@ def agreed_micro_batches(coll: Collectives, episodes: int, micro_batch_size: int
 
 
 class Learner:
-    """Owns the model and optimizer; computes advantages and the loss and steps AdamW."""
+    """Owns the model and optimizer; computes advantages and the loss and steps the optimizer."""
 
     def __init__(self, model: Any, cfg: TrainerConfig, pad_id: int, device: torch.device,
                  max_completion_tokens: int = 1, collectives: Collectives | None = None,
@@ -105,23 +105,14 @@ class Learner:
         self.cfg = cfg
         self.pad_id = pad_id
         self.device = device
-        opt = cfg.optimizer
-        trained = [p for p in model.parameters() if p.requires_grad]
-        if opt.master_weights and any(p.dtype in LOW_PRECISION for p in trained):
-            self.optimizer: torch.optim.Optimizer = MasterWeightAdamW(
-                trained, lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
-        else:
-            self.optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
-                                               weight_decay=opt.weight_decay)
+        # trainer.optimizer: the optimizer and its schedule (relayrl.trainer.optim)
+        self.optimizer = build_optimizer(list(model.parameters()), cfg.optimizer)
         self.steps_done = 0
         # set (from any thread) to stop at the next micro-batch boundary of rl_step: see StepAbandoned
         self.stop = threading.Event()
 
     def _lr(self) -> float:
-        opt = self.cfg.optimizer
-        if opt.warmup_steps <= 0:
-            return opt.lr
-        return opt.lr * min(1.0, (self.steps_done + 1) / opt.warmup_steps)
+        return lr_at(self.steps_done, self.cfg.optimizer, self.cfg.total_steps)
 
     def _optimizer_step(self) -> tuple[float, float]:
         lr = self._lr()

@@ -1,4 +1,5 @@
-"""AdamW with float32 master weights for parameters held in bfloat16 / float16.
+"""An optimizer (AdamW, or any of relayrl.trainer.optim) with float32 master weights for parameters held in
+bfloat16 / float16.
 
 With ``model.dtype: bfloat16`` and full fine-tuning, the model's parameters are bfloat16 (the forward, the backward
 and what inference serves). AdamW stepping them directly would keep its moments in bfloat16 and add each update to a
@@ -14,6 +15,7 @@ float32 values, not from the rounded weights of the checkpointed model.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,8 +24,9 @@ import torch
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-class MasterWeightAdamW(torch.optim.AdamW):
-    """``torch.optim.AdamW`` over float32 masters of the low-precision ``params`` (the others as they are)."""
+class MasterWeights(torch.optim.Optimizer):
+    """Mixed into an optimizer class by :func:`with_master_weights`: it steps float32 masters of the low-precision
+    ``params`` (the others as they are)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], **kwargs: Any) -> None:
         self.model_params = list(params)
@@ -75,3 +78,12 @@ class MasterWeightAdamW(torch.optim.AdamW):
             if m is not p:
                 m.copy_(masters[i])
                 p.copy_(m)
+
+
+@functools.cache
+def with_master_weights(cls: type[torch.optim.Optimizer]) -> type[MasterWeights]:
+    """``cls`` (e.g. torch.optim.AdamW) over float32 masters of the low-precision parameters it is given."""
+    return type(f"MasterWeight{cls.__name__}", (MasterWeights, cls), {})
+
+
+MasterWeightAdamW = with_master_weights(torch.optim.AdamW)
