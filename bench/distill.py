@@ -35,7 +35,7 @@ from relayrl.reward.api import RewardInput
 from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.batching import pack
 from relayrl.trainer.learner import Learner
-from relayrl.trainer.loss import token_logprobs
+from relayrl.trainer.logprobs import token_logprobs
 
 # name -> (trainer.loss fields, whether the task's reward reaches the loss)
 ARMS: dict[str, tuple[dict[str, Any], bool]] = {

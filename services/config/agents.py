@@ -1,8 +1,6 @@
 """Configuration of black-box agent sessions (relayrl.rollout.workflows.agent): the agent function, where the
-session proxy listens, and the limits of one session. Torch-free.
-
-Not yet a section of the run config: the rollout config's workflow selection (``rollout.workflow``) is meant to
-hold it as ``rollout.agent`` (``field(default_factory=AgentConfig)``) and pass it to :class:`AgentWorkflow`.
+session proxy listens, and the limits of one session. Torch-free. The run config's ``rollout.agent`` section,
+read by the agent workflow (``rollout.workflow: agent``).
 """
 
 from __future__ import annotations

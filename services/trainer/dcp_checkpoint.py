@@ -2,7 +2,8 @@
 own shards, and a checkpoint loads onto any number of ranks and any sharding (2 ranks -> 1 -> 2 tested), with no
 rank ever holding the whole state. Without a process group (one rank) it runs in-process.
 
-Not yet wired into relayrl.trainer.checkpoint (which saves a Hugging Face directory from rank 0's full model).
+relayrl.trainer.checkpoint writes a sharded (FSDP2) model's checkpoint with :func:`save_state` under ``dcp/``, beside
+the Hugging Face export of the full model; every rank of a resume restores it with :func:`load_state`.
 """
 
 from __future__ import annotations

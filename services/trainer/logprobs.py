@@ -1,6 +1,6 @@
 """log pi(target) of a micro-batch without full-vocabulary float32 logits of all its positions at once.
 
-The plain way (:func:`relayrl.trainer.loss.token_logprobs` on the model's logits) holds ``[B, L, V]`` logits for
+The plain way (:func:`token_logprobs` on the model's logits) holds ``[B, L, V]`` logits for
 every position of every padded row, a float32 copy divided by the temperature, the log-softmax (kept for the
 backward) and, in the backward, their gradients: several ``[B, L, V]`` float32 tensors at once (32 rows x 80
 positions x 49,152 tokens is 0.5 GB each). Two cuts, both exact up to float rounding:
@@ -26,7 +26,15 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from relayrl.trainer.loss import token_logprobs
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits / temperature) gathered at targets. logits [B, T, V], targets [B, T], temperature
+    [B] (one per row) or [B, T] (one per position, for packed rows)."""
+    assert logits.shape[:2] == targets.shape
+    assert temperature.shape in (logits.shape[:1], logits.shape[:2]), (temperature.shape, logits.shape)
+    scale = temperature.view(-1, 1, 1) if temperature.dim() == 1 else temperature.unsqueeze(-1)
+    scaled = logits.float() / scale
+    return torch.log_softmax(scaled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):

@@ -25,7 +25,7 @@ from relayrl.rollout.workflows.agent_proxy import Sampling
 from relayrl.rollout.workflows.agent_session import Session
 from relayrl.rollout.workflows.api import WorkflowContext
 from relayrl.trainer.learner import pack
-from relayrl.trainer.loss import token_logprobs
+from relayrl.trainer.logprobs import token_logprobs
 from tests.integration.helpers import inference_server, reward_server
 
 pytestmark = pytest.mark.integration

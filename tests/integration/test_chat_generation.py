@@ -17,7 +17,7 @@ from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb.common_pb2 import FINISH_REASON_STOP
 from relayrl.config.model import ModelConfig
 from relayrl.trainer.learner import pack
-from relayrl.trainer.loss import token_logprobs
+from relayrl.trainer.logprobs import token_logprobs
 from tests.chat_model import IM_END, create_chat_model
 from tests.integration.helpers import inference_server
 

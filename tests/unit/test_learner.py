@@ -17,7 +17,7 @@ from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.trainer import learner as learner_module
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.learner import Learner, StepStats, pack
-from relayrl.trainer.loss import token_logprobs
+from relayrl.trainer.logprobs import token_logprobs
 from tests.synthetic import varied_episodes
 
 

@@ -1,4 +1,5 @@
-"""Advantages and loss against hand-computed values."""
+"""Advantages, the loss of a micro-batch (relayrl.trainer.losses.step.loss_terms, as the learner computes it) and
+token logprobs against hand-computed values."""
 
 from __future__ import annotations
 
@@ -6,9 +7,30 @@ import math
 
 import torch
 
-from relayrl.config.loss import AdvantageEstimator
+from relayrl.config.loss import AdvantageEstimator, LossAggregation, LossConfig, PolicyLoss
 from relayrl.trainer.learner import pack
-from relayrl.trainer.loss import advantages, grpo_advantages, ppo_clip_loss, tis_loss, token_logprobs
+from relayrl.trainer.logprobs import token_logprobs
+from relayrl.trainer.losses.advantages import advantages
+from relayrl.trainer.losses.step import LossTerms, loss_terms
+from relayrl.trainer.losses.tokens import Tokens
+
+
+def grpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_groups: int, eps: float) -> torch.Tensor:
+    return advantages(AdvantageEstimator.GRPO, rewards, groups, num_groups, eps)
+
+
+def ppo_clip_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  clip_eps: float) -> LossTerms:
+    """PPO-clip against the behaviour logprobs ``old`` (rows ``[B, T]``, one advantage per row), summed over the
+    masked tokens as the learner sums a micro-batch (token_mean: no per-token weight)."""
+    lc = LossConfig(policy_loss=PolicyLoss.PPO_CLIP, clip_eps=clip_eps, loss_aggregation=LossAggregation.TOKEN_MEAN)
+    return loss_terms(lc, Tokens.from_rows(logp, old.detach(), old, adv, mask))
+
+
+def tis_loss(logp: torch.Tensor, prox: torch.Tensor, behav: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+             cap: float) -> LossTerms:
+    lc = LossConfig(policy_loss=PolicyLoss.TIS, importance_cap=cap, loss_aggregation=LossAggregation.TOKEN_MEAN)
+    return loss_terms(lc, Tokens.from_rows(logp, prox, behav, adv, mask))
 
 
 def test_grpo_advantages_two_groups_match_hand_computed_values() -> None:
@@ -99,16 +121,6 @@ def test_rloo_advantages_use_the_mean_of_the_other_members() -> None:
 
     # group 0: 1 - (0+0)/2 = 1; 0 - (1+0)/2 = -0.5 (twice); groups of one have no baseline: 0
     torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0]), rtol=0, atol=1e-7)
-
-
-def test_ppo_clip_loss_with_importance_weights_scales_each_token() -> None:
-    logp = torch.tensor([[0.0, 0.0]])
-    weights = torch.tensor([[0.5, 2.0]])
-
-    terms = ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), 0.2, weights=weights)
-
-    # ratio 1 on both tokens: -(0.5 * 1) - (2.0 * 1)
-    assert math.isclose(float(terms.loss_sum), -2.5, rel_tol=0, abs_tol=1e-6)
 
 
 def test_tis_loss_truncates_the_importance_weight_at_the_cap() -> None:
