@@ -24,9 +24,8 @@ from typing import Any
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt, load_jsonl
-from relayrl.common.episodes import end_name
+from relayrl.common.episodes import end_name, reward_failed
 from relayrl.common.evaluation import EvalSettings, RowPlayer, evaluate, pass_at_k
-from relayrl.common.pb import reward_pb2
 from relayrl.config import RunConfig
 
 __all__ = ["EvalSettings", "evaluate", "pass_at_k", "run_eval"]
@@ -58,7 +57,7 @@ async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference:
         close = getattr(workflow, "close", None)
         if close is not None:
             await close()
-    ok = [e.reward_status in (reward_pb2.SCORE_STATUS_OK, reward_pb2.SCORE_STATUS_UNSPECIFIED) for e in episodes]
+    ok = [not reward_failed(e) for e in episodes]
     correct = [good and e.reward >= s.correct_threshold for e, good in zip(episodes, ok, strict=True)]
     versions = list(episodes[0].token_weight_versions)
     return {"id": row.prompt_id, "answer": row.answer, "greedy": episodes[0].completion_text,

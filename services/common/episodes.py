@@ -31,6 +31,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from relayrl.common.pb import reward_pb2
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeEnd, EpisodeGroup
 from relayrl.common.redis_keys import STREAM_FIELD
 
@@ -38,6 +39,26 @@ from relayrl.common.redis_keys import STREAM_FIELD
 # below -110 was never sampled; above 0 it is not a probability (1e-5 leaves room for rounding of other engines).
 LOGPROB_MIN = -110.0
 LOGPROB_MAX = 1e-5
+# what a score status says: the score is a reward (OK; UNSPECIFIED, from a producer or reward that predates the
+# field, reads as OK); anything else (ERROR, TIMEOUT) means the reward failed, and its score is no reward
+SCORED = frozenset({reward_pb2.SCORE_STATUS_OK, reward_pb2.SCORE_STATUS_UNSPECIFIED})
+
+
+def score_ok(status: int) -> bool:
+    """Whether a ``ScoreStatus`` (of a reward's answer, or an episode's ``reward_status``) carries a reward: the one
+    rule of rollout, the trainer and evaluation."""
+    return status in SCORED
+
+
+def reward_failed(ep: Episode) -> bool:
+    """Whether scoring this episode failed (the trainer excludes and counts it; it is never a reward of 0)."""
+    return not score_ok(ep.reward_status)
+
+
+def reward_of(resp: reward_pb2.ScoreResponse) -> float:
+    """The reward of a reward service's answer: its score, or 0.0 where scoring failed (the episode says so by
+    its ``reward_status``; the trainer never trains on that 0)."""
+    return resp.score if score_ok(resp.status) else 0.0
 # The trainer divides logits by the temperature: a forged subnormal one (1e-40) turns them into inf and the loss into
 # NaN. No useful sampler runs colder than this.
 TEMPERATURE_MIN = 1e-4

@@ -30,6 +30,7 @@ from typing import Any
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
+from relayrl.common.episodes import reward_of, score_ok
 from relayrl.common.pb import inference_pb2, reward_pb2
 from relayrl.config import RunConfig
 
@@ -56,7 +57,7 @@ async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s:
     resp = await reward.score_batch([
         reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt, completion=t, reference=row.answer,
                                 metadata=meta) for t in texts], timeout_s=timeout_s)
-    return [(r.score, r.status == reward_pb2.SCORE_STATUS_OK) for r in resp.responses]
+    return [(reward_of(r), score_ok(r.status)) for r in resp.responses]
 
 
 async def _row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from relayrl.common.dataset import Prompt, PromptCursor
+from relayrl.common.episodes import reward_failed
 from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import episode_pb2, reward_pb2, trainer_pb2
 from relayrl.common.pb.common_pb2 import ServingState
@@ -333,8 +334,7 @@ class RolloutProducer:
         expected = len(episodes) if self.cfg.workflow == "agent" and episodes else self.cfg.group_size
         if len(episodes) != expected or any(e.group_size != expected for e in episodes):
             raise GroupFailed(f"the workflow returned {len(episodes)} episodes, expected {expected}, each saying so")
-        bad = [e for e in episodes if e.reward_status not in (reward_pb2.SCORE_STATUS_OK,
-                                                              reward_pb2.SCORE_STATUS_UNSPECIFIED)]
+        bad = [e for e in episodes if reward_failed(e)]
         if bad:  # appended all the same, marked: the trainer excludes and counts them (trainer.on_reward_error)
             self.episodes_reward_errors += len(bad)
             log.warning("reward failed for %d of %d episodes of prompt %s: %s %s", len(bad), len(episodes),

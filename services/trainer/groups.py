@@ -45,10 +45,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from relayrl.common.episodes import Limits, validate_group
+from relayrl.common.episodes import Limits, reward_failed, validate_group
 from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2
-from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.redis_keys import trainer_consumer
 from relayrl.common.retry import OomBackpressure, redis_retry
 from relayrl.common.stream import BadEntry, EpisodeStream, StreamEntry
@@ -87,11 +86,6 @@ class Ready:
         versions = [list(ep.token_weight_versions) for ep in entry.group.episodes]
         return cls(entry, min((min(v, default=0) for v in versions), default=0),
                    max((max(v, default=0) for v in versions), default=0))
-
-
-def reward_failed(ep: Episode) -> bool:
-    """Whether scoring this episode failed. UNSPECIFIED (written before the field existed) reads as OK."""
-    return ep.reward_status not in (reward_pb2.SCORE_STATUS_UNSPECIFIED, reward_pb2.SCORE_STATUS_OK)
 
 
 def zero_advantage(entry: StreamEntry) -> bool:

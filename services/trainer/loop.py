@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from relayrl.common.dataset import load_jsonl
+from relayrl.common.episodes import reward_failed
 from relayrl.common.logging import log_context
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
 from relayrl.common.model import chat_token_ids
@@ -28,7 +29,7 @@ from relayrl.config.trainer import StopBudget, graceful_stop_s
 from relayrl.trainer.audit import TrainedAudit
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.groups import CollectStopped, GroupCollector, groups_per_rank, live_consumers, reward_failed
+from relayrl.trainer.groups import CollectStopped, GroupCollector, groups_per_rank, live_consumers
 from relayrl.trainer.in_run_eval import InRunEval
 from relayrl.trainer.learner import Learner, StepAbandoned, StepStats
 from relayrl.trainer.parallel_dims import is_sharded

@@ -31,6 +31,7 @@ from typing import Any
 
 from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
+from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, reward_pb2
 from relayrl.common.plugins import load_callable
 from relayrl.config.agents import AgentConfig, AgentReward
@@ -160,7 +161,7 @@ class AgentWorkflow:
             raise RuntimeError(f"reward returned {len(resp.responses)} scores for {len(outcomes)} sessions")
         for o, r in zip(outcomes, resp.responses, strict=True):
             o.status, o.error = r.status, r.error
-            o.reward = r.score if r.status == reward_pb2.SCORE_STATUS_OK else 0.0
+            o.reward = reward_of(r)
             o.components = dict(r.components)
 
     def _episodes(self, row: Prompt, ctx: WorkflowContext, outcomes: list[Outcome]) -> list[episode_pb2.Episode]:

@@ -8,6 +8,7 @@ import time
 import uuid
 
 from relayrl.common.dataset import Prompt
+from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
 from relayrl.rollout.workflows.api import GroupFailed, WorkflowContext
 
@@ -44,7 +45,7 @@ class SingleTurnWorkflow:
                 group_size=ctx.group_size, prompt_token_ids=gen.prompt_token_ids,
                 completion_token_ids=s.token_ids, behaviour_logprobs=s.logprobs,
                 token_weight_versions=s.weight_versions, loss_mask=[1] * len(s.token_ids),
-                reward=r.score if r.status == reward_pb2.SCORE_STATUS_OK else 0.0,
+                reward=reward_of(r),
                 reward_components=dict(r.components), reward_status=r.status, reward_error=r.error,
                 finish_reason=s.finish_reason,
                 producer_id=ctx.producer_id, created_at=ctx.created_at, enqueued_at=now,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.common.dataset import Prompt
+from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
 from relayrl.rollout.workflows.api import WorkflowContext
 
@@ -75,9 +76,7 @@ def episode_from(traj: Trajectory, row: Prompt, ctx: WorkflowContext, index: int
     if traj.end == EpisodeEnd.EPISODE_END_ENV_ERROR:
         status, reward, error, components = reward_pb2.SCORE_STATUS_ERROR, 0.0, traj.error, {}
     elif score is not None:
-        ok = score.status == reward_pb2.SCORE_STATUS_OK
-        status, reward, error, components = score.status, score.score if ok else 0.0, score.error, dict(
-            score.components)
+        status, reward, error, components = score.status, reward_of(score), score.error, dict(score.components)
     else:
         status, reward, error, components = reward_pb2.SCORE_STATUS_OK, traj.reward, "", {}
     temperature = ctx.config.temperature if ctx.config is not None else 1.0
