@@ -37,7 +37,7 @@ RUN python /tmp/image_requirements.py "${EXTRAS}" < pyproject.toml > /tmp/requir
     && pip install -r /tmp/requirements.txt
 # the code last: a change here reinstalls relayrl alone
 COPY README.md ./
-COPY services ./services
+COPY src ./src
 RUN pip install --no-deps . \
     && pip check \
     && python -c "import torch, relayrl.cli; print('torch', torch.__version__)"

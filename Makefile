@@ -84,11 +84,11 @@ docs: $(STAMP)
 
 ## ruff, and the import contracts (pyproject's [tool.importlinter]): services never import one another.
 lint: $(STAMP)
-	$(BIN)/ruff check services tests scripts bench
+	$(BIN)/ruff check src tests scripts bench
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy services
+	$(BIN)/mypy src
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info

@@ -65,8 +65,8 @@ def _builder_stage() -> str:
 def test_dependencies_are_installed_in_a_layer_before_the_code_is_copied() -> None:
     stage = _builder_stage()
     deps = stage.index("pip install -r /tmp/requirements.txt")
-    assert stage.index("COPY pyproject.toml") < deps < stage.index("COPY services")
-    assert "pip install --no-deps ." in stage[stage.index("COPY services"):]  # the code layer installs nothing else
+    assert stage.index("COPY pyproject.toml") < deps < stage.index("COPY src")
+    assert "pip install --no-deps ." in stage[stage.index("COPY src"):]  # the code layer installs nothing else
     assert re.search(r"^ARG EXTRAS=", stage, flags=re.M) and '"${EXTRAS}"' in stage
 
 

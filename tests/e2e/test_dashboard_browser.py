@@ -2,7 +2,7 @@
 
 Chromium takes a screenshot of the page after its scripts ran (``--virtual-time-budget``) and dumps the DOM.
 Every plot's frame is drawn in a colour of its own and every series in a colour of its own (see PLOTS in
-services/dashboard/page.html): the test finds each plot area by its frame colour and counts the pixels of each
+src/relayrl/dashboard/page.html): the test finds each plot area by its frame colour and counts the pixels of each
 series' colour inside it, and how many of the area's columns they reach. A page that draws no data fails.
 """
 
@@ -48,7 +48,7 @@ class Plot:
     series: dict[str, tuple[int, int, int]]
 
 
-# the colours of services/dashboard/page.html's PLOTS
+# the colours of src/relayrl/dashboard/page.html's PLOTS
 PLOTS = (
     Plot("reward", _rgb("#787879"), {"reward_mean": _rgb("#1f77b4")}),
     Plot("staleness", _rgb("#78787a"), {"staleness_mean": _rgb("#ff7f0e"), "staleness_max": _rgb("#d62728")}),

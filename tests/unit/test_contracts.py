@@ -28,7 +28,7 @@ KEY_SPELLINGS = re.compile(r':rollout:|rollout:progress|rollout:done|:dropped_|d
 
 def test_no_redis_key_is_spelled_outside_redis_keys() -> None:
     here = Path(__file__).resolve()
-    sources = [p for folder in ("services", "tests", "scripts", "bench") for p in (REPO / folder).rglob("*.py")
+    sources = [p for folder in ("src", "tests", "scripts", "bench") for p in (REPO / folder).rglob("*.py")
                if "/pb/" not in p.as_posix()]
     offenders = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in sources
                  if p.resolve() != here and p.name != "redis_keys.py"
@@ -214,7 +214,7 @@ def test_policies_are_chosen_per_method() -> None:
 
 
 def test_rollout_calls_generate_and_score_through_the_typed_clients() -> None:
-    rollout = REPO / "services" / "rollout"
+    rollout = REPO / "src" / "relayrl" / "rollout"
     source = "".join(p.read_text() for p in [rollout / "producer.py", *sorted((rollout / "workflows").glob("*.py"))])
 
     assert "Stub(" not in source and "_pb2_grpc" not in source

@@ -43,4 +43,4 @@ def test_the_dashboard_of_a_finished_run_shows_the_books_with_the_zero_advantage
         live = server.snapshot(0, "")
 
     assert live["finished"] and "dropped with zero advantage 4" in live["books"]
-    assert "info.books" in (Path(__file__).parents[2] / "services/dashboard/page.html").read_text()
+    assert "info.books" in (Path(__file__).parents[2] / "src/relayrl/dashboard/page.html").read_text()

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.common.openai_messages import Strict, TextPart, ToolCallIn
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
-from relayrl.common.tool_calls import chat_template_text, parse_tool_calls
+from relayrl.common.tool_calls import ToolCall, chat_template_text, parse_tool_calls
 
 
 class ChatError(Exception):
@@ -163,7 +163,7 @@ class Renderer:
 def answer(req: ChatRequest, sample: Any, model: str, prompt_tokens: int, pieces: list[str]) -> dict[str, Any]:
     """The OpenAI chat completion for one sample (``pieces``: the text of each sampled token, for logprobs)."""
     text = sample.text
-    calls = []
+    calls: list[ToolCall] = []
     if req.uses_tools():
         text, calls = parse_tool_calls(text)
     message: dict[str, Any] = {"role": "assistant", "content": text if (text or not calls) else None}

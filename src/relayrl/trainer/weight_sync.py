@@ -29,7 +29,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,7 +237,7 @@ class WeightPublisher:
             probe_s=resp.probe_s + (t_compared - t_answered), total_s=total, bytes=int(resp.bytes_received))
         return PushResult(version, int(resp.bytes_received), total, diff, timings, served)
 
-    async def _send(self, messages: list[Any], version: int) -> Any:
+    async def _send(self, messages: Sequence[Any], version: int) -> Any:
         if self._client is None:  # one channel for every push (it reconnects by itself after a restart)
             self._client = InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token,
                                            tls=self.tls)

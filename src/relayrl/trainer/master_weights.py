@@ -15,7 +15,6 @@ float32 values, not from the rounded weights of the checkpointed model.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -80,10 +79,15 @@ class MasterWeights(torch.optim.Optimizer):
                 p.copy_(m)
 
 
-@functools.cache
+_WITH_MASTERS: dict[type[torch.optim.Optimizer], type[MasterWeights]] = {}
+
+
 def with_master_weights(cls: type[torch.optim.Optimizer]) -> type[MasterWeights]:
-    """``cls`` (e.g. torch.optim.AdamW) over float32 masters of the low-precision parameters it is given."""
-    return type(f"MasterWeight{cls.__name__}", (MasterWeights, cls), {})
+    """``cls`` (e.g. torch.optim.AdamW) over float32 masters of the low-precision parameters it is given (one
+    class per optimizer class)."""
+    if cls not in _WITH_MASTERS:
+        _WITH_MASTERS[cls] = type(f"MasterWeight{cls.__name__}", (MasterWeights, cls), {})
+    return _WITH_MASTERS[cls]
 
 
 MasterWeightAdamW = with_master_weights(torch.optim.AdamW)

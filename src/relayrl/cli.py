@@ -320,7 +320,8 @@ def _cmd_control(args: argparse.Namespace) -> int:
     from relayrl.status import resolve
 
     target = resolve(args.target)
-    if target.cfg is None:
+    cfg = target.cfg
+    if cfg is None:
         print(f"relayrl: {args.target} is not a run folder or config file", file=sys.stderr)
         return EXIT_CONFIG
     token = os.environ.get(args.token_env, "")
@@ -330,9 +331,9 @@ def _cmd_control(args: argparse.Namespace) -> int:
 
     async def act() -> object:
         if args.action == "checkpoint":
-            async with TrainerClient(target.cfg.trainer.server.target, token=token, tls=target.cfg.tls) as trainer:
+            async with TrainerClient(cfg.trainer.server.target, token=token, tls=cfg.tls) as trainer:
                 return await trainer.request_checkpoint(args.reason)
-        async with RolloutClient(target.cfg.rollout.server.target, token=token, tls=target.cfg.tls) as rollout:
+        async with RolloutClient(cfg.rollout.server.target, token=token, tls=cfg.tls) as rollout:
             return await (rollout.pause(args.reason) if args.action == "pause" else rollout.resume())
 
     import grpc

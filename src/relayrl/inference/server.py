@@ -4,9 +4,10 @@ path, probe-verified) and status on their own ``inference.weights_server``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -318,6 +319,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         )
 
 
+def _register(add: Callable[[Any, grpc.aio.Server], None], servicer: Any, server: grpc.aio.Server) -> None:
+    add(servicer, server)
+
+
 def create_inference_servers(service: InferenceService,
                              tls: TlsConfig | None = None) -> tuple[ServerHandle, ServerHandle]:
     """Build the main gRPC server (``inference.server``) and the weights server (``inference.weights_server``),
@@ -327,10 +332,10 @@ def create_inference_servers(service: InferenceService,
     add = pb_grpc.add_InferenceServiceServicer_to_server
     handles = []
     # the weights port admits UpdateWeights with the weights token only (its own budget); the main port refuses it
-    weights_tokens = {method_path(name, "UpdateWeights"): lambda: service.weights_token}
+    weights_tokens: dict[str, Callable[[], str]] = {method_path(name, "UpdateWeights"): lambda: service.weights_token}
     for cfg, weights_port in ((service.cfg.server, False), (service.cfg.weights_server, True)):
         servicer = InferenceServicer(service, weights_port)
-        handles.append(create_server(cfg, [lambda s, sv=servicer: add(sv, s)], [name], tls,
+        handles.append(create_server(cfg, [functools.partial(_register, add, servicer)], [name], tls,
                                      tokens=weights_tokens if weights_port else None,
                                      section="inference.weights_server" if weights_port else "inference.server"))
     ws = service.cfg.weights_server

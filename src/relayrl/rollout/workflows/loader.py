@@ -50,8 +50,6 @@ def build_workflow(cfg: RolloutConfig, model_path: Path | None = None,
         if model_path is None:
             raise ConfigError("model.path", model_path, "the agent workflow needs the served model's tokenizer")
         return AgentWorkflow.from_config(cfg.agent, cfg, model_path), None
-    factory = None
-    if cfg.environment:
-        factory = cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP,
-                                                         "rollout.environment"))
-    return cast(Workflow, load_callable(cfg.workflow, ENTRY_POINT_GROUP, "rollout.workflow")), factory
+    plugin_env = cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP,
+                                                        "rollout.environment")) if cfg.environment else None
+    return cast(Workflow, load_callable(cfg.workflow, ENTRY_POINT_GROUP, "rollout.workflow")), plugin_env
