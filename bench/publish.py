@@ -123,9 +123,9 @@ def building_blocks(model_dir: Path, probe_shape: tuple[int, int]) -> dict[str, 
     from relayrl.common.pb.inference_pb2 import CHECKSUM_ALGORITHM_XXH3_128
     from relayrl.common.probe import probe_logprobs
     from relayrl.common.tensor_views import packed_copy
-    from relayrl.common.weight_files import write_mapped
     from relayrl.common.weights import check_finite, checksum, iter_update_messages
     from relayrl.config.model import ModelConfig
+    from relayrl.trainer.weight_files import write_mapped
     from relayrl.trainer.weight_sync import WeightPublisher
 
     model = load_model(ModelConfig(path=model_dir)).eval()

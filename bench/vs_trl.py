@@ -163,7 +163,7 @@ def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
 
 def ensure_inputs(task: Task, cfg_path: Path, model_dir: Path) -> None:
     """The random-init model (made once, reused by both systems) and the dataset."""
-    from relayrl.common.config import from_dict
+    from relayrl.config.typed import from_dict
     from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 
     if not (model_dir / "config.json").exists():

@@ -39,8 +39,8 @@ def cli_markdown() -> str:
 
 
 def generate() -> dict[Path, str]:
-    from relayrl.common.config_schema import markdown, schema
     from relayrl.config import SCHEMA_VERSION, RunConfig
+    from relayrl.config.schema import markdown, schema
 
     snapshot = {"schema_version": SCHEMA_VERSION, "fields": schema(RunConfig)}
     return {
@@ -64,7 +64,7 @@ def main() -> int:
             path.write_text(text)
         print(f"wrote {len(files)} files under {OUT.relative_to(ROOT)}")
         return 0
-    from relayrl.common.config_schema import incompatible_changes
+    from relayrl.config.schema import incompatible_changes
 
     stale = [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
     snapshot_path = OUT / "config-schema.json"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from relayrl.common.config import ConfigError
 from relayrl.common.metrics_row import GROUP_OUTCOMES
+from relayrl.config.typed import ConfigError
 from tests.conftest import REPO
 
 STEPS = 2

@@ -13,9 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from relayrl.common.config import ConfigError, apply_override, check_config_digest, from_dict
 from relayrl.common.logging import records_held, setup_logging
 from relayrl.config.tls import TlsConfig
+from relayrl.config.typed import ConfigError, apply_override, check_config_digest, from_dict
 from relayrl.dashboard.command import add_command as dashboard_command
 from relayrl.dashboard.command import run as run_dashboard
 
@@ -190,7 +190,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _raw_keys(path: Path) -> set[str]:
-    from relayrl.common.config import load_yaml
+    from relayrl.config.typed import load_yaml
 
     return set(load_yaml(path))
 

@@ -1,6 +1,6 @@
 """``relayrl eval``: score a model on a held-out dataset through the inference and reward services.
 
-The figures and how each row is scored are relayrl.common.evaluation's (shared with the evaluation inside a run).
+The figures and how each row is scored are relayrl.client.evaluation's (shared with the evaluation inside a run).
 Works on any model and task: the dataset and verifier come from the run config. A multi-turn run (rollout.workflow
 other than single_turn) plays whole episodes of its workflow per row (greedy: ``top_k = 1``; :func:`player`).
 
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.client import InferenceClient, RewardClient
-from relayrl.common.config import ConfigError
+from relayrl.client.evaluation import EvalSettings, RowPlayer, evaluate, pass_at_k
 from relayrl.common.dataset import Prompt, load_jsonl
 from relayrl.common.episodes import end_name, reward_failed
-from relayrl.common.evaluation import EvalSettings, RowPlayer, evaluate, pass_at_k
 from relayrl.config import RunConfig
+from relayrl.config.typed import ConfigError
 
 __all__ = ["EvalSettings", "evaluate", "pass_at_k", "run_eval"]
 

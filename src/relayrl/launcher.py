@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from relayrl.common.checkpoints import checkpoint_step, latest_checkpoint
-from relayrl.common.config import ConfigError
 from relayrl.common.credentials import service_environment
-from relayrl.common.files import write_private
 from relayrl.common.grpc_utils import check_health
 from relayrl.common.lifecycle import (
     StopRequested,
@@ -42,8 +40,10 @@ from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
 from relayrl.common.threads import automatic_cpus, automatic_division, pin_cpus, thread_env
 from relayrl.config import RunConfig, dump_run_config
 from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.config.files import write_private
 from relayrl.config.model_fit import fit_to_model
 from relayrl.config.trainer import STOP_MARGIN, PublicationConfig, WeightTransport, graceful_stop_s
+from relayrl.config.typed import ConfigError
 from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_ports
 from relayrl.run_report import entries_added, progress_line, run_summary
 

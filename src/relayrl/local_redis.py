@@ -15,10 +15,10 @@ from pathlib import Path
 
 import redis
 
-from relayrl.common.config import ConfigError
 from relayrl.common.lifecycle import die_with_parent
 from relayrl.common.redis_conn import sync_client
 from relayrl.config.redis import RedisConfig
+from relayrl.config.typed import ConfigError
 
 REDIS_PASSWORD_FILE = "redis_password"  # <run folder>/redis_password (0600): what `relayrl status RUN_DIR` uses
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.model import DTYPES, quiet_transformers
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

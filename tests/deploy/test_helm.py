@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 
 from relayrl.cli import SERVICES
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 from tests.deploy.chart import (
     CHART,
     CRD_KINDS,

@@ -20,7 +20,7 @@ from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.reward import RewardConfig
 from relayrl.config.tls import TlsConfig
-from relayrl.inference.http import create_app
+from relayrl.inference.http_app import create_app
 from relayrl.inference.native import NativeEngine
 from relayrl.inference.server import create_inference_servers
 from relayrl.inference.serving import InferenceService

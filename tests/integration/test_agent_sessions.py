@@ -291,8 +291,8 @@ def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_request
 
 
 def test_workflow_from_config_loads_the_agent_function_and_refuses_a_bad_one(chat_model_dir: Path) -> None:
-    from relayrl.common.config import ConfigError
     from relayrl.config.rollout import RolloutConfig
+    from relayrl.config.typed import ConfigError
 
     rollout = RolloutConfig(temperature=0.7, max_new_tokens=32)
     spec = "tests.integration.test_agent_sessions:multi_turn_agent"

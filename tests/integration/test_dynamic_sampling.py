@@ -15,8 +15,8 @@ from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.redis_keys import STREAM_FIELD, RedisKeys
 from relayrl.common.stream import EpisodeStream
-from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.trainer.groups import EntryChecks, GroupCollector
+from relayrl.trainer.versions import VersionLineage, VersionSource
 from tests.conftest import RedisServer
 from tests.integration.test_rollout_trainer import _config, _run
 

@@ -16,10 +16,10 @@ import pytest
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.common.dataset import Prompt, load_jsonl
 from relayrl.common.pb import inference_pb2, reward_pb2
-from relayrl.rollout.environments.reasoning_gym import ReasoningGymEnvironment
 from relayrl.rollout.environments.textarena import TextArenaEnvironment
 from relayrl.rollout.workflows.api import ENVIRONMENT_ENTRY_POINT_GROUP, Environment, StepResult
 from relayrl.tasks.reasoning_gym import TaskRef, make_dataset
+from relayrl.tasks.reasoning_gym_env import ReasoningGymEnvironment
 from tests.integration.helpers import inference_server, reward_server
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ async def _turn_loop(env: Environment, client: InferenceClient, seed: int, max_t
 def test_adapters_are_registered_as_environment_entry_points() -> None:
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENVIRONMENT_ENTRY_POINT_GROUP)}
 
-    assert names["reasoning_gym"] == "relayrl.rollout.environments.reasoning_gym:environment"
+    assert names["reasoning_gym"] == "relayrl.tasks.reasoning_gym_env:environment"
     assert names["textarena"] == "relayrl.rollout.environments.textarena:environment"
 
 

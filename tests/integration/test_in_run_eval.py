@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.common.metrics_row import EvalRow, parse_row
 from relayrl.config import load_run_config
+from relayrl.config.typed import ConfigError
 from relayrl.trainer.in_run_eval import InRunEval
 from tests.conftest import RedisServer
 from tests.integration.test_rollout_trainer import _config, _run

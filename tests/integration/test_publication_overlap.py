@@ -19,7 +19,6 @@ from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.probe import WeightVerificationError
 from relayrl.common.redis_keys import RedisKeys
 from relayrl.common.stream import EpisodeStream
-from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import WeightTransport
 from relayrl.inference.serving import InferenceService
@@ -27,6 +26,7 @@ from relayrl.trainer import weight_sync
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.publication import VersionPublication
 from relayrl.trainer.transports import make_transport
+from relayrl.trainer.versions import VersionLineage, VersionSource
 from relayrl.trainer.weight_sync import WeightPublisher
 from tests.conftest import WEIGHTS_TOKEN, RedisServer
 from tests.integration.helpers import inference_server

@@ -153,7 +153,7 @@ def test_pending_entries_of_a_gone_consumer_are_claimed(redis_server: RedisServe
 
 def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisServer) -> None:
     from relayrl.common.redis_keys import RedisKeys
-    from relayrl.common.versions import VersionLineage
+    from relayrl.trainer.versions import VersionLineage
 
     async def go() -> list[int]:
         client = EpisodeStream.from_url(redis_server.url, "s", "g").client

@@ -14,11 +14,11 @@ import pytest
 
 from relayrl.common.pb import trainer_pb2, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
-from relayrl.common.versions import VersionSource
 from relayrl.config import RunConfig
 from relayrl.config.trainer import AfterFinish
 from relayrl.trainer.main import serve
 from relayrl.trainer.runtime import Trainer
+from relayrl.trainer.versions import VersionSource
 from tests.conftest import RedisServer, free_port
 from tests.integration.test_rollout_trainer import _config, _run
 

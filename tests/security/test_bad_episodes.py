@@ -19,8 +19,8 @@ from google.protobuf.message import DecodeError
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.redis_keys import STREAM_FIELD, RedisKeys
 from relayrl.common.stream import EpisodeStream, StreamEntry
-from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.trainer.groups import EntryChecks, GroupCollector
+from relayrl.trainer.versions import VersionLineage, VersionSource
 from tests.conftest import RedisServer
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.config import dump_run_config, load_run_config
+from relayrl.config.typed import ConfigError
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.security

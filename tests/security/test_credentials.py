@@ -16,10 +16,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from relayrl.common.config import ConfigError
 from relayrl.common.control import require_credential
 from relayrl.common.control_api import control_app
 from relayrl.common.pb import rollout_pb2
+from relayrl.config.typed import ConfigError
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.security

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relayrl.common.config import ConfigError, from_dict
 from relayrl.config.run import RunConfig, load_run_config
+from relayrl.config.typed import ConfigError, from_dict
 
 pytestmark = pytest.mark.security
 

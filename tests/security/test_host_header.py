@@ -15,12 +15,12 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from relayrl.common.config import ConfigError, validate_tree
 from relayrl.common.control_api import control_app
 from relayrl.common.http import HttpServer, host_allowed
 from relayrl.common.pb import rollout_pb2
 from relayrl.config.agents import AgentConfig
 from relayrl.config.endpoints import HttpConfig
+from relayrl.config.typed import ConfigError, validate_tree
 from relayrl.dashboard import DashboardServer
 from relayrl.rollout.workflows.agent_chat import Renderer
 from relayrl.rollout.workflows.agent_proxy import Sampling, SessionProxy

@@ -31,7 +31,7 @@ from relayrl.common.weights import (
 from relayrl.config.control import ControlConfig
 from relayrl.config.inference import MAX_TEMPERATURE, MIN_TEMPERATURE, InferenceConfig
 from relayrl.config.model import ModelConfig
-from relayrl.inference.http import create_app
+from relayrl.inference.http_app import create_app
 from relayrl.inference.native import NativeEngine
 from relayrl.inference.server import generation_input
 from relayrl.inference.serving import InferenceService

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.config import RunConfig, load_run_config
 from relayrl.config.model_fit import fit_to_model
+from relayrl.config.typed import ConfigError
 
 pytestmark = pytest.mark.security
 REPO = Path(__file__).resolve().parents[2]

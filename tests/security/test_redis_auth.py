@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from relayrl.common.config import ConfigError
 from relayrl.common.redis_conn import sync_client
 from relayrl.config import dump_run_config, load_run_config
 from relayrl.config.redis import RedisConfig
+from relayrl.config.typed import ConfigError
 from relayrl.launcher import Launcher
 from relayrl.local_redis import REDIS_PASSWORD_FILE
 from tests.conftest import REPO

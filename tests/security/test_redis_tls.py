@@ -12,11 +12,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from relayrl.common.config import ConfigError, from_dict
 from relayrl.common.pb.episode_pb2 import EpisodeGroup
 from relayrl.common.redis_conn import sync_client
 from relayrl.common.stream import EpisodeStream
 from relayrl.config.redis import RedisConfig
+from relayrl.config.typed import ConfigError, from_dict
 from tests.security.redis_servers import Certificates, make_certificates, password_server, tls_server
 
 pytestmark = pytest.mark.security

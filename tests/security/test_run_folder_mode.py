@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.config import load_run_config
+from relayrl.config.typed import ConfigError
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.security

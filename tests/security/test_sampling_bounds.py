@@ -25,7 +25,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.config.control import ControlConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
-from relayrl.inference.http import create_app
+from relayrl.inference.http_app import create_app
 from relayrl.inference.native import NativeEngine
 from relayrl.inference.serving import InferenceService
 from tests.integration.helpers import inference_server

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from relayrl.common.pb import inference_pb2 as pb
-from relayrl.common.weight_files import write_mapped
 from relayrl.common.weights import TensorSpec, model_tensors, read_shared
 from relayrl.config.trainer import WeightTransport
 from relayrl.inference.serving import InferenceService
 from relayrl.trainer.transports import SharedMemoryTransport, make_transport
+from relayrl.trainer.weight_files import write_mapped
 from tests.integration.helpers import inference_server
 from tests.security.test_weight_updates import _refusal
 

@@ -23,12 +23,12 @@ from redis.exceptions import OutOfMemoryError
 
 from relayrl.common.redis_keys import STREAM_FIELD, RedisKeys
 from relayrl.common.stream import EpisodeStream
-from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import EntryChecks, GroupCollector
 from relayrl.trainer.metrics import trainer_metrics
 from relayrl.trainer.publication import VersionPublication
 from relayrl.trainer.runtime import Trainer
+from relayrl.trainer.versions import VersionLineage, VersionSource
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server
 from tests.integration.test_redis_oom import fill, until

@@ -12,13 +12,13 @@ import grpc
 import pytest
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.grpc_utils import insecure_channel
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.weights import iter_update_messages, model_tensors
 from relayrl.config.endpoints import server_config
 from relayrl.config.inference import InferenceConfig
+from relayrl.config.typed import ConfigError
 from relayrl.inference.serving import InferenceService
 from tests.conftest import WEIGHTS_TOKEN
 from tests.integration.helpers import inference_server

@@ -89,9 +89,9 @@ def test_overlong_penalty_off_when_the_buffer_is_zero() -> None:
 
 def test_deprecated_off_policy_still_selects_its_loss_and_a_contradiction_is_refused(
         caplog: pytest.LogCaptureFixture) -> None:
-    from relayrl.common.config import ConfigError
     from relayrl.config import load_run_config
     from relayrl.config.loss import PolicyLoss
+    from relayrl.config.typed import ConfigError
 
     with caplog.at_level("WARNING"):
         cfg = load_run_config(None, ["trainer.loss.off_policy=tis"])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.common.dataset import load_jsonl
 from relayrl.common.model import chat_token_ids, end_token_ids, load_generation_config, load_tokenizer
+from relayrl.config.typed import ConfigError
 from tests.chat_model import IM_END, IM_START
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Wie viel ist 17 + 25? 東京 🙂"}]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.config import RunConfig, dump_run_config, load_run_config
+from relayrl.config.typed import ConfigError
 
 
 def test_defaults_load_and_validate() -> None:

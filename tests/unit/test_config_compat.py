@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from relayrl.common.config import ConfigError, from_dict
-from relayrl.common.config_schema import incompatible_changes
 from relayrl.config import SCHEMA_VERSION, load_run_config
 from relayrl.config import run as run_config
+from relayrl.config.schema import incompatible_changes
+from relayrl.config.typed import ConfigError, from_dict
 from tests.conftest import REPO
 
 
@@ -178,8 +178,8 @@ def test_an_override_replaces_the_field_whichever_spelling_the_file_used(tmp_pat
 
 
 def test_moved_keys_are_in_the_schema_and_moving_a_key_is_compatible() -> None:
-    from relayrl.common.config_schema import schema
     from relayrl.config import RunConfig
+    from relayrl.config.schema import schema
 
     fields = schema(RunConfig)
     assert fields["trainer.lr"]["moved_to"] == "trainer.optimizer.lr"
@@ -193,8 +193,8 @@ def test_moved_keys_are_in_the_schema_and_moving_a_key_is_compatible() -> None:
 
 
 def test_the_schema_snapshot_before_the_trainer_sections_is_compatible_with_the_code() -> None:
-    from relayrl.common.config_schema import schema
     from relayrl.config import RunConfig
+    from relayrl.config.schema import schema
 
     before = json.loads((REPO / "tests" / "unit" / "data" / "config-schema-flat-trainer.json").read_text())["fields"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from relayrl.cli import main
-from relayrl.common.config import CONFIG_DIGEST_ENV, ConfigError, check_config_digest
+from relayrl.config.typed import CONFIG_DIGEST_ENV, ConfigError, check_config_digest
 
 TEXT = "name: a\ntrainer:\n  total_steps: 4\n"
 

@@ -16,8 +16,8 @@ import pytest
 from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, parse_line, parse_row, read_rows
 from relayrl.common.redis_keys import RedisKeys, trainer_consumer
-from relayrl.common.tracking import JsonlTracker
 from relayrl.config import load_run_config
+from relayrl.trainer.tracking import JsonlTracker
 from tests.conftest import REPO
 
 # -- Redis keys ------------------------------------------------------------------------------------------------

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.model import load_model
 from relayrl.config import load_run_config
 from relayrl.config.loss import DistillBaseline, LossConfig, PolicyLoss
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
+from relayrl.config.typed import ConfigError
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.losses.distill import distill_baselines
 from relayrl.trainer.losses.policy import PolicyParams, policy_loss

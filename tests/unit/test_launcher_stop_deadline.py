@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.common.metrics_row import RlRow, SftRow
 from relayrl.config import load_run_config
+from relayrl.config.typed import ConfigError
 from relayrl.launcher import STOP_MARGIN, stop_deadline
 
 

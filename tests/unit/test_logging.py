@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.common.logging import LogFormat, bind_log_context, log_context, records_held, setup_logging
 from relayrl.config import load_run_config
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger("relayrl.test")
 

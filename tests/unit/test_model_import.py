@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relayrl.cli import main
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 from relayrl.model_import import example_gguf, import_model
 from tests.chat_model import IM_END, create_chat_model, write_gguf
 

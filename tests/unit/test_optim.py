@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.model import load_model
 from relayrl.config import load_run_config
 from relayrl.config.model import ModelConfig
 from relayrl.config.optimizer import LrSchedule, OptimizerConfig, OptimizerName
 from relayrl.config.trainer import TrainerConfig
+from relayrl.config.typed import ConfigError
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.master_weights import MasterWeights
 from relayrl.trainer.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at

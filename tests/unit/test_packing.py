@@ -109,7 +109,7 @@ class _IgnoresPositions(torch.nn.Module):
 
 def test_the_start_up_check_accepts_a_model_that_keeps_packed_sequences_apart_and_refuses_one_that_does_not(
         tiny_model_dir: Path) -> None:
-    from relayrl.common.config import ConfigError
+    from relayrl.config.typed import ConfigError
     from relayrl.trainer.batching import packing_error
     from relayrl.trainer.runtime import check_packing
 

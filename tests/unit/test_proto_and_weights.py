@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
-from relayrl.common.weight_files import write_mapped
 from relayrl.common.weights import (
     TensorSpec,
     WeightAssembler,
@@ -17,6 +16,7 @@ from relayrl.common.weights import (
     iter_update_messages,
     read_shared,
 )
+from relayrl.trainer.weight_files import write_mapped
 
 
 def test_episode_round_trip_preserves_every_field() -> None:

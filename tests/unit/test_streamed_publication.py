@@ -24,7 +24,6 @@ from relayrl.common.model import load_model
 from relayrl.common.pb import inference_pb2
 from relayrl.common.probe import probe_sequences
 from relayrl.common.tensor_views import packed_copy
-from relayrl.common.weight_files import FileUpdateMessages, MappedWeights, StreamedWriter, write_mapped
 from relayrl.common.weights import (
     TensorSpec,
     WeightAssembler,
@@ -40,6 +39,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import WeightTransport
 from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp
 from relayrl.trainer.transports import make_transport
+from relayrl.trainer.weight_files import FileUpdateMessages, MappedWeights, StreamedWriter, write_mapped
 from relayrl.trainer.weight_sync import WeightPublisher
 
 

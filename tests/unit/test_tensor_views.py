@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from relayrl.common.tensor_views import byte_views, packed_copy, spans, tensor_bytes
-from relayrl.common.weight_files import write_mapped
 from relayrl.common.weights import TensorSpec, WeightUpdateError, check_finite, read_shared
+from relayrl.trainer.weight_files import write_mapped
 
 
 def _mixed() -> dict[str, torch.Tensor]:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.threads import apply_threads, automatic_cpus, automatic_division, pin_cpus, thread_env
 from relayrl.config import load_run_config
 from relayrl.config.threads import ThreadsConfig
+from relayrl.config.typed import ConfigError
 
 
 @pytest.mark.parametrize(("cores", "ranks", "inference", "trainer"),

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relayrl.common.config import ConfigError, from_dict
 from relayrl.config import load_run_config
 from relayrl.config.tls import TlsConfig
+from relayrl.config.typed import ConfigError, from_dict
 from tests.tls_certs import CertificateAuthority
 
 FILE_FIELDS = ("cert_file", "key_file", "ca_file", "client_cert_file", "client_key_file")

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from relayrl.common.config import ConfigError
-from relayrl.common.tracking import flatten_scalars, open_tracker, redacted, scalars_of
 from relayrl.config.tracking import MlflowConfig, TrackingConfig, WandbConfig
+from relayrl.config.typed import ConfigError
+from relayrl.trainer.tracking import flatten_scalars, open_tracker, redacted, scalars_of
 
 # two warm-up rows, then three RL rows shaped like the trainer's (a nested histogram, a reward component)
 SFT_ROWS = [{"phase": "sft", "sft_step": i, "loss": 2.0 / i, "grad_norm": 0.5 * i, "time_s": 0.1 * i}

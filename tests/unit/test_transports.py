@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from relayrl.common.pb.inference_pb2 import CHECKSUM_ALGORITHM_XXH3_128
-from relayrl.common.weight_files import write_mapped
 from relayrl.common.weights import checksum
 from relayrl.config.trainer import PublicationConfig, WeightTransport
 from relayrl.launcher import local_publication
 from relayrl.trainer.transports import GrpcStreamTransport, SharedMemoryTransport, make_transport
+from relayrl.trainer.weight_files import write_mapped
 
 
 def test_auto_is_shared_memory_under_relayrl_run_and_an_explicit_choice_stands() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.config import load_run_config
 from relayrl.config.reward import SandboxBackend, SandboxConfig
+from relayrl.config.typed import ConfigError
 from relayrl.reward.api import (
     RewardFunctionError,
     RewardInput,

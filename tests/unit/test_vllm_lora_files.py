@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.model import load_model
 from relayrl.common.weights import parameter_specs
 from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
+from relayrl.config.typed import ConfigError
 from relayrl.inference.vllm_lora import AdapterStore, adapter_specs, check_targets, max_lora_rank
 from relayrl.trainer.lora import load_policy
 

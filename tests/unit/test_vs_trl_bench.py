@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.config import from_dict
 from relayrl.common.metrics_row import RlRow
 from relayrl.config.run import load_run_config
+from relayrl.config.typed import from_dict
 from relayrl.reward.api import RewardInput
 from relayrl.tasks import sequence
 from tests.conftest import REPO, load_bench

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import Limits, validate_group
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
 from relayrl.config.rollout import RolloutConfig, ToolFormat
+from relayrl.config.typed import ConfigError
 from relayrl.reward.api import RewardInput
 from relayrl.reward.server import decode_metadata
 from relayrl.rollout.workflows.api import GroupFailed, StepResult, WorkflowContext

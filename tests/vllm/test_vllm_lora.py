@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.model import load_model
 from relayrl.common.probe import PROBE_TOLERANCE, probe_logprobs
 from relayrl.config.inference import EngineKind, InferenceConfig, KvOnUpdate
 from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
+from relayrl.config.typed import ConfigError
 from relayrl.inference.engine import GenerationInput, TokenEvent, generate
 from relayrl.trainer.lora import load_policy
 

@@ -19,7 +19,7 @@ from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.config.inference import EngineKind, InferenceConfig
 from relayrl.config.model import ModelConfig
-from relayrl.inference.http import create_app
+from relayrl.inference.http_app import create_app
 from relayrl.inference.serving import InferenceService
 
 pytestmark = pytest.mark.vllm

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import yaml
 
-from relayrl.common.config import REDACTED, ConfigError, to_dict
+from relayrl.config.typed import REDACTED, ConfigError, to_dict
 
 
 def authorized(header: str | None, token: str) -> bool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 
 @dataclass(frozen=True)

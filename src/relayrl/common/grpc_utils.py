@@ -18,11 +18,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from relayrl.common.config import ConfigError
 from relayrl.common.grpc_admission import Admission, Token
 from relayrl.common.grpc_decode import DecodeInHandler
 from relayrl.config.endpoints import ServerConfig
 from relayrl.config.tls import TlsConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from relayrl.common.config import ConfigError
 from relayrl.config.lora import LoraConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.config.model import ModelConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 
 def registered(group: str) -> dict[str, str]:

@@ -13,8 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from relayrl.common.config import ConfigError
 from relayrl.config.threads import ThreadsConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

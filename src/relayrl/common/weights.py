@@ -5,7 +5,7 @@ Sender: :func:`iter_update_messages` cuts each tensor's contiguous bytes into ch
 Receiver: :class:`WeightAssembler` checks every chunk against the expected parameter specs as it arrives
 (unknown name, wrong dtype or shape are refused at once) and, at the manifest, checks completeness and the
 checksum before handing out the tensors. Nothing is applied until everything validates. Files written in one pass
-(the file transports, the spool of a sharded publication): relayrl.common.weight_files.
+(the file transports, the spool of a sharded publication): relayrl.trainer.weight_files.
 
 The checksum is SHA-256 unless the manifest names another algorithm (``checksum_algorithm``): the same-host
 shared_memory transport uses XXH3-128, a non-cryptographic hash about 20x faster here, because nobody but the

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 FUNCTION_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.threads import ThreadsConfig
+from relayrl.config.typed import ConfigError
 
 # Sampling temperatures inference accepts (0 aside: gRPC's "unset", REST's greedy). Below MIN_TEMPERATURE vLLM samples
 # greedily (its _SAMPLING_EPS), whose logprobs are not the tempered softmax's, and the native engine's float32

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 OFF_POLICY_REMOVED_IN = "0.3"  # the release that stops accepting off_policy (with schema 1's flat trainer keys)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from relayrl.common.config import ConfigError
 from relayrl.config.lora import LoraConfig
+from relayrl.config.typed import ConfigError
 
 # config.json keys of a model's context length, in the order they are looked for (Llama/Qwen/Mistral..., GPT-2,
 # GPT-J/MPT-like, ChatGLM/Qwen1); a multimodal config holds its language model's under text_config

@@ -16,10 +16,10 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from relayrl.common.config import ConfigError
 from relayrl.config.inference import EngineKind
 from relayrl.config.model import ModelFacts
 from relayrl.config.run import RunConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

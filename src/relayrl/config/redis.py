@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 SCHEMES = ("redis://", "rediss://", "unix://")
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.threads import ThreadsConfig
+from relayrl.config.typed import ConfigError
 
 UID_RANGE = 65536  # uids a root service hands out to sandboxed runs, from sandbox.uid_base
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from relayrl.common.config import ConfigError
 from relayrl.config.agents import AgentConfig
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.threads import ThreadsConfig
+from relayrl.config.typed import ConfigError
 
 # The built-in workflows (relayrl.rollout.workflows); any other value of rollout.workflow is a user workflow.
 BUILTIN_WORKFLOWS = ("single_turn", "multi_turn", "tools", "agent")

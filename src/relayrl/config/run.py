@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 import yaml
 
-from relayrl.common.config import ConfigError, apply_override, from_dict, load_yaml, to_dict
-from relayrl.common.files import write_private
 from relayrl.config.control import ControlConfig
+from relayrl.config.files import write_private
 from relayrl.config.inference import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -28,6 +27,7 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.config.tls import TlsConfig
 from relayrl.config.tracking import TrackingConfig
 from relayrl.config.trainer import TrainerConfig
+from relayrl.config.typed import ConfigError, apply_override, from_dict, load_yaml, to_dict
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 MAX_THREADS = 1024
 MAX_CPU = 8191  # the highest CPU id Linux's default cpu set size (8192) can name

@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from relayrl.common.config import ConfigError
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

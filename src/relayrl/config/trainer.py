@@ -4,7 +4,7 @@ Sections, in order of how often they are set: the run's length and batch at the 
 ``loss``, ``sft``, ``checkpoint``, ``publication`` (weights to inference), ``distributed`` (ranks), ``stream``
 (reading groups from Redis), and the servers. The flat keys of schema 1 (``trainer.lr``,
 ``trainer.checkpoint_every``, ...) still load: ``MOVED_FIELDS`` maps each onto its nested field, with a warning
-naming the new key (see :mod:`relayrl.common.config`).
+naming the new key (see :mod:`relayrl.config.typed`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar, Literal, NamedTuple
 
-from relayrl.common.config import ConfigError
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.evaluation import InRunEvalConfig
 from relayrl.config.loss import AdvantageEstimator, DynamicSamplingConfig, LossConfig, PolicyLoss, TeacherConfig
 from relayrl.config.optimizer import OptimizerConfig
 from relayrl.config.threads import ThreadsConfig
+from relayrl.config.typed import ConfigError
 
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
 FLAT_KEYS_REMOVED_IN = "0.3"  # the release that stops accepting the flat keys of MOVED_FIELDS

@@ -1,5 +1,6 @@
-"""OpenAI-compatible REST API of the inference service (FastAPI): /v1/models, /v1/completions,
-/v1/chat/completions, plus /healthz and /metrics (Prometheus). See docs/clients.md for what each field does.
+"""The handlers of the inference service's OpenAI-compatible REST API: /v1/models, /v1/completions,
+/v1/chat/completions (the app, with /healthz and /metrics: relayrl.inference.http_app). See docs/clients.md for
+what each field does.
 
 Beside the OpenAI fields, every choice carries ``weight_versions`` (the version that produced each token) and
 every response ``weight_version`` (the oldest version among its tokens, i.e. how stale the response can be).
@@ -18,11 +19,6 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
 from relayrl.inference.engine import GenerationInput, SampleOutput
 from relayrl.inference.http_format import chat_logprobs, completion_logprobs, oldest, usage, without_stop
@@ -31,7 +27,6 @@ from relayrl.inference.openai_schema import (
     ChatRequest,
     CompletionRequest,
     _Sampling,
-    error_response,
     refuse_unsupported,
 )
 from relayrl.inference.openai_tools import answer, chat_prompt, uses_tools
@@ -39,7 +34,7 @@ from relayrl.inference.sampling_limits import LimitExceeded, SamplingError, chec
 from relayrl.inference.serving import InferenceService
 from relayrl.inference.token_stream import Submitted, cancel
 
-__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "OpenAiApi", "create_app"]
+__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "OpenAiApi", "finish_reason"]
 
 
 def rest_name(req: _Sampling, field: str) -> str:
@@ -209,60 +204,6 @@ class OpenAiApi:
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.service.model_name, "choices": choices, "usage": usage([inp], [samples]),
                 "weight_version": oldest([samples], self.service.engine.version)}
-
-
-def create_app(service: InferenceService) -> FastAPI:
-    from relayrl.inference.http_stream import stream_chat, stream_completions
-
-    app = FastAPI(title="relayrl inference", version="1", docs_url=None, redoc_url=None)
-    api = OpenAiApi(service)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        service.metrics.request_errors.labels("openai", str(exc.status)).inc()
-        return error_response(exc.status, str(exc), exc.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:])
-        service.metrics.request_errors.labels("openai", "400").inc()
-        if first.get("type") == "extra_forbidden":
-            return error_response(400, f"unsupported field {where!r}: relayrl does not implement it", where)
-        value = first.get("input")
-        shown = f"={value!r}" if isinstance(value, int | float | bool) or (isinstance(value, str) and len(value) < 40) \
-            else ""
-        return error_response(400, f"{where}{shown}: {first.get('msg', 'invalid request')}", where or None)
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "weight_version": service.engine.version}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return PlainTextResponse(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return api.models()
-
-    @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest) -> dict[str, Any] | StreamingResponse:
-        if req.stream:
-            return _sse(stream_completions(api, req, await api.completion_inputs(req)))
-        return await api.completions(req)
-
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
-        if req.stream:
-            return _sse(stream_chat(api, req, await api.chat_input(req)))
-        return await api.chat(req)
-
-    return app
-
-
-def _sse(events: Any) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def _tokens(service: InferenceService, text: str) -> list[int]:

@@ -15,7 +15,7 @@ from relayrl.config import RunConfig
 from relayrl.config.inference import EngineKind
 from relayrl.config.model_fit import fit_to_model
 from relayrl.inference.engine import Engine
-from relayrl.inference.http import create_app
+from relayrl.inference.http_app import create_app
 from relayrl.inference.server import create_inference_servers
 from relayrl.inference.serving import InferenceService
 

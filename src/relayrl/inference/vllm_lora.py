@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.lora import ADAPTER_CONFIG, peft_config, with_lora
 from relayrl.common.weights import TensorSpec, parameter_specs
 from relayrl.config.lora import LoraConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from relayrl.common.config import ConfigError
 from relayrl.common.plugins import load_callable, registered
+from relayrl.config.typed import ConfigError
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from relayrl.common.config import ConfigError
 from relayrl.config.reward import CodeVerifierConfig, RewardConfig
+from relayrl.config.typed import ConfigError
 from relayrl.reward.api import (
     RewardFn,
     RewardFunctionError,

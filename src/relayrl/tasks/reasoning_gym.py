@@ -7,7 +7,7 @@ function scores an answer with the library's own ``score_answer`` for that item.
 
 - :func:`make_dataset` writes relayrl JSONL rows (``prompt``, ``answer``, ``id``, ``reasoning_gym``) for the
   single-turn workflow, scored by :func:`reward` (entry point ``reasoning_gym`` of ``relayrl.rewards``);
-- relayrl.rollout.environments.reasoning_gym wraps one item as a one-step environment.
+- relayrl.tasks.reasoning_gym_env wraps one item as a one-step environment.
 
 The model is asked for its final answer between ``<answer>`` and ``</answer>`` (the library's convention); a
 completion without the tags is scored as a whole.

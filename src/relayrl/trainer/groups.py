@@ -2,7 +2,7 @@
 
 Staleness of a sample (one definition, used for filtering and metrics): the number of optimizer steps between
 the weights the trainer computes the gradient with (its latest published version) and the weights that
-produced the sample's oldest token, counted along the version lineage (relayrl.common.versions) so that it
+produced the sample's oldest token, counted along the version lineage (relayrl.trainer.versions) so that it
 stays right across a resume. Groups with a sample beyond ``rollout.max_staleness`` are dropped, recorded in
 Redis and counted (``groups_dropped_stale``, ``episodes_dropped_stale``); nothing is dropped silently.
 

@@ -2,7 +2,7 @@
 
 After every ``every_steps``-th optimizer step (and after the last) rank 0 starts an evaluation task on its event
 loop: the held-out rows go through the run's inference (Generate, the same port as rollout's) and reward services
-(``relayrl.common.evaluation``, the code of ``relayrl eval``), and one :class:`~relayrl.common.metrics_row.EvalRow`
+(``relayrl.client.evaluation``, the code of ``relayrl eval``), and one :class:`~relayrl.common.metrics_row.EvalRow`
 goes to ``metrics.jsonl`` and the tracker, whose backends log it under ``eval/``. Training never waits: one
 evaluation runs at a time and one due meanwhile is skipped (``skipped`` counts them), except the last, which the
 end of the run waits for. Its figures are of whatever inference serves while it runs: the row carries the weight
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from relayrl.client import InferenceClient, RewardClient
+from relayrl.client.evaluation import EvalSettings, evaluate
 from relayrl.common.dataset import Prompt, load_jsonl
-from relayrl.common.evaluation import EvalSettings, evaluate
 from relayrl.common.metrics_row import EvalRow
 from relayrl.config import RunConfig
 

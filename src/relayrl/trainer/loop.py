@@ -23,7 +23,6 @@ from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream, StreamEntry
-from relayrl.common.tracking import Tracker
 from relayrl.config import RunConfig
 from relayrl.config.trainer import StopBudget, graceful_stop_s
 from relayrl.trainer.audit import TrainedAudit
@@ -39,6 +38,7 @@ from relayrl.trainer.step_summary import global_summary as global_summary
 from relayrl.trainer.step_summary import set_times
 from relayrl.trainer.steptime import Longest, StepClock
 from relayrl.trainer.teacher import Teacher
+from relayrl.trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from relayrl.common.config import ConfigError
 from relayrl.common.control import require_credential
 from relayrl.common.http import HttpServer
 from relayrl.common.probe import WeightVerificationError
 from relayrl.config import RunConfig
 from relayrl.config.model_fit import fit_to_model
 from relayrl.config.trainer import AfterFinish
+from relayrl.config.typed import ConfigError
 from relayrl.trainer.collectives import Collectives, CollectiveTimeout
 from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.server import create_trainer_server
@@ -31,7 +31,7 @@ def init_collectives(cfg: RunConfig) -> Collectives:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     record = cfg.output_dir / "collectives" if tc.distributed.record_collectives else None
     if world != tc.distributed.world_size:
-        from relayrl.common.config import ConfigError
+        from relayrl.config.typed import ConfigError
 
         raise ConfigError("trainer.distributed.world_size", tc.distributed.world_size,
                           f"must equal the number of processes started (WORLD_SIZE={world}); use torchrun")

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.config.trainer import DistributedConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Rank 0 allocates each version from the durable Redis counter, records its lineag
 the (full, replicated) weights; every rank learns the version by a broadcast from rank 0. A push whose answer
 was lost after it landed is verified by pushing the same snapshot again under a fresh version of the same
 policy step (so a landed push is a success, never a stale-version stop). Staleness of a sample is measured along
-the lineage (relayrl.common.versions), so that it stays right across a resume.
+the lineage (relayrl.trainer.versions), so that it stays right across a resume.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch
 from relayrl.client import InferenceClient
 from relayrl.common.logging import log_context
 from relayrl.common.retry import OomBackpressure, redis_retry
-from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.transports import Weights
+from relayrl.trainer.versions import VersionLineage, VersionSource
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
 
 log = logging.getLogger(__name__)

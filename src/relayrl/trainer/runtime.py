@@ -17,17 +17,15 @@ from pathlib import Path
 
 import torch
 
-from relayrl.common.config import ConfigError
 from relayrl.common.control import redacted
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import trainer_pb2
 from relayrl.common.retry import OomBackpressure
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream
-from relayrl.common.tracking import Tracker, open_tracker
-from relayrl.common.versions import VersionLineage, VersionSource
 from relayrl.config import RunConfig
 from relayrl.config.trainer import MicroBatchLayout
+from relayrl.config.typed import ConfigError
 from relayrl.trainer.batching import packing_error
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point
 from relayrl.trainer.checkpoint_ack import CheckpointAck
@@ -42,7 +40,9 @@ from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication, watch_inference
 from relayrl.trainer.reference import Reference
 from relayrl.trainer.teacher import Teacher
+from relayrl.trainer.tracking import Tracker, open_tracker
 from relayrl.trainer.transports import make_transport
+from relayrl.trainer.versions import VersionLineage, VersionSource
 from relayrl.trainer.weight_sync import WeightPublisher
 
 log = logging.getLogger(__name__)

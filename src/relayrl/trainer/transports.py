@@ -9,7 +9,7 @@
   fsync: page cache) and hashed in the same pass with XXH3-128 (the manifest names the algorithm; an integrity
   check: only the trainer's own user can write the file); inference copies them out; the file goes once served.
 
-A sharded publication (FSDP2) hands every transport a :class:`~relayrl.common.weight_files.MappedWeights` instead
+A sharded publication (FSDP2) hands every transport a :class:`~relayrl.trainer.weight_files.MappedWeights` instead
 of a snapshot in memory: the file its gather wrote into the transport's spool (:meth:`Transport.spool_path`), one
 tensor at a time, hashed in the same pass by the transport's :attr:`Transport.checksum_algorithm` (XXH3-128 for
 ``shared_memory``, SHA-256 for the others). ``shared_memory`` and ``shared_path`` then give that file its versioned
@@ -34,9 +34,9 @@ from relayrl.common.pb.inference_pb2 import (
     CHECKSUM_ALGORITHM_XXH3_128,
     WeightUpdateMessage,
 )
-from relayrl.common.weight_files import FileUpdateMessages, MappedWeights, write_mapped
 from relayrl.common.weights import iter_update_messages, manifest, write_shared
 from relayrl.config.trainer import WeightTransport
+from relayrl.trainer.weight_files import FileUpdateMessages, MappedWeights, write_mapped
 
 # a snapshot in memory, or the file a sharded gather wrote
 Weights: TypeAlias = Mapping[str, torch.Tensor] | MappedWeights

@@ -18,7 +18,7 @@ it again as a fresh version (inference refuses a version it already serves).
 
 A sharded model (FSDP2) is published by streaming: :meth:`WeightPublisher.gather` runs on every rank, one
 all-gather per trained parameter in name order, and rank 0 writes each full tensor into a file of the transport's
-spool and into its checksum as it arrives, then drops it (relayrl.common.weight_files); what rank 0 pushes and
+spool and into its checksum as it arrives, then drops it (relayrl.trainer.weight_files); what rank 0 pushes and
 probes is that file (its tensors read back through a memory map), so no rank holds more than one full tensor
 beside its shards.
 """
@@ -40,11 +40,11 @@ from torch.func import functional_call
 from relayrl.client import InferenceClient
 from relayrl.common.probe import WeightVerificationError, compare_probe, probe_logprobs, probe_sequences
 from relayrl.common.tensor_views import packed_copy
-from relayrl.common.weight_files import MappedWeights, StreamedWriter
 from relayrl.common.weights import TensorSpec
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.transports import Transport, Weights
+from relayrl.trainer.weight_files import MappedWeights, StreamedWriter
 
 log = logging.getLogger(__name__)
 

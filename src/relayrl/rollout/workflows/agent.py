@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, reward_pb2
 from relayrl.common.plugins import load_callable
 from relayrl.config.agents import AgentConfig, AgentReward
 from relayrl.config.rollout import RolloutConfig
+from relayrl.config.typed import ConfigError
 from relayrl.rollout.workflows.agent_chat import Renderer
 from relayrl.rollout.workflows.agent_proxy import Sampling, SessionProxy
 from relayrl.rollout.workflows.agent_session import Call, Session, SessionLimits

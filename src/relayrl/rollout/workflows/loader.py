@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.plugins import load_callable
 from relayrl.config.rollout import RolloutConfig, ToolFormat
+from relayrl.config.typed import ConfigError
 from relayrl.rollout.workflows.agent import AgentWorkflow
 from relayrl.rollout.workflows.api import (
     ENTRY_POINT_GROUP,

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.client import InferenceClient, RewardClient
-from relayrl.common.config import ConfigError
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of, score_ok
 from relayrl.common.pb import inference_pb2, reward_pb2
 from relayrl.config import RunConfig
+from relayrl.config.typed import ConfigError
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from relayrl.common.config import ConfigError
 from relayrl.common.control import redact_url_password
 from relayrl.config.tracking import MlflowConfig, TrackingConfig, WandbConfig
+from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)
 
