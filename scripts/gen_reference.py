@@ -21,9 +21,9 @@ OUT = ROOT / "docs" / "reference"
 
 
 def cli_markdown() -> str:
-    from relayrl.cli import _parser
+    from relayrl.cli import parser as cli_parser
 
-    parser = _parser()
+    parser = cli_parser()
     lines = ["# CLI reference", "", "Generated from the argument parser by `scripts/gen_reference.py`; do not edit.",
              ""]
 
