@@ -15,10 +15,10 @@ import pytest
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import Limits, validate_group
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
+from relayrl.common.reward_metadata import decode_metadata
 from relayrl.config.rollout import RolloutConfig, ToolFormat
 from relayrl.config.typed import ConfigError
 from relayrl.reward.api import RewardInput
-from relayrl.reward.server import decode_metadata
 from relayrl.rollout.workflows.api import GroupFailed, StepResult, WorkflowContext
 from relayrl.rollout.workflows.loader import build_workflow
 from relayrl.rollout.workflows.multi_turn import MultiTurnWorkflow

@@ -19,7 +19,6 @@ episodes ended) to the figures.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 import uuid
@@ -31,6 +30,7 @@ from relayrl.client import InferenceClient, RewardClient
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of, score_ok
 from relayrl.common.pb import inference_pb2, reward_pb2
+from relayrl.common.reward_metadata import encode_metadata
 from relayrl.config import RunConfig
 from relayrl.config.typed import ConfigError
 
@@ -53,7 +53,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s: float) -> list[tuple[float, bool]]:
     """(score, ok) per completion."""
-    meta = {key: json.dumps(v) for key, v in row.metadata.items()}
+    meta = encode_metadata(row.metadata)
     resp = await reward.score_batch([
         reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt, completion=t, reference=row.answer,
                                 metadata=meta) for t in texts], timeout_s=timeout_s)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -17,6 +14,7 @@ from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2 as pb
 from relayrl.common.pb import reward_pb2_grpc as pb_grpc
 from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.common.reward_metadata import decode_metadata
 from relayrl.common.service import StatusHeader
 from relayrl.config.reward import RewardConfig
 from relayrl.config.tls import TlsConfig
@@ -28,17 +26,6 @@ from relayrl.reward.sandbox import Sandbox
 from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)
-
-def decode_metadata(raw: Mapping[str, str]) -> dict[str, Any]:
-    """gRPC metadata values are JSON-encoded; a value that is not JSON is kept as the string."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
 
 class RewardMetrics:
     """Prometheus metrics of one reward service (its own registry: several services may share a process)."""

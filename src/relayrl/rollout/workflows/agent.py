@@ -33,6 +33,7 @@ from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, reward_pb2
 from relayrl.common.plugins import load_callable
+from relayrl.common.reward_metadata import encode_metadata
 from relayrl.config.agents import AgentConfig, AgentReward
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.typed import ConfigError
@@ -152,7 +153,7 @@ class AgentWorkflow:
         """The reward service's score of each session's last answer (one ScoreBatch call)."""
         if not outcomes:
             return
-        meta = {k: json.dumps(v) for k, v in row.metadata.items()}
+        meta = encode_metadata(row.metadata)
         requests = [reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt,
                                             completion=o.session.final_text, reference=row.answer, metadata=meta)
                     for o in outcomes]

@@ -10,6 +10,7 @@ import uuid
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
+from relayrl.common.reward_metadata import encode_metadata
 from relayrl.rollout.workflows.api import GroupFailed, WorkflowContext
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class SingleTurnWorkflow:
             raise GroupFailed(f"inference returned {len(gen.samples)} samples, expected {ctx.group_size}")
         episode_ids = [uuid.uuid4().hex for _ in gen.samples]
         log.debug("scoring group for prompt %s: episodes %s", row.prompt_id, ", ".join(episode_ids))
-        meta = {k: json.dumps(v) for k, v in row.metadata.items()}
+        meta = encode_metadata(row.metadata)
         scores = await ctx.reward.score_batch([
             reward_pb2.ScoreRequest(episode_id=eid, prompt=row.prompt, completion=s.text,
                                     reference=row.answer, metadata=meta)

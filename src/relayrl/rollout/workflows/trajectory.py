@@ -8,7 +8,6 @@ turn before them. Nothing is ever re-rendered, so the trainer sees the ids the m
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
+from relayrl.common.reward_metadata import encode_metadata
 from relayrl.rollout.workflows.api import WorkflowContext
 
 EpisodeEnd = episode_pb2.EpisodeEnd
@@ -97,4 +97,4 @@ def score_metadata(row: Prompt, traj: Trajectory) -> dict[str, str]:
     meta: dict[str, Any] = {**row.metadata, "transcript": traj.transcript(), "turns": traj.turns,
                             "tool_calls": traj.tool_calls, "tool_errors": traj.tool_errors,
                             "episode_end": EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower()}
-    return {k: json.dumps(v) for k, v in meta.items()}
+    return encode_metadata(meta)
