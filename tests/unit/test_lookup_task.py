@@ -44,6 +44,13 @@ def test_call_credit_stops_at_the_first_wrong_character() -> None:
     assert shifted["ran"] == prefix["ran"] == 0.0
 
 
+def test_a_whole_call_that_got_no_result_earns_no_call_credit() -> None:
+    # the text of "<c><unk></c>": 8 tokens, so the tool's output did not fit the episode's 16; RL found it in CI
+    score, parts = _score("<c></c>", "")
+
+    assert parts["call"] == parts["ran"] == 0.0 and score == 0.0
+
+
 def test_right_answer_without_a_call_stays_under_the_target() -> None:
     score, parts = _score("56", "56")
 

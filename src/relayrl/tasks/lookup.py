@@ -12,10 +12,11 @@ keyword-only ``question``, bound by the tools workflow) and shows ``<r>4</r>`` (
 the model then copies the one digit, always at the same offset. The random-initialised model cannot compute the
 answer itself (8100 questions, answers spread over the ten digits); it only has to learn a fixed string and a
 one-token copy. Unlike the calculator example (relayrl.tasks.calculator), it does not learn to pass operands.
-Reward (``WEIGHTS``), credit for each step: the first turn's correct prefix of the ideal call per character, the
-call ran, the answer against the tool's output per character, the answer against the reference per character;
-without a call at most ``WEIGHTS["answer"]`` (0.5), so the 0.8 target needs the tool. The model's vocabulary must
-hold ``CHARS``: ``relayrl init-model --set chars='0123456789*/%=<>cr'``.
+Reward (``WEIGHTS``), credit for each step: the first turn's correct prefix of the ideal call per character (none
+for a whole call that got no result: see :func:`reward`), the call ran, the answer against the tool's output per
+character, the answer against the reference per character; without a call at most ``WEIGHTS["answer"]`` (0.5), so
+the 0.8 target needs the tool. The model's vocabulary must hold ``CHARS``:
+``relayrl init-model --set chars='0123456789*/%=<>cr'``.
 """
 
 from __future__ import annotations
@@ -64,7 +65,12 @@ def reward(inp: RewardInput) -> RewardResult:
     first_turn = transcript[:transcript.find(close) + len(close)] if close in transcript else transcript
     final = inp.completion.strip()
     shown = tool_output(transcript)
-    parts = {"call": _prefix(first_turn, CALL), "ran": float(shown is not None and not shown.startswith("error")),
+    # a whole call whose result never came: the episode had no room left for it, since the model spelled the call
+    # with tokens the text does not show (a special token such as <unk> decodes to nothing); no credit, or RL
+    # settles on such a call (seen in CI: "<c><unk></c>" every episode, never a tool result)
+    unanswered = first_turn == CALL and shown is None
+    parts = {"call": 0.0 if unanswered else _prefix(first_turn, CALL),
+             "ran": float(shown is not None and not shown.startswith("error")),
              "copy": _match(final, shown) if shown is not None else 0.0, "answer": _match(final, answer)}
     score = sum(WEIGHTS[k] * v for k, v in parts.items())
     return RewardResult(score=score, components={**parts, "exact": float(final == answer)}, details=transcript[:64])
