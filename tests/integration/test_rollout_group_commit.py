@@ -39,31 +39,38 @@ def test_groups_finishing_together_share_one_transaction_and_every_seq_is_record
     assert counts == {"appended": 5, "memory_watermark": 5}
 
 
+async def _first_commit_fails(producer: Any, error: Exception) -> tuple[list[BaseException | None], int]:
+    """Groups 0, 1 and 2 appended while the first transaction (group 0's, which took the lock at once) waits until
+    1 and 2 queue behind it, then fails with ``error``; later transactions run as usual. Returns each append's
+    error (None: appended) and how many transactions were tried."""
+    commit = producer.appends._commit
+    entered, release, calls = asyncio.Event(), asyncio.Event(), []
+
+    async def fail_first(batch: list[Any]) -> None:
+        calls.append([seq for seq, _, _ in batch])
+        if len(calls) == 1:
+            entered.set()
+            await release.wait()
+            raise error
+        await commit(batch)
+
+    producer.appends._commit = fail_first
+    first = asyncio.create_task(producer._append(0, episodes("g0")))
+    await entered.wait()
+    queued = [asyncio.create_task(producer._append(seq, episodes(f"g{seq}"))) for seq in (1, 2)]
+    await asyncio.sleep(0)  # let them queue their records behind the lock
+    release.set()
+    results = await asyncio.gather(first, *queued, return_exceptions=True)
+    return [r if isinstance(r, BaseException) else None for r in results], len(calls)
+
+
 def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_written_after_it(
         redis_server: RedisServer) -> None:
     async def go() -> tuple[list[BaseException | None], int, list[int]]:
         async with producer_on(redis_server, retry_s=5.0) as producer:
-            commit = producer.appends._commit
-            entered, release, calls = asyncio.Event(), asyncio.Event(), []
-
-            async def fail_first(batch: list[Any]) -> None:
-                calls.append([seq for seq, _, _ in batch])
-                if len(calls) == 1:  # the first holder of the lock waits until the others queue, then fails
-                    entered.set()
-                    await release.wait()
-                    raise ValueError("a transaction that failed for another reason than Redis")
-                await commit(batch)
-
-            producer.appends._commit = fail_first  # type: ignore[method-assign]
-            first = asyncio.create_task(producer._append(0, episodes("g0")))
-            await entered.wait()
-            queued = [asyncio.create_task(producer._append(seq, episodes(f"g{seq}"))) for seq in (1, 2)]
-            await asyncio.sleep(0)  # let them queue their records behind the lock
-            release.set()
-            results = await asyncio.gather(first, *queued, return_exceptions=True)
+            results, _ = await _first_commit_fails(producer, ValueError("failed for another reason than Redis"))
             stored = await ProgressStore(producer.stream.client, producer.stream.keys).load()
-            return [r if isinstance(r, BaseException) else None for r in results], producer.groups_produced, \
-                sorted(stored.done | set(range(stored.watermark)))
+            return results, producer.groups_produced, sorted(stored.done | set(range(stored.watermark)))
 
     results, produced, recorded = asyncio.run(go())
 
@@ -80,26 +87,10 @@ def test_redis_down_past_retry_s_fails_every_waiting_group_at_once_and_every_lat
     the whole budget in turn (eight groups in flight kept an orphaned rollout up for 25 s of a 5 s budget)."""
     async def go() -> tuple[list[BaseException | None], int, BaseException | None, BaseException | None]:
         async with producer_on(redis_server, retry_s=0.5) as producer:
-            commit = producer.appends._commit
-            entered, release, calls = asyncio.Event(), asyncio.Event(), []
-
-            async def down(batch: list[Any]) -> None:
-                calls.append([seq for seq, _, _ in batch])
-                entered.set()
-                await release.wait()
-                raise ConnectionError("Error 111 connecting to 127.0.0.1:6379")  # what redis_retry re-raises
-
-            producer.appends._commit = down  # type: ignore[method-assign]
-            first = asyncio.create_task(producer._append(0, episodes("g0")))
-            await entered.wait()
-            queued = [asyncio.create_task(producer._append(seq, episodes(f"g{seq}"))) for seq in (1, 2)]
-            await asyncio.sleep(0)  # let them queue their records behind the lock
-            release.set()
-            results = await asyncio.gather(first, *queued, return_exceptions=True)
-            producer.appends._commit = commit  # type: ignore[method-assign]
+            # what redis_retry re-raises once redis.retry_s is spent
+            results, commits = await _first_commit_fails(producer, ConnectionError("Error 111 connecting"))
             later = await asyncio.gather(producer._append(3, episodes("g3")), return_exceptions=True)
-            return ([r if isinstance(r, BaseException) else None for r in results], len(calls), later[0],
-                    producer.appends.failure)
+            return results, commits, later[0], producer.appends.failure
 
     results, commits, later, failure = asyncio.run(go())
 
