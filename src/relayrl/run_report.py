@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relayrl.common import books
 from relayrl.common.metrics_row import EvalRow, MetricsRow, RlRow, SftRow, rl_rows, time_shares
 
 
@@ -45,27 +46,16 @@ def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pendi
     durable = next((r for r in reversed(rl) if r.step <= durable_step), RlRow(step=0))
     last = rl[-1] if rl else RlRow(step=0)
 
-    def handled(r: RlRow) -> int:
-        return (r.groups_trained + r.groups_dropped_stale + r.groups_dropped_reward_error
-                + r.groups_dropped_zero_advantage)
-
+    counts = books.values(durable)  # the durable checkpoint's books; invalid entries are acknowledged at once
+    counts[books.INVALID.groups], counts[books.INVALID.episodes] = invalid
     return {
         "groups_produced": produced,
         "groups_foreign": foreign,
         "stream_length": stream_length,
         "checkpoint_step": durable.step,
-        "groups_trained": durable.groups_trained,
-        "groups_dropped_stale": durable.groups_dropped_stale,
-        "groups_dropped_reward_error": durable.groups_dropped_reward_error,
-        "groups_dropped_zero_advantage": durable.groups_dropped_zero_advantage,
-        "groups_invalid": invalid[0],
+        **counts,
         "groups_pending": pending,
-        "groups_after_checkpoint": handled(last) - handled(durable),
-        "episodes_trained": durable.episodes_trained,
-        "episodes_dropped_stale": durable.episodes_dropped_stale,
-        "episodes_dropped_reward_error": durable.episodes_dropped_reward_error,
-        "episodes_dropped_zero_advantage": durable.episodes_dropped_zero_advantage,
-        "episodes_invalid": invalid[1],
+        "groups_after_checkpoint": books.groups_handled(last) - books.groups_handled(durable),
         "trainer_time": time_shares(rl),
     }
 

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from relayrl.client import InferenceClient, RewardClient, RolloutClient, ServiceClient, TrainerClient
+from relayrl.common import books
 from relayrl.common.metrics_row import RlRow, format_time_shares, read_rows, rl_rows, time_shares
 from relayrl.common.redis_conn import async_client
 from relayrl.common.redis_keys import RedisKeys
@@ -155,11 +156,9 @@ def render(state: dict[str, Any]) -> str:
                                  f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}"
                                  + _rollout_turns(s),
             "trainer": lambda s: f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
-                                 f"episodes trained, {s.get('episodes_dropped_stale')} dropped stale, "
-                                 f"{s.get('episodes_dropped_reward_error', 0)} dropped for reward errors, "
-                                 f"{s.get('episodes_dropped_zero_advantage', 0)} dropped with zero advantage, "
-                                 f"{s.get('episodes_invalid', 0)} invalid"
-                                 f"{', FINISHED' if s.get('finished') else ''}",
+                                 "episodes trained, " + ", ".join(f"{s.get(o.episodes, 0)} {o.words}"
+                                                                  for o in (*books.DROPS, books.INVALID))
+                                 + f"{', FINISHED' if s.get('finished') else ''}",
         }.get(kind, lambda s: "")(st)
         state_name = str(comp.get("state", "")).removeprefix("SERVING_STATE_")
         lines.append(f"{kind:<10} {st['address']:<22} {state_name:<8} {detail}")

@@ -22,7 +22,7 @@ def test_the_trainer_status_line_counts_every_drop_reason() -> None:
 
     line = render({"services": {"trainer": trainer}})
 
-    assert ("96 episodes trained, 1 dropped stale, 2 dropped for reward errors, 16 dropped with zero advantage, "
+    assert ("96 episodes trained, 1 dropped as stale, 2 dropped for reward errors, 16 dropped with zero advantage, "
             "5 invalid") in line
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from relayrl.common.books import OUTCOMES, PENDING_WORDS
+
 REWARD_COMPONENT_PREFIX = "reward/"  # a reward component ``exact`` is written as the key ``reward/exact``
 
 
@@ -280,14 +282,8 @@ def format_time_shares(shares: Mapping[str, float]) -> str:
 
 
 # how a group that was produced left the books, in the order the summaries write them: summary key -> words
-GROUP_OUTCOMES: tuple[tuple[str, str], ...] = (
-    ("groups_trained", "trained"),
-    ("groups_dropped_stale", "dropped as stale"),
-    ("groups_dropped_reward_error", "dropped for reward errors"),
-    ("groups_dropped_zero_advantage", "dropped with zero advantage"),
-    ("groups_invalid", "invalid"),
-    ("groups_pending", "pending"),
-)
+GROUP_OUTCOMES: tuple[tuple[str, str], ...] = (*((o.groups, o.words) for o in OUTCOMES),
+                                               ("groups_pending", PENDING_WORDS))
 
 
 def format_books(summary: Mapping[str, Any]) -> str:

@@ -28,14 +28,15 @@ share a Redis but not a stream (or a counter) never mix their books.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
+from relayrl.common.books import DROP_REASONS
 from relayrl.config.redis import RedisConfig
 
 _DEFAULTS = RedisConfig()
 
-DropReason = Literal["stale", "reward_error", "zero_advantage"]
-DROP_REASONS: tuple[DropReason, ...] = ("stale", "reward_error", "zero_advantage")
+__all__ = ["DROP_REASONS", "DropReason", "RedisKeys"]
+
+DropReason = str  # one of DROP_REASONS: the run's books declare them (relayrl.common.books)
 
 # The field of a stream entry that holds one serialized EpisodeGroup.
 STREAM_FIELD = b"group"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from relayrl.common.books import groups_left
 from relayrl.common.dataset import Prompt, PromptCursor
 from relayrl.common.episodes import reward_failed
 from relayrl.common.logging import bind_log_context
@@ -130,8 +131,7 @@ class RolloutProducer:
         self.trainer_view = TrainerView(
             step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
             finished=st.finished, reachable=True, publishing=st.publishing,
-            groups_dropped=st.groups_dropped_stale + st.groups_dropped_reward_error + st.groups_invalid
-            + st.groups_dropped_zero_advantage,
+            groups_dropped=groups_left(st),
             serving=st.component.state == ServingState.SERVING_STATE_SERVING)
 
     async def _follow_trainer(self, stop: asyncio.Event) -> None:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from relayrl.common import books
 from relayrl.common.dataset import load_jsonl
 from relayrl.common.episodes import reward_failed
 from relayrl.common.logging import log_context
@@ -345,16 +346,7 @@ class TrainingLoop:
             reward_components={k: sum(v) / len(v) for k, v in sorted(components.items())},
             episodes=summary["episodes"], tokens=stats.tokens,
             staleness_mean=summary["staleness_mean"], staleness_max=summary["staleness_max"],
-            staleness_hist=summary["staleness_hist"],
-            episodes_dropped_stale=p.episodes_dropped_stale,
-            groups_dropped_stale=p.groups_dropped_stale,
-            reward_errors=summary["reward_errors"],
-            episodes_dropped_reward_error=p.episodes_dropped_reward_error,
-            groups_dropped_reward_error=p.groups_dropped_reward_error,
-            episodes_invalid=p.episodes_invalid, groups_invalid=p.groups_invalid,
-            episodes_dropped_zero_advantage=p.episodes_dropped_zero_advantage,
-            groups_dropped_zero_advantage=p.groups_dropped_zero_advantage,
-            episodes_trained=p.episodes_trained, groups_trained=p.groups_trained,
+            staleness_hist=summary["staleness_hist"], reward_errors=summary["reward_errors"],
             loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
             ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,
             importance_mean=stats.importance_mean, importance_max=stats.importance_max,
@@ -368,6 +360,8 @@ class TrainingLoop:
             step_time_s=step_s, time_s=now - self._t0, world_size=self.coll.world_size,
             queue_lag=queue_lag, queue_pending=queue_pending,
         )
+        for name, value in books.values(p).items():  # the run's totals (relayrl.common.books)
+            setattr(row, name, value)
         if last_push is not None:
             row.weight_sync_s, row.weight_sync_bytes = last_push.seconds, last_push.bytes_sent
             row.probe_max_diff = last_push.probe_max_diff

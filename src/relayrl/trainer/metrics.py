@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from relayrl.common.books import counters
+
 if TYPE_CHECKING:
     from relayrl.trainer.runtime import Trainer
 
@@ -23,25 +25,8 @@ class _TrainerCollector(Collector):
         yield GaugeMetricFamily("relayrl_trainer_step", "Optimizer steps done.", value=s.step)
         yield GaugeMetricFamily("relayrl_trainer_weight_version", "Weight version of the trainer's latest "
                                 "publication.", value=publication.weight_version)
-        yield CounterMetricFamily("relayrl_trainer_episodes_trained", "Episodes trained on.",
-                                  value=s.episodes_trained)
-        yield CounterMetricFamily("relayrl_trainer_episodes_dropped_stale", "Episodes dropped beyond the staleness "
-                                  "bound (all ranks and restarts).", value=s.episodes_dropped_stale)
-        yield CounterMetricFamily("relayrl_trainer_groups_dropped_stale", "Groups dropped beyond the staleness "
-                                  "bound.", value=s.groups_dropped_stale)
-        yield CounterMetricFamily("relayrl_trainer_episodes_dropped_reward_error", "Episodes excluded from the loss "
-                                  "because scoring failed.", value=s.episodes_dropped_reward_error)
-        yield CounterMetricFamily("relayrl_trainer_groups_dropped_reward_error", "Groups dropped because every "
-                                  "episode's scoring failed.", value=s.groups_dropped_reward_error)
-        yield CounterMetricFamily("relayrl_trainer_groups_dropped_zero_advantage", "Groups dropped by dynamic "
-                                  "sampling: every valid episode had the same reward.",
-                                  value=s.groups_dropped_zero_advantage)
-        yield CounterMetricFamily("relayrl_trainer_episodes_dropped_zero_advantage", "Episodes of those groups.",
-                                  value=s.episodes_dropped_zero_advantage)
-        yield CounterMetricFamily("relayrl_trainer_groups_invalid", "Stream entries that could not be decoded or "
-                                  "validated, moved to the dead-letter stream (never trained).", value=s.groups_invalid)
-        yield CounterMetricFamily("relayrl_trainer_episodes_invalid", "Episodes of those entries.",
-                                  value=s.episodes_invalid)
+        for name, help_text in counters():  # the run's books (relayrl.common.books)
+            yield CounterMetricFamily(f"relayrl_trainer_{name}", help_text, value=getattr(s, name))
         oom = t.redis_backpressure
         yield CounterMetricFamily("relayrl_trainer_redis_oom_retries", "Writes refused by a full Redis (maxmemory, "
                                   "noeviction) and retried after a back-off.", value=oom.retries)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.common.books import DROPS
 from relayrl.common.retry import redis_retry
 from relayrl.common.stream import EpisodeStream
 from relayrl.trainer.status_watch import StatusPulse
@@ -59,12 +60,12 @@ class TrainerProgress:
 
     async def refresh_drops(self, stream: EpisodeStream, retry_s: float) -> None:
         """Drop and invalid counts over every rank and restart, and the queue depth, from Redis (one round trip)."""
-        books = await redis_retry(stream.books, "read the books", retry_s)
-        self.groups_dropped_stale, self.episodes_dropped_stale = books.dropped["stale"]
-        groups, episodes = books.dropped["reward_error"]
-        self.groups_dropped_reward_error = groups
-        self.episodes_dropped_reward_error = episodes + self.episodes_excluded_reward_error
-        self.groups_dropped_zero_advantage, self.episodes_dropped_zero_advantage = books.dropped["zero_advantage"]
-        self.groups_invalid, self.episodes_invalid = books.invalid
-        self.queue_depth = (books.lag, books.pending)
+        read = await redis_retry(stream.books, "read the books", retry_s)
+        for outcome in DROPS:  # relayrl.common.books
+            groups, episodes = read.dropped[outcome.reason]
+            setattr(self, outcome.groups, groups)
+            setattr(self, outcome.episodes, episodes)
+        self.episodes_dropped_reward_error += self.episodes_excluded_reward_error  # and those of trained groups
+        self.groups_invalid, self.episodes_invalid = read.invalid
+        self.queue_depth = (read.lag, read.pending)
         self.changed.notify()

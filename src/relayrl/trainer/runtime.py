@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from relayrl.common import books
 from relayrl.common.control import redacted
 from relayrl.common.model import load_model, load_tokenizer
 from relayrl.common.pb import trainer_pb2
@@ -178,15 +179,10 @@ class Trainer:
         return trainer_pb2.TrainerStatus(
             component=self.header.message(), step=self.publication.admission_step(p.step),
             weight_version=self.publication.weight_version,
-            episodes_trained=p.episodes_trained, episodes_dropped_stale=p.episodes_dropped_stale,
+            **books.values(p),  # every counter of the run's books (relayrl.common.books)
             groups_per_step=self.cfg.trainer.groups_per_step, finished=p.finished,
-            publishing=self.publication.publishing, groups_dropped_stale=p.groups_dropped_stale,
-            groups_dropped_reward_error=p.groups_dropped_reward_error,
-            episodes_dropped_reward_error=p.episodes_dropped_reward_error,
-            groups_invalid=p.groups_invalid, episodes_invalid=p.episodes_invalid,
-            groups_dropped_zero_advantage=p.groups_dropped_zero_advantage,
-            episodes_dropped_zero_advantage=p.episodes_dropped_zero_advantage,
-            checkpoint_pending=self.checkpoints.requested, last_checkpoint_step=self.checkpoints.last_step)
+            publishing=self.publication.publishing, checkpoint_pending=self.checkpoints.requested,
+            last_checkpoint_step=self.checkpoints.last_step)
 
     async def close(self) -> None:
         await self.publication.abandon()  # a push still in flight after an error or a stop

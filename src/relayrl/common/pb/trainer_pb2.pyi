@@ -16,7 +16,7 @@ class WatchTrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error", "checkpoint_pending", "last_checkpoint_step", "groups_invalid", "episodes_invalid", "groups_dropped_zero_advantage", "episodes_dropped_zero_advantage")
+    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error", "checkpoint_pending", "last_checkpoint_step", "groups_invalid", "episodes_invalid", "groups_dropped_zero_advantage", "episodes_dropped_zero_advantage", "groups_trained")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class TrainerStatus(_message.Message):
     EPISODES_INVALID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_DROPPED_ZERO_ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
     EPISODES_DROPPED_ZERO_ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_TRAINED_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     step: int
     weight_version: int
@@ -51,7 +52,8 @@ class TrainerStatus(_message.Message):
     episodes_invalid: int
     groups_dropped_zero_advantage: int
     episodes_dropped_zero_advantage: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., groups_dropped_reward_error: _Optional[int] = ..., episodes_dropped_reward_error: _Optional[int] = ..., checkpoint_pending: _Optional[bool] = ..., last_checkpoint_step: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., episodes_invalid: _Optional[int] = ..., groups_dropped_zero_advantage: _Optional[int] = ..., episodes_dropped_zero_advantage: _Optional[int] = ...) -> None: ...
+    groups_trained: int
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., groups_dropped_reward_error: _Optional[int] = ..., episodes_dropped_reward_error: _Optional[int] = ..., checkpoint_pending: _Optional[bool] = ..., last_checkpoint_step: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., episodes_invalid: _Optional[int] = ..., groups_dropped_zero_advantage: _Optional[int] = ..., episodes_dropped_zero_advantage: _Optional[int] = ..., groups_trained: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("reason",)
