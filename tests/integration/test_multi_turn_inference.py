@@ -88,5 +88,5 @@ def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_
     assert validate_group(group, Limits(len(tokenizer), cfg.episode_token_cap(), newest_version=1)) is None
     # the trainer's view: one episode with two versions; its staleness counts from the oldest token (version 0)
     summary = global_summary(Collectives(None, 10.0), 1, [ep], torch.tensor([1.0]))
-    assert summary["episodes_multi_version"] == 1 and min(ep.token_weight_versions) == 0
-    assert summary["turns_mean"] == 2.0 and summary["episode_ends"] == {"done": 1}
+    assert summary.episodes_multi_version == 1 and min(ep.token_weight_versions) == 0
+    assert summary.turns_mean == 2.0 and summary.episode_ends == {"done": 1}

@@ -28,21 +28,21 @@ def test_summary_of_mixed_episodes_counts_each_figure_once() -> None:
 
     summary = global_summary(Collectives(None, 10.0), 1, episodes, staleness, excluded=2)
 
-    assert summary["episodes"] == 4 and summary["reward_errors"] == 2
+    assert summary.episodes == 4 and summary.reward_errors == 2
     # sums of a few exact binary fractions: float64 holds them exactly
-    assert summary["reward_mean"] == pytest.approx(0.5, rel=0, abs=1e-12)
-    assert summary["reward_std"] == pytest.approx((0.375 - 0.25) ** 0.5, rel=0, abs=1e-12)
-    assert summary["completion_len_mean"] == pytest.approx(2.0, rel=0, abs=1e-12)
-    assert summary["staleness_mean"] == pytest.approx(0.75, rel=0, abs=1e-12) and summary["staleness_max"] == 2
-    assert summary["staleness_hist"] == {"0": 2, "1": 1, "2": 1}  # 2 > max_staleness 1: the overflow bucket
-    assert summary["turns_mean"] == pytest.approx(7 / 4, rel=0, abs=1e-12)  # an unset turn count reads as 1
-    assert summary["tool_calls_mean"] == pytest.approx(3 / 4, rel=0, abs=1e-12) and summary["tool_errors"] == 1
-    assert summary["episodes_multi_version"] == 2
-    assert summary["episode_ends"] == {"single_turn": 2, "done": 1, "max_turns": 1}
+    assert summary.reward_mean == pytest.approx(0.5, rel=0, abs=1e-12)
+    assert summary.reward_std == pytest.approx((0.375 - 0.25) ** 0.5, rel=0, abs=1e-12)
+    assert summary.completion_len_mean == pytest.approx(2.0, rel=0, abs=1e-12)
+    assert summary.staleness_mean == pytest.approx(0.75, rel=0, abs=1e-12) and summary.staleness_max == 2
+    assert summary.staleness_hist == {"0": 2, "1": 1, "2": 1}  # 2 > max_staleness 1: the overflow bucket
+    assert summary.turns_mean == pytest.approx(7 / 4, rel=0, abs=1e-12)  # an unset turn count reads as 1
+    assert summary.tool_calls_mean == pytest.approx(3 / 4, rel=0, abs=1e-12) and summary.tool_errors == 1
+    assert summary.episodes_multi_version == 2
+    assert summary.episode_ends == {"single_turn": 2, "done": 1, "max_turns": 1}
 
 
 def test_summary_of_no_episodes_is_zero_not_an_error() -> None:
     summary = global_summary(Collectives(None, 10.0), 1, [], torch.zeros(0))
 
-    assert summary["episodes"] == 0 and summary["reward_mean"] == 0.0 and summary["staleness_max"] == 0
-    assert summary["staleness_hist"] == {} and summary["episode_ends"] == {}
+    assert summary.episodes == 0 and summary.reward_mean == 0.0 and summary.staleness_max == 0
+    assert summary.staleness_hist == {} and summary.episode_ends == {}

@@ -194,8 +194,8 @@ def test_step_statistics_are_two_fixed_size_reductions_whatever_the_rank_saw(tmp
         global_summary(coll, 2, [], torch.zeros(0))
 
     assert find_divergence(load_records(tmp_path)) is None
-    assert summary["episodes"] == 3 and summary["staleness_max"] == 5
-    assert summary["staleness_hist"] == {"0": 1, "1": 1, "3": 1}  # beyond max_staleness: one overflow bucket
+    assert summary.episodes == 3 and summary.staleness_max == 5
+    assert summary.staleness_hist == {"0": 1, "1": 1, "3": 1}  # beyond max_staleness: one overflow bucket
 
 
 class _NoPublisher:

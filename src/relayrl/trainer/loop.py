@@ -35,8 +35,8 @@ from relayrl.trainer.learner import Learner, StepAbandoned, StepStats
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication
+from relayrl.trainer.step_summary import StepSummary, set_times
 from relayrl.trainer.step_summary import global_summary as global_summary
-from relayrl.trainer.step_summary import set_times
 from relayrl.trainer.steptime import Longest, StepClock
 from relayrl.trainer.teacher import Teacher
 from relayrl.trainer.tracking import Tracker
@@ -249,8 +249,8 @@ class TrainingLoop:
         with clock.part("metrics"):
             summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
                                               staleness, excluded)
-            progress.episodes_trained += int(summary["episodes"])
-            progress.exclude(int(summary["reward_errors"]))
+            progress.episodes_trained += summary.episodes
+            progress.exclude(summary.reward_errors)
             progress.groups_trained += tc.groups_per_step
             if books is not None:
                 await books
@@ -326,7 +326,7 @@ class TrainingLoop:
         if self.tracker is not None:
             self.tracker.log(row.to_json(), step)
 
-    async def _log_step(self, summary: dict[str, Any], episodes: list[Episode], stats: StepStats,
+    async def _log_step(self, summary: StepSummary, episodes: list[Episode], stats: StepStats,
                         step_s: float) -> None:
         if not self.is_main:
             return
@@ -339,24 +339,24 @@ class TrainingLoop:
                     components.setdefault(k, []).append(v)
         now = time.monotonic()
         times = self.clock.close(now)
-        p.last_reward_mean = float(summary["reward_mean"])
+        p.last_reward_mean = summary.reward_mean
         row = RlRow(
             step=p.step, weight_version=self.publication.weight_version,
-            reward_mean=summary["reward_mean"], reward_std=summary["reward_std"],
+            reward_mean=summary.reward_mean, reward_std=summary.reward_std,
             reward_components={k: sum(v) / len(v) for k, v in sorted(components.items())},
-            episodes=summary["episodes"], tokens=stats.tokens,
-            staleness_mean=summary["staleness_mean"], staleness_max=summary["staleness_max"],
-            staleness_hist=summary["staleness_hist"], reward_errors=summary["reward_errors"],
+            episodes=summary.episodes, tokens=stats.tokens,
+            staleness_mean=summary.staleness_mean, staleness_max=summary.staleness_max,
+            staleness_hist=summary.staleness_hist, reward_errors=summary.reward_errors,
             loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
             ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,
             importance_mean=stats.importance_mean, importance_max=stats.importance_max,
             logprob_diff_mean=stats.logprob_diff_mean, mismatch_masked_frac=stats.mismatch_masked_frac,
             ref_kl=stats.ref_kl, teacher_kl=stats.teacher_kl,
-            completion_len_mean=summary["completion_len_mean"],
-            turns_mean=summary["turns_mean"], tool_calls_mean=summary["tool_calls_mean"],
-            tool_errors=summary["tool_errors"], episodes_multi_version=summary["episodes_multi_version"],
-            episode_ends=summary["episode_ends"],
-            episodes_per_s=summary["episodes"] / max(now - self._last_step_t, 1e-9),
+            completion_len_mean=summary.completion_len_mean,
+            turns_mean=summary.turns_mean, tool_calls_mean=summary.tool_calls_mean,
+            tool_errors=summary.tool_errors, episodes_multi_version=summary.episodes_multi_version,
+            episode_ends=summary.episode_ends,
+            episodes_per_s=summary.episodes / max(now - self._last_step_t, 1e-9),
             step_time_s=step_s, time_s=now - self._t0, world_size=self.coll.world_size,
             queue_lag=queue_lag, queue_pending=queue_pending,
         )
@@ -371,7 +371,7 @@ class TrainingLoop:
             row.time_data_transit_s = times.parts["data"] - row.time_data_generating_s
         self._last_step_t = now
         with self.clock.part("metrics"):  # counted in the next row
-            for lag, count in summary["staleness_hist"].items():
+            for lag, count in summary.staleness_hist.items():
                 p.staleness_counts[int(lag)] = p.staleness_counts.get(int(lag), 0) + count
             self._write_metrics(row, p.step)
             with log_context(weight_version=self.publication.weight_version):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -18,40 +18,66 @@ from relayrl.trainer.steptime import StepTimes
 EPISODE_ENDS = tuple(end_name(v) for v in range(max(EpisodeEnd.values()) + 1))
 
 
+# what each rank sums over its episodes, by name: one fixed-size vector, one SUM all-reduce
+_TOTALS = ("episodes", "reward", "reward_sq", "staleness", "completion_tokens", "excluded", "turns", "tool_calls",
+           "tool_errors", "multi_version")
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """A step's statistics over every rank's episodes (the metrics row's figures)."""
+
+    episodes: int
+    reward_mean: float
+    reward_std: float
+    staleness_mean: float
+    staleness_max: int
+    completion_len_mean: float
+    reward_errors: int  # errored episodes of the step's groups, excluded from the loss
+    turns_mean: float
+    tool_calls_mean: float
+    tool_errors: int
+    episodes_multi_version: int  # episodes whose tokens came from several weight versions
+    staleness_hist: dict[str, int]  # staleness (as a string) -> episodes; max_staleness + 1 counts beyond it
+    episode_ends: dict[str, int]  # how episodes ended (relayrl.common.episodes.end_name) -> episodes
+
+
 def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode], staleness: torch.Tensor,
-                   excluded: int = 0) -> dict[str, Any]:
-    """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors)."""
-    s = max_staleness
-    hist = torch.bincount(staleness.long().clamp(0, s + 1), minlength=s + 2).to(torch.float64)
+                   excluded: int = 0) -> StepSummary:
+    """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors): one pass over
+    the episodes, each field read once."""
+    hist = torch.bincount(staleness.long().clamp(0, max_staleness + 1), minlength=max_staleness + 2)
     ends = [0.0] * len(EPISODE_ENDS)  # how episodes ended, by EpisodeEnd value
-    # [episodes, reward sum, reward square sum, staleness sum, completion tokens, excluded, turns, tool calls,
-    # tool errors, episodes of several versions]: one pass over the episodes (each field read once)
-    totals = [float(len(episodes)), 0.0, 0.0, float(staleness.sum()), 0.0, float(excluded), 0.0, 0.0, 0.0, 0.0]
+    totals = dict.fromkeys(_TOTALS, 0.0)
+    totals.update(episodes=float(len(episodes)), staleness=float(staleness.sum()), excluded=float(excluded))
     for ep in episodes:
         end, reward = ep.episode_end, ep.reward
         ends[end if 0 <= end < len(EPISODE_ENDS) else 0] += 1
-        totals[1] += reward
-        totals[2] += reward * reward
-        totals[4] += len(ep.completion_token_ids)
-        totals[6] += max(ep.turns, 1)
-        totals[7] += ep.tool_calls
-        totals[8] += ep.tool_errors
-        totals[9] += len(set(ep.token_weight_versions)) > 1
-    sums = torch.cat([torch.tensor(totals, dtype=torch.float64), hist, torch.tensor(ends, dtype=torch.float64)])
+        totals["reward"] += reward
+        totals["reward_sq"] += reward * reward
+        totals["completion_tokens"] += len(ep.completion_token_ids)
+        totals["turns"] += max(ep.turns, 1)
+        totals["tool_calls"] += ep.tool_calls
+        totals["tool_errors"] += ep.tool_errors
+        totals["multi_version"] += len(set(ep.token_weight_versions)) > 1
+    sums = torch.cat([torch.tensor([totals[k] for k in _TOTALS], dtype=torch.float64), hist.to(torch.float64),
+                      torch.tensor(ends, dtype=torch.float64)])
     coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
     maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
     coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
-    n = max(float(sums[0]), 1.0)
-    mean = float(sums[1]) / n
-    k = 10 + s + 2  # where the ends' counts start
-    return {"episodes": int(sums[0]), "reward_mean": mean,
-            "reward_std": max(float(sums[2]) / n - mean * mean, 0.0) ** 0.5,
-            "staleness_mean": float(sums[3]) / n, "staleness_max": int(maxima[0]),
-            "completion_len_mean": float(sums[4]) / n, "reward_errors": int(sums[5]),
-            "turns_mean": float(sums[6]) / n, "tool_calls_mean": float(sums[7]) / n, "tool_errors": int(sums[8]),
-            "episodes_multi_version": int(sums[9]),
-            "staleness_hist": {str(lag): int(c) for lag, c in enumerate(sums[10:k].tolist()) if c},
-            "episode_ends": {EPISODE_ENDS[i]: int(c) for i, c in enumerate(sums[k:].tolist()) if c}}
+    values = sums.tolist()  # the summary's one host read
+    t = dict(zip(_TOTALS, values, strict=False))
+    lags, by_end = values[len(_TOTALS):len(_TOTALS) + len(hist)], values[len(_TOTALS) + len(hist):]
+    n = max(t["episodes"], 1.0)
+    mean = t["reward"] / n
+    return StepSummary(
+        episodes=int(t["episodes"]), reward_mean=mean, reward_std=max(t["reward_sq"] / n - mean * mean, 0.0) ** 0.5,
+        staleness_mean=t["staleness"] / n, staleness_max=int(maxima[0]),
+        completion_len_mean=t["completion_tokens"] / n, reward_errors=int(t["excluded"]), turns_mean=t["turns"] / n,
+        tool_calls_mean=t["tool_calls"] / n, tool_errors=int(t["tool_errors"]),
+        episodes_multi_version=int(t["multi_version"]),
+        staleness_hist={str(lag): int(c) for lag, c in enumerate(lags) if c},
+        episode_ends={EPISODE_ENDS[i]: int(c) for i, c in enumerate(by_end) if c})
 
 
 def set_times(row: RlRow, times: StepTimes, publication: VersionPublication) -> None:
