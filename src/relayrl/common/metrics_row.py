@@ -281,6 +281,12 @@ def format_time_shares(shares: Mapping[str, float]) -> str:
             f"{100 * shares.get('generation', 0.0):.0f}%; plumbing {100 * shares['plumbing']:.0f}%")
 
 
+def row_fields(source: Any) -> dict[str, Any]:
+    """The fields of the dataclass ``source`` that the metrics row has under the same names (a step's statistics,
+    the learner's): each figure keeps one name from where it is computed to the row."""
+    return {f.name: getattr(source, f.name) for f in dataclasses.fields(source) if f.name in _RL_FIELDS}
+
+
 # how a group that was produced left the books, in the order the summaries write them: summary key -> words
 GROUP_OUTCOMES: tuple[tuple[str, str], ...] = (*((o.groups, o.words) for o in OUTCOMES),
                                                ("groups_pending", PENDING_WORDS))
@@ -294,3 +300,6 @@ def format_books(summary: Mapping[str, Any]) -> str:
     return (f"groups produced {summary.get('groups_produced', 0)}"
             + (f" (+ {foreign} appended by others)" if foreign else "") + " = "
             + " + ".join(f"{words} {summary.get(key, 0)}" for key, words in GROUP_OUTCOMES))
+
+
+_RL_FIELDS = frozenset(f.name for f in dataclasses.fields(RlRow))

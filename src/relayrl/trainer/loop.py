@@ -18,7 +18,7 @@ from relayrl.common import books
 from relayrl.common.dataset import load_jsonl
 from relayrl.common.episodes import reward_failed
 from relayrl.common.logging import log_context
-from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow
+from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, row_fields
 from relayrl.common.model import chat_token_ids
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode
@@ -342,24 +342,11 @@ class TrainingLoop:
         p.last_reward_mean = summary.reward_mean
         row = RlRow(
             step=p.step, weight_version=self.publication.weight_version,
-            reward_mean=summary.reward_mean, reward_std=summary.reward_std,
             reward_components={k: sum(v) / len(v) for k, v in sorted(components.items())},
-            episodes=summary.episodes, tokens=stats.tokens,
-            staleness_mean=summary.staleness_mean, staleness_max=summary.staleness_max,
-            staleness_hist=summary.staleness_hist, reward_errors=summary.reward_errors,
-            loss=stats.loss, grad_norm=stats.grad_norm, clip_frac=stats.clip_frac,
-            ratio_mean=stats.ratio_mean, kl=stats.kl, lr=stats.lr,
-            importance_mean=stats.importance_mean, importance_max=stats.importance_max,
-            logprob_diff_mean=stats.logprob_diff_mean, mismatch_masked_frac=stats.mismatch_masked_frac,
-            ref_kl=stats.ref_kl, teacher_kl=stats.teacher_kl,
-            completion_len_mean=summary.completion_len_mean,
-            turns_mean=summary.turns_mean, tool_calls_mean=summary.tool_calls_mean,
-            tool_errors=summary.tool_errors, episodes_multi_version=summary.episodes_multi_version,
-            episode_ends=summary.episode_ends,
             episodes_per_s=summary.episodes / max(now - self._last_step_t, 1e-9),
             step_time_s=step_s, time_s=now - self._t0, world_size=self.coll.world_size,
             queue_lag=queue_lag, queue_pending=queue_pending,
-        )
+            **row_fields(summary), **row_fields(stats))  # the step's and the learner's figures, by name
         for name, value in books.values(p).items():  # the run's totals (relayrl.common.books)
             setattr(row, name, value)
         if last_push is not None:
