@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -22,24 +21,17 @@ from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, row_fields
 from relayrl.common.model import chat_token_ids
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.common.pb.episode_pb2 import Episode
-from relayrl.common.service import StatusHeader
-from relayrl.common.stream import EpisodeStream, StreamEntry
-from relayrl.config import RunConfig
+from relayrl.common.stream import StreamEntry
 from relayrl.config.trainer import StopBudget, graceful_stop_s
 from relayrl.trainer.audit import TrainedAudit
-from relayrl.trainer.checkpoint_ack import CheckpointAck
-from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.groups import CollectStopped, GroupCollector, groups_per_rank, live_consumers
+from relayrl.trainer.groups import CollectStopped, groups_per_rank, live_consumers
 from relayrl.trainer.in_run_eval import InRunEval
-from relayrl.trainer.learner import Learner, StepAbandoned, StepStats
+from relayrl.trainer.learner import StepAbandoned, StepStats
 from relayrl.trainer.parallel_dims import is_sharded
-from relayrl.trainer.progress import TrainerProgress
-from relayrl.trainer.publication import VersionPublication
+from relayrl.trainer.parts import LoopParts
 from relayrl.trainer.step_summary import StepSummary, set_times
 from relayrl.trainer.step_summary import global_summary as global_summary
 from relayrl.trainer.steptime import Longest, StepClock
-from relayrl.trainer.teacher import Teacher
-from relayrl.trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -65,25 +57,13 @@ class Batch(NamedTuple):
 
 
 class TrainingLoop:
-    def __init__(self, cfg: RunConfig, learner: Learner, tokenizer: Any, coll: Collectives, stream: EpisodeStream,
-                 collector: GroupCollector, publication: VersionPublication, checkpoints: CheckpointAck,
-                 progress: TrainerProgress, header: StatusHeader, tracker: Tracker | None,
-                 resumed_from: Path | None, teacher: Teacher | None = None,
-                 reference: Teacher | None = None) -> None:
-        self.cfg = cfg
-        self.teacher = teacher  # on-policy distillation: scores each batch's tokens (relayrl.trainer.teacher)
-        self.reference = reference  # the KL term's reference served by an endpoint (trainer.loss.reference_address)
-        self.learner = learner
-        self.tokenizer = tokenizer
-        self.coll = coll
-        self.stream = stream
-        self.collector = collector
-        self.publication = publication
-        self.checkpoints = checkpoints
-        self.progress = progress
-        self.header = header
-        self.tracker = tracker  # rank 0 only
-        self.resumed_from = resumed_from
+    def __init__(self, parts: LoopParts) -> None:
+        cfg, coll = parts.cfg, parts.coll
+        self.cfg, self.coll = cfg, coll
+        self.learner, self.tokenizer, self.stream = parts.learner, parts.tokenizer, parts.stream
+        self.collector, self.publication, self.checkpoints = parts.collector, parts.publication, parts.checkpoints
+        self.progress, self.header, self.tracker = parts.progress, parts.header, parts.tracker
+        self.resumed_from, self.teacher, self.reference = parts.resumed_from, parts.teacher, parts.reference
         self.is_main = coll.rank == 0
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
@@ -91,12 +71,12 @@ class TrainingLoop:
         self._generating_s: float | None = None  # of the step's data wait, the part before its batch was generated
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
         self.longest = Longest()  # this rank's longest step, push and checkpoint: its graceful stop's deadline
-        self.audit = TrainedAudit(cfg.output_dir, coll.rank, cfg.trainer.dump_episodes, resumed_from)
+        self.audit = TrainedAudit(cfg.output_dir, coll.rank, cfg.trainer.dump_episodes, parts.resumed_from)
         # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
         self.evals = InRunEval(cfg, self._write_metrics, self._t0) \
             if self.is_main and cfg.trainer.eval.every_steps else None
-        self.stop = learner.stop
-        collector.stop_requested = self.stop.is_set
+        self.stop = parts.learner.stop
+        parts.collector.stop_requested = self.stop.is_set
 
     @property
     def stepping(self) -> bool:

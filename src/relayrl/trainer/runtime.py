@@ -37,6 +37,7 @@ from relayrl.trainer.learner import Learner
 from relayrl.trainer.loop import TrainingLoop
 from relayrl.trainer.lora import load_policy
 from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp, is_sharded
+from relayrl.trainer.parts import LoopParts
 from relayrl.trainer.progress import TrainerProgress
 from relayrl.trainer.publication import VersionPublication, watch_inference
 from relayrl.trainer.reference import Reference
@@ -122,9 +123,10 @@ class Trainer:
         # the reference served by an endpoint: the same scoring call as the teacher's
         self.reference_scorer = Teacher(replace(tc.teacher, address=tc.loss.reference_address), cfg.tls) \
             if tc.loss.kl_coef > 0 and tc.loss.reference_address else None
-        self.loop = TrainingLoop(cfg, self.learner, self.tokenizer, self.coll, self.stream, self.collector,
-                                 self.publication, self.checkpoints, self.progress, self.header, self.tracker,
-                                 self.resumed_from, self.teacher, self.reference_scorer)
+        self.loop = TrainingLoop(LoopParts(
+            cfg, self.learner, self.tokenizer, self.coll, self.stream, self.collector, self.publication,
+            self.checkpoints, self.progress, self.header, self.tracker, self.resumed_from, self.teacher,
+            self.reference_scorer))
 
     def _restore(self) -> tuple[set[str], int]:
         """Counters, optimizer and step from the checkpoint resumed from: (groups it holds, its weight version)."""
