@@ -34,6 +34,7 @@ from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.reward.api import RewardInput
 from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.batching import pack
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.logprobs import token_logprobs
 
@@ -116,7 +117,7 @@ def arm_step(arm: Arm, rows: list[dict[str, str]], tokenizer: Any, teacher: Any,
                         token_weight_versions=[1] * len(c), loss_mask=[1] * len(c),
                         reward=s if arm.use_reward else 0.0, sampling_temperature=1.0)
                 for i, (p, c, lp, s) in enumerate(zip(prompts, comps, lps, scores, strict=True))]
-    arm.learner.rl_step(episodes, t_lps)
+    arm.learner.rl_step(StepBatch.of(episodes, teacher=t_lps))
     arm.rewards.append(statistics.fmean(scores))
     arm.kls.append(statistics.fmean(kl))
     arm.seconds += time.perf_counter() - t0

@@ -153,6 +153,7 @@ def relayrl_gradient(cfg: Any, model: Any, tokenizer: Any, batch: tuple[Any, Any
     import torch
 
     from relayrl.common.pb.episode_pb2 import Episode
+    from relayrl.trainer.ingest import StepBatch
     from relayrl.trainer.learner import Learner
 
     prompts, completions, rewards = batch
@@ -169,7 +170,7 @@ def relayrl_gradient(cfg: Any, model: Any, tokenizer: Any, batch: tuple[Any, Any
                 for i, (p, c, lp, r) in enumerate(zip(prompts, completions, behaviour, rewards, strict=True))]
     learner = Learner(model, cfg.trainer, int(tokenizer.pad_token_id), torch.device("cpu"),
                       max_completion_tokens=cfg.rollout.max_new_tokens)
-    learner.rl_gradients(episodes)
+    learner.rl_gradients(StepBatch.of(episodes))
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -27,6 +27,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 from relayrl.trainer.batching import padded_tokens, plan_micro_batches, plan_packed
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 
 
@@ -86,11 +87,11 @@ def main() -> None:
         for name, cfg in layouts(args.budget, len(batch)).items():
             model = load_model(ModelConfig(path=model_dir))
             learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=args.completion[1])
-            learner.rl_step(batch)  # warm-up
+            learner.rl_step(StepBatch.of(batch))  # warm-up (the step's batch built in the loop, as the trainer does)
             wall, cpu = [], []
             for _ in range(args.steps):
                 t0, c0 = time.perf_counter(), time.process_time()
-                learner.rl_step(batch)
+                learner.rl_step(StepBatch.of(batch))
                 wall.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
             micro, computed = computed_positions(cfg, lengths)

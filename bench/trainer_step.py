@@ -30,6 +30,7 @@ from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.batching import padded_tokens, plan_micro_batches
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 
 
@@ -85,12 +86,12 @@ def main() -> None:
     batches = [episodes(args, vocab, seed) for seed in range(4)]
     peak = [_peak_rss_gb()]  # after loading the model
     for i in range(3):  # warm-up (the first step also allocates AdamW's moments)
-        learner.rl_step(batches[i % len(batches)])
+        learner.rl_step(StepBatch.of(batches[i % len(batches)]))
     peak.append(_peak_rss_gb())
     times, cpu = [], []
     for i in range(args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        learner.rl_step(batches[i % len(batches)])
+        learner.rl_step(StepBatch.of(batches[i % len(batches)]))
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     params = sum(p.numel() for p in model.parameters())
@@ -111,7 +112,7 @@ def main() -> None:
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(10):
-                learner.rl_step(batches[i % len(batches)])
+                learner.rl_step(StepBatch.of(batches[i % len(batches)]))
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
 
 

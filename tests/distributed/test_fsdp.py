@@ -18,6 +18,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.dcp_checkpoint import load_state, save_state
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp
 from tests.conftest import free_port
@@ -33,7 +34,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 def _gradients(learner: Learner, episodes: list) -> dict[str, torch.Tensor]:  # type: ignore[type-arg]
-    learner.rl_gradients(episodes)
+    learner.rl_gradients(StepBatch.of(episodes))
     return {n: _full(p.grad) for n, p in learner.model.named_parameters() if p.grad is not None}
 
 

@@ -18,6 +18,7 @@ from relayrl.config.loss import AdvantageEstimator, LossAggregation, LossConfig,
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from tests.conftest import free_port
 from tests.synthetic import varied_episodes
@@ -38,7 +39,7 @@ def _grads(model_dir: Path, episodes: list[Episode], coll: Collectives, micro_ba
         cfg = TrainerConfig(micro_batch_tokens=micro_tokens, micro_batch_layout=MicroBatchLayout.PACKED,
                             loss=ALGORITHMS)
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=8, collectives=coll)
-    learner.rl_gradients(episodes)
+    learner.rl_gradients(StepBatch.of(episodes))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

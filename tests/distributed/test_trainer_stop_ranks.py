@@ -21,6 +21,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer import learner as learner_module
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner, StepAbandoned, stop_agreed
 from tests.conftest import free_port
 from tests.synthetic import varied_episodes
@@ -51,7 +52,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         learner_module.model_logprobs = counted  # type: ignore[assignment]
         result: dict[str, Any] = {}
         try:
-            learner.rl_step(varied_episodes()[:6] if rank == 0 else varied_episodes()[6:])
+            learner.rl_step(StepBatch.of(varied_episodes()[:6] if rank == 0 else varied_episodes()[6:]))
         except StepAbandoned as stopped:
             result.update(done=stopped.done, total=stopped.total)
         result["grads"] = sum(p.grad is not None for p in model.parameters())

@@ -54,7 +54,7 @@ async def _collect_from(url: str, groups: list[EpisodeGroup], n: int, ratio: flo
 
         taken = await asyncio.wait_for(collector.collect(n, staleness), timeout=10)
         dropped = sorted((await stream.client.hgetall(KEYS.dropped("zero_advantage"))).keys())
-        return ([e.group.group_id for e in taken], await stream.dropped("zero_advantage"),
+        return ([e.group_id for e in taken], await stream.dropped("zero_advantage"),
                 [d.decode() for d in dropped])
     finally:
         await stream.close()

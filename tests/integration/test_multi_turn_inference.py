@@ -23,7 +23,8 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.workflows.api import StepResult, WorkflowContext
 from relayrl.rollout.workflows.multi_turn import MultiTurnWorkflow
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.loop import global_summary
+from relayrl.trainer.ingest import StepBatch
+from relayrl.trainer.step_summary import global_summary
 from tests.conftest import WEIGHTS_TOKEN
 from tests.integration.helpers import inference_server
 
@@ -87,6 +88,6 @@ def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_
     group = episode_pb2.EpisodeGroup(group_id="g", episodes=[ep])
     assert validate_group(group, Limits(len(tokenizer), cfg.episode_token_cap(), newest_version=1)) is None
     # the trainer's view: one episode with two versions; its staleness counts from the oldest token (version 0)
-    summary = global_summary(Collectives(None, 10.0), 1, [ep], torch.tensor([1.0]))
+    summary = global_summary(Collectives(None, 10.0), 1, StepBatch.of([ep], [1.0]))
     assert summary.episodes_multi_version == 1 and min(ep.token_weight_versions) == 0
     assert summary.turns_mean == 2.0 and summary.episode_ends == {"done": 1}

@@ -53,7 +53,7 @@ class _Trainer:
 
     async def collect(self, n: int) -> list[str]:
         entries = await asyncio.wait_for(self.collector.collect(n, self.staleness), timeout=10)
-        return [e.group.group_id for e in entries]
+        return [e.group_id for e in entries]
 
     async def dead(self) -> list[dict[bytes, bytes]]:
         return [fields for _id, fields in await self.stream.client.xrange(KEYS.dead_letter, "-", "+")]
@@ -203,4 +203,4 @@ def test_the_collectors_ready_entries_are_only_decoded_valid_groups(redis_server
 
     entries = asyncio.run(go())
 
-    assert [e.group.group_id for e in entries] == [f"g{i}" for i in range(6)]
+    assert [e.group_id for e in entries] == [f"g{i}" for i in range(6)]

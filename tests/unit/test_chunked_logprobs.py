@@ -18,6 +18,7 @@ from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.batching import PackedBatch, model_logprobs, pack, pack_row
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from tests.synthetic import varied_episodes
 
@@ -143,7 +144,7 @@ def test_learner_step_with_chunked_logprobs_has_the_full_logits_loss_and_gradien
         model = load_model(ModelConfig(path=tiny_model_dir))
         learner = Learner(model, TrainerConfig(micro_batch_size=5, logprob_chunk_positions=chunk), 0,
                           torch.device("cpu"), max_completion_tokens=7)
-        stats = learner.rl_gradients(_episodes())
+        stats = learner.rl_gradients(StepBatch.of(_episodes()))
         results.append((stats, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (full, full_grads), (chunked, chunked_grads) = results
 

@@ -16,6 +16,7 @@ from relayrl.config.loss import DistillBaseline, LossConfig, PolicyLoss
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.typed import ConfigError
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.losses.distill import distill_baselines
 from relayrl.trainer.losses.policy import PolicyParams, policy_loss
@@ -80,16 +81,19 @@ def test_reverse_kl_subtracts_the_baseline_from_each_tokens_sample() -> None:
 
 
 def test_group_baselines_are_the_mean_sample_of_the_groups_trained_tokens_at_each_position() -> None:
-    samples = [[1.0, 3.0], [3.0], [5.0, 7.0, 9.0], [2.0, 4.0]]
-    groups, masks = ["a", "a", "b", "a"], [[1, 1], [1], [1, 0, 1], [1, 0]]
+    # flat tokens of four episodes: completion positions 0,1 | 0 | 0,1,2 | 0,1 in groups a, a, b, a
+    samples = torch.tensor([1.0, 3.0, 3.0, 5.0, 7.0, 9.0, 2.0, 4.0])
+    group = torch.tensor([0, 0, 0, 1, 1, 1, 0, 0])
+    position = torch.tensor([0, 1, 0, 0, 1, 2, 0, 1])
+    mask = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0])
 
-    grouped = distill_baselines(DistillBaseline.GROUP, samples, groups, masks)
-    none = distill_baselines(DistillBaseline.NONE, samples, groups, masks)
+    grouped = distill_baselines(DistillBaseline.GROUP, samples, group, position, mask)
+    none = distill_baselines(DistillBaseline.NONE, samples, group, position, mask)
 
     # a, position 0: (1 + 3 + 2) / 3; a, position 1: 3 alone (episode 3's token there is out of the loss: 0);
-    # b: each trained token alone, its masked one 0
-    assert grouped == [[2.0, 3.0], [2.0], [5.0, 0.0, 9.0], [2.0, 0.0]]
-    assert none == [[0.0, 0.0], [0.0], [0.0, 0.0, 0.0], [0.0, 0.0]]
+    # b: each trained token alone, its masked one 0. Small exact sums: compared exactly
+    assert grouped.tolist() == [2.0, 3.0, 2.0, 5.0, 0.0, 9.0, 2.0, 0.0]
+    assert none.tolist() == [0.0] * 8
 
 
 @pytest.mark.parametrize("baseline", [0.0, 3.0])
@@ -146,7 +150,7 @@ def _distill_gradients(model_dir: Path, baseline: DistillBaseline, micro_batch_s
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=3)
     episodes = _episodes(model, shift=0.0)
     teacher = [[-0.5 * (i + 1) - 0.1 * t for t in range(len(e.completion_token_ids))] for i, e in enumerate(episodes)]
-    learner.rl_gradients(episodes, teacher)
+    learner.rl_gradients(StepBatch.of(episodes, teacher=teacher))
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
 

@@ -16,6 +16,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.trainer import learner as learner_module
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner, StepStats, pack
 from relayrl.trainer.logprobs import token_logprobs
 from tests.synthetic import varied_episodes
@@ -44,7 +45,7 @@ def _update(model_dir: Path, correction: OffPolicyCorrection, shift: float) -> d
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     cfg = TrainerConfig(loss=LossConfig(off_policy=correction), optimizer=OptimizerConfig(lr=1e-2, grad_clip=0.0))
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=3)
-    stats = learner.rl_step(_episodes(model, shift))
+    stats = learner.rl_step(StepBatch.of(_episodes(model, shift)))
     assert stats.tokens == 10
     return {k: v.detach() - before[k] for k, v in model.named_parameters()}
 
@@ -71,7 +72,7 @@ def _gradients(model_dir: Path, cfg: TrainerConfig, episodes: list[Episode],
                collectives: Collectives | None = None) -> tuple[dict[str, torch.Tensor], StepStats]:
     model = load_model(ModelConfig(path=model_dir))
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=8, collectives=collectives)
-    stats = learner.rl_gradients(episodes)
+    stats = learner.rl_gradients(StepBatch.of(episodes))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats
 
 

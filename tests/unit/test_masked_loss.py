@@ -12,6 +12,7 @@ from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.loss import LossAggregation, LossConfig, PolicyLoss
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import OptimizerConfig, TrainerConfig
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 
 PROMPT = [3, 4, 5]
@@ -48,7 +49,7 @@ def _learner_gradients(model_dir: Path, observation_logprob: float) -> tuple[dic
     cfg = TrainerConfig(loss=LossConfig(policy_loss=PolicyLoss.PPO_CLIP, loss_aggregation=LossAggregation.TOKEN_MEAN),
                         optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.0))
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=16)
-    stats = learner.rl_gradients(_episodes(model, observation_logprob))
+    stats = learner.rl_gradients(StepBatch.of(_episodes(model, observation_logprob)))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats.loss
 
 

@@ -10,6 +10,7 @@ import torch
 from relayrl.common.model import load_model
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import OptimizerConfig, TrainerConfig
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.master_weights import MasterWeightAdamW
 from tests.synthetic import varied_episodes
@@ -72,7 +73,7 @@ def test_learner_in_bfloat16_keeps_updates_below_the_rounding_in_float32_masters
     learner = Learner(model, TrainerConfig(optimizer=OptimizerConfig(lr=1e-5, grad_clip=0.0)), 0,
                       torch.device("cpu"), max_completion_tokens=7)
     for _ in range(2):
-        learner.rl_step(varied_episodes())
+        learner.rl_step(StepBatch.of(varied_episodes()))
 
     opt = learner.optimizer
     assert isinstance(opt, MasterWeightAdamW) and opt.low_precision == len(before)

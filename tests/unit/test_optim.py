@@ -16,6 +16,7 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.optimizer import LrSchedule, OptimizerConfig, OptimizerName
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.typed import ConfigError
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.master_weights import MasterWeights
 from relayrl.trainer.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
@@ -100,7 +101,7 @@ def test_the_learner_steps_with_the_scheduled_rate(tiny_model_dir: Path) -> None
     learner = Learner(model, TrainerConfig(total_steps=3, optimizer=opt), 0, torch.device("cpu"),
                       max_completion_tokens=7)
 
-    rates = [learner.rl_step(varied_episodes()).lr for _ in range(3)]
+    rates = [learner.rl_step(StepBatch.of(varied_episodes())).lr for _ in range(3)]
 
     assert type(learner.optimizer) is torch.optim.Adafactor
     assert rates == pytest.approx([1e-3, 1e-3, 0.0], abs=1e-12)

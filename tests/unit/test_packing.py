@@ -12,6 +12,7 @@ from relayrl.config.loss import LossAggregation, LossConfig, MismatchMask, Polic
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
 from relayrl.trainer.batching import pack, pack_row, plan_packed
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.reference import model_logprobs
 from tests.synthetic import varied_episodes
@@ -74,7 +75,7 @@ def _gradients(model_dir: Path, cfg: TrainerConfig) -> tuple[dict[str, torch.Ten
     # learner like them (packed rows or padded ones)
     teacher = ([[lp - 0.1 * (i % 3) for i, lp in enumerate(ep.behaviour_logprobs)] for ep in episodes]
                if cfg.loss.policy_loss is PolicyLoss.REVERSE_KL else None)
-    stats = learner.rl_gradients(episodes, teacher)
+    stats = learner.rl_gradients(StepBatch.of(episodes, teacher=teacher))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats.loss
 
 

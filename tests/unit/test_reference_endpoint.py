@@ -14,6 +14,7 @@ from relayrl.config.loss import KlUse, LossConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.reference import Reference
 from tests.synthetic import varied_episodes
@@ -43,8 +44,8 @@ def test_reference_logprobs_from_an_endpoint_give_the_same_step_as_the_frozen_co
                     reference=Reference(load_model(ModelConfig(path=ref_dir))))
     remote = Learner(load_model(ModelConfig(path=tiny_model_dir)), cfg, 0, torch.device("cpu"), 8)
 
-    want = local.rl_step(episodes)
-    got = remote.rl_step(episodes, reference=_scores(load_model(ModelConfig(path=ref_dir)), episodes))
+    want = local.rl_step(StepBatch.of(episodes))
+    got = remote.rl_step(StepBatch.of(episodes, reference=_scores(load_model(ModelConfig(path=ref_dir)), episodes)))
 
     if use is KlUse.LOSS:  # (the step statistic is measured on the loss's term only)
         assert want.ref_kl > 0.01  # two different models: the term is there

@@ -13,6 +13,7 @@ from relayrl.config.loss import AdvantageEstimator, KlEstimator, KlUse, LossConf
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.batching import pack
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.losses.advantages import advantages
 from relayrl.trainer.reference import Reference, model_logprobs
@@ -32,7 +33,7 @@ def _learner(model_dir: Path, loss: LossConfig, reference_shift: float | None) -
 
 
 def _grads(learner: Learner) -> tuple[dict[str, torch.Tensor], float]:
-    stats = learner.rl_gradients(varied_episodes(seed=3))
+    stats = learner.rl_gradients(StepBatch.of(varied_episodes(seed=3)))
     return {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}, stats.ref_kl
 
 
@@ -65,9 +66,10 @@ def test_kl_reward_penalty_subtracts_the_summed_k1_from_each_reward(tiny_model_d
     for i, e in enumerate(eps):  # behaviour = the reference's logprobs + 0.25 per token: k1 = 0.25 per token
         n_p = len(e.prompt_token_ids)
         e.behaviour_logprobs[:] = (own[i, n_p - 1 : n_p - 1 + len(e.completion_token_ids)] + 0.25).tolist()
-    plan = learner._plan([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps])
+    step = StepBatch.of(eps)
+    micro = [(rows, learner._micro_batch(step.positions, rows)) for rows in learner._plan(step.positions.sizes)]
 
-    adv = learner._advantages(eps, plan)
+    adv = learner._advantages(step, micro)
 
     shaped = torch.tensor([e.reward - 0.1 * 0.25 * len(e.completion_token_ids) for e in eps])
     expected = advantages(AdvantageEstimator.DR_GRPO, shaped, torch.tensor([i // 3 for i in range(6)]), 2)
@@ -80,7 +82,7 @@ def test_the_reference_stays_frozen(tiny_model_dir: Path, use: KlUse) -> None:
     assert learner.reference is not None
     before = {n: p.clone() for n, p in learner.reference.model.named_parameters()}
 
-    learner.rl_step(varied_episodes(seed=3))
+    learner.rl_step(StepBatch.of(varied_episodes(seed=3)))
 
     for n, p in learner.reference.model.named_parameters():
         assert p.grad is None and torch.equal(p, before[n])

@@ -1,5 +1,5 @@
-"""The step statistics of the metrics row (relayrl.trainer.loop.global_summary) on one rank: every figure from one
-pass over the episodes."""
+"""The step statistics of the metrics row (relayrl.trainer.step_summary.global_summary) on one rank: every figure
+summed from the batch's columns (relayrl.trainer.ingest.StepBatch)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import torch
 
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeEnd
 from relayrl.trainer.collectives import Collectives
-from relayrl.trainer.loop import global_summary
+from relayrl.trainer.ingest import StepBatch
+from relayrl.trainer.step_summary import global_summary
 
 
 def _episode(reward: float, tokens: int, versions: list[int], end: int = 0, turns: int = 0, tool_calls: int = 0,
              tool_errors: int = 0) -> Episode:
-    return Episode(reward=reward, completion_token_ids=[1] * tokens, token_weight_versions=versions,
+    return Episode(reward=reward, prompt_token_ids=[2], completion_token_ids=[1] * tokens,
+                   behaviour_logprobs=[-1.0] * tokens, loss_mask=[1] * tokens, token_weight_versions=versions,
                    episode_end=end, turns=turns, tool_calls=tool_calls, tool_errors=tool_errors)
 
 
@@ -26,7 +28,7 @@ def test_summary_of_mixed_episodes_counts_each_figure_once() -> None:
     ]
     staleness = torch.tensor([0.0, 1.0, 0.0, 2.0])
 
-    summary = global_summary(Collectives(None, 10.0), 1, episodes, staleness, excluded=2)
+    summary = global_summary(Collectives(None, 10.0), 1, StepBatch.of(episodes, staleness.tolist(), excluded=2))
 
     assert summary.episodes == 4 and summary.reward_errors == 2
     # sums of a few exact binary fractions: float64 holds them exactly
@@ -42,7 +44,7 @@ def test_summary_of_mixed_episodes_counts_each_figure_once() -> None:
 
 
 def test_summary_of_no_episodes_is_zero_not_an_error() -> None:
-    summary = global_summary(Collectives(None, 10.0), 1, [], torch.zeros(0))
+    summary = global_summary(Collectives(None, 10.0), 1, StepBatch.empty())
 
     assert summary.episodes == 0 and summary.reward_mean == 0.0 and summary.staleness_max == 0
     assert summary.staleness_hist == {} and summary.episode_ends == {}

@@ -27,9 +27,10 @@ from relayrl.trainer.batching import plan_micro_batches
 from relayrl.trainer.collective_debug import find_divergence, load_records
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.groups import consumer_name, groups_per_rank, live_consumers
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner, StepAbandoned, agreed_micro_batches
-from relayrl.trainer.loop import global_summary
 from relayrl.trainer.publication import VersionPublication
+from relayrl.trainer.step_summary import global_summary
 
 WORLD = 2
 
@@ -108,8 +109,8 @@ def test_ranks_with_different_shares_and_micro_batches_issue_the_same_collective
         model = load_model(ModelConfig(path=tiny_model_dir))
         with fake_rank(rank, record_dir=tmp_path) as coll:
             Learner(model, TrainerConfig(micro_batch_size=micro), 0, torch.device("cpu"), max_completion_tokens=8,
-                    collectives=coll).rl_step(episodes)
-            global_summary(coll, 1, episodes, torch.zeros(len(episodes)))
+                    collectives=coll).rl_step(StepBatch.of(episodes))
+            global_summary(coll, 1, StepBatch.of(episodes))
 
     records = load_records(tmp_path)
     assert find_divergence(records) is None
@@ -132,7 +133,7 @@ def test_ranks_splitting_by_token_budget_into_different_counts_issue_the_same_co
         model = load_model(ModelConfig(path=tiny_model_dir))
         with fake_rank(rank, record_dir=tmp_path) as coll:
             Learner(model, TrainerConfig(micro_batch_tokens=budget), 0, torch.device("cpu"),
-                    max_completion_tokens=8, collectives=coll).rl_step(episodes)
+                    max_completion_tokens=8, collectives=coll).rl_step(StepBatch.of(episodes))
 
     records = load_records(tmp_path)
     assert local[0] > local[1]  # the ranks' own splits differ ...
@@ -153,7 +154,7 @@ def test_a_rank_asked_to_stop_abandons_the_step_at_the_boundary_where_the_ranks_
         before = [p.detach().clone() for p in model.parameters()]
         learner.stop.set()
         with pytest.raises(StepAbandoned) as abandoned:
-            learner.rl_step(_episodes(6, 0))
+            learner.rl_step(StepBatch.of(_episodes(6, 0)))
 
     assert (abandoned.value.done, abandoned.value.total) == (0, 3)
     assert all(p.grad is None for p in model.parameters())
@@ -166,7 +167,7 @@ def test_a_rank_asked_to_stop_abandons_the_step_at_the_boundary_where_the_ranks_
 def test_one_rank_checks_its_stop_flag_without_a_collective(tiny_model_dir: Path, tmp_path: Path) -> None:
     coll = Collectives(None, timeout_s=10, record_dir=tmp_path)
     Learner(load_model(ModelConfig(path=tiny_model_dir)), TrainerConfig(micro_batch_size=2), 0, torch.device("cpu"),
-            max_completion_tokens=8, collectives=coll).rl_step(_episodes(6, 0))
+            max_completion_tokens=8, collectives=coll).rl_step(StepBatch.of(_episodes(6, 0)))
     coll.close()
 
     assert "stop_requested" not in [c.name for c in load_records(tmp_path)[0]]
@@ -189,9 +190,9 @@ def test_the_recorder_names_the_first_collective_where_ranks_diverge(tmp_path: P
 
 def test_step_statistics_are_two_fixed_size_reductions_whatever_the_rank_saw(tmp_path: Path) -> None:
     with fake_rank(0, record_dir=tmp_path) as coll:
-        summary = global_summary(coll, 2, _episodes(3, 0), torch.tensor([0.0, 1.0, 5.0]))
+        summary = global_summary(coll, 2, StepBatch.of(_episodes(3, 0), [0.0, 1.0, 5.0]))
     with fake_rank(1, record_dir=tmp_path) as coll:
-        global_summary(coll, 2, [], torch.zeros(0))
+        global_summary(coll, 2, StepBatch.empty())
 
     assert find_divergence(load_records(tmp_path)) is None
     assert summary.episodes == 3 and summary.staleness_max == 5

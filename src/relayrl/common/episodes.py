@@ -25,7 +25,7 @@ Rules (per episode, ``Limits`` from the run config, the model and the version co
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,37 +100,50 @@ def _finite(values: Any) -> bool:
     return all(map(math.isfinite, values))
 
 
-# Each rule reads a repeated field from a list made once: iterating a protobuf container costs about a microsecond
-# to start, more than the few values of a typical completion (the trainer checks every episode of every step).
+@dataclass(frozen=True, slots=True)
+class TokenLists:
+    """An episode's repeated token fields as lists, taken once: iterating a protobuf container costs about a
+    microsecond to start, more than the few values of a typical completion. Validation and the trainer's columns
+    (relayrl.trainer.ingest) read these."""
+
+    prompt: list[int]
+    completion: list[int]
+    behaviour: list[float]
+    versions: list[int]
+    loss_mask: list[int]
+
+    @classmethod
+    def of(cls, ep: Episode) -> TokenLists:
+        return cls(list(ep.prompt_token_ids), list(ep.completion_token_ids), list(ep.behaviour_logprobs),
+                   list(ep.token_weight_versions), list(ep.loss_mask))
 
 
-def _tokens(ep: Episode, limits: Limits) -> str | None:
-    prompt, completion = ep.prompt_token_ids, ep.completion_token_ids
-    n = len(completion)
-    if not prompt:
+def _tokens(t: TokenLists, limits: Limits) -> str | None:
+    n = len(t.completion)
+    if not t.prompt:
         return "prompt_token_ids: empty"
     if n == 0:
         return "completion_token_ids: empty"
     if n > limits.max_completion_tokens:
         return (f"completion_token_ids: {n} tokens > the episode cap {limits.max_completion_tokens} "
                 "(rollout.max_new_tokens, or rollout.max_episode_tokens for a multi-turn workflow)")
-    for name, ids in (("prompt_token_ids", list(prompt)), ("completion_token_ids", list(completion))):
+    for name, ids in (("prompt_token_ids", t.prompt), ("completion_token_ids", t.completion)):
         if min(ids) < 0 or max(ids) >= limits.vocab_size:
             return f"{name}: id outside [0, {limits.vocab_size})"
-    for name, values in (("behaviour_logprobs", ep.behaviour_logprobs),
-                         ("token_weight_versions", ep.token_weight_versions), ("loss_mask", ep.loss_mask)):
+    for name, values in (("behaviour_logprobs", t.behaviour), ("token_weight_versions", t.versions),
+                         ("loss_mask", t.loss_mask)):
         if len(values) != n:
             return f"{name}: length {len(values)} != completion_token_ids length {n}"
     return None
 
 
-def _values(ep: Episode, limits: Limits) -> str | None:
-    logprobs, versions = list(ep.behaviour_logprobs), list(ep.token_weight_versions)
+def _values(ep: Episode, t: TokenLists, limits: Limits) -> str | None:
+    logprobs, versions = t.behaviour, t.versions
     if not _finite(logprobs):
         return "behaviour_logprobs: not finite"
     if min(logprobs) < LOGPROB_MIN or max(logprobs) > LOGPROB_MAX:
         return f"behaviour_logprobs: outside [{LOGPROB_MIN}, {LOGPROB_MAX}]"
-    if not set(ep.loss_mask) <= {0, 1}:
+    if not set(t.loss_mask) <= {0, 1}:
         return "loss_mask: value other than 0 or 1"
     if min(versions) < 0:
         return "token_weight_versions: negative version"
@@ -141,20 +154,22 @@ def _values(ep: Episode, limits: Limits) -> str | None:
         return "reward: not finite"
     if not _finite(ep.reward_components.values()):
         return "reward_components: not finite"
-    t = ep.sampling_temperature
-    if not math.isfinite(t) or (t != 0 and t < TEMPERATURE_MIN):
+    temp = ep.sampling_temperature
+    if not math.isfinite(temp) or (temp != 0 and temp < TEMPERATURE_MIN):
         return f"sampling_temperature: not finite, or neither 0 (unset) nor >= {TEMPERATURE_MIN}"
     return None
 
 
-def validate_episode(ep: Episode, limits: Limits) -> str | None:
-    """None if the trainer may train on ``ep``, else the reason (naming the field)."""
-    return _tokens(ep, limits) or _values(ep, limits)
+def validate_episode(ep: Episode, limits: Limits, lists: TokenLists | None = None) -> str | None:
+    """None if the trainer may train on ``ep``, else the reason (naming the field). ``lists``: its token lists,
+    where the caller took them already."""
+    t = lists or TokenLists.of(ep)
+    return _tokens(t, limits) or _values(ep, t, limits)
 
 
-def validate_group(group: EpisodeGroup, limits: Limits) -> str | None:
+def validate_group(group: EpisodeGroup, limits: Limits, lists: Sequence[TokenLists] | None = None) -> str | None:
     """None if the trainer may train on ``group``, else the reason (naming the field and, where one is to
-    blame, the episode's index)."""
+    blame, the episode's index). ``lists``: its episodes' token lists, where the caller took them already."""
     n = len(group.episodes)
     if n == 0:
         return "episodes: empty group"
@@ -168,7 +183,7 @@ def validate_group(group: EpisodeGroup, limits: Limits) -> str | None:
         if index >= n or index in indices:
             return f"episodes[{i}].sample_index: {index} out of range or repeated"
         indices.add(index)
-        reason = validate_episode(ep, limits)
+        reason = validate_episode(ep, limits, None if lists is None else lists[i])
         if reason is not None:
             return f"episodes[{i}].{reason}"
     return None

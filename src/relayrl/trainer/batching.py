@@ -81,6 +81,7 @@ class PackedBatch:
     Position t of ``input_ids`` predicts ``targets[:, t]``; ``mask`` marks the completion tokens trained on;
     ``seq`` names the micro-batch's sequence each position belongs to (its row when padded).
     ``attention_mask`` is None and ``position_ids`` set when several sequences share a row (packed).
+    ``teacher``, ``reference`` and ``baseline`` are other per-token values, laid out like ``behaviour_logprobs``.
     """
 
     input_ids: torch.Tensor  # [B, L] long
@@ -92,6 +93,9 @@ class PackedBatch:
     seq: torch.Tensor | None = None  # [B, L] long: sequence index (None: the row)
     position_ids: torch.Tensor | None = None  # [B, L] long (packed)
     num_seqs: int = 0
+    teacher: torch.Tensor | None = None  # [B, L] float: the teacher's logprob of each target
+    reference: torch.Tensor | None = None  # [B, L] float: the reference endpoint's logprob of each target
+    baseline: torch.Tensor | None = None  # [B, L] float: the distillation baseline of each token
 
     def sequence_index(self) -> torch.Tensor:
         if self.seq is not None:
@@ -103,60 +107,133 @@ class PackedBatch:
         return self.num_seqs or int(self.input_ids.shape[0])
 
 
+PerToken = Sequence[Sequence[float]]  # one list per sequence, one value per completion token
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Sequences as training positions, flat and on the host, built once per batch: sequence i holds positions
+    ``starts[i] : starts[i] + lengths[i]`` (prompt + completion - 1 of them), where position t reads token t and
+    predicts token t + 1. Completion values (behaviour logprobs, loss mask, teacher, reference, baseline) sit at
+    the positions that predict their tokens, 0 under the prompt. A micro-batch is a gather of its sequences'
+    spans (:meth:`padded`, :meth:`packed`): nothing is re-read from the episodes."""
+
+    input_ids: torch.Tensor  # [T] long
+    targets: torch.Tensor  # [T] long
+    mask: torch.Tensor  # [T] float32
+    behaviour: torch.Tensor  # [T] float32
+    temperature: torch.Tensor  # [N] float32
+    lengths: torch.Tensor  # [N] long
+    sizes: tuple[int, ...]  # the same lengths as host integers (plans and shapes need no tensor read)
+    starts: torch.Tensor  # [N] long
+    completion_at: torch.Tensor  # [T] long: the completion token a position predicts (-1 under the prompt)
+    teacher: torch.Tensor | None = None  # [T] float32
+    reference: torch.Tensor | None = None  # [T] float32
+    baseline: torch.Tensor | None = None  # [T] float32
+
+    @classmethod
+    def of(cls, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+           behaviour: PerToken | None, loss_masks: Sequence[Sequence[int]] | None,
+           temperatures: Sequence[float]) -> Positions:
+        """One pass over the sequences, one tensor per column (behaviour logprobs 0 and every completion token in
+        the loss where not given)."""
+        ids: list[int] = []
+        targets: list[int] = []
+        mask: list[float] = []
+        old: list[float] = []
+        at: list[int] = []
+        lengths: list[int] = []
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            if not p or (loss_masks is not None and len(loss_masks[i]) != len(c)) or \
+                    (behaviour is not None and len(behaviour[i]) != len(c)):
+                raise ValueError(f"sequence {i}: an empty prompt, or a loss mask or behaviour logprobs whose length "
+                                 f"is not the completion's ({len(c)})")
+            full = [*p, *c]
+            ids += full[:-1]
+            targets += full[1:]
+            lead = len(p) - 1
+            lengths.append(lead + len(c))
+            mask += [0.0] * lead
+            mask += map(float, loss_masks[i]) if loss_masks is not None else [1.0] * len(c)
+            old += [0.0] * lead
+            old += behaviour[i] if behaviour is not None else [0.0] * len(c)
+            at += [-1] * lead
+            at += range(len(c))
+        n = torch.tensor(lengths, dtype=torch.long)
+        return cls(input_ids=torch.tensor(ids, dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
+                   mask=torch.tensor(mask, dtype=torch.float32), behaviour=torch.tensor(old, dtype=torch.float32),
+                   temperature=torch.tensor(temperatures, dtype=torch.float32), lengths=n, sizes=tuple(lengths),
+                   starts=torch.cumsum(n, 0) - n, completion_at=torch.tensor(at, dtype=torch.long))
+
+    def completion_values(self, per_token: PerToken) -> torch.Tensor:
+        """Values of each sequence's completion tokens (one list per sequence, one value per token: a teacher's or
+        a reference's logprobs), laid out as positions: 0 under the prompt. A list of the wrong length is an
+        error."""
+        column = torch.zeros(len(self.mask), dtype=torch.float32)
+        values = torch.tensor([v for seq in per_token for v in seq], dtype=torch.float32)
+        try:
+            column[self.completion_at >= 0] = values
+        except RuntimeError as exc:  # a shape mismatch: some list is not as long as its completion
+            raise ValueError(f"{len(values)} per-token values do not match the completion tokens: {exc}") from None
+        return column
+
+    def padded(self, rows: Sequence[int], pad_id: int, device: torch.device) -> PackedBatch:
+        """Sequences ``rows``, one per row, right-padded to the longest of them (no further)."""
+        index = torch.tensor(list(rows), dtype=torch.long)
+        n = self.lengths[index]
+        span = torch.arange(max(self.sizes[i] for i in rows))
+        valid = span.unsqueeze(0) < n.unsqueeze(1)
+        at = torch.where(valid, self.starts[index].unsqueeze(1) + span, 0)  # [B, L] flat position (0: padding)
+
+        def take(col: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+            return torch.where(valid, col[at], fill).to(device)
+
+        def maybe(col: torch.Tensor | None) -> torch.Tensor | None:
+            return None if col is None else take(col)
+
+        return PackedBatch(input_ids=take(self.input_ids, pad_id), attention_mask=valid.long().to(device),
+                           targets=take(self.targets, pad_id), mask=take(self.mask),
+                           behaviour_logprobs=take(self.behaviour), temperature=self.temperature[index].to(device),
+                           teacher=maybe(self.teacher), reference=maybe(self.reference), baseline=maybe(self.baseline))
+
+    def packed(self, rows: Sequence[int], device: torch.device) -> PackedBatch:
+        """Sequences ``rows`` concatenated into one row ``[1, sum of their lengths]``, positions from 0 for each."""
+        index = torch.tensor(list(rows), dtype=torch.long)
+        n = self.lengths[index]
+        seq = torch.repeat_interleave(torch.arange(len(index)), n)
+        pos = torch.arange(sum(self.sizes[i] for i in rows)) - (torch.cumsum(n, 0) - n)[seq]
+        at = self.starts[index][seq] + pos
+
+        def row(values: torch.Tensor) -> torch.Tensor:
+            return values.unsqueeze(0).to(device)
+
+        def take(col: torch.Tensor) -> torch.Tensor:
+            return row(col[at])
+
+        def maybe(col: torch.Tensor | None) -> torch.Tensor | None:
+            return None if col is None else take(col)
+
+        return PackedBatch(input_ids=take(self.input_ids), attention_mask=None, targets=take(self.targets),
+                           mask=take(self.mask), behaviour_logprobs=take(self.behaviour),
+                           temperature=row(self.temperature[index][seq]),
+                           seq=row(seq), position_ids=row(pos), num_seqs=len(index), teacher=maybe(self.teacher),
+                           reference=maybe(self.reference), baseline=maybe(self.baseline))
+
+
 def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-         behaviour: Sequence[Sequence[float]] | None, loss_masks: Sequence[Sequence[int]] | None,
+         behaviour: PerToken | None, loss_masks: Sequence[Sequence[int]] | None,
          temperatures: Sequence[float], pad_id: int, device: torch.device) -> PackedBatch:
-    """Rows padded to the longest sequence given (no further); one tensor built per field, on the host."""
-    length = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True)) - 1
-    ids, attn, mask, old = [], [], [], []
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        n_p, n_c = len(p), len(c)
-        pad = length + 1 - n_p - n_c
-        ids.append([*p, *c, *([pad_id] * pad)])
-        attn.append([1] * (n_p + n_c) + [0] * pad)
-        # completion token j sits at position n_p + j and is predicted from position n_p + j - 1
-        lead, tail = [0.0] * (n_p - 1), [0.0] * (pad + 1)
-        mask.append([*lead, *(loss_masks[i] if loss_masks is not None else [1] * n_c), *tail])
-        old.append([*lead, *(behaviour[i] if behaviour is not None else [0.0] * n_c), *tail])
-    ids_t = torch.tensor(ids, dtype=torch.long)
-    return PackedBatch(
-        input_ids=ids_t[:, :-1].to(device), attention_mask=torch.tensor(attn, dtype=torch.long)[:, :-1].to(device),
-        targets=ids_t[:, 1:].to(device), mask=torch.tensor(mask, dtype=torch.float32)[:, :-1].to(device),
-        behaviour_logprobs=torch.tensor(old, dtype=torch.float32)[:, :-1].to(device),
-        temperature=torch.tensor(temperatures, dtype=torch.float32, device=device),
-    )
+    """All sequences, one per row, padded to the longest (:meth:`Positions.padded`)."""
+    positions = Positions.of(prompts, completions, behaviour, loss_masks, temperatures)
+    return positions.padded(range(len(prompts)), pad_id, device)
 
 
 def pack_row(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-             behaviour: Sequence[Sequence[float]] | None, loss_masks: Sequence[Sequence[int]] | None,
+             behaviour: PerToken | None, loss_masks: Sequence[Sequence[int]] | None,
              temperatures: Sequence[float], device: torch.device) -> PackedBatch:
-    """All sequences concatenated into one row ``[1, sum of (len - 1)]``, positions restarting at 0 for each."""
-    ids: list[int] = []
-    targets: list[int] = []
-    mask: list[float] = []
-    old: list[float] = []
-    pos: list[int] = []
-    seq: list[int] = []
-    temp: list[float] = []
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        full = [*p, *c]
-        n = len(full) - 1
-        ids += full[:-1]
-        targets += full[1:]
-        lead = [0.0] * (len(p) - 1)
-        mask += [*lead, *(float(x) for x in (loss_masks[i] if loss_masks is not None else [1] * len(c)))]
-        old += [*lead, *(behaviour[i] if behaviour is not None else [0.0] * len(c))]
-        pos += range(n)
-        seq += [i] * n
-        temp += [temperatures[i]] * n
-
-    def row(values: list[int] | list[float], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([values], dtype=dtype, device=device)
-
-    return PackedBatch(input_ids=row(ids, torch.long), attention_mask=None, targets=row(targets, torch.long),
-                       mask=row(mask, torch.float32), behaviour_logprobs=row(old, torch.float32),
-                       temperature=row(temp, torch.float32), seq=row(seq, torch.long),
-                       position_ids=row(pos, torch.long), num_seqs=len(prompts))
+    """All sequences concatenated into one row (:meth:`Positions.packed`)."""
+    return Positions.of(prompts, completions, behaviour, loss_masks, temperatures).packed(range(len(prompts)),
+                                                                                          device)
 
 
 def model_logprobs(model: Any, mb: PackedBatch, chunk: int = 0) -> torch.Tensor:

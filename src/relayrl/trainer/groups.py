@@ -45,13 +45,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from relayrl.common.episodes import Limits, reward_failed, validate_group
+from relayrl.common.episodes import Limits, validate_group
 from relayrl.common.logging import log_context
 from relayrl.common.pb import reward_pb2
 from relayrl.common.redis_keys import trainer_consumer
 from relayrl.common.retry import OomBackpressure, redis_retry
 from relayrl.common.stream import BadEntry, EpisodeStream, StreamEntry
 from relayrl.config.trainer import RewardErrorPolicy
+from relayrl.trainer.ingest import Ingested, Verdict, judge
 
 log = logging.getLogger(__name__)
 
@@ -70,29 +71,6 @@ def live_consumers(prefix: str, world_size: int) -> set[str]:
 def groups_per_rank(groups_per_step: int, world_size: int) -> int:
     """Each rank's share of a step's groups (the config guarantees divisibility)."""
     return groups_per_step // world_size
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A decoded, valid entry waiting to be trained, with the oldest and newest weight version of its tokens
-    (read once, when it is checked: iterating a protobuf repeated field is the costly part)."""
-
-    entry: StreamEntry
-    oldest: int  # of its episodes' oldest tokens (an episode without tokens counts as version 0)
-    newest: int
-
-    @classmethod
-    def of(cls, entry: StreamEntry) -> Ready:
-        versions = [list(ep.token_weight_versions) for ep in entry.group.episodes]
-        return cls(entry, min((min(v, default=0) for v in versions), default=0),
-                   max((max(v, default=0) for v in versions), default=0))
-
-
-def zero_advantage(entry: StreamEntry) -> bool:
-    """Whether the group's valid episodes all have the same reward (fewer than two: nothing to compare), so
-    every group-baseline advantage (grpo, dr_grpo, rloo, reinforce_pp_baseline) is zero."""
-    rewards = {ep.reward for ep in entry.group.episodes if not reward_failed(ep)}
-    return len(rewards) <= 1
 
 
 class CollectStopped(Exception):
@@ -140,7 +118,7 @@ class GroupCollector:
         self.max_staleness = max_staleness
         self.block_ms = block_ms
         self.already_done = already_done  # group ids whose effect the restored checkpoint holds
-        self._ready: list[Ready] = []
+        self._ready: list[Ingested] = []
         self._pending_after: str | None = "0"  # page through our own pending entries first, then new ones
         self.consumed_ids: list[str] = []  # groups trained or dropped since the last checkpoint
         self.unacked: list[str] = []  # their stream entry ids (acknowledged after the next checkpoint)
@@ -148,16 +126,16 @@ class GroupCollector:
         # a stop request: collect raises CollectStopped between two reads (never in the middle of a drop)
         self.stop_requested: Callable[[], bool] = lambda: False
 
-    async def collect(self, num_groups: int, staleness: StalenessFn) -> list[StreamEntry]:
+    async def collect(self, num_groups: int, staleness: StalenessFn) -> list[Ingested]:
+        """This rank's next ``num_groups`` groups to train, each ingested once (relayrl.trainer.ingest); the groups
+        judged otherwise meanwhile are dropped and counted, or dead-lettered."""
         ratio = self.zero_advantage_drop_ratio
         self._zero_advantage_budget = int(ratio * num_groups) if ratio is not None else 0
         while True:
-            await self._drop_failed()
-            await self._drop_stale(staleness)
-            await self._drop_zero_advantage()
+            await self._judge_waiting(staleness)
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
-                return [r.entry for r in taken]
+                return taken
             if self.stop_requested():  # within read_block_ms of the request
                 raise CollectStopped(f"stopped waiting for groups ({len(self._ready)} of {num_groups} ready)")
             # read only the shortfall: a rank that took more than its share could starve the others
@@ -168,7 +146,7 @@ class GroupCollector:
                 "read", self.retry_s, on_reconnect=self._rescan)
             if self._pending_after is not None and after == self._pending_after:
                 self._pending_after = entries[-1].entry_id if entries else None
-            waiting = {r.entry.group.group_id for r in self._ready}
+            waiting = {r.group_id for r in self._ready}
             for entry in entries:
                 if isinstance(entry, BadEntry):
                     await self.dead_letter(entry.entry_id, entry.fields, entry.reason, 0)
@@ -183,19 +161,19 @@ class GroupCollector:
                     # never train twice; acknowledge it with the next checkpoint
                     self.unacked.append(entry.entry_id)
                 else:
-                    ready = Ready.of(entry)
-                    if (reason := await self._invalid(ready)) is not None:
+                    ingested = Ingested.of(entry)
+                    if (reason := await self._invalid(ingested)) is not None:
                         await self.dead_letter(entry.entry_id, entry.fields, reason, len(entry.group.episodes))
                     else:
                         self.seen.add(gid)
-                        self._ready.append(ready)
+                        self._ready.append(ingested)
 
-    async def _invalid(self, ready: Ready) -> str | None:
-        """Why the trainer must not train on ``ready``'s entry (relayrl.common.episodes), or None."""
-        if ready.newest > self._newest_version:  # allocated since we last looked, or from the future: ask the counter
+    async def _invalid(self, ingested: Ingested) -> str | None:
+        """Why the trainer must not train on ``ingested`` (relayrl.common.episodes), or None."""
+        if ingested.newest > self._newest_version:  # allocated since we last looked, or from the future: ask
             self._newest_version = await redis_retry(self.checks.newest_version, "newest version", self.retry_s)
         limits = Limits(self.checks.vocab_size, self.checks.max_completion_tokens, self._newest_version)
-        return validate_group(ready.entry.group, limits)
+        return validate_group(ingested.entry.group, limits, ingested.lists)
 
     async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int) -> None:
         """Move an entry to the dead-letter stream, count it and acknowledge it (one idempotent script)."""
@@ -218,66 +196,39 @@ class GroupCollector:
         """After a Redis outage, page through our pending entries again: acks or deliveries may be lost."""
         self._pending_after = "0"
 
-    async def _drop_failed(self) -> None:
-        """Reward errors: stop (policy fail), or drop and count the groups with no valid episode (drop)."""
-        keep: list[Ready] = []
-        for ready in self._ready:
-            entry = ready.entry
-            failed = [ep for ep in entry.group.episodes if reward_failed(ep)]
-            if failed and self.on_reward_error is RewardErrorPolicy.FAIL:
-                ep = failed[0]
-                raise RewardErrorStop(
-                    f"episode {ep.episode_id} of group {entry.group.group_id} has reward status "
-                    f"{reward_pb2.ScoreStatus.Name(ep.reward_status)}: {ep.reward_error} "
-                    f"({len(failed)} of {len(entry.group.episodes)} failed; trainer.on_reward_error is fail)")
-            if failed and len(failed) == len(entry.group.episodes):
-                await self._write(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
-                    e.group.group_id, len(e.group.episodes), "reward_error"), "record drop")
-                self.consumed(entry)
-                log.warning("dropped group %s: every episode failed scoring (%s)", entry.group.group_id,
-                            failed[0].reward_error)
+    async def _judge_waiting(self, staleness: StalenessFn) -> None:
+        """Judge each waiting group (:func:`relayrl.trainer.ingest.judge`) and act on its verdict: keep it, drop it
+        (recorded in Redis at once, so rollout's admission releases it without waiting for a step, and counted),
+        or dead-letter it. With ``trainer.on_reward_error: fail`` an errored episode stops the trainer first."""
+        keep: list[Ingested] = []
+        for ing in self._ready:
+            if ing.failed and self.on_reward_error is RewardErrorPolicy.FAIL:
+                raise self._reward_error_stop(ing)
+            lag, ahead = await staleness(ing.oldest), await staleness(ing.newest)
+            verdict, why = judge(ing, lag, ahead, self.max_staleness, self._zero_advantage_budget > 0)
+            entry = ing.entry
+            if verdict is Verdict.OK:
+                keep.append(ing)
+            elif verdict is Verdict.INVALID:
+                await self.dead_letter(entry.entry_id, entry.fields, why, ing.size)
             else:
-                keep.append(ready)
-        self._ready = keep
-
-    async def _drop_stale(self, staleness: StalenessFn) -> None:
-        keep: list[Ready] = []
-        for ready in self._ready:
-            entry = ready.entry
-            lag = await staleness(ready.oldest)
-            ahead = await staleness(ready.newest)
-            if min(lag, ahead) < 0:  # never a negative staleness: a version the lineage places after our weights
-                await self.dead_letter(entry.entry_id, entry.fields, f"token_weight_versions: version "
-                                       f"{ready.newest if ahead < 0 else ready.oldest} is ahead of "
-                                       f"the trainer's weights (staleness {min(lag, ahead)})",
-                                       len(entry.group.episodes))
-            elif lag > self.max_staleness:
-                with log_context(group_id=entry.group.group_id):
-                    # recorded in Redis at once: rollout's admission releases it without waiting for a step
-                    await self._write(lambda e=entry: self.stream.record_dropped(e.group.group_id,  # type: ignore[misc]
-                                                                                len(e.group.episodes)), "record drop")
+                if verdict is Verdict.ZERO_ADVANTAGE:
+                    self._zero_advantage_budget -= 1
+                with log_context(group_id=ing.group_id):
+                    await self._write(lambda e=entry, r=verdict.value: self.stream.record_dropped(  # type: ignore[misc]
+                        e.group.group_id, len(e.group.episodes), r), "record drop")
                     self.consumed(entry)
-                    log.warning("dropped group %s: staleness %d > max_staleness %d", entry.group.group_id, lag,
-                                self.max_staleness)
-            else:
-                keep.append(ready)
+                    log.log(logging.INFO if verdict is Verdict.ZERO_ADVANTAGE else logging.WARNING,
+                            "dropped group %s: %s", ing.group_id, why)
         self._ready = keep
 
-    async def _drop_zero_advantage(self) -> None:
-        """Dynamic sampling: drop (record, count) zero-advantage groups while this step's budget lasts."""
-        keep: list[Ready] = []
-        for ready in self._ready:
-            entry = ready.entry
-            if self._zero_advantage_budget > 0 and zero_advantage(entry):
-                self._zero_advantage_budget -= 1
-                await self._write(lambda e=entry: self.stream.record_dropped(  # type: ignore[misc]
-                    e.group.group_id, len(e.group.episodes), "zero_advantage"), "record drop")
-                self.consumed(entry)
-                log.info("dropped group %s: every valid episode has the same reward (dynamic sampling)",
-                         entry.group.group_id)
-            else:
-                keep.append(ready)
-        self._ready = keep
+    @staticmethod
+    def _reward_error_stop(ing: Ingested) -> RewardErrorStop:
+        ep = ing.entry.group.episodes[ing.failed[0]]
+        return RewardErrorStop(
+            f"episode {ep.episode_id} of group {ing.group_id} has reward status "
+            f"{reward_pb2.ScoreStatus.Name(ep.reward_status)}: {ep.reward_error} "
+            f"({len(ing.failed)} of {ing.size} failed; trainer.on_reward_error is fail)")
 
     def consumed(self, entry: StreamEntry) -> None:
         self.consumed_ids.append(entry.group.group_id)

@@ -7,17 +7,17 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.loss import KlUse
 from relayrl.config.trainer import MicroBatchLayout, TrainerConfig
-from relayrl.trainer.batching import PackedBatch, pack, pack_row, plan_micro_batches, plan_packed
+from relayrl.trainer.batching import PackedBatch, Positions, pack, plan_micro_batches, plan_packed
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.losses.advantages import (
     BATCH_NORMALISED,
     Groups,
@@ -32,7 +32,7 @@ from relayrl.trainer.losses.step import LossTerms, denominator, loss_terms
 from relayrl.trainer.losses.tokens import Tokens
 from relayrl.trainer.optim import build_optimizer, lr_at
 from relayrl.trainer.parallel_dims import full_norm, sync_gradients
-from relayrl.trainer.reference import Reference, model_logprobs, sequence_lengths
+from relayrl.trainer.reference import Reference, model_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,9 @@ class Learner:
                  max_completion_tokens: int = 1, collectives: Collectives | None = None,
                  reference: Reference | None = None) -> None:
         self.model = model
-        self.reference = reference  # the frozen model of the KL term (relayrl.trainer.reference)
-        # or the reference's logprobs of this step's episodes, from an endpoint (trainer.loss.reference_address)
-        self._ref_scores: Sequence[Sequence[float]] | None = None
+        # the frozen model of the KL term (relayrl.trainer.reference); or None, and the reference's logprobs come
+        # with the batch from an endpoint (trainer.loss.reference_address)
+        self.reference = reference
         self.collectives = collectives or Collectives(None, timeout_s=60.0)
         self.max_completion_tokens = max_completion_tokens
         self.cfg = cfg
@@ -126,130 +126,124 @@ class Learner:
         self.steps_done += 1
         return full_norm(grad_norm), lr
 
-    def _has_reference(self) -> bool:
-        return self.reference is not None or self._ref_scores is not None
+    def _has_reference(self, positions: Positions) -> bool:
+        return self.reference is not None or positions.reference is not None
 
-    def _reference_logprobs(self, episodes: Sequence[Episode], rows: Sequence[int], mb: PackedBatch) -> torch.Tensor:
-        """log pi_ref of ``mb`` (rows ``rows`` of ``episodes``): the endpoint's scores laid out like it, or the
-        trainer's frozen copy's forward."""
-        if self._ref_scores is not None:
-            return self._pack_rows(episodes, rows, self._ref_scores).behaviour_logprobs
+    def _reference_logprobs(self, mb: PackedBatch) -> torch.Tensor:
+        """log pi_ref of ``mb``: the endpoint's scores it carries, or the trainer's frozen copy's forward."""
+        if mb.reference is not None:
+            return mb.reference
         assert self.reference is not None
         return self.reference.logprobs(mb, self.cfg.logprob_chunk_positions)
 
     def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor,
-                    teacher: torch.Tensor | None = None, ref: torch.Tensor | None = None,
-                    baseline: torch.Tensor | None = None) -> LossTerms:
-        """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence;
-        ``teacher`` the teacher's logprobs, ``ref`` the reference's and ``baseline`` the distillation baseline
-        of each token, laid out like ``mb``."""
+                    ref: torch.Tensor | None = None) -> LossTerms:
+        """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence; ``ref``
+        the reference's logprob of each token (KL in the loss), laid out like ``mb``."""
         prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
         seq = mb.sequence_index().reshape(-1)
+
+        def flat(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values.to(logp.dtype).reshape(-1)
+
         tokens = Tokens(logp.reshape(-1), prox.reshape(-1), mb.behaviour_logprobs.reshape(-1),
                         adv.to(logp.dtype)[seq], mb.mask.to(logp.dtype).reshape(-1), seq, mb.sequences(),
-                        None if teacher is None else teacher.to(logp.dtype).reshape(-1),
-                        None if baseline is None else baseline.to(logp.dtype).reshape(-1))
+                        flat(mb.teacher), flat(mb.baseline))
         return loss_terms(self.cfg.loss, tokens, None if ref is None else ref.reshape(-1))
 
-    def rl_step(self, episodes: Sequence[Episode], teacher: Sequence[Sequence[float]] | None = None,
-                reference: Sequence[Sequence[float]] | None = None) -> StepStats:
-        """Gradients over the global batch (all ranks), then one AdamW step. ``teacher`` / ``reference``: the
-        teacher's (policy_loss reverse_kl) / the reference endpoint's logprobs of each episode's completion."""
+    def rl_step(self, batch: StepBatch) -> StepStats:
+        """Gradients over the global batch (all ranks), then one optimizer step."""
         t0 = time.monotonic()
-        self._ref_scores = reference
-        try:
-            stats = self.rl_gradients(episodes, teacher)
-        finally:
-            self._ref_scores = None
+        stats = self.rl_gradients(batch)
         t1 = time.monotonic()
         stats.grad_norm, stats.lr = self._optimizer_step()
         stats.fwd_bwd_s, stats.optimizer_s = t1 - t0, time.monotonic() - t1
         return stats
 
-    def _advantages(self, episodes: Sequence[Episode], plan: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _advantages(self, batch: StepBatch, micro: Sequence[tuple[Sequence[int], PackedBatch]]) -> torch.Tensor:
         """Per-episode advantages after the reward shaping (overlong penalty, KL penalty) the config asks for."""
         lc = self.cfg.loss
-        group_ids = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in episodes))}
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
-        rewards += overlong_penalty(sequence_lengths(episodes), self.max_completion_tokens,
-                                    lc.overlong_buffer_tokens, lc.overlong_penalty)
+        rewards = batch.reward + overlong_penalty(batch.completion_len, self.max_completion_tokens,
+                                                  lc.overlong_buffer_tokens, lc.overlong_penalty)
         rewards = rewards.to(self.device)
-        if self._has_reference() and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
-            rewards -= self._reference_penalty(episodes, plan)
+        if self._has_reference(batch.positions) and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
+            rewards -= self._reference_penalty(len(batch), micro)
         rewards = rewards.to(torch.float32)
-        gidx = torch.tensor([group_ids[e.group_id] for e in episodes], dtype=torch.long, device=self.device)
+        gidx = batch.group_index.to(self.device)
         batch_moments = None
         if lc.advantage in BATCH_NORMALISED:  # normalised over the global batch: every rank's moments
-            batch_moments = moments(reinforce_pp_values(lc.advantage, Groups(rewards, gidx, len(group_ids))))
+            batch_moments = moments(reinforce_pp_values(lc.advantage, Groups(rewards, gidx, batch.num_groups)))
             self.collectives.all_reduce(batch_moments, dist.ReduceOp.SUM, "advantage_moments")
-        return advantages(lc.advantage, rewards, gidx, len(group_ids), lc.advantage_eps, batch_moments)
+        return advantages(lc.advantage, rewards, gidx, batch.num_groups, lc.advantage_eps, batch_moments)
 
-    def _reference_penalty(self, episodes: Sequence[Episode], plan: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _reference_penalty(self, n: int, micro: Sequence[tuple[Sequence[int], PackedBatch]]) -> torch.Tensor:
         """kl_coef x each episode's summed KL estimate (behaviour logprobs vs the reference), float64 [N]."""
         lc = self.cfg.loss
-        out = torch.zeros(len(episodes), dtype=torch.float64, device=self.device)
-        for rows in plan:
-            mb = self._pack_rows(episodes, rows)
-            ref = self._reference_logprobs(episodes, rows, mb)
+        out = torch.zeros(n, dtype=torch.float64, device=self.device)
+        for rows, mb in micro:
+            ref = self._reference_logprobs(mb)
             penalty = kl_reward_penalty(lc.kl_estimator, lc.kl_coef, mb.behaviour_logprobs.reshape(-1),
                                         ref.reshape(-1), mb.mask.reshape(-1), mb.sequence_index().reshape(-1),
                                         mb.sequences())
             out[torch.tensor(list(rows), dtype=torch.long, device=self.device)] = penalty
         return out
 
-    def _plan(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[list[int]]:
-        lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions, strict=True)]
+    def _plan(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Micro-batches of sequences of ``lengths`` training positions (relayrl.trainer.batching)."""
         if self.cfg.micro_batch_layout is MicroBatchLayout.PACKED:
             return plan_packed(lengths, self.cfg.micro_batch_tokens)
         return plan_micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
-    def _pack_rows(self, episodes: Sequence[Episode], rows: Sequence[int],
-                   logprobs: Sequence[Sequence[float]] | None = None) -> PackedBatch:
-        """Micro-batch ``rows`` of ``episodes``; ``logprobs`` (one list per episode) in place of the behaviour
-        logprobs lays out other per-token values (the teacher's) exactly like them."""
-        eps = [episodes[i] for i in rows]
-        behaviour = [e.behaviour_logprobs for e in eps] if logprobs is None else [logprobs[i] for i in rows]
+    def _micro_batch(self, positions: Positions, rows: Sequence[int]) -> PackedBatch:
         if self.cfg.micro_batch_layout is MicroBatchLayout.PACKED:
-            return pack_row([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps],
-                            behaviour, [e.loss_mask for e in eps],
-                            [e.sampling_temperature or 1.0 for e in eps], self.device)
-        return pack([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps],
-                    behaviour, [e.loss_mask for e in eps],
-                    [e.sampling_temperature or 1.0 for e in eps], self.pad_id, self.device)
+            return positions.packed(rows, self.device)
+        return positions.padded(rows, self.pad_id, self.device)
 
-    def _padding_micro_batch(self) -> tuple[PackedBatch, torch.Tensor]:
-        """One position, zero mask and advantage: the cheapest forward/backward, contributing exactly zero."""
+    def _with_baselines(self, batch: StepBatch) -> Positions:
+        """The batch's positions, with the distillation baseline of each token where a teacher scored them
+        (computed per group before the split into micro-batches, so any split gives the same baselines)."""
+        positions = batch.positions
+        if positions.teacher is None:
+            return positions
+        group = torch.repeat_interleave(batch.group_index, positions.lengths)
+        baseline = distill_baselines(self.cfg.loss.distill_baseline, positions.behaviour - positions.teacher, group,
+                                     positions.completion_at, positions.mask)
+        return replace(positions, baseline=baseline)
+
+    def _padding_micro_batch(self, like: Positions) -> tuple[PackedBatch, torch.Tensor]:
+        """One position, zero mask and advantage: the cheapest forward/backward, contributing exactly zero (with
+        zero teacher and baseline columns where ``like``'s micro-batches carry them)."""
         mb = pack([[self.pad_id]], [[self.pad_id]], None, [[0]], [1.0], self.pad_id, self.device)
+        if like.teacher is not None:
+            mb.teacher, mb.baseline = torch.zeros_like(mb.mask), torch.zeros_like(mb.mask)
         return mb, torch.zeros(1, dtype=torch.float32, device=self.device)
 
-    def rl_gradients(self, episodes: Sequence[Episode], teacher: Sequence[Sequence[float]] | None = None
-                     ) -> StepStats:
+    def rl_gradients(self, batch: StepBatch) -> StepStats:
         """Accumulate into ``.grad`` the gradient of the loss over the *global* batch (every rank's episodes).
 
         Normalisation: the loss is the sum over all ranks' completion tokens divided by their global count
         (``token_mean``) or by global episodes x max_new_tokens (``constant``); each rank divides its local
         sum by that global denominator and the gradients are all-reduced with SUM. So 1 rank with the whole
         batch and N ranks with a share each, and any micro-batch split, compute the same gradient (up to
-        summation order). Micro-batches: see relayrl.trainer.batching (each padded to its own longest
-        sequence). Every rank runs the same number of micro-batches (all-reduce MAX, padded with zero-weight
-        ones), and before each one agrees whether to stop (:func:`stop_agreed`, :class:`StepAbandoned`). One forward
-        per micro-batch gives both the current and the proximal logprobs (one optimizer
-        step per batch), and the loop never reads a tensor on the host: statistics stay tensors until the end.
+        summation order). Micro-batches: see relayrl.trainer.batching, each sliced once from the batch's columns
+        (relayrl.trainer.ingest.StepBatch). Every rank runs the same number of micro-batches (all-reduce MAX,
+        padded with zero-weight ones), and before each one agrees whether to stop (:func:`stop_agreed`,
+        :class:`StepAbandoned`). One forward per micro-batch gives both the current and the proximal logprobs (one
+        optimizer step per batch), and the loop never reads a tensor on the host: statistics stay tensors until
+        the end.
         """
         coll = self.collectives
         self.model.train()
-        plan = self._plan([e.prompt_token_ids for e in episodes], [e.completion_token_ids for e in episodes])
-        adv = self._advantages(episodes, plan)
-        local_tokens = float(sum(sum(e.loss_mask) for e in episodes))  # host lists: no device sync
-        counts = torch.tensor([local_tokens, float(len(episodes))], dtype=torch.float64)
+        positions = self._with_baselines(batch)
+        plan = self._plan(positions.sizes)
+        micro = [(rows, self._micro_batch(positions, rows)) for rows in plan]
+        adv = self._advantages(batch, micro)
+        counts = torch.tensor([batch.loss_tokens, float(len(batch))], dtype=torch.float64)
         coll.all_reduce(counts, dist.ReduceOp.SUM, "global_tokens_and_episodes")
         global_tokens = max(float(counts[0]), 1.0)
         norm = denominator(self.cfg.loss, global_tokens, float(counts[1]), self.max_completion_tokens)
         n_micro = agreed_count(coll, len(plan))
-        baselines = None if teacher is None else distill_baselines(
-            self.cfg.loss.distill_baseline, [[b - t for b, t in zip(e.behaviour_logprobs, lps, strict=True)]
-                                             for e, lps in zip(episodes, teacher, strict=True)],
-            [e.group_id for e in episodes], [e.loss_mask or [1] * len(e.completion_token_ids) for e in episodes])
+        kl_in_loss = self._has_reference(positions) and self.cfg.loss.kl_use is KlUse.LOSS
         # loss, clipped, ratio, kl, importance sum, |prox - behav| sum, mismatch-masked tokens, reference kl,
         # teacher kl
         sums = torch.zeros(9, dtype=torch.float64, device=self.device)
@@ -263,20 +257,14 @@ class Learner:
             if i >= n_micro:
                 break
             if i < len(plan):
-                mb = self._pack_rows(episodes, plan[i])
-                mb_adv = adv[torch.tensor(plan[i], dtype=torch.long, device=self.device)]
-                mb_teacher, mb_base = (None, None) if teacher is None or baselines is None else \
-                    (self._pack_rows(episodes, plan[i], teacher).behaviour_logprobs,
-                     self._pack_rows(episodes, plan[i], baselines).behaviour_logprobs)
+                rows, mb = micro[i]
+                mb_adv = adv[torch.tensor(rows, dtype=torch.long, device=self.device)]
+                ref = self._reference_logprobs(mb) if kl_in_loss else None
             else:  # padding: every rank runs the same micro-batches
-                mb, mb_adv = self._padding_micro_batch()
-                mb_teacher = mb_base = None if teacher is None else torch.zeros_like(mb.behaviour_logprobs)
-            ref = None
-            if self._has_reference() and self.cfg.loss.kl_use is KlUse.LOSS:
-                ref = self._reference_logprobs(episodes, plan[i], mb) if i < len(plan) else \
-                    torch.zeros_like(mb.behaviour_logprobs)
+                mb, mb_adv = self._padding_micro_batch(positions)
+                ref = torch.zeros_like(mb.behaviour_logprobs) if kl_in_loss else None
             logp = model_logprobs(self.model, mb, self.cfg.logprob_chunk_positions)
-            terms = self._loss_terms(logp, mb, mb_adv, mb_teacher, ref, mb_base)
+            terms = self._loss_terms(logp, mb, mb_adv, ref)
             (terms.loss_sum / norm).backward()
             with torch.no_grad():
                 diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
@@ -305,9 +293,9 @@ class Learner:
         self.collectives.all_reduce(total_tokens, dist.ReduceOp.SUM, "sft_global_tokens")
         total_tokens = total_tokens.clamp(min=1.0).to(torch.float32)
         loss_sum = torch.zeros(1, device=self.device)
-        for rows in self._plan(prompts, answers):  # no collective per micro-batch: counts may differ by rank
-            mb = pack([prompts[i] for i in rows], [answers[i] for i in rows], None, None, [1.0] * len(rows),
-                      self.pad_id, self.device)
+        positions = Positions.of(prompts, answers, None, None, [1.0] * len(prompts))
+        for rows in self._plan(positions.sizes):  # no collective per micro-batch: counts differ by rank
+            mb = positions.padded(rows, self.pad_id, self.device)
             nll = -(model_logprobs(self.model, mb, self.cfg.logprob_chunk_positions) * mb.mask).sum()
             (nll / total_tokens).backward()
             loss_sum += nll.detach()

@@ -9,28 +9,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import NamedTuple
 
 import torch
 
 from relayrl.common import books
 from relayrl.common.dataset import load_jsonl
-from relayrl.common.episodes import reward_failed
 from relayrl.common.logging import log_context
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, row_fields
 from relayrl.common.model import chat_token_ids
 from relayrl.common.pb.common_pb2 import ServingState
-from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.stream import StreamEntry
 from relayrl.config.trainer import StopBudget, graceful_stop_s
 from relayrl.trainer.audit import TrainedAudit
 from relayrl.trainer.groups import CollectStopped, groups_per_rank, live_consumers
 from relayrl.trainer.in_run_eval import InRunEval
+from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import StepAbandoned, StepStats
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.parts import LoopParts
-from relayrl.trainer.step_summary import StepSummary, set_times
-from relayrl.trainer.step_summary import global_summary as global_summary
+from relayrl.trainer.step_summary import StepSummary, global_summary, set_times
 from relayrl.trainer.steptime import Longest, StepClock
 
 log = logging.getLogger(__name__)
@@ -45,17 +42,6 @@ def generation_wait(entries: list[StreamEntry], start: float, end: float) -> flo
     return min(max(max(ready) - start, 0.0), max(end - start, 0.0))
 
 
-class Batch(NamedTuple):
-    """This rank's share of one step's batch."""
-
-    entries: list[StreamEntry]  # the stream entries (groups) read
-    episodes: list[Episode]  # their valid episodes (errored ones never reach the loss)
-    excluded: int  # errored episodes left out
-    staleness: torch.Tensor  # each valid episode's staleness (of its oldest token)
-    teacher: list[list[float]] | None  # the teacher's logprobs of their tokens (trainer.teacher), or None
-    reference: list[list[float]] | None  # the reference endpoint's logprobs of their tokens, or None
-
-
 class TrainingLoop:
     def __init__(self, parts: LoopParts) -> None:
         cfg, coll = parts.cfg, parts.coll
@@ -67,7 +53,7 @@ class TrainingLoop:
         self.is_main = coll.rank == 0
         self._t0 = time.monotonic()
         self._last_step_t = self._t0
-        self._prefetch: asyncio.Task[Batch] | None = None
+        self._prefetch: asyncio.Task[StepBatch] | None = None
         self._generating_s: float | None = None  # of the step's data wait, the part before its batch was generated
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
         self.longest = Longest()  # this rank's longest step, push and checkpoint: its graceful stop's deadline
@@ -176,7 +162,7 @@ class TrainingLoop:
         await self.checkpoint_and_ack()
         log.info("stopped at step %d with a final checkpoint (every trained group acknowledged)", step)
 
-    async def _batch(self) -> Batch:
+    async def _batch(self) -> StepBatch:
         """This step's batch (prefetched, or read now). After a stop request a read ends at its next safe point
         (never in the middle of a drop); one rank then abandons the step at once, several take an empty share and
         join the step's collectives, so that every rank agrees to stop at its first micro-batch boundary."""
@@ -187,7 +173,7 @@ class TrainingLoop:
                 raise CollectStopped("stop requested")
             batch = await (prefetched or self._collect())
         except CollectStopped:
-            batch = Batch([], [], 0, torch.zeros(0), None, None)
+            batch = StepBatch.empty()
         if alone and self.stop.is_set():
             raise StepAbandoned(0, 0)
         return batch
@@ -197,14 +183,13 @@ class TrainingLoop:
         tc, progress, clock = self.cfg.trainer, self.progress, self.clock
         with clock.part("data"):  # the batch read while the previous step's metrics were written, or read now
             waited_from = time.time()  # wall clock: compared with rollout's enqueued_at
-            entries, episodes, excluded, staleness, teacher, reference = await self._batch()
-            self._generating_s = generation_wait(entries, waited_from, time.time())
+            batch = await self._batch()
+            self._generating_s = generation_wait(batch.entries, waited_from, time.time())
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
         books = asyncio.create_task(self._read_books()) if self.is_main else None
         try:
-            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, episodes, teacher,
-                                            reference)
+            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, batch)
         except BaseException:
             if books is not None:
                 books.cancel()
@@ -212,13 +197,13 @@ class TrainingLoop:
         clock.add("fwd_bwd", stats.fwd_bwd_s)
         clock.add("optimizer", stats.optimizer_s)
         with clock.part("metrics"):
-            for entry in entries:
+            for entry in batch.entries:
                 self.collector.consumed(entry)
                 if log.isEnabledFor(logging.DEBUG):
                     with log_context(group_id=entry.group.group_id):
                         log.debug("trained group at step %d (%d episodes: %s)", progress.step + 1,
                                   len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
-            self.audit.trained(progress.step + 1, entries)
+            self.audit.trained(progress.step + 1, batch.entries)
         with clock.part("publish"):
             await self.publish(progress.step + 1, wait=not tc.publication.overlap)
         progress.advance()
@@ -227,8 +212,7 @@ class TrainingLoop:
             # across a checkpoint, which acknowledges what was consumed before it
             self._prefetch = asyncio.create_task(self._collect(), name=f"collect-step-{progress.step + 1}")
         with clock.part("metrics"):
-            summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, episodes,
-                                              staleness, excluded)
+            summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, batch)
             progress.episodes_trained += summary.episodes
             progress.exclude(summary.reward_errors)
             progress.groups_trained += tc.groups_per_step
@@ -237,21 +221,23 @@ class TrainingLoop:
         step_s = time.monotonic() - t_step
         last_push = self.publication.last_push
         self.longest.saw(step_s, push_s=last_push.seconds if last_push is not None else 0.0)
-        await self._log_step(summary, episodes, stats, step_s)
+        await self._log_step(summary, batch, stats, step_s)
         if self.evals is not None:
             self.evals.after_step(progress.step, self.publication.weight_version, progress.step >= tc.total_steps)
 
-    async def _collect(self) -> Batch:
+    async def _collect(self) -> StepBatch:
         """This rank's share of the next batch. No collective: it may run beside the previous step's metrics."""
         tc = self.cfg.trainer
-        entries = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
-                                               self.staleness)
-        # errored episodes never reach the loss; their groups train on the valid ones (relayrl.trainer.groups)
-        episodes = [ep for e in entries for ep in e.group.episodes if not reward_failed(ep)]
-        excluded = sum(len(e.group.episodes) for e in entries) - len(episodes)
-        teacher = await self.teacher.logprobs(episodes) if self.teacher is not None and episodes else None
-        reference = await self.reference.logprobs(episodes) if self.reference is not None and episodes else None
-        return Batch(entries, episodes, excluded, await self._staleness_of(episodes), teacher, reference)
+        taken = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
+                                             self.staleness)
+        # each episode's staleness (of its oldest token): one lineage look-up per distinct version, not per episode
+        lags = {v: await self.staleness(v) for v in dict.fromkeys(v for ing in taken for v in ing.oldest_each)}
+        batch = StepBatch.take(taken, lags)  # errored episodes left out: their groups train on the valid ones
+        if not batch.episodes:
+            return batch
+        teacher = await self.teacher.logprobs(batch.episodes) if self.teacher is not None else None
+        reference = await self.reference.logprobs(batch.episodes) if self.reference is not None else None
+        return batch.scored(teacher, reference)
 
     async def _drop_prefetch(self) -> None:
         """Cancel a read of the next batch nobody will train (an error or a stop): its entries stay pending."""
@@ -263,13 +249,6 @@ class TrainingLoop:
     async def _read_books(self) -> None:
         """Rank 0: drop and invalid counts and the queue depth from Redis (for the step's row and status)."""
         await self.progress.refresh_drops(self.stream, self.cfg.redis.retry_s)  # the queue depth too
-
-    async def _staleness_of(self, episodes: list[Episode]) -> torch.Tensor:
-        """Each episode's staleness (of its oldest token), one lineage look-up per distinct version (not per
-        episode: a step's episodes share a handful of versions)."""
-        oldest = [min(ep.token_weight_versions, default=0) for ep in episodes]
-        lags = {v: await self.staleness(v) for v in dict.fromkeys(oldest)}
-        return torch.tensor([lags[v] for v in oldest], dtype=torch.float32)
 
     async def sft_warmup(self) -> None:
         sft = self.cfg.trainer.sft
@@ -306,16 +285,15 @@ class TrainingLoop:
         if self.tracker is not None:
             self.tracker.log(row.to_json(), step)
 
-    async def _log_step(self, summary: StepSummary, episodes: list[Episode], stats: StepStats,
-                        step_s: float) -> None:
+    async def _log_step(self, summary: StepSummary, batch: StepBatch, stats: StepStats, step_s: float) -> None:
         if not self.is_main:
             return
         p, last_push = self.progress, self.publication.last_push
         queue_lag, queue_pending = p.queue_depth
         with self.clock.part("metrics"):
             components: dict[str, list[float]] = {}
-            for ep in episodes:  # components of rank 0's share (names may differ between ranks)
-                for k, v in ep.reward_components.items():
+            for each in batch.reward_components:  # components of rank 0's share (names may differ between ranks)
+                for k, v in each.items():
                     components.setdefault(k, []).append(v)
         now = time.monotonic()
         times = self.clock.close(now)

@@ -7,14 +7,13 @@ second model in the trainer's memory here), and a reference that follows the pol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from relayrl.trainer.batching import PackedBatch, model_logprobs
 
-__all__ = ["Reference", "model_logprobs", "sequence_lengths"]
+__all__ = ["Reference", "model_logprobs"]
 
 
 class Reference:
@@ -29,8 +28,3 @@ class Reference:
     @torch.no_grad()
     def logprobs(self, mb: PackedBatch, chunk: int = 0) -> torch.Tensor:
         return model_logprobs(self.model, mb, chunk)
-
-
-def sequence_lengths(episodes: Sequence[Any]) -> torch.Tensor:
-    """Completion lengths of ``episodes`` (for the overlong penalty)."""
-    return torch.tensor([len(e.completion_token_ids) for e in episodes], dtype=torch.float64)

@@ -9,8 +9,9 @@ import torch.distributed as dist
 
 from relayrl.common.episodes import end_name
 from relayrl.common.metrics_row import RlRow
-from relayrl.common.pb.episode_pb2 import Episode, EpisodeEnd
+from relayrl.common.pb.episode_pb2 import EpisodeEnd
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.ingest import COUNTS, StepBatch
 from relayrl.trainer.publication import VersionPublication
 from relayrl.trainer.steptime import StepTimes
 
@@ -18,7 +19,7 @@ from relayrl.trainer.steptime import StepTimes
 EPISODE_ENDS = tuple(end_name(v) for v in range(max(EpisodeEnd.values()) + 1))
 
 
-# what each rank sums over its episodes, by name: one fixed-size vector, one SUM all-reduce
+# what each rank sums over its episodes, in this order: one fixed-size vector, one SUM all-reduce
 _TOTALS = ("episodes", "reward", "reward_sq", "staleness", "completion_tokens", "excluded", "turns", "tool_calls",
            "tool_errors", "multi_version")
 
@@ -42,26 +43,20 @@ class StepSummary:
     episode_ends: dict[str, int]  # how episodes ended (relayrl.common.episodes.end_name) -> episodes
 
 
-def global_summary(coll: Collectives, max_staleness: int, episodes: list[Episode], staleness: torch.Tensor,
-                   excluded: int = 0) -> StepSummary:
-    """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors): one pass over
-    the episodes, each field read once."""
+def global_summary(coll: Collectives, max_staleness: int, batch: StepBatch) -> StepSummary:
+    """Step statistics over every rank's episodes (SUM and MAX all-reduces of fixed-size vectors), summed from
+    the batch's columns (relayrl.trainer.ingest.StepBatch)."""
+    staleness, counts = batch.staleness, batch.counts
     hist = torch.bincount(staleness.long().clamp(0, max_staleness + 1), minlength=max_staleness + 2)
-    ends = [0.0] * len(EPISODE_ENDS)  # how episodes ended, by EpisodeEnd value
-    totals = dict.fromkeys(_TOTALS, 0.0)
-    totals.update(episodes=float(len(episodes)), staleness=float(staleness.sum()), excluded=float(excluded))
-    for ep in episodes:
-        end, reward = ep.episode_end, ep.reward
-        ends[end if 0 <= end < len(EPISODE_ENDS) else 0] += 1
-        totals["reward"] += reward
-        totals["reward_sq"] += reward * reward
-        totals["completion_tokens"] += len(ep.completion_token_ids)
-        totals["turns"] += max(ep.turns, 1)
-        totals["tool_calls"] += ep.tool_calls
-        totals["tool_errors"] += ep.tool_errors
-        totals["multi_version"] += len(set(ep.token_weight_versions)) > 1
-    sums = torch.cat([torch.tensor([totals[k] for k in _TOTALS], dtype=torch.float64), hist.to(torch.float64),
-                      torch.tensor(ends, dtype=torch.float64)])
+    end = counts[:, COUNTS.index("episode_end")].long()
+    ends = torch.bincount(torch.where((end >= 0) & (end < len(EPISODE_ENDS)), end, 0), minlength=len(EPISODE_ENDS))
+    column = {name: counts[:, i].sum() for i, name in enumerate(COUNTS)}
+    totals = torch.stack([
+        torch.tensor(float(len(batch)), dtype=torch.float64), batch.reward.sum(), (batch.reward ** 2).sum(),
+        staleness.sum().to(torch.float64), batch.completion_len.sum(), torch.tensor(float(batch.excluded),
+        dtype=torch.float64), column["turns"], column["tool_calls"], column["tool_errors"],
+        column["multi_version"]])
+    sums = torch.cat([totals, hist.to(torch.float64), ends.to(torch.float64)])
     coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
     maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
     coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")

@@ -12,26 +12,24 @@ group whose members sampled alike no signal: a student that collapsed on a wrong
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import torch
 
 from relayrl.config.loss import DistillBaseline
 
 
-def distill_baselines(kind: DistillBaseline, samples: Sequence[Sequence[float]], groups: Sequence[str],
-                      masks: Sequence[Sequence[int]]) -> list[list[float]]:
-    """Per episode, per completion token: the baseline of its reverse-KL sample. ``samples[i][t]`` is episode
-    i's log pi_behav - log pi_teacher at completion position t; ``groups[i]`` its group; ``masks[i][t]`` 0 for
-    a token out of the loss (it neither enters a mean nor needs a baseline: 0). ``group``: the mean of the
-    samples of the trained tokens at position t of the group's episodes (the token's own included, as GRPO's
-    mean; a lone token's baseline is itself); ``none``: zeros."""
-    if kind is DistillBaseline.NONE:
-        return [[0.0] * len(s) for s in samples]
-    sums: dict[tuple[str, int], float] = {}
-    counts: dict[tuple[str, int], int] = {}
-    for s, g, m in zip(samples, groups, masks, strict=True):
-        for t, (v, keep) in enumerate(zip(s, m, strict=True)):
-            if keep:
-                sums[g, t] = sums.get((g, t), 0.0) + v
-                counts[g, t] = counts.get((g, t), 0) + 1
-    return [[sums[g, t] / counts[g, t] if keep else 0.0 for t, keep in enumerate(m)]
-            for g, m in zip(groups, masks, strict=True)]
+def distill_baselines(kind: DistillBaseline, samples: torch.Tensor, group: torch.Tensor, position: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """Per token (flat ``[T]`` columns): the baseline of its reverse-KL sample. ``samples`` is log pi_behav - log
+    pi_teacher; ``group`` the token's group, ``position`` its completion position; ``mask`` 0 for a token out of
+    the loss (it neither enters a mean nor needs a baseline: 0). ``group``: the mean of the samples of the trained
+    tokens at the same position of the group's episodes (the token's own included, as GRPO's mean; a lone token's
+    baseline is itself), summed in float64; ``none``: zeros."""
+    if kind is DistillBaseline.NONE or samples.numel() == 0:
+        return torch.zeros_like(samples)
+    keep = (mask > 0).to(torch.float64)
+    key = group * (int(position.max()) + 1) + position.clamp(min=0)
+    _, inverse = torch.unique(key, return_inverse=True)
+    size = int(inverse.max()) + 1
+    sums = torch.zeros(size, dtype=torch.float64).index_add_(0, inverse, samples.to(torch.float64) * keep)
+    counts = torch.zeros(size, dtype=torch.float64).index_add_(0, inverse, keep)
+    return torch.where(keep > 0, sums[inverse] / counts[inverse].clamp(min=1.0), 0.0).to(samples.dtype)

@@ -1,0 +1,189 @@
+"""The trainer's ingest stage: each stream entry read once, into the facts every later decision uses.
+
+An entry the stream decoded (relayrl.common.stream) enters here once (:meth:`Ingested.of`): its episodes' token
+fields are taken as lists once (relayrl.common.episodes.TokenLists), and the facts of its group are computed once
+from them: each episode's oldest and newest token version and whether it mixes versions, which episodes' scoring
+failed, and whether its valid rewards all agree. Validation (relayrl.common.episodes.validate_group) reads the
+same lists. The collector (relayrl.trainer.groups) judges a waiting group from these facts (:func:`judge`, a
+:class:`Verdict`) and acts on the verdict; only staleness is judged again while a group waits, since the trainer's
+weights move on.
+
+The groups a step takes become one :class:`StepBatch`: their valid episodes as columns (training positions with
+token ids, behaviour logprobs, loss mask, teacher and reference logprobs; per episode reward, group index,
+temperature, staleness, oldest and newest version, completion length and the summary's counts). The learner
+slices its micro-batches from it (relayrl.trainer.batching.Positions) and the step summary sums its columns
+(relayrl.trainer.step_summary); nothing downstream walks an episode's protobuf fields again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from relayrl.common.episodes import TokenLists, reward_failed
+from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.common.stream import StreamEntry
+from relayrl.trainer.batching import PerToken, Positions
+
+
+class Verdict(enum.Enum):
+    """What the collector does with a group."""
+
+    OK = "ok"  # trained
+    STALE = "stale"  # beyond rollout.max_staleness: dropped and counted
+    ZERO_ADVANTAGE = "zero_advantage"  # its valid rewards agree (dynamic sampling): dropped and counted
+    REWARD_ERROR = "reward_error"  # every episode's scoring failed: dropped and counted
+    INVALID = "invalid"  # fails validation, or a version ahead of the trainer's weights: dead-lettered
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """A decoded stream entry and the facts of its group, computed once."""
+
+    entry: StreamEntry
+    lists: tuple[TokenLists, ...]  # per episode
+    oldest_each: tuple[int, ...]  # per episode: its oldest token's version (0 without tokens)
+    newest_each: tuple[int, ...]
+    mixed_each: tuple[bool, ...]  # per episode: its tokens come from several versions
+    failed: tuple[int, ...]  # indices of the episodes whose scoring failed
+    same_rewards: bool  # its valid episodes' rewards all agree (fewer than two: nothing to compare)
+
+    @classmethod
+    def of(cls, entry: StreamEntry) -> Ingested:
+        episodes = entry.group.episodes
+        lists = tuple(TokenLists.of(ep) for ep in episodes)
+        failed = tuple(i for i, ep in enumerate(episodes) if reward_failed(ep))
+        rewards = {ep.reward for i, ep in enumerate(episodes) if i not in failed}
+        return cls(entry, lists, tuple(min(t.versions, default=0) for t in lists),
+                   tuple(max(t.versions, default=0) for t in lists),
+                   tuple(len(set(t.versions)) > 1 for t in lists), failed, len(rewards) <= 1)
+
+    @property
+    def group_id(self) -> str:
+        return self.entry.group.group_id
+
+    @property
+    def size(self) -> int:
+        return len(self.lists)
+
+    @property
+    def oldest(self) -> int:
+        return min(self.oldest_each, default=0)
+
+    @property
+    def newest(self) -> int:
+        return max(self.newest_each, default=0)
+
+
+def judge(ing: Ingested, lag: int, ahead: int, max_staleness: int, drop_zero_advantage: bool) -> tuple[Verdict, str]:
+    """The verdict on a valid group and why: ``lag`` and ``ahead`` are the staleness of its oldest and newest
+    token; ``drop_zero_advantage`` whether dynamic sampling may still drop a group this step."""
+    if ing.failed and len(ing.failed) == ing.size:
+        return Verdict.REWARD_ERROR, "every episode failed scoring"
+    if min(lag, ahead) < 0:  # never a negative staleness: a version the lineage places after the trainer's weights
+        version = ing.newest if ahead < 0 else ing.oldest
+        return Verdict.INVALID, (f"token_weight_versions: version {version} is ahead of the trainer's weights "
+                                 f"(staleness {min(lag, ahead)})")
+    if lag > max_staleness:
+        return Verdict.STALE, f"staleness {lag} > max_staleness {max_staleness}"
+    if drop_zero_advantage and ing.same_rewards:
+        return Verdict.ZERO_ADVANTAGE, "every valid episode has the same reward (dynamic sampling)"
+    return Verdict.OK, ""
+
+
+# per-episode counts the step summary sums, as the columns of StepBatch.counts
+COUNTS = ("episode_end", "turns", "tool_calls", "tool_errors", "multi_version")
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """This rank's share of one step: its groups, and their valid episodes as columns (errored ones never reach
+    the loss; their groups train on the rest)."""
+
+    entries: list[StreamEntry]  # the groups (stream entries) read
+    episodes: list[Episode]  # the valid episodes, in column order (sent to a teacher or reference; audited)
+    positions: Positions  # their tokens as training positions, teacher and reference logprobs included
+    reward: torch.Tensor  # [N] float64
+    group_index: torch.Tensor  # [N] long: index of the episode's group among this batch's
+    num_groups: int
+    completion_len: torch.Tensor  # [N] float64
+    staleness: torch.Tensor  # [N] float32: of the episode's oldest token
+    oldest: torch.Tensor  # [N] long
+    newest: torch.Tensor  # [N] long
+    counts: torch.Tensor  # [N, len(COUNTS)] float64
+    loss_tokens: float  # completion tokens in the loss (the loss masks summed)
+    excluded: int = 0  # errored episodes of these groups, left out
+    reward_components: list[Mapping[str, float]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    @classmethod
+    def take(cls, ingested: Sequence[Ingested], lags: Mapping[int, int]) -> StepBatch:
+        """The batch of groups the collector took: ``lags`` maps each episode's oldest version to its
+        staleness."""
+        episodes: list[Episode] = []
+        lists: list[TokenLists] = []
+        oldest: list[int] = []
+        newest: list[int] = []
+        mixed: list[bool] = []
+        for ing in ingested:
+            for i, ep in enumerate(ing.entry.group.episodes):
+                if i not in ing.failed:
+                    episodes.append(ep)
+                    lists.append(ing.lists[i])
+                    oldest.append(ing.oldest_each[i])
+                    newest.append(ing.newest_each[i])
+                    mixed.append(ing.mixed_each[i])
+        excluded = sum(len(ing.failed) for ing in ingested)
+        return _columns([ing.entry for ing in ingested], episodes, lists, (oldest, newest, mixed),
+                        [lags[v] for v in oldest], excluded)
+
+    @classmethod
+    def of(cls, episodes: Sequence[Episode], staleness: Sequence[float] | None = None, teacher: PerToken | None = None,
+           reference: PerToken | None = None, excluded: int = 0) -> StepBatch:
+        """Episodes as they are (every one trained; no stream entries): for tests, benchmarks and tools."""
+        lists = [TokenLists.of(ep) for ep in episodes]
+        versions = ([min(t.versions, default=0) for t in lists], [max(t.versions, default=0) for t in lists],
+                    [len(set(t.versions)) > 1 for t in lists])
+        lags = list(staleness) if staleness is not None else [0.0] * len(episodes)
+        return _columns([], list(episodes), lists, versions, lags, excluded).scored(teacher, reference)
+
+    @classmethod
+    def empty(cls) -> StepBatch:
+        return cls.of([])
+
+    def scored(self, teacher: PerToken | None, reference: PerToken | None) -> StepBatch:
+        """This batch with a teacher's and a reference's logprobs of each valid episode's completion (either
+        None: not scored) as columns of their own."""
+        if teacher is None and reference is None:
+            return self
+        p = self.positions
+        return replace(self, positions=replace(
+            p, teacher=None if teacher is None else p.completion_values(teacher),
+            reference=None if reference is None else p.completion_values(reference)))
+
+
+def _columns(entries: list[StreamEntry], episodes: list[Episode], lists: Sequence[TokenLists],
+             versions: tuple[list[int], list[int], list[bool]], lags: Sequence[float], excluded: int) -> StepBatch:
+    """One pass over the valid episodes, one tensor per column."""
+    oldest, newest, mixed = versions
+    groups = {g: i for i, g in enumerate(dict.fromkeys(ep.group_id for ep in episodes))}
+    positions = Positions.of([t.prompt for t in lists], [t.completion for t in lists], [t.behaviour for t in lists],
+                             [t.loss_mask for t in lists], [ep.sampling_temperature or 1.0 for ep in episodes])
+    counts = [(ep.episode_end, max(ep.turns, 1), ep.tool_calls, ep.tool_errors, m)
+              for ep, m in zip(episodes, mixed, strict=True)]
+    return StepBatch(
+        entries=entries, episodes=episodes, positions=positions,
+        reward=torch.tensor([ep.reward for ep in episodes], dtype=torch.float64),
+        group_index=torch.tensor([groups[ep.group_id] for ep in episodes], dtype=torch.long),
+        num_groups=len(groups),
+        completion_len=torch.tensor([len(t.completion) for t in lists], dtype=torch.float64),
+        staleness=torch.tensor(list(lags), dtype=torch.float32), oldest=torch.tensor(oldest, dtype=torch.long),
+        newest=torch.tensor(newest, dtype=torch.long),
+        counts=torch.tensor(counts, dtype=torch.float64).reshape(len(episodes), len(COUNTS)),
+        loss_tokens=float(sum(sum(t.loss_mask) for t in lists)), excluded=excluded,
+        reward_components=[dict(ep.reward_components) for ep in episodes])
