@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, RedisServer, free_port
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -38,13 +39,7 @@ def _rows(out: Path) -> list[dict[str, Any]]:
 
 
 def _wait_for_step(out: Path, step: int, proc: subprocess.Popen[str], timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(r.get("step", 0) >= step for r in _rows(out)):
-            return
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        time.sleep(0.2)
-    raise TimeoutError(f"run did not reach step {step}")
+    wait_for(lambda: any(r.get("step", 0) >= step for r in _rows(out)), f"step {step}", timeout, alive=proc)
 
 
 def _pids(pattern: str) -> list[int]:
@@ -246,7 +241,8 @@ def test_redis_killed_mid_run_loses_no_acknowledged_group_and_the_run_completes(
     _wait_for_step(out, 8, proc)
     port = int(yaml.safe_load((out / "config.yaml").read_text())["redis"]["url"].rsplit(":", 1)[1].split("/")[0])
     _kill9(f"redis-server 127.0.0.1:{port}")
-    time.sleep(2.0)  # services see the outage
+    trainer_log = out / "logs" / "trainer.log"
+    wait_for(lambda: "redis unavailable" in trainer_log.read_text(), "the trainer seeing the outage", 60, alive=proc)
 
     redis = RedisServer("redis-server", port, out / "redis")  # same port, same AOF
     redis.start()

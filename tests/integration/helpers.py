@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -130,12 +129,3 @@ async def held_engine(service: Any) -> AsyncIterator[threading.Event]:
     finally:
         gate.set()
         hook.remove()
-
-
-async def until(check: Any) -> bool:
-    """Poll a condition the server reaches on its own (bounded: 10 s)."""
-    for _ in range(2000):
-        if check():
-            return True
-        await asyncio.sleep(0.005)
-    return bool(check())

@@ -22,7 +22,8 @@ from relayrl.config.agents import AgentConfig
 from relayrl.rollout.workflows.agent import AgentWorkflow
 from relayrl.rollout.workflows.agent_proxy import Sampling
 from relayrl.rollout.workflows.api import WorkflowContext
-from tests.integration.helpers import held_engine, inference_server, until
+from tests.integration.helpers import held_engine, inference_server
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 ROW = Prompt("p1", "What is 17 + 25?", "42")

@@ -4,8 +4,6 @@ bearer tokens on mutating calls, Prometheus series, and `relayrl status` through
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,18 +30,12 @@ from relayrl.trainer.server import create_trainer_server
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server, reward_server
 from tests.integration.test_rollout_trainer import _config
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-async def _until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 async def _pause_over_rest_then_resume_over_grpc(worker: RolloutProducer, cfg: RunConfig, rest_port: int,
@@ -53,12 +45,12 @@ async def _pause_over_rest_then_resume_over_grpc(worker: RolloutProducer, cfg: R
         assert (await rest.post("/pause")).status_code == 401
         paused = await rest.post("/pause", headers=AUTH)
         assert paused.status_code == 200 and paused.json()["paused"] is True
-        await _until(lambda: worker.running == 0)
+        assert await until(lambda: worker.running == 0, 60)
         produced = worker.groups_produced
         for _ in range(3):  # wake the admission loop (as a trainer status change does): each decision refuses
             decided = worker.refused_while_paused
             worker._wake.set()
-            await _until(lambda d=decided: worker.refused_while_paused > d)  # type: ignore[misc]
+            assert await until(lambda d=decided: worker.refused_while_paused > d, 60)  # type: ignore[misc]
         assert worker.groups_produced == produced  # nothing new is admitted while paused
         metrics = (await rest.get("/metrics")).text
         assert "relayrl_rollout_paused 1.0" in metrics
@@ -71,14 +63,14 @@ async def _pause_over_rest_then_resume_over_grpc(worker: RolloutProducer, cfg: R
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     async with RolloutClient(rollout_target, token=TOKEN) as rollout:
         assert (await rollout.resume()).paused is False
-    await _until(lambda: worker.groups_produced > produced)
+    assert await until(lambda: worker.groups_produced > produced, 60)
 
 
 async def _checkpoint_on_request(trainer: Trainer, cfg: RunConfig, trainer_target: str, rest_port: int) -> None:
     # a checkpoint on request, though checkpoint_every is 0
     async with TrainerClient(trainer_target, token=TOKEN) as client:
         reply = await client.request_checkpoint("test")
-        await _until(lambda: trainer.checkpoints.last_step >= reply.after_step)
+        assert await until(lambda: trainer.checkpoints.last_step >= reply.after_step, 60)
         status = await client.status()
     assert status.last_checkpoint_step >= reply.after_step and not status.checkpoint_pending
     assert (cfg.checkpoint_dir / f"step_{trainer.checkpoints.last_step:06d}" / "model").is_dir()
@@ -136,7 +128,7 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
                 stop = asyncio.Event()
                 tasks = [asyncio.create_task(trainer.train()), asyncio.create_task(worker.run(stop))]
                 try:
-                    await _until(lambda: trainer.progress.step >= 2)
+                    assert await until(lambda: trainer.progress.step >= 2, 60)
                     await _pause_over_rest_then_resume_over_grpc(worker, cfg, r_http.port, rollout_target)
                     await _checkpoint_on_request(trainer, cfg, trainer_target, t_http.port)
                     await _status_of_the_run(cfg, trainer_target, rollout_target, inf_target, rew_target)

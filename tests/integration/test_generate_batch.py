@@ -12,7 +12,8 @@ import pytest
 
 from relayrl.client import InferenceClient, generate_request
 from relayrl.common.pb import inference_pb2 as pb
-from tests.integration.helpers import inference_server, until
+from tests.integration.helpers import inference_server
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 GREEDY = pb.SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=6, ignore_eos=True)

@@ -14,7 +14,8 @@ from relayrl.client import InferenceClient
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH
-from tests.integration.helpers import held_engine, inference_server, until
+from tests.integration.helpers import held_engine, inference_server
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 GREEDY = pb.SamplingParams(n=1, temperature=1.0, top_k=1, max_new_tokens=40, ignore_eos=True)

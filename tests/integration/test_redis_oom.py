@@ -23,6 +23,7 @@ from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.group_commit import AppendFailed
 from relayrl.rollout.producer import RolloutProducer
 from tests.conftest import RedisServer
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -60,14 +61,6 @@ def episodes(group_id: str) -> list[Episode]:
     return [Episode(episode_id=f"{group_id}-{i}", group_id=group_id, sample_index=i, group_size=2) for i in range(2)]
 
 
-async def until(condition: object, timeout_s: float = 20.0) -> None:
-    async def poll() -> None:
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
-
-    await asyncio.wait_for(poll(), timeout_s)
-
-
 def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_memory_frees(
         redis_server: RedisServer) -> None:
     async def go() -> dict[str, object]:
@@ -75,7 +68,7 @@ def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_me
             admitted_before = producer.can_admit()
             admin = fill(redis_server)
             append = asyncio.create_task(producer._append(0, episodes("g-oom")))
-            await until(lambda: producer.redis_oom_retries >= 2)
+            assert await until(lambda: producer.redis_oom_retries >= 2)
             during = {"blocked": producer.append_blocked, "admits": producer.can_admit(),
                       "length": admin.xlen(STREAM), "done": append.done(),
                       "status_blocked": producer.state()["redis_oom_retries"] >= 2}
@@ -145,7 +138,7 @@ def test_a_rollout_started_on_a_full_redis_waits_for_its_consumer_group_then_sta
             stop = asyncio.Event()
             stop.set()  # run() returns as soon as it has started: its group ensured and its progress read
             run = asyncio.create_task(producer.run(stop))
-            await until(lambda: producer.redis_oom_retries >= 2 or run.done())
+            assert await until(lambda: producer.redis_oom_retries >= 2 or run.done())
             waited = not run.done()
             admin.delete("filler")
             await asyncio.wait_for(asyncio.gather(run, return_exceptions=True), 20)

@@ -33,6 +33,7 @@ from relayrl.trainer.server import create_trainer_server
 from relayrl.trainer.status_watch import StatusPulse
 from tests.conftest import WEIGHTS_TOKEN
 from tests.integration.helpers import inference_server
+from tests.polling import until
 
 pytestmark = pytest.mark.security
 
@@ -47,14 +48,6 @@ def _update(service: InferenceService, version: int) -> list[pb.WeightUpdateMess
 
 def _weights_handle(service: InferenceService) -> ServerHandle:
     return service.grpc_handles[1]  # type: ignore[attr-defined,no-any-return]
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    for _ in range(3000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition never held")
 
 
 async def _never() -> AsyncIterator[bytes]:
@@ -217,7 +210,7 @@ def test_a_stream_slot_is_freed_when_its_call_is_cancelled() -> None:
                 code, _ = await _refusal(channel)
                 first.cancel()
                 state = handle.admission.state
-                await _until(lambda: state.active[Budget.STREAM] == 0)
+                assert await until(lambda: state.active[Budget.STREAM] == 0)
                 again = await _watch(channel)  # the freed slot serves the next stream
                 held = state.active[Budget.STREAM]
                 again.cancel()
@@ -249,10 +242,10 @@ def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_
             state = _weights_handle(service).admission.state
             holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60,
                                                                                  metadata=AUTH)
-            await _until(lambda: service.weight_streams == 1)
+            assert await until(lambda: service.weight_streams == 1)
             retries: list[grpc.StatusCode] = []
             push = asyncio.ensure_future(client.update_weights(_update(service, 1), 1, 30, on_retry=retries.append))
-            await _until(lambda: state.refused[Budget.AUTHENTICATED.value] >= 1)  # the push met a full budget
+            assert await until(lambda: state.refused[Budget.AUTHENTICATED.value] >= 1)  # the push met a full budget
             release.set()
             with pytest.raises(grpc.aio.AioRpcError):
                 await holder  # ends without a manifest: refused
@@ -280,7 +273,7 @@ def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_resourc
                 InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=0.05) as client:
             holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60,
                                                                                  metadata=AUTH)
-            await _until(lambda: service.weight_streams == 1)
+            assert await until(lambda: service.weight_streams == 1)
             retries: list[grpc.StatusCode] = []
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await client.update_weights(_update(service, 1), 1, 1.0, on_retry=retries.append)

@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
 
@@ -29,12 +29,9 @@ def _start(out: Path, model: Path, *settings: str) -> subprocess.Popen[str]:
 
 
 def _until_training(out: Path, proc: subprocess.Popen[str], steps: int = 4, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
     metrics = out / "metrics.jsonl"
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, "the run did not start training"
-        time.sleep(0.2)
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= steps,
+             f"{steps} training steps", timeout_s, alive=proc)
 
 
 def _stack(proc: subprocess.Popen[str]) -> list[psutil.Process]:

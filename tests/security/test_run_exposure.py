@@ -11,7 +11,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from relayrl.config import load_run_config
 from relayrl.config.control import ControlConfig
 from relayrl.config.redis import RedisConfig
 from tests.conftest import REPO
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
 
@@ -66,14 +66,6 @@ def _get(port: int, host: str) -> int:
         return int(err.code)
 
 
-def _until(condition: object, proc: subprocess.Popen[str], what: str, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[Run]:
     out = tmp_path_factory.mktemp("exposure") / "run"
@@ -87,8 +79,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         metrics = out / "metrics.jsonl"
-        _until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3
-               and any((out / "checkpoints").glob("step_*")), proc, "the run did not train and checkpoint")
+        wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3
+                 and any((out / "checkpoints").glob("step_*")), "training and a checkpoint", alive=proc)
         environments = {name: _environ(p) for name, p in _services(proc).items()}
         cfg = load_run_config(out / "config.yaml")
         hosts = {}

@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -20,17 +19,10 @@ from relayrl.common.pb import inference_pb2
 from relayrl.config import load_run_config
 from relayrl.config.tls import TlsConfig
 from tests.conftest import REPO
+from tests.polling import wait_for
 from tests.tls_certs import CertificateAuthority
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
-
-
-def _until(cond: object, proc: subprocess.Popen[str], what: str, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,7 +56,7 @@ def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_c
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         metrics = out / "metrics.jsonl"
-        _until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, proc, "no training")
+        wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "training", alive=proc)
         cfg = load_run_config(out / "config.yaml")
         target, tls = cfg.inference.server.target, cfg.tls
         without_cert = TlsConfig(ca_file=tls.ca_file)

@@ -31,8 +31,9 @@ from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.versions import VersionLineage, VersionSource
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server
-from tests.integration.test_redis_oom import fill, until
+from tests.integration.test_redis_oom import fill
 from tests.integration.test_rollout_trainer import _config
+from tests.polling import until
 from tests.security.test_bad_episodes import GARBAGE, _group
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def test_version_allocation_on_a_full_redis_waits_counts_and_takes_the_next_vers
         oom = publication.backpressure
         fill(redis_server)
         allocate = asyncio.create_task(publication._allocate(policy_step=5, floor=0))
-        await until(lambda: oom.retries >= 3)
+        assert await until(lambda: oom.retries >= 3)
         during = {"done": allocate.done(), "full": oom.full, "counter": admin.get("v"),
                   "versions": admin.hgetall(KEYS.versions)}
         admin.delete("filler")
@@ -154,7 +155,7 @@ def test_a_registration_refused_by_a_full_redis_is_retried_for_the_version_alrea
         versions = _FillsAfterAllocating(client, redis_server)
         publication = _publication(client, retry_s=30.0, versions=versions)
         allocate = asyncio.create_task(publication._allocate(policy_step=0, floor=0))
-        await until(lambda: publication.backpressure.retries >= 2)
+        assert await until(lambda: publication.backpressure.retries >= 2)
         during = (allocate.done(), admin.get("v"), admin.hlen(KEYS.versions), admin.hlen(KEYS.lineages))
         admin.delete("filler")
         version = await asyncio.wait_for(allocate, 20)
@@ -183,13 +184,13 @@ def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_wh
         collector = _collector(stream, retry_s=30.0)
         fill(redis_server)
         collect = asyncio.create_task(collector.collect(1, lambda v: asyncio.sleep(0, 0)))
-        await until(lambda: collector.backpressure.retries >= 2)
+        assert await until(lambda: collector.backpressure.retries >= 2)
         during = (collect.done(), admin.xlen(KEYS.dead_letter), admin.hlen(KEYS.invalid),
                   admin.xpending("s", "g")["pending"], collector.backpressure.full)
         admin.delete("filler")
         taken = await asyncio.wait_for(collect, 20)
         await stream.close()
-        return {"during": during, "taken": [e.group.group_id for e in taken], "bad": bad.decode()}
+        return {"during": during, "taken": [e.group_id for e in taken], "bad": bad.decode()}
 
     seen = asyncio.run(go())
 
@@ -218,12 +219,12 @@ def test_a_drop_record_on_a_full_redis_waits_and_the_group_is_consumed_only_once
             return 5 - version
 
         collect = asyncio.create_task(collector.collect(1, staleness))
-        await until(lambda: collector.backpressure.retries >= 2)
+        assert await until(lambda: collector.backpressure.retries >= 2)
         during = (collect.done(), admin.hlen(KEYS.dropped("stale")), list(collector.consumed_ids))
         admin.delete("filler")
         taken = await asyncio.wait_for(collect, 20)
         await stream.close()
-        return {"during": during, "taken": [e.group.group_id for e in taken], "consumed": collector.consumed_ids}
+        return {"during": during, "taken": [e.group_id for e in taken], "consumed": collector.consumed_ids}
 
     seen = asyncio.run(go())
 
@@ -241,7 +242,7 @@ def test_consumer_group_creation_on_a_full_redis_waits_until_memory_frees(redis_
         collector = _collector(stream, retry_s=30.0)
         fill(redis_server)
         create = asyncio.create_task(collector.ensure_group())
-        await until(lambda: collector.backpressure.retries >= 2)
+        assert await until(lambda: collector.backpressure.retries >= 2)
         done = create.done()
         admin.delete("filler")
         await asyncio.wait_for(create, 20)
@@ -319,13 +320,13 @@ def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_
                 admin.xadd(stream_key, {STREAM_FIELD: payload})
             train = asyncio.create_task(trainer.train())
             try:
-                await until(lambda: trainer.progress.step >= 1 or train.done(), 120)
+                assert await until(lambda: trainer.progress.step >= 1 or train.done(), 120)
                 if train.done():
                     train.result()  # the trainer failed before Redis filled
                 admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + 1_000_000)
                 step2 = [GARBAGE, *groups("stale", version=1), *groups("g2", "g3", version=2)]
                 admin.eval(FILL_WITH, 2, stream_key, "filler", *step2)
-                await until(lambda: trainer.redis_backpressure.retries >= 3 or train.done(), 60)
+                assert await until(lambda: trainer.redis_backpressure.retries >= 3 or train.done(), 60)
                 during = {"done": train.done(), "step": trainer.progress.step,
                           "version": admin.get(cfg.redis.version_key),
                           "full": metrics.get_sample_value("relayrl_trainer_redis_full"),
