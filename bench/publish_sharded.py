@@ -13,7 +13,7 @@ Inference and the network are left out: what is measured is what rank 0 holds. E
 fresh pair of processes. A sampling thread reads rank 0's ``/proc/self/status`` every millisecond: the peak of
 ``RssAnon`` (the process's own memory) and of ``RssFile`` (file pages mapped into it: the page cache, shared with
 inference, reclaimable) above their level just before the publication. The largest number of full-tensor bytes
-alive at once is counted at ``DTensor.full_tensor`` by storage (as in tests/unit/test_streamed_publication.py).
+alive at once is counted at ``DTensor.full_tensor`` by storage (as in tests/unit/trainer/test_streamed_publication.py).
 Usage:
 
     python bench/publish_sharded.py [--transports shared_memory grpc_stream] [--layers 6] [--hidden 1024]

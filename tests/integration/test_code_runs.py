@@ -22,7 +22,7 @@ from relayrl.reward.server import RewardServicer
 from relayrl.rollout.workflows.api import WorkflowContext
 from relayrl.rollout.workflows.loader import build_workflow
 from tests.integration.helpers import reward_http, reward_server
-from tests.unit.test_workflows import ScriptedModel, ids
+from tests.unit.rollout.test_workflows import ScriptedModel, ids
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
-"""The project's size rules, checked on every module it ships: files under 400 lines, functions under 80
-(generated protobuf code excepted)."""
+"""The project's shape rules: every module it ships under 400 lines and every function under 80 (generated
+protobuf code excepted), and unit tests laid out like the package they test."""
 
 from __future__ import annotations
 
@@ -34,3 +34,14 @@ def test_every_function_is_under_the_line_limit() -> None:
                     too_long[f"{path.relative_to(REPO)}:{node.lineno} {node.name}"] = lines
 
     assert not too_long, f"functions of {MAX_FUNCTION_LINES} lines or more (split them): {too_long}"
+
+
+def test_unit_tests_mirror_the_package_layout() -> None:
+    # tests/unit/<package>/ for relayrl.<package>; tests of a top-level module (relayrl/launcher.py, status.py, ...)
+    # and of the repository as a whole stay in tests/unit/; bench/ holds the benchmark scripts' tests, data/ fixtures
+    unit = REPO / "tests" / "unit"
+    packages = {p.name for p in (REPO / "src" / "relayrl").iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+
+    assert folders - {"bench", "data"} <= packages, f"unit test folders that name no package: {folders - packages}"
+    assert all((unit / f / "__init__.py").exists() for f in folders - {"data"})

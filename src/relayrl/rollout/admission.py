@@ -7,7 +7,7 @@ published, and s = max_staleness, a new group is admitted only while
 
 and never while the trainer is not serving yet. While the trainer publishes (the push runs in the background of its
 next step), it reports as k the step whose weights inference is known to serve, so admission goes on during a
-publication and the bound is the same as before it (tests/unit/test_admission.py models the push landing at any
+publication and the bound is the same as before it (tests/unit/rollout/test_admission.py models the push landing at any
 time). Groups the trainer drops as too stale are released (otherwise every drop would shrink the window until the
 trainer starves). Consequences (tested):
 - outstanding work is bounded: groups in flight or waiting in the stream <= (s + 1) * B;

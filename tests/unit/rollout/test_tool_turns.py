@@ -94,13 +94,14 @@ def test_template_without_tool_messages_falls_back_to_plain_tool_response_blocks
         raise ValueError("this template has no tool role")
 
     assert tool_turn_text(refuses, ["3"]) is None
-    tools = ToolSet.from_specs(["tests.unit.test_tool_turns:add"], ToolFormat.HERMES, 5.0, tokenizer=tokenizer)
+    tools = ToolSet.from_specs(["tests.unit.rollout.test_tool_turns:add"], ToolFormat.HERMES, 5.0, tokenizer=tokenizer)
     assert tools.render(["3"], chat=False) == "<tool_response>\n3\n</tool_response>\n"  # a text prompt: no turns
 
 
 def test_chat_episode_appends_the_templated_tool_turn_as_masked_token_ids(tokenizer: Any) -> None:
-    cfg = RolloutConfig(workflow="tools", tools=["tests.unit.test_tool_turns:add"], tool_format=ToolFormat.HERMES,
-                        max_new_tokens=64, max_episode_tokens=256, max_turns=3, group_size=1)
+    cfg = RolloutConfig(workflow="tools", tools=["tests.unit.rollout.test_tool_turns:add"],
+                        tool_format=ToolFormat.HERMES, max_new_tokens=64, max_episode_tokens=256, max_turns=3,
+                        group_size=1)
     tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, tokenizer=tokenizer)
     workflow = MultiTurnWorkflow(lambda row: ToolEnvironment(tools, cfg.max_tool_calls), score=True,
                                  stop=tools.stops(), answer=tools.answer)
@@ -133,7 +134,7 @@ QUESTION = Prompt("r", "What is 1+2?", "3", messages=(("user", "What is 1+2?"),)
 
 def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]:
     """The prompt ids of the first turn of a tools episode (one scripted answer, no call)."""
-    cfg = RolloutConfig(workflow="tools", tools=["tests.unit.test_tool_turns:add"], tool_format=fmt,
+    cfg = RolloutConfig(workflow="tools", tools=["tests.unit.rollout.test_tool_turns:add"], tool_format=fmt,
                         max_new_tokens=64, max_episode_tokens=256, max_turns=3, group_size=1)
     tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, tokenizer=tokenizer)
     workflow = MultiTurnWorkflow(lambda row: ToolEnvironment(tools, cfg.max_tool_calls), score=True,
@@ -149,7 +150,7 @@ def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]
 def test_chat_prompt_shows_the_tools_schemas_once_when_the_template_renders_tools() -> None:
     tok = build_chat_tokenizer()
     tok.chat_template = TOOLS_TEMPLATE
-    schema = json.dumps(ToolSet.from_specs(["tests.unit.test_tool_turns:add"], ToolFormat.HERMES, 5.0)
+    schema = json.dumps(ToolSet.from_specs(["tests.unit.rollout.test_tool_turns:add"], ToolFormat.HERMES, 5.0)
                         .tools["add"].schema)
 
     ids = _first_prompt_ids(tok, ToolFormat.HERMES, QUESTION)

@@ -192,8 +192,8 @@ class CountdownEnv:
 
 
 def _env_run(env: CountdownEnv, **kw: Any) -> episode_pb2.Episode:
-    cfg = RolloutConfig(workflow="multi_turn", environment="tests.unit.test_workflows:CountdownEnv", group_size=1,
-                        max_new_tokens=2, max_turns=5, **kw)
+    cfg = RolloutConfig(workflow="multi_turn", environment="tests.unit.rollout.test_workflows:CountdownEnv",
+                        group_size=1, max_new_tokens=2, max_turns=5, **kw)
     ctx = WorkflowContext(inference=ScriptedModel(["a"]), reward=None, group_id="g", group_size=1, producer_id="t",
                           created_at=time.time(), config=cfg)
     return asyncio.run(MultiTurnWorkflow(lambda row: env)(Prompt("p", "go", ""), ctx))[0]  # type: ignore[arg-type]
@@ -238,7 +238,7 @@ async def scripted_user_workflow(row: Prompt, ctx: WorkflowContext) -> list[epis
 
 
 def test_user_workflow_loads_from_module_function() -> None:
-    workflow, _ = build_workflow(RolloutConfig(workflow="tests.unit.test_workflows:scripted_user_workflow"))
+    workflow, _ = build_workflow(RolloutConfig(workflow="tests.unit.rollout.test_workflows:scripted_user_workflow"))
 
     assert workflow is scripted_user_workflow
 

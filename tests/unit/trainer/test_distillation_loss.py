@@ -22,7 +22,7 @@ from relayrl.trainer.losses.distill import distill_baselines
 from relayrl.trainer.losses.policy import PolicyParams, policy_loss
 from relayrl.trainer.losses.step import loss_terms
 from relayrl.trainer.losses.tokens import Tokens
-from tests.unit.test_learner import _episodes
+from tests.unit.trainer.test_learner import _episodes
 
 # float32 sums and products of a few exact values: 1e-6 absolute covers their rounding
 ATOL = 1e-6

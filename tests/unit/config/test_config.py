@@ -72,7 +72,7 @@ def test_cli_invalid_config_exits_2_with_message(tmp_path: Path) -> None:
 def test_cli_missing_model_path_exits_2_naming_the_field(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml",
                            "--set", f"model.path={tmp_path / 'nope'}", "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3])
 
     assert proc.returncode == 2
     assert "model.path" in proc.stderr and "config.json" in proc.stderr
@@ -82,7 +82,7 @@ def test_cli_missing_dataset_exits_2_naming_the_field(tmp_path: Path, tiny_model
     proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml",
                            "--set", f"model.path={tiny_model_dir}", "--set", f"rollout.dataset={tmp_path / 'x.jsonl'}",
                            "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3])
 
     assert proc.returncode == 2
     assert "rollout.dataset" in proc.stderr and "does not exist" in proc.stderr
