@@ -78,7 +78,7 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int, probe_sh
                           probe_every: int = 1, engine_kind: str = "native") -> dict[str, float]:
     from relayrl.common.model import load_tokenizer
     from relayrl.config.control import ControlConfig
-    from relayrl.config.trainer import WeightTransport
+    from relayrl.config.publication import WeightTransport
     from relayrl.trainer.lora import load_policy
     from relayrl.trainer.transports import make_transport
     from relayrl.trainer.weight_sync import WeightPublisher

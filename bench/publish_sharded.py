@@ -122,7 +122,7 @@ def _model(args: argparse.Namespace) -> Any:
 
 def _rank_main(rank: int, port: int, mode: str, transport: str, out: str, args: argparse.Namespace) -> None:
     from relayrl.common.probe import probe_sequences
-    from relayrl.config.trainer import WeightTransport
+    from relayrl.config.publication import WeightTransport
     from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp
     from relayrl.trainer.transports import make_transport
     from relayrl.trainer.weight_sync import WeightPublisher

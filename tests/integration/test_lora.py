@@ -17,7 +17,8 @@ from relayrl.common.model import chat_token_ids, load_model, load_tokenizer
 from relayrl.common.weights import iter_update_messages
 from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import TrainerConfig, WeightTransport
+from relayrl.config.publication import WeightTransport
+from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.checkpoint import save_checkpoint
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.lora import load_policy

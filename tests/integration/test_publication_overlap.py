@@ -20,7 +20,7 @@ from relayrl.common.probe import WeightVerificationError
 from relayrl.common.redis_keys import RedisKeys
 from relayrl.common.stream import EpisodeStream
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.publication import WeightTransport
 from relayrl.inference.serving import InferenceService
 from relayrl.trainer import weight_sync
 from relayrl.trainer.collectives import Collectives

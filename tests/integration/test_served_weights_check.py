@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relayrl.common.probe import WeightVerificationError
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.publication import WeightTransport
 from relayrl.inference import server
 from relayrl.trainer.weight_sync import PushResult
 from tests.integration.helpers import inference_server

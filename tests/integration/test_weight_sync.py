@@ -18,7 +18,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import WeightVerificationError
 from relayrl.common.weights import TensorSpec, manifest, write_shared
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import PublicationConfig, WeightTransport
+from relayrl.config.publication import PublicationConfig, WeightTransport
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_files import FileUpdateMessages, StreamedWriter
 from relayrl.trainer.weight_sync import WeightPublisher

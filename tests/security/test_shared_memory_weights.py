@@ -16,7 +16,7 @@ import torch
 
 from relayrl.common.pb import inference_pb2 as pb
 from relayrl.common.weights import TensorSpec, model_tensors, read_shared
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.publication import WeightTransport
 from relayrl.inference.serving import InferenceService
 from relayrl.trainer.transports import SharedMemoryTransport, make_transport
 from relayrl.trainer.weight_files import write_mapped

@@ -37,7 +37,7 @@ def test_every_function_is_under_the_line_limit() -> None:
 
 
 def test_unit_tests_mirror_the_package_layout() -> None:
-    # tests/unit/<package>/ for relayrl.<package>; tests of a top-level module (relayrl/launcher.py, status.py, ...)
+    # tests/unit/<package>/ for relayrl.<package>; tests of a top-level module (relayrl/status.py, run_report.py, ...)
     # and of the repository as a whole stay in tests/unit/; bench/ holds the benchmark scripts' tests, data/ fixtures
     unit = REPO / "tests" / "unit"
     packages = {p.name for p in (REPO / "src" / "relayrl").iterdir() if (p / "__init__.py").exists()}

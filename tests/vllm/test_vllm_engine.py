@@ -17,7 +17,7 @@ from relayrl.common.pb import inference_pb2_grpc as pb_grpc
 from relayrl.common.probe import PROBE_TOLERANCE, probe_logprobs
 from relayrl.config.inference import EngineKind, InferenceConfig
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.publication import WeightTransport
 from relayrl.inference.engine import GenerationInput, generate
 from relayrl.inference.server import create_inference_servers
 from relayrl.inference.serving import InferenceService

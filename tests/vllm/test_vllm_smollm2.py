@@ -20,7 +20,7 @@ from relayrl.common.probe import PROBE_TOLERANCE
 from relayrl.config.inference import EngineKind, InferenceConfig, VllmConfig
 from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.publication import WeightTransport
 from relayrl.inference.server import create_inference_servers
 from relayrl.inference.serving import InferenceService
 from relayrl.trainer.lora import load_policy

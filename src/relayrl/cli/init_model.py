@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from relayrl.common.logging import setup_logging
-    from relayrl.config.typed import apply_override, from_dict
+    from relayrl.config.sources import apply_override
+    from relayrl.config.typed import from_dict
     from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 
     setup_logging("init-model")

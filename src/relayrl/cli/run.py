@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from relayrl.common.logging import records_held, setup_logging
     from relayrl.config import load_run_config
-    from relayrl.config.typed import load_yaml
+    from relayrl.config.sources import load_yaml
     from relayrl.launcher import Launcher
 
     with records_held():  # config warnings are written once the config chose the log format

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from relayrl.common.logging import records_held, setup_logging
     from relayrl.common.threads import apply_threads
     from relayrl.config import load_run_config
-    from relayrl.config.typed import check_config_digest
+    from relayrl.config.sources import check_config_digest
 
     check_config_digest(args.config)
     with records_held():  # config warnings are written once the config chose the log format

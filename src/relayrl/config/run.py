@@ -24,10 +24,11 @@ from relayrl.config.model import ModelConfig
 from relayrl.config.redis import RedisConfig
 from relayrl.config.reward import RewardConfig
 from relayrl.config.rollout import RolloutConfig
+from relayrl.config.sources import apply_override, load_yaml
 from relayrl.config.tls import TlsConfig
 from relayrl.config.tracking import TrackingConfig
 from relayrl.config.trainer import TrainerConfig
-from relayrl.config.typed import ConfigError, apply_override, from_dict, load_yaml, to_dict
+from relayrl.config.typed import ConfigError, from_dict, to_dict
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar, Literal, NamedTuple
 
+from relayrl.config.distributed import DistributedConfig
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.evaluation import InRunEvalConfig
 from relayrl.config.loss import AdvantageEstimator, DynamicSamplingConfig, LossConfig, PolicyLoss, TeacherConfig
 from relayrl.config.optimizer import OptimizerConfig
+from relayrl.config.publication import PublicationConfig
 from relayrl.config.threads import ThreadsConfig
 from relayrl.config.typed import ConfigError
 
-DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
 FLAT_KEYS_REMOVED_IN = "0.3"  # the release that stops accepting the flat keys of MOVED_FIELDS
 
 
@@ -46,15 +47,6 @@ def graceful_stop_s(step_s: float, push_s: float, checkpoint_s: float, grace_s: 
     bound = ("trainer.stop_grace_max_s" if need > max_s else
              "trainer.stop_grace_s" if grace_s >= need else "the measured steps")
     return StopBudget(min(max(grace_s, need), max_s), need, bound)
-
-
-class WeightTransport(StrEnum):
-    """The config's choice of transport; the implementations are relayrl.trainer.transports.Transport."""
-
-    GRPC_STREAM = "grpc_stream"
-    SHARED_PATH = "shared_path"
-    SHARED_MEMORY = "shared_memory"  # same host: a file in the weights directory, page cache, only the manifest on gRPC
-    AUTO = "auto"  # shared_memory under `relayrl run` (one host, one output folder), else grpc_stream
 
 
 class MicroBatchLayout(StrEnum):
@@ -87,74 +79,6 @@ class CheckpointConfig:
     keep: int = field(default=2, metadata={"help": "Checkpoints kept on disk.", "ge": 1})
     resume: Literal["never", "auto"] = field(default="never", metadata={
         "help": "auto: restore the newest complete checkpoint under <output_dir>/checkpoints if there is one."})
-
-
-@dataclass
-class PublicationConfig:
-    transport: WeightTransport = field(default=WeightTransport.AUTO, metadata={
-        "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream), shared_path "
-                "(a safetensors file under <output_dir>/weights that inference reads; needs a shared "
-                "filesystem), shared_memory (same host: a file in that folder written once without fsync, removed "
-                "once served; only the manifest on gRPC) or auto (shared_memory under `relayrl run`, where every "
-                "service runs on one host with one output folder; grpc_stream for services started on their "
-                "own)."})
-    chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={
-        "help": "Bytes per weight-update chunk (under gRPC's 4 MiB message limit).", "ge": 1024,
-        "le": 4 * 1024 * 1024 - 4096})
-    push_timeout_s: float = field(default=60.0, metadata={
-        "help": "Deadline of one weight push to inference, its retries included (while inference restarts or "
-                "its weights server is busy) and a final check of whether it landed.", "gt": 0})
-    probe_sequences: int = field(default=4, metadata={
-        "help": "Sequences of the probe batch inference scores after a weight swap when a probe is due (see "
-                "probe_every).", "ge": 1})
-    probe_tokens: int = field(default=16, metadata={
-        "help": "Tokens per probe sequence (16 x 4 sequences: every layer and 64 vocabulary rows take part; a reload "
-                "that leaves a layer behind moves every logprob).", "ge": 2})
-    probe_every: int = field(default=10, metadata={
-        "help": "Score the probe on the first publication, then on every N-th (0: never again). Every publication "
-                "is verified exactly in any case where the engine can (native): the checksum of the bytes sent "
-                "matches what inference received, and every module path of every updated parameter (tied "
-                "aliases included) reads those very tensors after the swap. The probe adds an end-to-end "
-                "check of the forward pass (logprob parity), at the cost of a forward pass on each side; an "
-                "engine that cannot confirm the served weights (vLLM) is probed on every publication.", "ge": 0})
-    overlap: bool = field(default=True, metadata={
-        "help": "Push each step's weights in the background while the trainer reads and trains its next batch "
-                "(the version is allocated before the push, so staleness stays exact; the push is awaited before "
-                "the next publication and every checkpoint). false: the step waits for its push."})
-    probe_tolerance: float = field(default=0.0, metadata={
-        "help": "Largest accepted |logprob difference| between trainer and inference on the probe (0: by dtype: "
-                "float32 1e-3, float16 2e-2, bfloat16 1e-1). Above it the trainer stops.", "ge": 0})
-    inference_wait_s: float = field(default=600.0, metadata={
-        "help": "How long the first publication waits for inference to answer at all (it may still be loading its "
-                "model: minutes for a large model or for vLLM) before the trainer gives up.", "ge": 0})
-
-
-@dataclass
-class DistributedConfig:
-    world_size: int = field(default=1, metadata={
-        "help": "Trainer ranks. `relayrl run` starts them with torchrun; `relayrl serve trainer` must run under "
-                "torchrun with this many processes. groups_per_step must be divisible by it.", "ge": 1})
-    collective_timeout_s: float = field(default=120.0, metadata={
-        "help": "Timeout of every collective: a dead or diverged rank fails the others within it.", "gt": 0})
-    dp_shard: int = field(default=1, metadata={
-        "help": "Data-parallel ranks that shard parameters, gradients and optimizer state (FSDP2 fully_shard; 1: "
-                "every rank holds the whole model). With dp_shard > 1 every rank writes its shards of each "
-                "checkpoint (torch.distributed.checkpoint under <checkpoint>/dcp, so the checkpoint directory must be "
-                "shared by the ranks), rank 0 still exports the Hugging Face directory, and each publication gathers "
-                "the full tensors one parameter at a time, rank 0 writing each into a file under the weights "
-                "directory as it arrives (any transport). Not with model.lora.", "ge": 1})
-    dp_replicate: int = field(default=0, metadata={
-        "help": "Data-parallel replicas of the sharded model (0: world_size / dp_shard). world_size must equal "
-                "dp_replicate x dp_shard x tp x cp.", "ge": 0})
-    tp: int = field(default=1, metadata={"help": "Tensor-parallel degree (only 1 for now).", "ge": 1, "le": 1})
-    cp: int = field(default=1, metadata={"help": "Context-parallel degree (only 1 for now).", "ge": 1, "le": 1})
-    param_dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
-        "help": "FSDP2 mixed precision: dtype of the unsharded parameters in forward and backward."})
-    reduce_dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
-        "help": "FSDP2 mixed precision: dtype of the gradient reduction."})
-    record_collectives: bool = field(default=False, metadata={
-        "help": "Debug: record every collective per rank under <output_dir>/collectives "
-                "(read with: relayrl debug collectives RUN_DIR)."})
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from relayrl.config.trainer import DistributedConfig
+from relayrl.config.distributed import DistributedConfig
 from relayrl.config.typed import ConfigError
 
 log = logging.getLogger(__name__)

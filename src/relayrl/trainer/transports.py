@@ -15,7 +15,7 @@ tensor at a time, hashed in the same pass by the transport's :attr:`Transport.ch
 ``shared_memory``, SHA-256 for the others). ``shared_memory`` and ``shared_path`` then give that file its versioned
 name (a hard link: no second write); ``grpc_stream`` reads its chunks from it as they are sent.
 
-The config enum (:class:`relayrl.config.trainer.WeightTransport`) names the choice; :func:`make_transport` picks
+The config enum (:class:`relayrl.config.publication.WeightTransport`) names the choice; :func:`make_transport` picks
 the implementation once, from :data:`TRANSPORTS`.
 """
 
@@ -35,7 +35,7 @@ from relayrl.common.pb.inference_pb2 import (
     WeightUpdateMessage,
 )
 from relayrl.common.weights import iter_update_messages, manifest, write_shared
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.publication import WeightTransport
 from relayrl.trainer.weight_files import FileUpdateMessages, MappedWeights, write_mapped
 
 # a snapshot in memory, or the file a sharded gather wrote

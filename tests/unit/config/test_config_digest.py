@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from relayrl.cli import main
-from relayrl.config.typed import CONFIG_DIGEST_ENV, ConfigError, check_config_digest
+from relayrl.config.sources import CONFIG_DIGEST_ENV, check_config_digest
+from relayrl.config.typed import ConfigError
 
 TEXT = "name: a\ntrainer:\n  total_steps: 4\n"
 

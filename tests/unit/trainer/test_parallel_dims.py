@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.config import load_run_config
-from relayrl.config.trainer import DistributedConfig
+from relayrl.config.distributed import DistributedConfig
 from relayrl.config.typed import ConfigError
 from relayrl.trainer.parallel_dims import ParallelDims
 

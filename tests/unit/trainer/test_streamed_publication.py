@@ -36,7 +36,7 @@ from relayrl.common.weights import (
     tensor_bytes,
 )
 from relayrl.config.model import ModelConfig
-from relayrl.config.trainer import WeightTransport
+from relayrl.config.publication import WeightTransport
 from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp
 from relayrl.trainer.transports import make_transport
 from relayrl.trainer.weight_files import FileUpdateMessages, MappedWeights, StreamedWriter, write_mapped

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from relayrl.common.pb.inference_pb2 import CHECKSUM_ALGORITHM_XXH3_128
 from relayrl.common.weights import checksum
-from relayrl.config.trainer import PublicationConfig, WeightTransport
+from relayrl.config.publication import PublicationConfig, WeightTransport
 from relayrl.launcher import local_publication
 from relayrl.trainer.transports import GrpcStreamTransport, SharedMemoryTransport, make_transport
 from relayrl.trainer.weight_files import write_mapped

@@ -1,16 +1,8 @@
-"""`relayrl run`: the whole stack as local processes, with an embedded Redis, on free ports.
-
-Starts redis-server (unless a Redis URL is configured: redis.url or $RELAYRL_REDIS_URL), with a password of
-its own (the caller's $RELAYRL_REDIS_PASSWORD, else a fresh random one), then reward, inference, trainer and
-rollout as child processes running `relayrl serve`, waits for their health, shows progress from metrics.jsonl, and stops
-everything at the end, on Ctrl-C, SIGTERM or SIGHUP (exit code 128 + the signal), or as soon as any service dies
-(exit code 1, naming the service). Every child dies with the launcher, also when it is SIGKILLed
-(relayrl.common.lifecycle).
-"""
+"""The launcher of `relayrl run` (:class:`Launcher`): the run folder, the embedded Redis, the four services as
+child processes, their health, the progress lines and the staged stop (the package docstring says what a run does)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -24,7 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from relayrl.common.checkpoints import checkpoint_step, latest_checkpoint
 from relayrl.common.credentials import service_environment
 from relayrl.common.grpc_utils import check_health
 from relayrl.common.lifecycle import (
@@ -34,75 +25,20 @@ from relayrl.common.lifecycle import (
     raise_on_stop_signals,
     restore_signals,
 )
-from relayrl.common.metrics_row import MetricsRow, format_books, format_time_shares, parse_line, read_rows, rl_rows
-from relayrl.common.redis_conn import sync_client
-from relayrl.common.redis_keys import PROGRESS_APPENDED, RedisKeys
-from relayrl.common.threads import automatic_cpus, automatic_division, pin_cpus, thread_env
+from relayrl.common.metrics_row import parse_line, read_rows
+from relayrl.common.threads import pin_cpus, thread_env
 from relayrl.config import RunConfig, dump_run_config
-from relayrl.config.endpoints import HttpConfig, ServerConfig
 from relayrl.config.files import write_private
-from relayrl.config.model_fit import fit_to_model
-from relayrl.config.trainer import STOP_MARGIN, PublicationConfig, WeightTransport, graceful_stop_s
-from relayrl.config.typed import ConfigError
-from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_ports
-from relayrl.run_report import entries_added, progress_line, run_summary
+from relayrl.launcher.local_config import SERVICE_ORDER, local_run_config
+from relayrl.launcher.stopping import SERVICE_STOP_S, STOP_STAGES, stop_deadline
+from relayrl.launcher.summary import write_summary
+from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server
+from relayrl.run_report import progress_line
 
 log = logging.getLogger(__name__)
 
-SERVICE_ORDER = ("reward", "inference", "trainer", "rollout")
 RUN_FOLDERS = ("logs", "checkpoints", "redis", "weights", "tensorboard", "collectives")  # what a run writes
 CONTROL_TOKEN_FILE = "control_token"  # <run folder>/control_token (0600): what `relayrl control RUN_DIR` presents
-# shutdown in two stages: the trainer (its final checkpoint may settle a push to inference and acknowledges in
-# Redis) and rollout first, then the servers they use; Redis last
-STOP_STAGES = (("rollout", "trainer"), ("inference", "reward"))
-SERVICE_STOP_S = 15.0  # the deadline of a service other than the trainer (their gRPC grace is 5 s)
-
-
-def stop_deadline(rows: Sequence[MetricsRow], grace_s: float, max_s: float) -> tuple[float, str]:
-    """How long to wait for the trainer to stop gracefully, and why: :func:`graceful_stop_s` of the longest
-    step, push and checkpoint measured in ``rows``."""
-    steps = rl_rows(rows)
-    step = max((r.step_time_s for r in steps), default=0.0)
-    push = max((r.weight_sync_s or 0.0 for r in steps), default=0.0)
-    checkpoint = max((r.time_checkpoint_s for r in steps), default=0.0)
-    budget = graceful_stop_s(step, push, checkpoint, grace_s, max_s)
-    measured = (f"{STOP_MARGIN:g} x (longest step {step:.1f}s + push {push:.1f}s + checkpoint {checkpoint:.1f}s) = "
-                f"{budget.need_s:.1f}s over {len(steps)} steps in metrics.jsonl" if steps else "no step measured yet")
-    return budget.deadline_s, (f"{measured}; trainer.stop_grace_s {grace_s:g}s, trainer.stop_grace_max_s {max_s:g}s: "
-                               f"{budget.bound}")
-
-
-def local(server: ServerConfig, port: int) -> ServerConfig:
-    """The same server settings on loopback and ``port`` (the launcher runs everything locally)."""
-    return replace(server, host="127.0.0.1", port=port, address="")
-
-
-def local_publication(pc: PublicationConfig) -> PublicationConfig:
-    """``auto`` becomes ``shared_memory``: trainer and inference run on this host and share the run folder."""
-    return replace(pc, transport=WeightTransport.SHARED_MEMORY) if pc.transport is WeightTransport.AUTO else pc
-
-
-def local_http(http: HttpConfig, port: int) -> HttpConfig:
-    """An HTTP API on loopback and ``port``."""
-    return replace(http, host="127.0.0.1", port=port)
-
-
-def with_thread_budget(cfg: RunConfig, cores: Sequence[int]) -> RunConfig:
-    """``cfg`` with every automatic (0) thread count of reward, inference, trainer and rollout resolved by
-    :func:`relayrl.common.threads.automatic_division` of ``cores`` (usable CPU ids; inter-op: 1); set counts stay.
-    When inference's and the trainer's counts are both automatic and no service names its ``cpus``, the services
-    are also pinned by :func:`relayrl.common.threads.automatic_cpus` (the trainer's cores apart from generation's)."""
-    ranks = cfg.trainer.distributed.world_size
-    auto = automatic_division(len(cores), ranks)
-    sections = {name: getattr(cfg, name) for name in SERVICE_ORDER}
-    divided = not any(sections[name].threads.intra_op for name in ("inference", "trainer")) \
-        and not any(section.threads.cpus for section in sections.values())
-    cpus = automatic_cpus(cores, ranks) if divided else {name: s.threads.cpus for name, s in sections.items()}
-    for name, section in sections.items():
-        threads = replace(section.threads, intra_op=section.threads.intra_op or auto[name],
-                          interop=section.threads.interop or 1, cpus=list(cpus[name]))
-        sections[name] = replace(section, threads=threads)
-    return replace(cfg, **sections)
 
 
 @dataclass
@@ -123,30 +59,7 @@ class Launcher:
         self.redis: RedisProcess | None = None
         self.credentials: dict[str, str] = {}
         self.redis_password = ""  # of the embedded server ("" with an external Redis: the environment has it)
-        self.cfg = self._resolve(cfg)
-
-    def _resolve(self, cfg: RunConfig) -> RunConfig:
-        cfg.model.check_exists()
-        cfg = fit_to_model(cfg)  # the length limits within the model's context and vocabulary, before any service
-        if not cfg.rollout.dataset.is_file():
-            raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
-        cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
-        cfg = with_thread_budget(cfg, sorted(os.sched_getaffinity(0)))
-        p = iter(free_ports(9))  # distinct: one per server of the stack
-        return replace(
-            cfg, output_dir=self.out, tls=cfg.tls.resolved(),
-            model=replace(cfg.model, path=cfg.model.path.resolve()),
-            rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(),
-                            server=local(cfg.rollout.server, next(p)), http=local_http(cfg.rollout.http, next(p))),
-            inference=replace(cfg.inference, server=local(cfg.inference.server, next(p)),
-                              http=local_http(cfg.inference.http, next(p)),
-                              weights_server=local(cfg.inference.weights_server, next(p))),
-            reward=replace(cfg.reward, server=local(cfg.reward.server, next(p)),
-                           http=local_http(cfg.reward.http, next(p))),
-            trainer=replace(cfg.trainer, server=local(cfg.trainer.server, next(p)),
-                            http=local_http(cfg.trainer.http, next(p)),
-                            publication=local_publication(cfg.trainer.publication)),
-        )
+        self.cfg = local_run_config(cfg, self.out)
 
     def _target(self, name: str) -> str:
         return str(getattr(self.cfg, name).server.target)
@@ -319,35 +232,7 @@ class Launcher:
     def _summary(self) -> None:
         """After the services stopped: the accounting identity (relayrl.run_report.run_summary), written to
         summary.json and printed."""
-        import redis
-
-        keys = RedisKeys.from_config(self.cfg.redis)
-        try:
-            client = sync_client(self.cfg.redis, socket_timeout=5.0,
-                                 **({"password": self.redis_password} if self.redis_password else {}))
-            length = int(client.xlen(keys.stream))
-            groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
-                      for g in client.xinfo_groups(keys.stream)} if length else {}
-            appended = int(client.hget(keys.rollout_progress, PROGRESS_APPENDED) or 0)
-            invalid = [int(v) for v in client.hvals(keys.invalid)]  # type: ignore[union-attr]
-            added = entries_added(client, keys.stream, appended)
-            client.close()
-        except redis.exceptions.RedisError as exc:
-            log.warning("could not read the stream for the run summary: %s", exc)
-            return
-        group = groups.get(keys.group, {})
-        rows = read_rows(self.cfg.metrics_path) if self.cfg.metrics_path.exists() else []
-        pending = int(group.get("pending", 0)) + int(group.get("lag", length) or 0)
-        latest = latest_checkpoint(self.out / "checkpoints")
-        summary = run_summary(rows, appended, length, pending, checkpoint_step(latest) if latest else 0,
-                              (len(invalid), sum(invalid)), added - appended)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        after = summary["groups_after_checkpoint"]
-        self._say(f"relayrl: {format_books(summary)}"
-                  + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
-                     "again)" if after else ""))
-        if summary["trainer_time"]:
-            self._say(f"relayrl: {format_time_shares(summary['trainer_time'])}")
+        write_summary(self.cfg, self.out, self.redis_password, self._say)
 
     def _trainer_stop_deadline(self) -> float:
         """The trainer's stop deadline (:func:`stop_deadline` of the run's metrics), said in the log."""
