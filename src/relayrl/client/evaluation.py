@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relayrl.client import InferenceClient, RewardClient
+from relayrl.client.inference import InferenceClient
+from relayrl.client.reward import RewardClient
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of, score_ok
 from relayrl.common.pb import inference_pb2, reward_pb2
