@@ -33,7 +33,7 @@ from relayrl.config.inference import MAX_TEMPERATURE, MIN_TEMPERATURE, Inference
 from relayrl.config.model import ModelConfig
 from relayrl.inference.http_app import create_app
 from relayrl.inference.native import NativeEngine
-from relayrl.inference.server import generation_input
+from relayrl.inference.server_convert import generation_input
 from relayrl.inference.serving import InferenceService
 
 pytestmark = pytest.mark.security

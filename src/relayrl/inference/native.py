@@ -20,7 +20,6 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,16 +36,10 @@ from relayrl.inference.native_rows import Request as _Request
 from relayrl.inference.native_rows import Row as _Row
 from relayrl.inference.native_rows import fail as _fail
 from relayrl.inference.native_rows import finished_samples, prompt_logprobs, resolve, stop_string_hits, stream_step
+from relayrl.inference.native_weights import Swap as _Swap
+from relayrl.inference.native_weights import module_paths, served_mismatch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Swap:
-    tensors: Mapping[str, torch.Tensor]
-    version: int
-    probe: Sequence[Sequence[int]]
-    done: Future[list[float]] = field(default_factory=Future)
 
 
 class NativeEngine:
@@ -68,12 +61,7 @@ class NativeEngine:
         self._version = version
         self._specs = parameter_specs(model)
         self._params = dict(model.named_parameters())
-        # every module path of each parameter (a tied output layer is a second path of the embedding)
-        paths: dict[int, list[str]] = {}
-        for path, param in model.named_parameters(remove_duplicate=False):
-            paths.setdefault(id(param), []).append(path)
-        # (module, attribute) of each path, resolved once: the check after a swap reads the attribute the forward reads
-        self._paths = {name: [_owner(model, path) for path in paths[id(p)]] for name, p in self._params.items()}
+        self._paths = module_paths(model, self._params)  # (module, attribute, path) of every path of each parameter
         self.last_served_mismatch = ""  # of the last swap: a module path that does not read the update ("": none)
         self.eos_token_id = int(tokenizer.eos_token_id)
         # EOS and the end-of-turn tokens of the model's generation config: each ends a sample
@@ -220,7 +208,7 @@ class NativeEngine:
             try:
                 for name, t in swap.tensors.items():
                     self._params[name].data = t
-                self.last_served_mismatch = self._served_mismatch(swap.tensors)
+                self.last_served_mismatch = served_mismatch(self._paths, swap.tensors)
                 result, self.last_probe_s = timed_probe_logprobs(probe_logprobs, self.model, swap.probe, self.device)
             except BaseException:
                 for name, t in old.items():
@@ -232,18 +220,6 @@ class NativeEngine:
             swap.done.set_result(result)
         except Exception as exc:
             swap.done.set_exception(exc)
-
-    def _served_mismatch(self, tensors: Mapping[str, torch.Tensor]) -> str:
-        """The first module path of an updated parameter whose tensor is not the update's (same storage, shape,
-        strides and dtype: the bytes the server checksummed), or "" when every path reads the update. No pass
-        over the data: the swap is by reference, so identity proves content."""
-        for name, t in tensors.items():
-            for module, attr, path in self._paths[name]:
-                served = getattr(module, attr)
-                if not (served.data_ptr() == t.data_ptr() and served.shape == t.shape
-                        and served.stride() == t.stride() and served.dtype == t.dtype):
-                    return path
-        return ""
 
     def _iteration(self, admitted: list[_Request]) -> None:
         self._drop_cancelled()
@@ -391,9 +367,3 @@ class NativeEngine:
             log.info("dropping %d rows of cancelled requests", len(self._rows) - len(keep))
             self.cancelled_sequences += len(self._rows) - len(keep)
             self._keep_rows(keep)
-
-
-def _owner(model: Any, path: str) -> tuple[Any, str, str]:
-    """The module holding the parameter at ``path``, its attribute name, and the path."""
-    module_path, _, attr = path.rpartition(".")
-    return model.get_submodule(module_path), attr, path

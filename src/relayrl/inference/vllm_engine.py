@@ -40,47 +40,21 @@ import torch
 
 from relayrl.common.logging import log_context
 from relayrl.common.model import end_token_ids, load_generation_config, load_tokenizer, torch_dtype
-from relayrl.common.pb.common_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, FINISH_REASON_STOP_STRING
 from relayrl.common.probe import check_probe
 from relayrl.common.weights import StaleVersionError, TensorSpec, check_tensors
 from relayrl.config.inference import InferenceConfig, KvOnUpdate
 from relayrl.config.model import ModelConfig
-from relayrl.inference.engine import Alternatives, EngineStats, GenerationInput, SampleOutput, TokenEvent
-from relayrl.inference.vllm_convert import alternatives, greedy, hf_parameter_specs, prompt_logprobs
+from relayrl.inference.engine import EngineStats, GenerationInput, SampleOutput
+from relayrl.inference.vllm_convert import greedy, hf_parameter_specs, prompt_logprobs
 from relayrl.inference.vllm_lora import AdapterStore, adapter_specs, lora_engine_args
+from relayrl.inference.vllm_requests import Partial as _Partial
+from relayrl.inference.vllm_requests import Request as _Request
+from relayrl.inference.vllm_requests import Seq as _Seq
+from relayrl.inference.vllm_requests import add_output, check_input, sample_outputs
 
 log = logging.getLogger(__name__)
 
 EXTENSION = "relayrl.inference.vllm_ext.RelayrlWorkerExtension"
-
-
-@dataclass
-class _Partial:
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: int = FINISH_REASON_LENGTH
-    tops: list[Alternatives] = field(default_factory=list)
-    finished: bool = False
-
-
-@dataclass
-class _Request:
-    inp: GenerationInput
-    future: Future[list[SampleOutput]]
-    id: str
-    samples: list[_Partial]
-    prompt_logprobs: list[float | None] = field(default_factory=list)
-    prompt_top: list[Alternatives] = field(default_factory=list)
-
-
-@dataclass
-class _Seq:
-    """One vLLM request: every sample of a request or, after an adapter swap under ``recompute``, the rest of one."""
-    req: _Request
-    indices: list[int]  # vLLM's sample index -> the request's sample index
-    version: int  # the weight version serving it (with LoRA: its adapter's, fixed from admission to its end)
 
 
 @dataclass
@@ -159,18 +133,7 @@ class VllmEngine:
             return EngineStats(running, requests, len(self._queue), self.decode_steps)
 
     def submit(self, inp: GenerationInput) -> Future[list[SampleOutput]]:
-        if inp.top_p < 1.0 or (inp.top_k > 0 and not greedy(inp)):
-            raise ValueError("the vllm engine does not sample with top_p/top_k truncation: its logprobs would be "
-                             "taken after truncation, against relayrl's convention (use the native engine)")
-        if greedy(inp) and inp.n > 1:
-            raise ValueError(f"the vllm engine decodes greedily one sample at a time (n=1, got n={inp.n}): vLLM "
-                             "refuses n > 1 at temperature 0")
-        if inp.prompt_logprobs is not None and inp.temperature != 1.0:
-            raise ValueError("the vllm engine scores prompts (prompt logprobs, echo) at temperature 1 only: vLLM "
-                             f"does not temper them, and this request samples at {inp.temperature}")
-        if len(inp.prompt_ids) + inp.max_new_tokens > self._context:
-            raise ValueError(f"prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) "
-                             f"exceeds the model's context length {self._context}")
+        check_input(inp, self._context)
         req = _Request(inp, Future(), f"r{next(self._ids)}", [_Partial() for _ in range(inp.n)])
         with self._cond:
             if self._closed:
@@ -293,35 +256,13 @@ class VllmEngine:
             if out.prompt_logprobs and not req.prompt_logprobs:  # sent once, with the request's first output
                 req.prompt_logprobs, req.prompt_top = prompt_logprobs(req.inp, out.prompt_logprobs)
             for o in out.outputs:
-                index = seq.indices[o.index]
-                part = req.samples[index]
-                new = list(o.token_ids)
-                entries = list(o.logprobs or [])
-                lps = [float(d[t].logprob) for d, t in zip(entries, new, strict=True)]
-                tops = [alternatives(d, req.inp.top_logprobs) for d in entries]
-                part.token_ids += new
-                part.logprobs += lps
-                part.tops += tops
-                part.versions += [version] * len(new)
-                part.text += o.text
-                if req.inp.on_token is not None and not req.future.cancelled():
-                    for t, lp, top in zip(new, lps, tops, strict=True):
-                        req.inp.on_token(TokenEvent(index, t, lp, version, top))
-                if o.finish_reason == "stop":
-                    part.finish_reason = FINISH_REASON_STOP_STRING if isinstance(o.stop_reason, str) \
-                        else FINISH_REASON_STOP
-                elif o.finish_reason == "length":
-                    part.finish_reason = FINISH_REASON_LENGTH
-                part.finished = part.finished or o.finish_reason is not None
+                add_output(seq, o, version)
             if out.finished:
                 self._finish(out.request_id)
                 for index in seq.indices:
                     req.samples[index].finished = True
                 if all(p.finished for p in req.samples) and not req.future.done():
-                    req.future.set_result([SampleOutput(
-                        p.token_ids, p.logprobs, p.versions, p.finish_reason, p.text,
-                        p.tops if req.inp.top_logprobs else [], list(req.prompt_logprobs), list(req.prompt_top))
-                        for p in req.samples])
+                    req.future.set_result(sample_outputs(req))
 
     def _apply_swap(self, swap: _Swap) -> None:
         try:
