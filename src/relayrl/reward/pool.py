@@ -24,42 +24,19 @@ import itertools
 import logging
 import math
 import multiprocessing
-import os
 import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from relayrl.config.reward import SandboxConfig
 from relayrl.reward.protocol import Batch, InitError, Job, Outcome, Ready, Results, Status, Stop, ToPool
 from relayrl.reward.scorer import ScorerSpec
-from relayrl.reward.verifier_process import INDEX, JOB, START, verifier_main
+from relayrl.reward.worker_slot import Item, WorkerSlot, kill_worker, spawn_verifier
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Item:
-    inp: Job
-    future: asyncio.Future[Outcome]
-
-
-@dataclass
-class _Worker:
-    slot: int
-    process: Any = None  # multiprocessing.process.BaseProcess
-    conn: Connection | None = None
-    ready: bool = False
-    job_id: int = 0
-    job: list[_Item] | None = None
-    received: int = 0  # results of the current job received so far
-    sent_at: float = 0.0
-    progress: Any = None  # shared (start time, index, job id) of the request the worker is on
-    timer: asyncio.TimerHandle | None = None
-    started_at: float = field(default_factory=time.monotonic)
 
 
 class PoolStartError(RuntimeError):
@@ -81,8 +58,8 @@ class VerifierPool:
         if start_method == "forkserver":
             # replacements fork from a server that has these imported already (no import cost after a kill)
             self._ctx.set_forkserver_preload(["relayrl.reward.verifier_process", *spec.modules()])  # type: ignore[attr-defined]
-        self._workers = [_Worker(slot=i) for i in range(size)]
-        self._queue: deque[_Item] = deque()
+        self._workers = [WorkerSlot(slot=i) for i in range(size)]
+        self._queue: deque[Item] = deque()
         self._jobs = itertools.count(1)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -129,23 +106,14 @@ class VerifierPool:
         self._started = True
         log.info("%d verifier workers ready (%s)", self.size, self.spec.describe())
 
-    def _spawn(self) -> tuple[Any, Connection, Any]:
-        parent, child = self._ctx.Pipe(duplex=True)
-        progress = self._ctx.RawArray("d", 3)  # type: ignore[attr-defined]
-        process = self._ctx.Process(  # type: ignore[attr-defined]
-            target=verifier_main, args=(child, progress, self.spec, self.sandbox, self.memory_mb), daemon=True,
-            name="relayrl-verifier")
-        process.start()
-        child.close()
-        return process, parent, progress
-
-    async def _start_worker(self, w: _Worker, delay_s: float = 0.0) -> None:
+    async def _start_worker(self, w: WorkerSlot, delay_s: float = 0.0) -> None:
         if delay_s:
             await asyncio.sleep(delay_s)
         loop = asyncio.get_running_loop()
-        process, conn, progress = await loop.run_in_executor(None, self._spawn)
+        process, conn, progress = await loop.run_in_executor(None, spawn_verifier, self._ctx, self.spec,
+                                                             self.sandbox, self.memory_mb)
         if self._closed:
-            self._kill(process)
+            kill_worker(process)
             conn.close()
             return
         w.process, w.conn, w.progress, w.ready, w.job = process, conn, progress, False, None
@@ -182,7 +150,7 @@ class VerifierPool:
             for p in processes:
                 p.join(2.0)
                 if p.is_alive():
-                    self._kill(p)
+                    kill_worker(p)
                     p.join(2.0)
 
         await asyncio.get_running_loop().run_in_executor(None, join_all)
@@ -194,7 +162,7 @@ class VerifierPool:
         if self._closed:
             return [Outcome(Status.ERROR, error="the reward service is shutting down") for _ in inputs]
         loop = asyncio.get_running_loop()
-        items = [_Item(inp, loop.create_future()) for inp in inputs]
+        items = [Item(inp, loop.create_future()) for inp in inputs]
         self._queue.extend(items)
         self._dispatch()
         try:
@@ -210,7 +178,7 @@ class VerifierPool:
         idle = [w for w in self._workers if w.ready and w.job is None]
         while self._queue and idle:
             n = min(self.chunk_size, max(1, math.ceil(len(self._queue) / self.size)))
-            items: list[_Item] = []
+            items: list[Item] = []
             while self._queue and len(items) < n:
                 item = self._queue.popleft()
                 if not item.future.done():  # a cancelled call's requests are not scored
@@ -229,21 +197,14 @@ class VerifierPool:
                 continue
             self._arm(w, self.timeout_s)
 
-    def _arm(self, w: _Worker, delay_s: float) -> None:
+    def _arm(self, w: WorkerSlot, delay_s: float) -> None:
         assert self._loop is not None
         if w.timer is not None:
             w.timer.cancel()
         w.timer = self._loop.call_later(delay_s, self._on_deadline, w, w.job_id)
 
-    def _current(self, w: _Worker) -> tuple[int, float]:
-        """(index, start time) of the request the worker is on, from shared memory; before it started the job:
-        the first request without a result, since the job was sent."""
-        if w.progress is not None and int(w.progress[JOB]) == w.job_id and int(w.progress[INDEX]) >= w.received:
-            return int(w.progress[INDEX]), float(w.progress[START])
-        return w.received, w.sent_at
-
     # -- events from workers ---------------------------------------------------------------------------------
-    def _on_readable(self, w: _Worker, conn: Connection) -> None:
+    def _on_readable(self, w: WorkerSlot, conn: Connection) -> None:
         if w.conn is not conn:
             return
         try:
@@ -254,7 +215,7 @@ class VerifierPool:
         except (EOFError, OSError):
             self._on_death(w, conn)
 
-    def _handle(self, w: _Worker, message: ToPool) -> None:
+    def _handle(self, w: WorkerSlot, message: ToPool) -> None:
         if isinstance(message, Ready):
             w.ready = True
             self._ready_changed.set()
@@ -266,7 +227,7 @@ class VerifierPool:
         elif isinstance(message, Results):
             self._on_results(w, message)
 
-    def _on_results(self, w: _Worker, message: Results) -> None:
+    def _on_results(self, w: WorkerSlot, message: Results) -> None:
         if message.job_id != w.job_id or w.job is None:
             return
         for scored in message.scored:
@@ -283,10 +244,10 @@ class VerifierPool:
                 w.timer = None
             self._dispatch()
 
-    def _on_deadline(self, w: _Worker, job_id: int) -> None:
+    def _on_deadline(self, w: WorkerSlot, job_id: int) -> None:
         if w.job is None or w.job_id != job_id:
             return
-        index, started = self._current(w)
+        index, started = w.current()
         overrun = time.monotonic() - started
         if overrun < self.timeout_s:  # the request running now started later: wait for its own deadline
             self._arm(w, self.timeout_s - overrun)
@@ -301,7 +262,7 @@ class VerifierPool:
                     getattr(w.process, "pid", None))
         self._replace(w, "timeout")
 
-    def _on_death(self, w: _Worker, conn: Connection) -> None:
+    def _on_death(self, w: WorkerSlot, conn: Connection) -> None:
         """EOF on a worker's pipe: it died. Its exit status is read in a thread (the process may not be reaped
         yet), then its request fails and it is replaced; meanwhile it takes no work and no deadline fires."""
         if w.conn is not conn or self._closed:
@@ -310,7 +271,7 @@ class VerifierPool:
         was_ready, w.ready = w.ready, False
         self._track(asyncio.ensure_future(self._after_death(w, conn, was_ready)))
 
-    async def _after_death(self, w: _Worker, conn: Connection, was_ready: bool) -> None:
+    async def _after_death(self, w: WorkerSlot, conn: Connection, was_ready: bool) -> None:
         process = w.process
         if process is not None:
             await asyncio.to_thread(process.join, 0.5)
@@ -320,7 +281,7 @@ class VerifierPool:
         why = (f"killed by signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
                else f"exit code {code}")
         if w.job is not None:
-            index, _ = self._current(w)
+            index, _ = w.current()
             item = w.job[index]
             if not item.future.done():
                 item.future.set_result(Outcome(Status.ERROR, error=f"verifier worker process died ({why})"))
@@ -334,7 +295,7 @@ class VerifierPool:
         log.warning("verifier process pid %s died (%s); replacing it", getattr(process, "pid", None), why)
         self._replace(w, "crash", restart_delay_s=0.0 if was_ready else 1.0)
 
-    def _requeue_rest(self, w: _Worker, failed: int) -> None:
+    def _requeue_rest(self, w: WorkerSlot, failed: int) -> None:
         """Requeue the job's requests without a result but the one at ``failed``: those after it, and those
         before it whose results were lost with the worker."""
         if w.job is not None:
@@ -342,7 +303,7 @@ class VerifierPool:
             w.job = None
 
     # -- replacing a worker ----------------------------------------------------------------------------------
-    def _detach(self, w: _Worker) -> None:
+    def _detach(self, w: WorkerSlot) -> None:
         if w.timer is not None:
             w.timer.cancel()
             w.timer = None
@@ -350,23 +311,13 @@ class VerifierPool:
             with contextlib.suppress(ValueError, OSError):
                 self._loop.remove_reader(w.conn.fileno())
 
-    @staticmethod
-    def _kill(process: Any) -> None:
-        pid = process.pid
-        if pid is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)  # the worker's own process group (it called setpgrp)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-    def _replace(self, w: _Worker, reason: str, restart_delay_s: float | None = None) -> None:
+    def _replace(self, w: WorkerSlot, reason: str, restart_delay_s: float | None = None) -> None:
         """Kill ``w``'s process and start another in its slot (after ``restart_delay_s``; by default none if it
         was ready, else a pause: a worker that dies before it is ready is not restarted in a tight loop)."""
         self._detach(w)
         old = w.process
         if old is not None:
-            self._kill(old)
+            kill_worker(old)
         if w.conn is not None:
             w.conn.close()
         if restart_delay_s is None:
