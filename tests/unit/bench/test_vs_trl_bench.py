@@ -17,17 +17,18 @@ from relayrl.tasks import sequence
 from tests.conftest import REPO, load_bench
 
 vs = load_bench("vs_trl")
+curves = load_bench("curves")  # the learning-curve figures vs_trl prints
 
 
 def _rows(rewards: list[float], dt: float = 0.5) -> list:
-    return [vs.StepRow(step=i + 1, time_s=(i + 1) * dt, reward=r, tokens=10.0) for i, r in enumerate(rewards)]
+    return [curves.StepRow(step=i + 1, time_s=(i + 1) * dt, reward=r, tokens=10.0) for i, r in enumerate(rewards)]
 
 
 def test_time_to_threshold_on_rising_rewards_returns_first_step_whose_trailing_mean_reaches_it() -> None:
     # ten steps at 0.5, then 1.0: the 10-step mean first reaches 0.8 when 6 of the last 10 are 1.0 (step 16)
     rows = _rows([0.5] * 10 + [1.0] * 10)
 
-    hit = vs.time_to_threshold(rows, 0.8)
+    hit = curves.time_to_threshold(rows, 0.8)
 
     assert hit == (16, 8.0)
 
@@ -35,19 +36,19 @@ def test_time_to_threshold_on_rising_rewards_returns_first_step_whose_trailing_m
 def test_time_to_threshold_with_fewer_rows_than_the_window_returns_none_even_when_all_are_above() -> None:
     rows = _rows([1.0] * 9)
 
-    assert vs.time_to_threshold(rows, 0.8) is None
+    assert curves.time_to_threshold(rows, 0.8) is None
 
 
 def test_time_to_threshold_never_reached_returns_none() -> None:
     rows = _rows([0.79] * 50)
 
-    assert vs.time_to_threshold(rows, 0.8) is None
+    assert curves.time_to_threshold(rows, 0.8) is None
 
 
 def test_summarise_synthetic_rows_gives_rates_final_reward_and_both_thresholds() -> None:
     rows = _rows([0.5] * 10 + [1.0] * 10)
 
-    res = vs.summarise("x", rows, wall_s=20.0, max_reward=1.0)
+    res = curves.summarise("x", rows, wall_s=20.0, max_reward=1.0)
 
     assert (res.steps, res.train_s, res.wall_s) == (20, 10.0, 20.0)
     assert res.steps_per_s == pytest.approx(2.0)
@@ -59,7 +60,7 @@ def test_summarise_synthetic_rows_gives_rates_final_reward_and_both_thresholds()
 def test_summarise_thresholds_scale_with_the_task_maximum() -> None:
     rows = _rows([1.7] * 10)
 
-    res = vs.summarise("x", rows, wall_s=5.0, max_reward=2.0)
+    res = curves.summarise("x", rows, wall_s=5.0, max_reward=2.0)
 
     assert res.thresholds["0.8"]["step"] == 10  # 1.7 >= 0.8 * 2
     assert res.thresholds["0.9"]["step"] is None  # 1.7 < 0.9 * 2
@@ -67,14 +68,14 @@ def test_summarise_thresholds_scale_with_the_task_maximum() -> None:
 
 def test_summarise_without_rows_raises() -> None:
     with pytest.raises(RuntimeError, match="no training steps"):
-        vs.summarise("relayrl", [], wall_s=1.0, max_reward=1.0)
+        curves.summarise("relayrl", [], wall_s=1.0, max_reward=1.0)
 
 
 def test_mean_result_over_seeds_averages_every_figure_and_thresholds_all_runs_reached() -> None:
-    fast = vs.summarise("TRL", _rows([0.5] * 10 + [1.0] * 10), wall_s=20.0, max_reward=1.0)  # 0.8 at 16, 0.9 at 18
-    slow = vs.summarise("TRL", _rows([0.5] * 10 + [1.0] * 10, dt=1.0), wall_s=30.0, max_reward=1.0)
+    fast = curves.summarise("TRL", _rows([0.5] * 10 + [1.0] * 10), wall_s=20.0, max_reward=1.0)  # 0.8 at 16, 0.9 at 18
+    slow = curves.summarise("TRL", _rows([0.5] * 10 + [1.0] * 10, dt=1.0), wall_s=30.0, max_reward=1.0)
 
-    res = vs.mean_result("TRL", [fast, slow])
+    res = curves.mean_result("TRL", [fast, slow])
 
     assert res.system == "TRL mean"
     assert (res.wall_s, res.train_s) == (pytest.approx(25.0), pytest.approx(15.0))
@@ -83,16 +84,16 @@ def test_mean_result_over_seeds_averages_every_figure_and_thresholds_all_runs_re
 
 
 def test_mean_result_leaves_a_threshold_one_seed_never_reached_unset() -> None:
-    reached = vs.summarise("relayrl", _rows([1.0] * 10), wall_s=5.0, max_reward=1.0)
-    missed = vs.summarise("relayrl", _rows([0.85] * 10), wall_s=5.0, max_reward=1.0)
+    reached = curves.summarise("relayrl", _rows([1.0] * 10), wall_s=5.0, max_reward=1.0)
+    missed = curves.summarise("relayrl", _rows([0.85] * 10), wall_s=5.0, max_reward=1.0)
 
-    res = vs.mean_result("relayrl", [reached, missed])
+    res = curves.mean_result("relayrl", [reached, missed])
 
     assert res.thresholds["0.8"]["time_s"] == pytest.approx(5.0)
     # a mean over only the seeds that reached 0.9 would flatter: unset
     assert res.thresholds["0.9"] == {"step": None, "time_s": None}
     assert res.final_reward == pytest.approx(0.925)
-    assert "relayrl mean" in vs.report([res], max_reward=1.0)
+    assert "relayrl mean" in curves.report([res], max_reward=1.0)
 
 
 def test_relayrl_clock_starts_at_the_first_trainer_steps_start(tmp_path: Path) -> None:
