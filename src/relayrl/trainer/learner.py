@@ -263,17 +263,9 @@ class Learner:
             else:  # padding: every rank runs the same micro-batches
                 mb, mb_adv = self._padding_micro_batch(positions)
                 ref = torch.zeros_like(mb.behaviour_logprobs) if kl_in_loss else None
-            logp = model_logprobs(self.model, mb, self.cfg.logprob_chunk_positions)
-            terms = self._loss_terms(logp, mb, mb_adv, ref)
-            (terms.loss_sum / norm).backward()
-            with torch.no_grad():
-                diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
-                weight = torch.exp(diff) * mb.mask
-                sums += torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum,
-                                     weight.sum(), diff.abs().sum(), terms.masked_tokens.to(weight.device),
-                                     terms.ref_kl_sum.to(weight.device),
-                                     terms.teacher_kl_sum.to(weight.device)]).to(sums.dtype)
-                importance_max = torch.maximum(importance_max, weight.max().to(importance_max.dtype))
+            mb_sums, mb_max = self._backward(mb, mb_adv, ref, norm)
+            sums += mb_sums
+            importance_max = torch.maximum(importance_max, mb_max)
         sync_gradients(self.model, coll, "gradients")
         coll.all_reduce(sums, dist.ReduceOp.SUM, "loss_stats")
         coll.all_reduce(importance_max, dist.ReduceOp.MAX, "importance_max")
@@ -284,6 +276,21 @@ class Learner:
                          importance_mean=values[4] / n, importance_max=values[9],
                          logprob_diff_mean=values[5] / n, mismatch_masked_frac=values[6] / n, ref_kl=values[7] / n,
                          teacher_kl=values[8] / n)
+
+    def _backward(self, mb: PackedBatch, adv: torch.Tensor, ref: torch.Tensor | None, norm: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One micro-batch's forward, loss (divided by the global normaliser) and backward; its statistics as
+        device tensors (float64): the sums of :meth:`rl_gradients` and the largest importance weight."""
+        logp = model_logprobs(self.model, mb, self.cfg.logprob_chunk_positions)
+        terms = self._loss_terms(logp, mb, adv, ref)
+        (terms.loss_sum / norm).backward()
+        with torch.no_grad():
+            diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
+            weight = torch.exp(diff) * mb.mask
+            sums = torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum,
+                                weight.sum(), diff.abs().sum(), terms.masked_tokens.to(weight.device),
+                                terms.ref_kl_sum.to(weight.device), terms.teacher_kl_sum.to(weight.device)])
+            return sums.to(torch.float64), weight.max().to(torch.float64).reshape(1)
 
     def sft_step(self, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> StepStats:
         """Supervised step: mean cross-entropy of the answer tokens (incl. eos) given the prompt, over the

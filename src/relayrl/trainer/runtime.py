@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,17 +75,8 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.resumed_from: Path | None = resume_point(cfg.checkpoint_dir, self.coll) \
             if tc.checkpoint.resume == "auto" else None
-        # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
-        model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
-        self.model = load_policy(cfg.model, model_path)  # base + LoRA adapter when model.lora.enabled
         dims = ParallelDims.from_config(tc.distributed, self.coll.world_size)
-        # FSDP2: identical weights on every rank before sharding (the initial broadcast, done here), then the mesh;
-        # rank 0 keeps an unsharded copy to score the probe and write the Hugging Face export
-        self.plain_model = load_model(cfg.model) if dims.fsdp and self.rank == 0 else None
-        if dims.fsdp:
-            self.coll.broadcast_coalesced(list(self.model.parameters()), 0, "initial_weights")
-            self.model = apply_fsdp(self.model, dims.build_mesh(self.device.type), tc.distributed.param_dtype,
-                                    tc.distributed.reduce_dtype)
+        self.model, self.plain_model = self._load_models(dims)
         # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
         reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 and not tc.loss.reference_address \
             else None
@@ -99,13 +91,7 @@ class Trainer:
         self.stream = EpisodeStream.from_config(cfg.redis)
         # every write of this rank to a full Redis waits and retries (up to redis.retry_s), counted here
         self.redis_backpressure = OomBackpressure("trainer")
-        checks = EntryChecks(int(self.model.get_input_embeddings().num_embeddings), cfg.rollout.episode_token_cap(),
-                             VersionSource(self.stream.client, self.stream.keys).latest, tc.stream.dead_letter_maxlen)
-        self.collector = GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank),
-                                        cfg.rollout.max_staleness, tc.stream.read_block_ms, already_done, checks,
-                                        cfg.redis.retry_s, tc.on_reward_error,
-                                        tc.dynamic_sampling.max_drop_ratio if tc.dynamic_sampling.enabled else None,
-                                        self.redis_backpressure)
+        self.collector = self._collector(already_done)
         self.publication = VersionPublication(
             self._publisher(), VersionSource(self.stream.client, self.stream.keys),
             VersionLineage(self.stream.client, self.stream.keys), self.coll, cfg.inference.server.target,
@@ -127,6 +113,30 @@ class Trainer:
             cfg, self.learner, self.tokenizer, self.coll, self.stream, self.collector, self.publication,
             self.checkpoints, self.progress, self.header, self.tracker, self.resumed_from, self.teacher,
             self.reference_scorer))
+
+    def _load_models(self, dims: ParallelDims) -> tuple[Any, Any]:
+        """The policy (base + LoRA adapter when model.lora.enabled; sharded under FSDP2) and, on rank 0 of a
+        sharded trainer, an unsharded copy (it scores the probe and writes the Hugging Face export)."""
+        cfg = self.cfg
+        # rank 0 restores the weights from the checkpoint; the others receive them by the initial broadcast
+        model_path = self.resumed_from / "model" if self.resumed_from and self.rank == 0 else None
+        model = load_policy(cfg.model, model_path)
+        plain_model = load_model(cfg.model) if dims.fsdp and self.rank == 0 else None
+        if dims.fsdp:  # identical weights on every rank before sharding (the initial broadcast, done here)
+            self.coll.broadcast_coalesced(list(model.parameters()), 0, "initial_weights")
+            dc = cfg.trainer.distributed
+            model = apply_fsdp(model, dims.build_mesh(self.device.type), dc.param_dtype, dc.reduce_dtype)
+        return model, plain_model
+
+    def _collector(self, already_done: set[str]) -> GroupCollector:
+        """This rank's reader of its groups (relayrl.trainer.groups), checking entries against the model."""
+        cfg, tc = self.cfg, self.cfg.trainer
+        checks = EntryChecks(int(self.model.get_input_embeddings().num_embeddings), cfg.rollout.episode_token_cap(),
+                             VersionSource(self.stream.client, self.stream.keys).latest, tc.stream.dead_letter_maxlen)
+        return GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank), cfg.rollout.max_staleness,
+                              tc.stream.read_block_ms, already_done, checks, cfg.redis.retry_s, tc.on_reward_error,
+                              tc.dynamic_sampling.max_drop_ratio if tc.dynamic_sampling.enabled else None,
+                              self.redis_backpressure)
 
     def _restore(self) -> tuple[set[str], int]:
         """Counters, optimizer and step from the checkpoint resumed from: (groups it holds, its weight version)."""
