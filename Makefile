@@ -85,6 +85,7 @@ docs: $(STAMP)
 ## ruff, and the import contracts (pyproject's [tool.importlinter]): services never import one another.
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts bench
+	$(BIN)/ruff format --check src tests scripts bench
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)

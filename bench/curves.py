@@ -34,7 +34,7 @@ class Result:
 def time_to_threshold(rows: list[StepRow], threshold: float, window: int = WINDOW) -> tuple[int, float] | None:
     """(step, time) of the first row where the mean reward of the last ``window`` rows is >= threshold."""
     for i in range(window, len(rows) + 1):
-        if statistics.fmean(r.reward for r in rows[i - window:i]) >= threshold:
+        if statistics.fmean(r.reward for r in rows[i - window : i]) >= threshold:
             return rows[i - 1].step, rows[i - 1].time_s
     return None
 
@@ -43,9 +43,15 @@ def summarise(system: str, rows: list[StepRow], wall_s: float, max_reward: float
     if not rows:
         raise RuntimeError(f"{system} wrote no training steps")
     train_s = rows[-1].time_s
-    res = Result(system, steps=rows[-1].step, train_s=train_s, wall_s=wall_s,
-                 steps_per_s=len(rows) / train_s, tokens_per_s=sum(r.tokens for r in rows) / train_s,
-                 final_reward=statistics.fmean(r.reward for r in rows[-WINDOW:]))
+    res = Result(
+        system,
+        steps=rows[-1].step,
+        train_s=train_s,
+        wall_s=wall_s,
+        steps_per_s=len(rows) / train_s,
+        tokens_per_s=sum(r.tokens for r in rows) / train_s,
+        final_reward=statistics.fmean(r.reward for r in rows[-WINDOW:]),
+    )
     for frac in FRACTIONS:
         hit = time_to_threshold(rows, frac * max_reward)
         res.thresholds[f"{frac:g}"] = {"step": hit[0] if hit else None, "time_s": hit[1] if hit else None}
@@ -60,8 +66,9 @@ def mean_result(system: str, runs: list[Result]) -> Result:
     for frac in FRACTIONS:
         hits = [r.thresholds[f"{frac:g}"] for r in runs]
         reached = all(h["time_s"] is not None for h in hits)
-        res.thresholds[f"{frac:g}"] = {k: statistics.fmean(float(h[k] or 0) for h in hits) if reached else None
-                                       for k in ("step", "time_s")}
+        res.thresholds[f"{frac:g}"] = {
+            k: statistics.fmean(float(h[k] or 0) for h in hits) if reached else None for k in ("step", "time_s")
+        }
     return res
 
 
@@ -75,8 +82,15 @@ def report(results: list[Result], max_reward: float) -> str:
         heads += [f"s to {frac * max_reward:g}", f"step to {frac * max_reward:g}"]
     lines = ["  ".join(f"{h:>13}" for h in heads)]
     for r in results:
-        cells = [r.system, str(r.steps), f"{r.train_s:.1f}", f"{r.wall_s:.1f}", f"{r.steps_per_s:.2f}",
-                 f"{r.tokens_per_s:.0f}", f"{r.final_reward:.3f}"]
+        cells = [
+            r.system,
+            str(r.steps),
+            f"{r.train_s:.1f}",
+            f"{r.wall_s:.1f}",
+            f"{r.steps_per_s:.2f}",
+            f"{r.tokens_per_s:.0f}",
+            f"{r.final_reward:.3f}",
+        ]
         for frac in FRACTIONS:
             hit = r.thresholds[f"{frac:g}"]
             cells += [_fmt(hit["time_s"], ".1f"), _fmt(hit["step"], "g")]  # a step, or a mean over seeds
@@ -87,9 +101,11 @@ def report(results: list[Result], max_reward: float) -> str:
         for frac in FRACTIONS:
             a, b = ours.thresholds[f"{frac:g}"]["time_s"], trl.thresholds[f"{frac:g}"]["time_s"]
             ratio.append(f"time to {frac:g}x max {_fmt(a / b if a and b else None, '.2f')}")
-        ratio += [f"steps/s {ours.steps_per_s / trl.steps_per_s:.2f}",
-                  f"gen tok/s {ours.tokens_per_s / trl.tokens_per_s:.2f}",
-                  f"final reward {ours.final_reward / max(trl.final_reward, 1e-9):.2f}",
-                  f"wall {ours.wall_s / trl.wall_s:.2f}"]
+        ratio += [
+            f"steps/s {ours.steps_per_s / trl.steps_per_s:.2f}",
+            f"gen tok/s {ours.tokens_per_s / trl.tokens_per_s:.2f}",
+            f"final reward {ours.final_reward / max(trl.final_reward, 1e-9):.2f}",
+            f"wall {ours.wall_s / trl.wall_s:.2f}",
+        ]
         lines.append(ratio[0] + ", ".join(ratio[1:]))
     return "\n".join(lines)

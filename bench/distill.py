@@ -58,8 +58,9 @@ class Arm:
     seconds: float = 0.0
 
 
-def sample(model: Any, prompt_ids: list[list[int]], max_new: int, eos: set[int], gen: torch.Generator
-           ) -> tuple[list[list[int]], list[list[float]]]:
+def sample(
+    model: Any, prompt_ids: list[list[int]], max_new: int, eos: set[int], gen: torch.Generator
+) -> tuple[list[list[int]], list[list[float]]]:
     """Completions (up to the first end token, included) and their logprobs at temperature 1, one per prompt."""
     ids = torch.tensor(prompt_ids)  # every prompt of the task has the same length: no padding
     done = torch.zeros(len(prompt_ids), dtype=torch.bool)
@@ -91,18 +92,25 @@ def teacher_logprobs(teacher: Any, prompts: list[list[int]], comps: list[list[in
     """The teacher's logprob of each completion token (what ScoreTokens answers), at temperature 1."""
     batch = pack(prompts, comps, None, None, [1.0] * len(prompts), pad_id=0, device=torch.device("cpu"))
     with torch.no_grad():
-        logp = token_logprobs(teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-                              batch.targets, batch.temperature)
+        logp = token_logprobs(
+            teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+            batch.targets,
+            batch.temperature,
+        )
     pairs = enumerate(zip(prompts, comps, strict=True))
-    return [logp[i, len(p) - 1:len(p) - 1 + len(c)].tolist() for i, (p, c) in pairs]
+    return [logp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in pairs]
 
 
-def arm_step(arm: Arm, rows: list[dict[str, str]], tokenizer: Any, teacher: Any, args: argparse.Namespace,
-             eos: set[int]) -> None:
+def arm_step(
+    arm: Arm, rows: list[dict[str, str]], tokenizer: Any, teacher: Any, args: argparse.Namespace, eos: set[int]
+) -> None:
     t0 = time.perf_counter()
     picks = torch.randint(len(rows), (args.groups,), generator=arm.gen).tolist()
-    prompts = [tokenizer(rows[i]["prompt"], add_special_tokens=False)["input_ids"]
-               for i in picks for _ in range(args.group_size)]
+    prompts = [
+        tokenizer(rows[i]["prompt"], add_special_tokens=False)["input_ids"]
+        for i in picks
+        for _ in range(args.group_size)
+    ]
     comps, lps = sample(arm.learner.model, prompts, args.max_new_tokens, eos, arm.gen)
     refs = [rows[i]["answer"] for i in picks for _ in range(args.group_size)]
     scores = []
@@ -112,11 +120,21 @@ def arm_step(arm: Arm, rows: list[dict[str, str]], tokenizer: Any, teacher: Any,
         scores.append(out.score)
     t_lps = teacher_logprobs(teacher, prompts, comps)
     kl = [a - b for ep_lp, ep_t in zip(lps, t_lps, strict=True) for a, b in zip(ep_lp, ep_t, strict=True)]
-    episodes = [Episode(episode_id=str(i), group_id=f"g{i // args.group_size}", group_size=args.group_size,
-                        prompt_token_ids=p, completion_token_ids=c, behaviour_logprobs=lp,
-                        token_weight_versions=[1] * len(c), loss_mask=[1] * len(c),
-                        reward=s if arm.use_reward else 0.0, sampling_temperature=1.0)
-                for i, (p, c, lp, s) in enumerate(zip(prompts, comps, lps, scores, strict=True))]
+    episodes = [
+        Episode(
+            episode_id=str(i),
+            group_id=f"g{i // args.group_size}",
+            group_size=args.group_size,
+            prompt_token_ids=p,
+            completion_token_ids=c,
+            behaviour_logprobs=lp,
+            token_weight_versions=[1] * len(c),
+            loss_mask=[1] * len(c),
+            reward=s if arm.use_reward else 0.0,
+            sampling_temperature=1.0,
+        )
+        for i, (p, c, lp, s) in enumerate(zip(prompts, comps, lps, scores, strict=True))
+    ]
     arm.learner.rl_step(StepBatch.of(episodes, teacher=t_lps))
     arm.rewards.append(statistics.fmean(scores))
     arm.kls.append(statistics.fmean(kl))
@@ -132,8 +150,9 @@ def make_arms(names: list[str], student: Any, args: argparse.Namespace, pad_id: 
             key, value = extra.split("=")
             loss = replace(loss, **{key: type(getattr(loss, key))(value)})
         cfg = TrainerConfig(loss=loss, optimizer=OptimizerConfig(lr=args.lr), micro_batch_size=256)
-        learner = Learner(copy.deepcopy(student), cfg, pad_id, torch.device("cpu"),
-                          max_completion_tokens=args.max_new_tokens)
+        learner = Learner(
+            copy.deepcopy(student), cfg, pad_id, torch.device("cpu"), max_completion_tokens=args.max_new_tokens
+        )
         arms.append(Arm(name, learner, use_reward, torch.Generator().manual_seed(args.seed)))
     return arms
 
@@ -143,8 +162,11 @@ def main() -> None:
     ap.add_argument("--teacher", type=Path, required=True)
     ap.add_argument("--student", type=Path, required=True)
     ap.add_argument("--dataset", type=Path, default=Path("examples/data/arithmetic.jsonl"))
-    ap.add_argument("--arms", default="rl,distill,distill_raw",
-                    help="comma-separated; the first is the baseline; name@field=value sets a trainer.loss field")
+    ap.add_argument(
+        "--arms",
+        default="rl,distill,distill_raw",
+        help="comma-separated; the first is the baseline; name@field=value sets a trainer.loss field",
+    )
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=16)
@@ -168,13 +190,15 @@ def main() -> None:
         load = f.read().split()[0]
     base = arms[0]
     print(f"{args.steps} steps of {args.groups} x {args.group_size} episodes, lr {args.lr}, load average {load}")
-    print("step  " + "  ".join(f"{a.name:>26}" for a in arms) + "   (reward / reverse KL, means over 10 steps; "
-          "ratio: reward / the first arm's)")
+    print(
+        "step  " + "  ".join(f"{a.name:>26}" for a in arms) + "   (reward / reverse KL, means over 10 steps; "
+        "ratio: reward / the first arm's)"
+    )
     for end in sorted({10, 25, 50, 75, 100, 125, 150, args.steps} & set(range(10, args.steps + 1))):
         cells = []
         for a in arms:
-            r, k = statistics.fmean(a.rewards[end - 10:end]), statistics.fmean(a.kls[end - 10:end])
-            ratio = r / max(statistics.fmean(base.rewards[end - 10:end]), 1e-9)
+            r, k = statistics.fmean(a.rewards[end - 10 : end]), statistics.fmean(a.kls[end - 10 : end])
+            ratio = r / max(statistics.fmean(base.rewards[end - 10 : end]), 1e-9)
             cells.append(f"{r:.3f} / {k:5.2f} (x{ratio:4.2f})")
         print(f"{end:>4}  " + "  ".join(f"{c:>26}" for c in cells))
     print("s/step " + "  ".join(f"{a.name}={a.seconds / args.steps:.3f}" for a in arms))

@@ -44,21 +44,23 @@ def trl_advantages(rewards: Sequence[float], group_size: int, scale_by_std: bool
     or ``"none"``): reward - group mean, divided by the group's sample std (n - 1) + 1e-4 when scaling."""
     out = []
     for g in range(0, len(rewards), group_size):
-        group = rewards[g:g + group_size]
+        group = rewards[g : g + group_size]
         mean = sum(group) / len(group)
         std = math.sqrt(sum((r - mean) ** 2 for r in group) / (len(group) - 1)) if len(group) > 1 else 0.0
         out += [(r - mean) / (std + 1e-4) if scale_by_std else r - mean for r in group]
     return out
 
 
-def mix_answers(samples: Sequence[Sequence[int]], answer: Sequence[int], fraction: float,
-                rng: random.Random) -> list[list[int]]:
+def mix_answers(
+    samples: Sequence[Sequence[int]], answer: Sequence[int], fraction: float, rng: random.Random
+) -> list[list[int]]:
     """``samples`` with each one replaced by ``answer`` with probability ``fraction``."""
     return [list(answer) if rng.random() < fraction else list(s) for s in samples]
 
 
-def trl_inputs(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
-               advantages: Sequence[float]) -> dict[str, Any]:
+def trl_inputs(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int, advantages: Sequence[float]
+) -> dict[str, Any]:
     """``_compute_loss``'s inputs as TRL lays them out: prompts left-padded, completions right-padded, masks 1 on
     the real tokens, ``num_items_in_batch`` the completion tokens of the batch."""
     import torch
@@ -69,13 +71,18 @@ def trl_inputs(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[
     completion_ids = torch.full((len(completions), width_c), pad_id, dtype=torch.long)
     completion_mask = torch.zeros_like(completion_ids)
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        prompt_ids[i, width_p - len(p):] = torch.tensor(p)
-        prompt_mask[i, width_p - len(p):] = 1
-        completion_ids[i, :len(c)] = torch.tensor(c)
-        completion_mask[i, :len(c)] = 1
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask, "advantages": torch.tensor(advantages, dtype=torch.float32),
-            "num_items_in_batch": completion_mask.sum().float()}
+        prompt_ids[i, width_p - len(p) :] = torch.tensor(p)
+        prompt_mask[i, width_p - len(p) :] = 1
+        completion_ids[i, : len(c)] = torch.tensor(c)
+        completion_mask[i, : len(c)] = 1
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages, dtype=torch.float32),
+        "num_items_in_batch": completion_mask.sum().float(),
+    }
 
 
 def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,16 +92,26 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     if sorted(a) != sorted(b):
         raise ValueError(f"the gradients cover different parameters: {sorted(set(a) ^ set(b))}")
     cos = torch.nn.functional.cosine_similarity
-    per = {k: (float(cos(a[k].flatten().double(), b[k].flatten().double(), 0)),
-               float(b[k].double().norm() / a[k].double().norm())) for k in sorted(a)}
+    per = {
+        k: (
+            float(cos(a[k].flatten().double(), b[k].flatten().double(), 0)),
+            float(b[k].double().norm() / a[k].double().norm()),
+        )
+        for k in sorted(a)
+    }
     fa = torch.cat([a[k].flatten().double() for k in sorted(a)])
     fb = torch.cat([b[k].flatten().double() for k in sorted(a)])
-    return {"per_parameter": per, "cosine": float(cos(fa, fb, 0)), "norm_ratio": float(fb.norm() / fa.norm()),
-            "min_cosine": min(c for c, _ in per.values())}
+    return {
+        "per_parameter": per,
+        "cosine": float(cos(fa, fb, 0)),
+        "norm_ratio": float(fb.norm() / fa.norm()),
+        "min_cosine": min(c for c, _ in per.values()),
+    }
 
 
-def build_batch(cfg: Any, model: Any, tokenizer: Any, answer_fraction: float, seed: int
-                ) -> tuple[list[list[int]], list[list[int]], list[float]]:
+def build_batch(
+    cfg: Any, model: Any, tokenizer: Any, answer_fraction: float, seed: int
+) -> tuple[list[list[int]], list[list[int]], list[float]]:
     """(prompt ids, completion ids, rewards) of one step: the first ``groups_per_step`` dataset rows, each with
     ``group_size`` samples of the model (cut after the end token) partly replaced by the reference answer."""
     import torch
@@ -103,7 +120,7 @@ def build_batch(cfg: Any, model: Any, tokenizer: Any, answer_fraction: float, se
     from relayrl.common.dataset import load_jsonl
 
     rc, tc = cfg.rollout, cfg.trainer
-    rows = load_jsonl(vs_trl.REPO / rc.dataset)[:tc.groups_per_step]
+    rows = load_jsonl(vs_trl.REPO / rc.dataset)[: tc.groups_per_step]
     eos = int(tokenizer.eos_token_id)
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -112,22 +129,31 @@ def build_batch(cfg: Any, model: Any, tokenizer: Any, answer_fraction: float, se
     for row in rows:
         p = tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
-            out = model.generate(torch.tensor([p]), do_sample=True, max_new_tokens=rc.max_new_tokens,
-                                 num_return_sequences=rc.group_size, temperature=rc.temperature,
-                                 top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id)
-        samples = [_cut(s[len(p):].tolist(), eos) for s in out]
-        answer = [*tokenizer(row.answer, add_special_tokens=False)["input_ids"], eos][:rc.max_new_tokens]
+            out = model.generate(
+                torch.tensor([p]),
+                do_sample=True,
+                max_new_tokens=rc.max_new_tokens,
+                num_return_sequences=rc.group_size,
+                temperature=rc.temperature,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        samples = [_cut(s[len(p) :].tolist(), eos) for s in out]
+        answer = [*tokenizer(row.answer, add_special_tokens=False)["input_ids"], eos][: rc.max_new_tokens]
         prompts += [p] * rc.group_size
         completions += mix_answers(samples, answer, answer_fraction, rng)
     score = load_reward(cfg.reward.function)
-    rewards = score(prompts=[tokenizer.decode(p) for p in prompts],
-                    completions=[tokenizer.decode(c, skip_special_tokens=True) for c in completions],
-                    answer=[r.answer for r in rows for _ in range(rc.group_size)])
+    rewards = score(
+        prompts=[tokenizer.decode(p) for p in prompts],
+        completions=[tokenizer.decode(c, skip_special_tokens=True) for c in completions],
+        answer=[r.answer for r in rows for _ in range(rc.group_size)],
+    )
     return prompts, completions, rewards
 
 
 def _cut(tokens: list[int], eos: int) -> list[int]:
-    return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
 
 def trl_gradient(cfg: Any, model: Any, tokenizer: Any, batch: tuple[Any, Any, Any], out: Path) -> dict[str, Any]:
@@ -136,11 +162,17 @@ def trl_gradient(cfg: Any, model: Any, tokenizer: Any, batch: tuple[Any, Any, An
 
     prompts, completions, rewards = batch
     kwargs = vs_trl.trl_kwargs(cfg, 1, out / "trl")
+
     def no_reward(**_: Any) -> list[float | None]:  # never called: the batch comes scored
         return []
 
-    trainer = GRPOTrainer(model=model, reward_funcs=no_reward, args=GRPOConfig(**kwargs),
-                          train_dataset=Dataset.from_list([{"prompt": "x"}]), processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=no_reward,
+        args=GRPOConfig(**kwargs),
+        train_dataset=Dataset.from_list([{"prompt": "x"}]),
+        processing_class=tokenizer,
+    )
     advantages = trl_advantages(rewards, cfg.rollout.group_size, kwargs["scale_rewards"] == "group")
     model.train()
     trainer.current_gradient_accumulation_steps = 1  # what Trainer.training_step sets before compute_loss
@@ -161,15 +193,34 @@ def relayrl_gradient(cfg: Any, model: Any, tokenizer: Any, batch: tuple[Any, Any
     with torch.no_grad():  # the behaviour logprobs: the model's own (ratio 1, a synchronous step)
         behaviour = []
         for p, c in zip(prompts, completions, strict=True):
-            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1:len(p) - 1 + len(c)].float()
-            behaviour.append(torch.log_softmax(logits / cfg.rollout.temperature, -1)
-                             .gather(1, torch.tensor(c).unsqueeze(1)).squeeze(1).tolist())
-    episodes = [Episode(episode_id=f"e{i}", group_id=f"g{i // group_size}", prompt_token_ids=p,
-                        completion_token_ids=c, behaviour_logprobs=lp, token_weight_versions=[1] * len(c),
-                        loss_mask=[1] * len(c), reward=r, sampling_temperature=cfg.rollout.temperature)
-                for i, (p, c, lp, r) in enumerate(zip(prompts, completions, behaviour, rewards, strict=True))]
-    learner = Learner(model, cfg.trainer, int(tokenizer.pad_token_id), torch.device("cpu"),
-                      max_completion_tokens=cfg.rollout.max_new_tokens)
+            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1 : len(p) - 1 + len(c)].float()
+            behaviour.append(
+                torch.log_softmax(logits / cfg.rollout.temperature, -1)
+                .gather(1, torch.tensor(c).unsqueeze(1))
+                .squeeze(1)
+                .tolist()
+            )
+    episodes = [
+        Episode(
+            episode_id=f"e{i}",
+            group_id=f"g{i // group_size}",
+            prompt_token_ids=p,
+            completion_token_ids=c,
+            behaviour_logprobs=lp,
+            token_weight_versions=[1] * len(c),
+            loss_mask=[1] * len(c),
+            reward=r,
+            sampling_temperature=cfg.rollout.temperature,
+        )
+        for i, (p, c, lp, r) in enumerate(zip(prompts, completions, behaviour, rewards, strict=True))
+    ]
+    learner = Learner(
+        model,
+        cfg.trainer,
+        int(tokenizer.pad_token_id),
+        torch.device("cpu"),
+        max_completion_tokens=cfg.rollout.max_new_tokens,
+    )
     learner.rl_gradients(StepBatch.of(episodes))
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -213,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.task}: {len(rewards)} completions, mean reward {sum(rewards) / len(rewards):.3f}")
     for name, (c, r) in result["per_parameter"].items():
         print(f"  {name:55s} cosine {c:.8f}  norm ratio relayrl/TRL {r:.6f}")
-    print(f"overall: cosine {result['cosine']:.8f}, norm ratio {result['norm_ratio']:.6f} (expected {want:.6f}: "
-          f"{'population vs sample std' if want != 1.0 else 'the same advantages'})")
+    print(
+        f"overall: cosine {result['cosine']:.8f}, norm ratio {result['norm_ratio']:.6f} (expected {want:.6f}: "
+        f"{'population vs sample std' if want != 1.0 else 'the same advantages'})"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.task}.json").write_text(json.dumps({**result, "expected_ratio": want}, indent=1))
     ok = result["min_cosine"] >= 1 - COS_TOLERANCE and abs(result["norm_ratio"] / want - 1) <= RATIO_TOLERANCE

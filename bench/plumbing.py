@@ -28,8 +28,18 @@ from typing import Any
 import psutil
 
 SERVICES = ("inference", "rollout", "reward", "trainer")
-PARTS = ("data", "data_generating", "data_transit", "fwd_bwd", "optimizer", "publish", "publish_wait", "checkpoint",
-         "metrics", "other")
+PARTS = (
+    "data",
+    "data_generating",
+    "data_transit",
+    "fwd_bwd",
+    "optimizer",
+    "publish",
+    "publish_wait",
+    "checkpoint",
+    "metrics",
+    "other",
+)
 
 
 def service_of(proc: psutil.Process, launcher: int) -> str:
@@ -95,8 +105,11 @@ def breakdown(metrics: Path, lo: int, hi: int) -> dict[str, float]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
-    sets = [x for s in [f"trainer.total_steps={args.to + 20}", "trainer.checkpoint.every=0", *args.set]
-            for x in ("--set", s)]
+    sets = [
+        x
+        for s in [f"trainer.total_steps={args.to + 20}", "trainer.checkpoint.every=0", *args.set]
+        for x in ("--set", s)
+    ]
     cmd = [sys.executable, "-m", "relayrl.cli", "run", args.config, "--out", str(out), *sets]
     out.mkdir(parents=True)
     with (out / "launcher.txt").open("wb") as log:
@@ -116,13 +129,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     per: dict[str, float] = {}
     for pid, (svc, cpu) in b.items():
         per[svc] = per.get(svc, 0.0) + cpu - (a[pid][1] if pid in a else 0.0)
-    result: dict[str, Any] = {"config": args.config, "set": args.set, "steps": steps,
-                              "load": [round(load_a, 2), round(load_b, 2)],
-                              "wall_ms_per_step": round(1000 * (t_b - t_a) / steps, 1),
-                              "cpu_ms_per_step": {k: round(1000 * v / steps, 1) for k, v in sorted(per.items())},
-                              "cpu_ms_per_step_total": round(1000 * sum(per.values()) / steps, 1),
-                              "trainer_breakdown_ms": {k: round(v, 1) for k, v in
-                                                       breakdown(out / "metrics.jsonl", args.start, args.to).items()}}
+    result: dict[str, Any] = {
+        "config": args.config,
+        "set": args.set,
+        "steps": steps,
+        "load": [round(load_a, 2), round(load_b, 2)],
+        "wall_ms_per_step": round(1000 * (t_b - t_a) / steps, 1),
+        "cpu_ms_per_step": {k: round(1000 * v / steps, 1) for k, v in sorted(per.items())},
+        "cpu_ms_per_step_total": round(1000 * sum(per.values()) / steps, 1),
+        "trainer_breakdown_ms": {
+            k: round(v, 1) for k, v in breakdown(out / "metrics.jsonl", args.start, args.to).items()
+        },
+    }
     return result
 
 

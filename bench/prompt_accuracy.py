@@ -28,7 +28,7 @@ def trl_groups(path: Path, group_size: int) -> list[Groups]:
     for line in path.read_text().splitlines():
         call = json.loads(line)
         prompts, scores = call["prompts"], call["scores"]
-        steps.append([(_text(prompts[i]), scores[i:i + group_size]) for i in range(0, len(prompts), group_size)])
+        steps.append([(_text(prompts[i]), scores[i : i + group_size]) for i in range(0, len(prompts), group_size)])
     return steps
 
 
@@ -57,9 +57,15 @@ def summarise(steps: list[Groups], last: int) -> dict[str, Any]:
         by_prompt[prompt] += scores
     means = {p: sum(v) / len(v) / top for p, v in by_prompt.items()}  # of the maximum
     weak = sorted((m, p, len(by_prompt[p])) for p, m in means.items() if m < 0.9)
-    return {"steps": len(window), "groups": len(groups), "reward_mean": sum(flat) / max(len(flat), 1),
-            "groups_alike": len(alike), "groups_stuck": sum(1 for s in alike if s and s[0] < top),
-            "prompts": len(by_prompt), "prompts_below_0.9": [(round(m, 3), p, n) for m, p, n in weak]}
+    return {
+        "steps": len(window),
+        "groups": len(groups),
+        "reward_mean": sum(flat) / max(len(flat), 1),
+        "groups_alike": len(alike),
+        "groups_stuck": sum(1 for s in alike if s and s[0] < top),
+        "prompts": len(by_prompt),
+        "prompts_below_0.9": [(round(m, 3), p, n) for m, p, n in weak],
+    }
 
 
 def main() -> int:
@@ -75,9 +81,11 @@ def main() -> int:
     if args.relayrl:
         runs["relayrl"] = summarise(relayrl_groups(args.relayrl), args.last)
     for name, r in runs.items():
-        print(f"{name}: last {r['steps']} steps, {r['groups']} groups of {r['prompts']} prompts: reward mean "
-              f"{r['reward_mean']:.3f}; groups scored alike {r['groups_alike']} ({r['groups_stuck']} below the "
-              f"maximum); prompts below 0.9: {len(r['prompts_below_0.9'])}")
+        print(
+            f"{name}: last {r['steps']} steps, {r['groups']} groups of {r['prompts']} prompts: reward mean "
+            f"{r['reward_mean']:.3f}; groups scored alike {r['groups_alike']} ({r['groups_stuck']} below the "
+            f"maximum); prompts below 0.9: {len(r['prompts_below_0.9'])}"
+        )
         for mean, prompt, n in r["prompts_below_0.9"]:
             print(f"    {mean:.3f}  {prompt!r}  ({n} samples)")
     print(json.dumps(runs))

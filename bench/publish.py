@@ -54,8 +54,11 @@ async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any, engine_kind: str
     from relayrl.inference.serving import InferenceService
 
     d = InferenceConfig()
-    cfg = InferenceConfig(engine=EngineKind(engine_kind), server=replace(d.server, port=0),
-                          weights_server=replace(d.weights_server, port=0))
+    cfg = InferenceConfig(
+        engine=EngineKind(engine_kind),
+        server=replace(d.server, port=0),
+        weights_server=replace(d.weights_server, port=0),
+    )
     tokenizer = load_tokenizer(model_dir)
     engine: Any
     if cfg.engine is EngineKind.VLLM:
@@ -64,18 +67,32 @@ async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any, engine_kind: str
         engine = VllmEngine(mcfg, cfg)
     else:
         model = load_model(mcfg)
-        engine = NativeEngine(with_lora(model, mcfg.lora) if mcfg.lora.enabled else model, tokenizer,
-                              torch.device("cpu"))
-    service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
-                               weights_token=ControlConfig().effective_weights_token())
+        engine = NativeEngine(
+            with_lora(model, mcfg.lora) if mcfg.lora.enabled else model, tokenizer, torch.device("cpu")
+        )
+    service = InferenceService(
+        cfg,
+        engine,
+        tokenizer,
+        str(model_dir),
+        weights_dir=weights_dir,
+        weights_token=ControlConfig().effective_weights_token(),
+    )
     main, weights = create_inference_servers(service)
     await main.start()
     await weights.start()
     return service, main, weights
 
 
-async def bench_transport(model_dir: Path, transport: str, pushes: int, probe_shape: tuple[int, int], mcfg: Any,
-                          probe_every: int = 1, engine_kind: str = "native") -> dict[str, float]:
+async def bench_transport(
+    model_dir: Path,
+    transport: str,
+    pushes: int,
+    probe_shape: tuple[int, int],
+    mcfg: Any,
+    probe_every: int = 1,
+    engine_kind: str = "native",
+) -> dict[str, float]:
     from relayrl.common.model import load_tokenizer
     from relayrl.config.control import ControlConfig
     from relayrl.config.publication import WeightTransport
@@ -89,10 +106,17 @@ async def bench_transport(model_dir: Path, transport: str, pushes: int, probe_sh
         try:
             model = load_policy(mcfg)  # as the trainer builds it: with LoRA, only the adapter is trained
             probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), *probe_shape, seed=0)
-            pub = WeightPublisher(model, torch.device("cpu"), service.weights_target,
-                                  make_transport(WeightTransport(transport), 2 * 1024 * 1024, weights_dir), 60.0,
-                                  probe, None, token=ControlConfig().effective_weights_token(),
-                                  probe_every=probe_every)
+            pub = WeightPublisher(
+                model,
+                torch.device("cpu"),
+                service.weights_target,
+                make_transport(WeightTransport(transport), 2 * 1024 * 1024, weights_dir),
+                60.0,
+                probe,
+                None,
+                token=ControlConfig().effective_weights_token(),
+                probe_every=probe_every,
+            )
             rows: list[dict[str, float]] = []
             for version in range(1, pushes + 2):
                 with torch.no_grad():
@@ -151,9 +175,13 @@ def main() -> None:
     ap.add_argument("--transports", nargs="+", default=["grpc_stream", "shared_path", "shared_memory"])
     ap.add_argument("--probe-sequences", type=int, default=4)
     ap.add_argument("--probe-tokens", type=int, default=32)
-    ap.add_argument("--probe-every", type=int, default=1,
-                    help="trainer.publication.probe_every: 1 probes every push; 0 only the warm-up push, the others "
-                         "verified by the served-weights check alone")
+    ap.add_argument(
+        "--probe-every",
+        type=int,
+        default=1,
+        help="trainer.publication.probe_every: 1 probes every push; 0 only the warm-up push, the others "
+        "verified by the served-weights check alone",
+    )
     ap.add_argument("--no-blocks", action="store_true", help="skip timing the building blocks alone")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--lora-rank", type=int, default=0, help="publish a LoRA adapter of this rank (0: full weights)")
@@ -162,23 +190,32 @@ def main() -> None:
     from relayrl.config.lora import LoraConfig
     from relayrl.config.model import ModelConfig
 
-    mcfg = ModelConfig(path=args.model_dir, dtype=args.dtype,
-                       lora=LoraConfig(enabled=args.lora_rank > 0, rank=max(args.lora_rank, 1)))
+    mcfg = ModelConfig(
+        path=args.model_dir, dtype=args.dtype, lora=LoraConfig(enabled=args.lora_rank > 0, rank=max(args.lora_rank, 1))
+    )
     os.environ.setdefault("RELAYRL_WEIGHTS_TOKEN", secrets.token_urlsafe(32))  # both sides read it from here
     probe_shape = (args.probe_sequences, args.probe_tokens)
-    n = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(
-        str(args.model_dir / "model.safetensors")).values())
-    print(f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), {args.dtype}, LoRA rank {args.lora_rank}, "
-          f"probe {probe_shape} every {args.probe_every}, load {os.getloadavg()[0]:.2f}")
+    n = sum(
+        p.numel()
+        for p in __import__("safetensors.torch").torch.load_file(str(args.model_dir / "model.safetensors")).values()
+    )
+    print(
+        f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), {args.dtype}, LoRA rank {args.lora_rank}, "
+        f"probe {probe_shape} every {args.probe_every}, load {os.getloadavg()[0]:.2f}"
+    )
     for transport in args.transports:
         totals = []
         for engine in args.engines:
-            r = asyncio.run(bench_transport(args.model_dir, transport, args.pushes, probe_shape, mcfg,
-                                            args.probe_every, engine))
+            r = asyncio.run(
+                bench_transport(args.model_dir, transport, args.pushes, probe_shape, mcfg, args.probe_every, engine)
+            )
             totals.append(r["total"])
-            print(f"{transport:14s} {engine:6s} " + "  ".join(f"{k} {v * 1000:7.1f} ms" for k, v in r.items())
-                  + (f"  ({r['total'] / totals[0]:.2f}x {args.engines[0]})" if len(totals) > 1 else "")
-                  + f"  load {os.getloadavg()[0]:.2f}")
+            print(
+                f"{transport:14s} {engine:6s} "
+                + "  ".join(f"{k} {v * 1000:7.1f} ms" for k, v in r.items())
+                + (f"  ({r['total'] / totals[0]:.2f}x {args.engines[0]})" if len(totals) > 1 else "")
+                + f"  load {os.getloadavg()[0]:.2f}"
+            )
     if args.no_blocks:
         return
     for k, v in building_blocks(args.model_dir, probe_shape).items():

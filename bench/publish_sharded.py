@@ -114,9 +114,15 @@ def _model(args: argparse.Namespace) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)  # the same weights on both ranks
-    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                      num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=4,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -135,9 +141,16 @@ def _rank_main(rank: int, port: int, mode: str, transport: str, out: str, args: 
         plain = _model(args).eval() if rank == 0 else None  # the trainer's unsharded copy for the probe
         probe = probe_sequences(args.vocab, 4, 32, seed=0)
         weights_dir = Path(out) / f"weights-{mode}-{transport}"
-        pub = WeightPublisher(model, torch.device("cpu"), "unused:0",
-                              make_transport(WeightTransport(transport), 2 * MIB, weights_dir), 60.0, probe, None,
-                              plain_model=plain)
+        pub = WeightPublisher(
+            model,
+            torch.device("cpu"),
+            "unused:0",
+            make_transport(WeightTransport(transport), 2 * MIB, weights_dir),
+            60.0,
+            probe,
+            None,
+            plain_model=plain,
+        )
         counter = count_full_tensors()
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # what loading freed goes back: the level before is the model's
@@ -164,11 +177,19 @@ def _rank_main(rank: int, port: int, mode: str, transport: str, out: str, args: 
         if rank == 0:
             total = sum(p.numel() * p.element_size() for p in model.parameters())
             largest = max(p.numel() * p.element_size() for p in model.parameters())
-            result = {"mode": mode, "transport": transport, "model_bytes": total, "largest_bytes": largest,
-                      "sent_bytes": sent, "peak_full_bytes": counter["peak"],
-                      "rss_anon_before": rss.base["RssAnon"], "rss_file_before": rss.base["RssFile"],
-                      "peak_anon_above": rss.peak["RssAnon"] - rss.base["RssAnon"],
-                      "peak_file_above": rss.peak["RssFile"] - rss.base["RssFile"], **t}
+            result = {
+                "mode": mode,
+                "transport": transport,
+                "model_bytes": total,
+                "largest_bytes": largest,
+                "sent_bytes": sent,
+                "peak_full_bytes": counter["peak"],
+                "rss_anon_before": rss.base["RssAnon"],
+                "rss_file_before": rss.base["RssFile"],
+                "peak_anon_above": rss.peak["RssAnon"] - rss.base["RssAnon"],
+                "peak_file_above": rss.peak["RssFile"] - rss.base["RssFile"],
+                **t,
+            }
             (Path(out) / f"{mode}-{transport}.json").write_text(json.dumps(result))
         dist.barrier()
     finally:
@@ -193,26 +214,40 @@ def main() -> None:
         rows = []
         for transport in args.transports:
             for mode in ("baseline", "streamed"):
-                mp.start_processes(_rank_main, args=(free_port(), mode, transport, out, args), nprocs=2,
-                                   start_method="spawn", join=True)
+                mp.start_processes(
+                    _rank_main,
+                    args=(free_port(), mode, transport, out, args),
+                    nprocs=2,
+                    start_method="spawn",
+                    join=True,
+                )
                 rows.append(json.loads((Path(out) / f"{mode}-{transport}.json").read_text()))
     first = rows[0]
-    print(f"model {first['model_bytes'] / MIB:.0f} MiB float32, largest tensor {first['largest_bytes'] / MIB:.1f} "
-          f"MiB; load average {Path('/proc/loadavg').read_text().split()[0]}")
-    print(f"{'transport':14} {'mode':9} {'full MiB':>9} {'anon MiB':>9} {'file MiB':>9} {'gather s':>9} "
-          f"{'prepare s':>9} {'probe s':>8} {'total s':>8}")
+    print(
+        f"model {first['model_bytes'] / MIB:.0f} MiB float32, largest tensor {first['largest_bytes'] / MIB:.1f} "
+        f"MiB; load average {Path('/proc/loadavg').read_text().split()[0]}"
+    )
+    print(
+        f"{'transport':14} {'mode':9} {'full MiB':>9} {'anon MiB':>9} {'file MiB':>9} {'gather s':>9} "
+        f"{'prepare s':>9} {'probe s':>8} {'total s':>8}"
+    )
     for r in rows:
-        print(f"{r['transport']:14} {r['mode']:9} {r['peak_full_bytes'] / MIB:9.1f} {r['peak_anon_above'] / MIB:9.1f} "
-              f"{r['peak_file_above'] / MIB:9.1f} {r['gather_s']:9.2f} {r['prepare_s']:9.2f} {r['probe_s']:8.2f} "
-              f"{r['total_s']:8.2f}")
+        print(
+            f"{r['transport']:14} {r['mode']:9} {r['peak_full_bytes'] / MIB:9.1f} {r['peak_anon_above'] / MIB:9.1f} "
+            f"{r['peak_file_above'] / MIB:9.1f} {r['gather_s']:9.2f} {r['prepare_s']:9.2f} {r['probe_s']:8.2f} "
+            f"{r['total_s']:8.2f}"
+        )
     for transport in args.transports:
-        base, new = (next(r for r in rows if r["transport"] == transport and r["mode"] == m)
-                     for m in ("baseline", "streamed"))
+        base, new = (
+            next(r for r in rows if r["transport"] == transport and r["mode"] == m) for m in ("baseline", "streamed")
+        )
         full = new["peak_full_bytes"] / base["peak_full_bytes"]
         anon = new["peak_anon_above"] / max(base["peak_anon_above"], 1)
-        print(f"{transport}: streamed/baseline peak full-tensor bytes {full:.3f}, peak RssAnon above the model "
-              f"{anon:.3f}, "
-              f"total time {new['total_s'] / base['total_s']:.2f}")
+        print(
+            f"{transport}: streamed/baseline peak full-tensor bytes {full:.3f}, peak RssAnon above the model "
+            f"{anon:.3f}, "
+            f"total time {new['total_s'] / base['total_s']:.2f}"
+        )
 
 
 if __name__ == "__main__":

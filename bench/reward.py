@@ -48,7 +48,7 @@ def math_items(n: int, seed: int = 0) -> list[RewardInput]:
         elif kind == 2:
             ref, good, bad = f"{c}\\sqrt{{{b}}}", f"\\sqrt{{{c * c * b}}}", f"{c + 1}\\sqrt{{{b}}}"
         else:
-            ref, good, bad = str(a ** c), f"{a}^{{{c}}}", str(a ** c + 1)
+            ref, good, bad = str(a**c), f"{a}^{{{c}}}", str(a**c + 1)
         answer = good if i % 2 == 0 else bad
         items.append(RewardInput(prompt="", completion=f"So the answer is $\\boxed{{{answer}}}$.", reference=ref))
     return items
@@ -61,8 +61,9 @@ def code_items(n: int) -> list[RewardInput]:
 
 
 def arithmetic_items(n: int) -> list[RewardInput]:
-    return [RewardInput(prompt=f"{i % 5}+{i % 4}=", completion=str(i % 9), reference=str(i % 5 + i % 4))
-            for i in range(n)]
+    return [
+        RewardInput(prompt=f"{i % 5}+{i % 4}=", completion=str(i % 9), reference=str(i % 5 + i % 4)) for i in range(n)
+    ]
 
 
 def serial(function: str, items: list[RewardInput], warm: list[RewardInput], sandbox: SandboxConfig) -> float:
@@ -75,13 +76,20 @@ def serial(function: str, items: list[RewardInput], warm: list[RewardInput], san
     return len(items) / (time.perf_counter() - t0)
 
 
-async def pooled(function: str, items: list[RewardInput], warm: list[RewardInput], workers: int, batch: int,
-                 concurrency: int, sandbox: SandboxConfig) -> float:
+async def pooled(
+    function: str,
+    items: list[RewardInput],
+    warm: list[RewardInput],
+    workers: int,
+    batch: int,
+    concurrency: int,
+    sandbox: SandboxConfig,
+) -> float:
     pool = VerifierPool(ScorerSpec(function=function), sandbox, workers, timeout_s=60.0, chunk_size=32)
     await pool.start()
     try:
         await pool.score_many(warm)  # every worker's imports and first parse
-        batches = [items[i:i + batch] for i in range(0, len(items), batch)]
+        batches = [items[i : i + batch] for i in range(0, len(items), batch)]
         sem = asyncio.Semaphore(concurrency)
         failed = 0
 
@@ -134,9 +142,12 @@ async def _service_traffic(port: int, pid: int, batches: int) -> tuple[float, fl
                 break
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.1)
-        request = pb.ScoreBatchRequest(requests=[
-            pb.ScoreRequest(episode_id=str(i), prompt="3+4=", completion=str(i % 10), reference="7")
-            for i in range(16)])
+        request = pb.ScoreBatchRequest(
+            requests=[
+                pb.ScoreRequest(episode_id=str(i), prompt="3+4=", completion=str(i % 10), reference="7")
+                for i in range(16)
+            ]
+        )
         for _ in range(20):
             await stub.ScoreBatch(request, timeout=10)
         sem = asyncio.Semaphore(8)
@@ -160,8 +171,11 @@ def service(batches: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "reward.yaml"
         config.write_text(f"reward:\n  function: arithmetic\n  server: {{port: {port}}}\n  http: {{port: 0}}\n")
-        server = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "serve", "reward", str(config)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "relayrl.cli", "serve", "reward", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             return asyncio.run(_service_traffic(port, server.pid, batches))
         finally:
@@ -190,23 +204,50 @@ def main() -> int:
     math_warm, code_warm, arith_warm = math_items(16, seed=10_000), code_items(8), arithmetic_items(16)
     # each repetition scores other math items (seed = repetition): sympy's caches must not favour either side
     runs: list[tuple[str, str, Callable[[int], float], str | None]] = [
-        ("math_serial", "math verifications/s, serial in-process",
-         lambda r: serial("math", math_items(args.math_items, r), math_warm, bwrap), None),
-        ("math_pool", f"math verifications/s, pool of {w} (batches of 16, 8 in flight)",
-         lambda r: asyncio.run(pooled("math", math_items(args.math_items, r), math_warm, w, 16, 8, bwrap)),
-         "math_serial"),
-        ("code_serial", "sandboxed code runs/s (bwrap), one at a time in-process",
-         lambda r: serial("code", code_items(args.code_items), code_warm, bwrap), None),
-        ("code_pool", f"sandboxed code runs/s (bwrap), pool of {w}",
-         lambda r: asyncio.run(pooled("code", code_items(args.code_items), code_warm, w, 8, 4, bwrap)), "code_serial"),
-        ("code_pool_process", f"sandboxed code runs/s (process backend), pool of {w}",
-         lambda r: asyncio.run(pooled("code", code_items(args.code_items), code_warm, w, 8, 4, process)),
-         "code_serial"),
-        ("arith_serial", "quickstart arithmetic reward/s, serial in-process",
-         lambda r: serial("arithmetic", arithmetic_items(args.arith_items), arith_warm, bwrap), None),
-        ("arith_pool", f"quickstart arithmetic reward/s, pool of {w} (groups of 16, 8 in flight)",
-         lambda r: asyncio.run(pooled("arithmetic", arithmetic_items(args.arith_items), arith_warm, w, 16, 8, bwrap)),
-         "arith_serial"),
+        (
+            "math_serial",
+            "math verifications/s, serial in-process",
+            lambda r: serial("math", math_items(args.math_items, r), math_warm, bwrap),
+            None,
+        ),
+        (
+            "math_pool",
+            f"math verifications/s, pool of {w} (batches of 16, 8 in flight)",
+            lambda r: asyncio.run(pooled("math", math_items(args.math_items, r), math_warm, w, 16, 8, bwrap)),
+            "math_serial",
+        ),
+        (
+            "code_serial",
+            "sandboxed code runs/s (bwrap), one at a time in-process",
+            lambda r: serial("code", code_items(args.code_items), code_warm, bwrap),
+            None,
+        ),
+        (
+            "code_pool",
+            f"sandboxed code runs/s (bwrap), pool of {w}",
+            lambda r: asyncio.run(pooled("code", code_items(args.code_items), code_warm, w, 8, 4, bwrap)),
+            "code_serial",
+        ),
+        (
+            "code_pool_process",
+            f"sandboxed code runs/s (process backend), pool of {w}",
+            lambda r: asyncio.run(pooled("code", code_items(args.code_items), code_warm, w, 8, 4, process)),
+            "code_serial",
+        ),
+        (
+            "arith_serial",
+            "quickstart arithmetic reward/s, serial in-process",
+            lambda r: serial("arithmetic", arithmetic_items(args.arith_items), arith_warm, bwrap),
+            None,
+        ),
+        (
+            "arith_pool",
+            f"quickstart arithmetic reward/s, pool of {w} (groups of 16, 8 in flight)",
+            lambda r: asyncio.run(
+                pooled("arithmetic", arithmetic_items(args.arith_items), arith_warm, w, 16, 8, bwrap)
+            ),
+            "arith_serial",
+        ),
     ]
     lines = ["| measure | per second | vs serial |", "|---|---|---|"]
     for key, name, fn, base in runs:
@@ -214,10 +255,13 @@ def main() -> int:
         lines.append(row(name, results[key], results[base] if base else None))
         print(lines[-1], flush=True)
     results["service_episodes_per_s"], results["service_cpu_ms_per_1000"] = max(
-        service(args.service_batches) for _ in range(args.repeat))
-    lines.append(f"| quickstart traffic to `relayrl serve reward` (ScoreBatch of 16, 8 in flight), episodes/s | "
-                 f"{results['service_episodes_per_s']:,.0f} | server CPU {results['service_cpu_ms_per_1000']:.0f} ms "
-                 "per 1000 episodes |")
+        service(args.service_batches) for _ in range(args.repeat)
+    )
+    lines.append(
+        f"| quickstart traffic to `relayrl serve reward` (ScoreBatch of 16, 8 in flight), episodes/s | "
+        f"{results['service_episodes_per_s']:,.0f} | server CPU {results['service_cpu_ms_per_1000']:.0f} ms "
+        "per 1000 episodes |"
+    )
     print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

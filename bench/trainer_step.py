@@ -42,11 +42,20 @@ def episodes(args: argparse.Namespace, vocab: int, seed: int) -> list[Episode]:
         prompt = torch.randint(3, vocab, (n_p,), generator=g).tolist()
         for i in range(args.group_size):
             n_c = int(torch.randint(args.completion[0], args.completion[1] + 1, (1,), generator=g))
-            out.append(Episode(
-                episode_id=f"{group}-{i}", group_id=f"g{seed}-{group}", group_size=args.group_size,
-                prompt_token_ids=prompt, completion_token_ids=torch.randint(3, vocab, (n_c,), generator=g).tolist(),
-                behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
-                loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g) < 0.5), sampling_temperature=1.0))
+            out.append(
+                Episode(
+                    episode_id=f"{group}-{i}",
+                    group_id=f"g{seed}-{group}",
+                    group_size=args.group_size,
+                    prompt_token_ids=prompt,
+                    completion_token_ids=torch.randint(3, vocab, (n_c,), generator=g).tolist(),
+                    behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(),
+                    token_weight_versions=[1] * n_c,
+                    loss_mask=[1] * n_c,
+                    reward=float(torch.rand(1, generator=g) < 0.5),
+                    sampling_temperature=1.0,
+                )
+            )
     return out
 
 
@@ -72,8 +81,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--memory", action="store_true",
-                    help="print the process's peak RSS (after loading, warm-up, steps)")
+    ap.add_argument(
+        "--memory", action="store_true", help="print the process's peak RSS (after loading, warm-up, steps)"
+    )
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,17 +106,25 @@ def main() -> None:
         cpu.append(time.process_time() - c0)
     params = sum(p.numel() for p in model.parameters())
     if args.memory:
-        print(f"peak RSS {peak[0]:.2f} GB after loading, {peak[1]:.2f} GB after 3 warm-up steps, "
-              f"{_peak_rss_gb():.2f} GB after {args.steps} more")
-    print(f"model {args.model} ({params / 1e6:.2f} M params), {len(batches[0])} episodes/step, "
-          f"{args.threads} thread(s), overrides {args.overrides or 'none'}")
+        print(
+            f"peak RSS {peak[0]:.2f} GB after loading, {peak[1]:.2f} GB after 3 warm-up steps, "
+            f"{_peak_rss_gb():.2f} GB after {args.steps} more"
+        )
+    print(
+        f"model {args.model} ({params / 1e6:.2f} M params), {len(batches[0])} episodes/step, "
+        f"{args.threads} thread(s), overrides {args.overrides or 'none'}"
+    )
     lengths = [len(e.prompt_token_ids) + len(e.completion_token_ids) - 1 for e in batches[0]]
     plan = plan_micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens)
-    print(f"micro-batches {len(plan)}, positions computed {padded_tokens(lengths, plan)} "
-          f"(real {sum(lengths)}, one batch padded to the longest {len(lengths) * max(lengths)})")
+    print(
+        f"micro-batches {len(plan)}, positions computed {padded_tokens(lengths, plan)} "
+        f"(real {sum(lengths)}, one batch padded to the longest {len(lengths) * max(lengths)})"
+    )
     # CPU time of this process: less disturbed than wall time by other work on a shared machine (1 thread)
-    print(f"step median wall {statistics.median(times) * 1e3:.1f} ms (p10 {sorted(times)[len(times) // 10] * 1e3:.1f}),"
-          f" cpu {statistics.median(cpu) * 1e3:.1f} ms (p10 {sorted(cpu)[len(cpu) // 10] * 1e3:.1f})")
+    print(
+        f"step median wall {statistics.median(times) * 1e3:.1f} ms (p10 {sorted(times)[len(times) // 10] * 1e3:.1f}),"
+        f" cpu {statistics.median(cpu) * 1e3:.1f} ms (p10 {sorted(cpu)[len(cpu) // 10] * 1e3:.1f})"
+    )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -64,29 +64,58 @@ def main(spec_path: str) -> int:
     with contextlib.ExitStack() as files:
         scores = files.enter_context(Path(spec["scores"]).open("w")) if spec.get("scores") else None
         out = files.enter_context(Path(spec["rows"]).open("w"))
-        _train(GRPOTrainer, model, load_reward(spec["reward"], scores), args, dataset, tokenizer, per_step, out,
-               TrainerCallback)
+        _train(
+            GRPOTrainer,
+            model,
+            load_reward(spec["reward"], scores),
+            args,
+            dataset,
+            tokenizer,
+            per_step,
+            out,
+            TrainerCallback,
+        )
     return 0
 
 
-def _train(trainer_cls: Any, model: Any, reward: Any, args: Any, dataset: Any, tokenizer: Any, per_step: int,
-           out: Any, callback_cls: Any) -> None:
+def _train(
+    trainer_cls: Any,
+    model: Any,
+    reward: Any,
+    args: Any,
+    dataset: Any,
+    tokenizer: Any,
+    per_step: int,
+    out: Any,
+    callback_cls: Any,
+) -> None:
     class Clock(callback_cls):  # type: ignore[misc,valid-type]
         t0 = 0.0
 
         def on_train_begin(self, *_: Any, **__: Any) -> None:
             Clock.t0 = time.perf_counter()
 
-        def on_log(self, _args: Any, state: Any, _control: Any, logs: dict[str, float] | None = None,
-                   **__: Any) -> None:
+        def on_log(
+            self, _args: Any, state: Any, _control: Any, logs: dict[str, float] | None = None, **__: Any
+        ) -> None:
             if logs and "reward" in logs:
-                row = {"step": state.global_step, "time_s": time.perf_counter() - Clock.t0,
-                       "reward": logs["reward"], "tokens": logs["completions/mean_length"] * per_step}
+                row = {
+                    "step": state.global_step,
+                    "time_s": time.perf_counter() - Clock.t0,
+                    "reward": logs["reward"],
+                    "tokens": logs["completions/mean_length"] * per_step,
+                }
                 out.write(json.dumps(row) + "\n")
                 out.flush()
 
-    trainer = trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer = trainer_cls(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.train()
 
 

@@ -64,12 +64,18 @@ class Task:
 
 TASKS = {
     "quickstart": Task("examples/quickstart.yaml", {}, steps=400),
-    "sequence": Task("examples/sequence.yaml", {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3,
-                                                "num_heads": 6, "num_kv_heads": 2}, steps=100,
-                     dataset_maker="relayrl.tasks.sequence:make_dataset"),
-    "sequence32": Task("examples/sequence32.yaml", {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3,
-                                                    "num_heads": 6, "num_kv_heads": 2}, steps=100,
-                       dataset_maker="relayrl.tasks.sequence:make_long_dataset"),
+    "sequence": Task(
+        "examples/sequence.yaml",
+        {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3, "num_heads": 6, "num_kv_heads": 2},
+        steps=100,
+        dataset_maker="relayrl.tasks.sequence:make_dataset",
+    ),
+    "sequence32": Task(
+        "examples/sequence32.yaml",
+        {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 3, "num_heads": 6, "num_kv_heads": 2},
+        steps=100,
+        dataset_maker="relayrl.tasks.sequence:make_long_dataset",
+    ),
 }
 
 
@@ -90,32 +96,61 @@ def run_overrides(task: Task, model_dir: Path, steps: int, user: list[str]) -> l
 def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments equivalent to a relayrl run config (ValueError where TRL has none)."""
     tc, rc, loss = cfg.trainer, cfg.rollout, cfg.trainer.loss
-    if loss.advantage not in (AdvantageEstimator.GRPO, AdvantageEstimator.DR_GRPO) \
-            or loss.effective_policy_loss() is not PolicyLoss.PPO_CLIP or loss.mismatch_mask is not MismatchMask.NONE \
-            or loss.kl_coef > 0 or loss.overlong_buffer_tokens > 0:
-        raise ValueError("TRL's GRPOTrainer has no equivalent of this loss.advantage, policy_loss (or off_policy), "
-                         "mismatch_mask, kl_coef or overlong penalty as relayrl applies them")
+    if (
+        loss.advantage not in (AdvantageEstimator.GRPO, AdvantageEstimator.DR_GRPO)
+        or loss.effective_policy_loss() is not PolicyLoss.PPO_CLIP
+        or loss.mismatch_mask is not MismatchMask.NONE
+        or loss.kl_coef > 0
+        or loss.overlong_buffer_tokens > 0
+    ):
+        raise ValueError(
+            "TRL's GRPOTrainer has no equivalent of this loss.advantage, policy_loss (or off_policy), "
+            "mismatch_mask, kl_coef or overlong penalty as relayrl applies them"
+        )
     if cfg.model.dtype != "float32" or cfg.model.device != "cpu":
         raise ValueError("the comparison runs float32 on the CPU")
     opt = tc.optimizer
     if opt.name is not OptimizerName.ADAMW or opt.schedule is not LrSchedule.CONSTANT:
-        raise ValueError("the comparison mirrors trainer.optimizer name adamw with schedule constant (TRL's decaying "
-                         "schedules end one step earlier than relayrl's)")
+        raise ValueError(
+            "the comparison mirrors trainer.optimizer name adamw with schedule constant (TRL's decaying "
+            "schedules end one step earlier than relayrl's)"
+        )
     return {
-        "output_dir": str(output_dir), "max_steps": steps, "seed": cfg.seed, "data_seed": cfg.rollout.seed,
-        "learning_rate": opt.lr, "adam_beta1": opt.beta1, "adam_beta2": opt.beta2,
-        "weight_decay": opt.weight_decay, "max_grad_norm": opt.grad_clip, "warmup_steps": opt.warmup_steps,
+        "output_dir": str(output_dir),
+        "max_steps": steps,
+        "seed": cfg.seed,
+        "data_seed": cfg.rollout.seed,
+        "learning_rate": opt.lr,
+        "adam_beta1": opt.beta1,
+        "adam_beta2": opt.beta2,
+        "weight_decay": opt.weight_decay,
+        "max_grad_norm": opt.grad_clip,
+        "warmup_steps": opt.warmup_steps,
         "lr_scheduler_type": "constant_with_warmup" if opt.warmup_steps else "constant",
         # one optimizer step per generation batch of groups_per_step prompts x group_size samples
-        "per_device_train_batch_size": tc.groups_per_step * rc.group_size, "gradient_accumulation_steps": 1,
-        "num_generations": rc.group_size, "max_completion_length": rc.max_new_tokens,
-        "temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k,
-        "epsilon": loss.clip_eps, "epsilon_high": loss.clip_high(), "beta": 0.0, "num_iterations": 1,
+        "per_device_train_batch_size": tc.groups_per_step * rc.group_size,
+        "gradient_accumulation_steps": 1,
+        "num_generations": rc.group_size,
+        "max_completion_length": rc.max_new_tokens,
+        "temperature": rc.temperature,
+        "top_p": rc.top_p,
+        "top_k": rc.top_k,
+        "epsilon": loss.clip_eps,
+        "epsilon_high": loss.clip_high(),
+        "beta": 0.0,
+        "num_iterations": 1,
         "scale_rewards": "group" if loss.advantage is AdvantageEstimator.GRPO else "none",
         "loss_type": {LossAggregation.TOKEN_MEAN: "dapo", LossAggregation.SEQUENCE_MEAN: "grpo"}.get(
-            loss.loss_aggregation, "dr_grpo"),
-        "bf16": False, "fp16": False, "gradient_checkpointing": False, "use_cpu": True,
-        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+            loss.loss_aggregation, "dr_grpo"
+        ),
+        "bf16": False,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "use_cpu": True,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
         "dataloader_num_workers": 0,
     }
 
@@ -150,12 +185,18 @@ def model_parameters(model_dir: Path) -> int:
 
 def run_trl(cfg: RunConfig, steps: int, model_dir: Path, out: Path, max_reward: float) -> Result:
     if importlib.util.find_spec("trl") is None:
-        raise SystemExit("TRL is not installed: pip install -e '.[bench]' (pinned TRL, keeps the CPU torch), "
-                         "or pass --skip-trl")
+        raise SystemExit(
+            "TRL is not installed: pip install -e '.[bench]' (pinned TRL, keeps the CPU torch), or pass --skip-trl"
+        )
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    spec = {"model": str(model_dir), "dataset": str(REPO / cfg.rollout.dataset), "reward": cfg.reward.function,
-            "rows": str(out / "rows.jsonl"), "kwargs": trl_kwargs(cfg, steps, out / "trainer")}
+    spec = {
+        "model": str(model_dir),
+        "dataset": str(REPO / cfg.rollout.dataset),
+        "reward": cfg.reward.function,
+        "rows": str(out / "rows.jsonl"),
+        "kwargs": trl_kwargs(cfg, steps, out / "trainer"),
+    }
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
     t0 = time.perf_counter()
     _run_logged([sys.executable, str(REPO / "bench" / "trl_grpo.py"), str(out / "spec.json")], out / "log.txt")
@@ -167,16 +208,25 @@ def run_trl(cfg: RunConfig, steps: int, model_dir: Path, out: Path, max_reward: 
 def run_relayrl(cfg_path: Path, overrides: list[str], out: Path, max_reward: float) -> Result:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "relayrl.cli", "run", str(cfg_path), "--out", str(out),
-           *[x for o in overrides for x in ("--set", o)]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "relayrl.cli",
+        "run",
+        str(cfg_path),
+        "--out",
+        str(out),
+        *[x for o in overrides for x in ("--set", o)],
+    ]
     t0 = time.perf_counter()
     _run_logged(cmd, out / "launcher.txt")
     wall = time.perf_counter() - t0
     return summarise("relayrl", relayrl_step_rows(out / "metrics.jsonl"), wall, max_reward)
 
 
-def run_seed(args: argparse.Namespace, task: Task, model_dir: Path, out: Path, steps: int,
-             seed: int | None) -> list[Result]:
+def run_seed(
+    args: argparse.Namespace, task: Task, model_dir: Path, out: Path, steps: int, seed: int | None
+) -> list[Result]:
     """Both systems (unless skipped) on one seed (None: the config's); results under ``out``."""
     cfg_path = REPO / task.config
     seed_set = [f"seed={seed}"] if seed is not None else []
@@ -195,10 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=sorted(TASKS), default="quickstart")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps (default: the task's)")
     parser.add_argument("--out", type=Path, default=Path("runs/vs_trl"))
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="relayrl config override; shared settings (batch, lr, tokens, ...) reach TRL too")
-    parser.add_argument("--seeds", default="", help="comma-separated seeds: one run of each system per seed, "
-                        "then the means (default: the config's seed, one run each)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="relayrl config override; shared settings (batch, lr, tokens, ...) reach TRL too",
+    )
+    parser.add_argument(
+        "--seeds",
+        default="",
+        help="comma-separated seeds: one run of each system per seed, "
+        "then the means (default: the config's seed, one run each)",
+    )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-relayrl", action="store_true")
     args = parser.parse_args(argv)
@@ -213,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     rc = cfg.rollout
     seeds: list[int | None] = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
     load_before = os.getloadavg()
-    print(f"task {args.task}: {model_parameters(model_dir) / 1e6:.2f} M parameters, {steps} steps of "
-          f"{cfg.trainer.groups_per_step} prompts x {rc.group_size} samples, max_new_tokens {rc.max_new_tokens}, "
-          f"lr {cfg.trainer.optimizer.lr:g}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"task {args.task}: {model_parameters(model_dir) / 1e6:.2f} M parameters, {steps} steps of "
+        f"{cfg.trainer.groups_per_step} prompts x {rc.group_size} samples, max_new_tokens {rc.max_new_tokens}, "
+        f"lr {cfg.trainer.optimizer.lr:g}; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
     runs: list[tuple[int, list[Result]]] = []
     for seed in seeds:
         results = run_seed(args, task, model_dir, out if seed is None else out / f"seed{seed}", steps, seed)
@@ -229,11 +292,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mean over seeds {', '.join(str(seed) for seed, _ in runs)}:")
     print(report(final, task.max_reward))
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
-    (out / "summary.json").write_text(json.dumps({
-        "task": args.task, "steps": steps, "overrides": overrides,
-        "load_average": [load_before, load_after], "results": [asdict(r) for r in final],
-        "runs": [{"seed": seed, "results": [asdict(r) for r in results]} for seed, results in runs]},
-        indent=1))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "task": args.task,
+                "steps": steps,
+                "overrides": overrides,
+                "load_average": [load_before, load_after],
+                "results": [asdict(r) for r in final],
+                "runs": [{"seed": seed, "results": [asdict(r) for r in results]} for seed, results in runs],
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -69,11 +69,18 @@ def main() -> int:
         fresh = Path(tmp) / "pb"
         generate(fresh)
         names = sorted({p.name for p in fresh.iterdir()} | {p.name for p in OUT_DIR.iterdir()} - {"__pycache__"})
-        stale = [n for n in names if not (fresh / n).exists() or not (OUT_DIR / n).exists()
-                 or not filecmp.cmp(fresh / n, OUT_DIR / n, shallow=False)]
+        stale = [
+            n
+            for n in names
+            if not (fresh / n).exists()
+            or not (OUT_DIR / n).exists()
+            or not filecmp.cmp(fresh / n, OUT_DIR / n, shallow=False)
+        ]
         if stale:
-            print(f"generated protobuf code is stale: {', '.join(stale)}; run: python scripts/gen_protos.py",
-                  file=sys.stderr)
+            print(
+                f"generated protobuf code is stale: {', '.join(stale)}; run: python scripts/gen_protos.py",
+                file=sys.stderr,
+            )
             return 1
     print("generated protobuf code is current")
     return 0

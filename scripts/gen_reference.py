@@ -24,8 +24,12 @@ def cli_markdown() -> str:
     from relayrl.cli import parser as cli_parser
 
     parser = cli_parser()
-    lines = ["# CLI reference", "", "Generated from the argument parser by `scripts/gen_reference.py`; do not edit.",
-             ""]
+    lines = [
+        "# CLI reference",
+        "",
+        "Generated from the argument parser by `scripts/gen_reference.py`; do not edit.",
+        "",
+    ]
 
     def walk(p: argparse.ArgumentParser, name: str) -> None:
         lines.extend([f"## `{name}`", "", "```text", p.format_help().rstrip(), "```", ""])

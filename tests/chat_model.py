@@ -12,11 +12,18 @@ import torch
 IM_START, IM_END, EOT, BOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>"
 # ChatML with a BOS as the template defines it (the tokenizer adds none itself): the rendered prompt must hold
 # exactly one BOS and end with the assistant header
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
-                 "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-                 "{% endif %}")
-CORPUS = ["What is 17 + 25? The answer is 42.", "Ünïcödé: naïve café, 東京, emoji ✓ 🙂", "user assistant system",
-          "def f(x):\n    return x * 2\n", "The quick brown fox jumps over the lazy dog."] * 4
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+CORPUS = [
+    "What is 17 + 25? The answer is 42.",
+    "Ünïcödé: naïve café, 東京, emoji ✓ 🙂",
+    "user assistant system",
+    "def f(x):\n    return x * 2\n",
+    "The quick brown fox jumps over the lazy dog.",
+] * 4
 
 
 def build_chat_tokenizer() -> Any:
@@ -28,11 +35,14 @@ def build_chat_tokenizer() -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOT, IM_START, IM_END, BOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=[EOT, IM_START, IM_END, BOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOT, pad_token=EOT,
-                                   unk_token=EOT)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOT, pad_token=EOT, unk_token=EOT)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -46,10 +56,19 @@ def create_chat_model(out: Path, seed: int = 0, hidden: int = 64, layers: int = 
 
     tokenizer = build_chat_tokenizer()
     eos, eot = tokenizer.convert_tokens_to_ids([EOT, IM_END])
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, tie_word_embeddings=not ends_turn, pad_token_id=eos,
-                      eos_token_id=eos, bos_token_id=tokenizer.bos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=not ends_turn,
+        pad_token_id=eos,
+        eos_token_id=eos,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     if ends_turn:
@@ -60,8 +79,9 @@ def create_chat_model(out: Path, seed: int = 0, hidden: int = 64, layers: int = 
                 layer.mlp.down_proj.weight.zero_()
             model.lm_head.weight.zero_()
             model.lm_head.weight[eot] = 10.0
-    model.generation_config = GenerationConfig(eos_token_id=[eos, eot], bos_token_id=tokenizer.bos_token_id,
-                                               pad_token_id=eos)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[eos, eot], bos_token_id=tokenizer.bos_token_id, pad_token_id=eos
+    )
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
@@ -112,10 +132,17 @@ def write_gguf(model_dir: Path, path: Path) -> Path:
     w.add_add_bos_token(False)
     w.add_chat_template((model_dir / "chat_template.jinja").read_text())
     names = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
-    per_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down"}
+    per_layer = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for name, t in sd.items():
         short = name.removeprefix("model.")
         if short in names:

@@ -49,8 +49,9 @@ def wait_for_redis(proc: subprocess.Popen[bytes], client: Any) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             output = proc.communicate()[0] if proc.stdout is not None else b""
-            raise RuntimeError(f"redis-server exited with code {proc.returncode}: "
-                               f"{(output or b'').decode(errors='replace')}")
+            raise RuntimeError(
+                f"redis-server exited with code {proc.returncode}: {(output or b'').decode(errors='replace')}"
+            )
         try:
             client.ping()
             client.close()
@@ -76,8 +77,11 @@ class RedisServer:
     def start(self) -> None:
         from relayrl.local_redis import redis_server_args
 
-        self.proc = subprocess.Popen(redis_server_args(self.binary, self.port, self.data_dir),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            redis_server_args(self.binary, self.port, self.data_dir),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         import redis
 
         wait_for_redis(self.proc, redis.Redis(port=self.port, socket_timeout=1.0))
@@ -92,8 +96,10 @@ class RedisServer:
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:  # never skip: CI must go red when Redis is missing
-        pytest.fail("redis-server is not installed: run scripts/ensure_system_deps.sh (`make test` runs it; as "
-                    "root: apt-get install redis-server); the Redis tests need it")
+        pytest.fail(
+            "redis-server is not installed: run scripts/ensure_system_deps.sh (`make test` runs it; as "
+            "root: apt-get install redis-server); the Redis tests need it"
+        )
     server = RedisServer(binary, free_port(), tmp_path / "redis")
     server.data_dir.mkdir()
     server.start()
@@ -133,8 +139,9 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import sys
 
     out = tmp_path_factory.mktemp("demo") / "tiny"
-    subprocess.run([sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO, timeout=120
+    )
     return out
 
 

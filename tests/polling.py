@@ -21,8 +21,13 @@ async def until(condition: Callable[[], object], timeout_s: float = 30.0, poll_s
     return True
 
 
-def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 240.0,
-             alive: subprocess.Popen[str] | None = None, poll_s: float = 0.2) -> None:
+def wait_for(
+    condition: Callable[[], object],
+    what: str,
+    timeout_s: float = 240.0,
+    alive: subprocess.Popen[str] | None = None,
+    poll_s: float = 0.2,
+) -> None:
     """Return once ``condition()`` is true; AssertionError naming ``what`` after ``timeout_s``, or as soon as
     ``alive`` (the process expected to bring it about) has exited."""
     deadline = time.monotonic() + timeout_s

@@ -119,7 +119,7 @@ def uniform_for_some_prompts(inp: RewardInput) -> float:
 
     if inp.prompt[:1] in ("1", "3"):
         return 0.5
-    return zlib.crc32(inp.completion.encode()) / 2 ** 32
+    return zlib.crc32(inp.completion.encode()) / 2**32
 
 
 def constant(inp: RewardInput) -> float:

@@ -39,31 +39,47 @@ def import_smollm2(out: Path) -> Path:
     return import_model(gguf, out).out
 
 
-def run_few_steps(model: Path, tmp_path: Path, **sections: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str],
-                                                                                    Path]:
+def run_few_steps(
+    model: Path, tmp_path: Path, **sections: dict[str, Any]
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """`relayrl run` of :data:`STEPS` LoRA steps (rank :data:`RANK`) of the math reward on 16 chat questions,
     a checkpoint at the last step and the probe on every publication; ``sections`` are merged into the config's
     sections (e.g. ``inference={"engine": "vllm"}``). Returns the finished process and the run folder."""
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"}],
-                                        "answer": str(a + b)}) + "\n" for a in range(10, 14) for b in range(20, 24)))
+    data.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)}) + "\n"
+            for a in range(10, 14)
+            for b in range(20, 24)
+        )
+    )
     cfg: dict[str, Any] = {
-        "name": "smollm2-e2e", "model": {"path": str(model), "lora": {"enabled": True, "rank": RANK}},
+        "name": "smollm2-e2e",
+        "model": {"path": str(model), "lora": {"enabled": True, "rank": RANK}},
         "reward": {"function": "math", "workers": 1},
         "rollout": {"dataset": str(data), "group_size": 4, "max_new_tokens": 6, "max_concurrent_groups": 2},
-        "trainer": {"total_steps": STEPS, "groups_per_step": 2, "checkpoint": {"every": STEPS},
-                    "publication": {"probe_sequences": 2, "probe_tokens": 8, "probe_every": 1}}}
+        "trainer": {
+            "total_steps": STEPS,
+            "groups_per_step": 2,
+            "checkpoint": {"every": STEPS},
+            "publication": {"probe_sequences": 2, "probe_tokens": 8, "probe_every": 1},
+        },
+    }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(tmp_path / "run.yaml"), "--out",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "run", str(tmp_path / "run.yaml"), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     return proc, out
 
 
-def check_few_step_run(proc: subprocess.CompletedProcess[str], out: Path, model: Path,
-                       probe_tolerance: float) -> None:
+def check_few_step_run(proc: subprocess.CompletedProcess[str], out: Path, model: Path, probe_tolerance: float) -> None:
     """What a :func:`run_few_steps` run must have done; ``probe_tolerance``: the largest probe difference the
     engine may show (the trainer's float32 forward against the engine's, summation order only)."""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -13,10 +13,18 @@ def varied_episodes(n: int = 12, seed: int = 0) -> list[Episode]:
     eps = []
     for i in range(n):
         n_c = 1 + (i * 5) % 7
-        eps.append(Episode(
-            episode_id=str(i), group_id=f"g{i // 3}", group_size=3,
-            prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
-            completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
-            behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
-            loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g)), sampling_temperature=1.0))
+        eps.append(
+            Episode(
+                episode_id=str(i),
+                group_id=f"g{i // 3}",
+                group_size=3,
+                prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
+                completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
+                behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(),
+                token_weight_versions=[1] * n_c,
+                loss_mask=[1] * n_c,
+                reward=float(torch.rand(1, generator=g)),
+                sampling_temperature=1.0,
+            )
+        )
     return eps

@@ -35,13 +35,25 @@ class CertificateAuthority:
         folder.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        cert = (_builder(subject, subject, key.public_key())
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                             content_commitment=False, key_encipherment=False,
-                                             data_encipherment=False, key_agreement=False, encipher_only=False,
-                                             decipher_only=False), critical=True)
-                .sign(key, hashes.SHA256()))
+        cert = (
+            _builder(subject, subject, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
         ca = cls(name, folder, key, cert)
         ca.ca_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return ca
@@ -50,36 +62,51 @@ class CertificateAuthority:
     def ca_file(self) -> Path:
         return self.folder / "ca.pem"
 
-    def issue(self, stem: str, server: bool = True, client: bool = True,
-              hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> Pem:
+    def issue(
+        self, stem: str, server: bool = True, client: bool = True, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    ) -> Pem:
         """A leaf certificate for ``hosts`` (SAN) with the given extended key usages, written as ``stem``.pem and
         ``stem``-key.pem."""
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, stem)])
-        usages = [oid for oid, on in ((ExtendedKeyUsageOID.SERVER_AUTH, server),
-                                      (ExtendedKeyUsageOID.CLIENT_AUTH, client)) if on]
+        usages = [
+            oid
+            for oid, on in ((ExtendedKeyUsageOID.SERVER_AUTH, server), (ExtendedKeyUsageOID.CLIENT_AUTH, client))
+            if on
+        ]
         sans: list[x509.GeneralName] = []
         for host in hosts:
             try:
                 sans.append(x509.IPAddress(ipaddress.ip_address(host)))
             except ValueError:
                 sans.append(x509.DNSName(host))
-        builder = (_builder(subject, self.cert.subject, key.public_key())
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
+        builder = (
+            _builder(subject, self.cert.subject, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         pem = Pem(self.folder / f"{stem}.pem", self.folder / f"{stem}-key.pem")
         pem.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         pem.key.touch(mode=0o600)
-        pem.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                              serialization.NoEncryption()))
+        pem.key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         return pem
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
-    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1)))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )

@@ -33,8 +33,9 @@ __all__ = ["EvalSettings", "evaluate", "pass_at_k", "run_eval"]
 log = logging.getLogger(__name__)
 
 
-async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
-                        reward: RewardClient) -> dict[str, Any]:
+async def _workflow_row(
+    cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient, reward: RewardClient
+) -> dict[str, Any]:
     """A row of a multi-turn run: whole episodes of the configured workflow (greedy, then sampled), scored as in
     training, with their turns, tool calls and how they ended."""
     from relayrl.rollout.workflows.api import WorkflowContext
@@ -44,8 +45,16 @@ async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference:
     workflow, environment = build_workflow(rc, cfg.model.path, reward=reward)  # tools' code runs: reward's RunCode
 
     async def play(settings: Any, n: int) -> list[Any]:
-        ctx = WorkflowContext(inference=inference, reward=reward, group_id=uuid.uuid4().hex, group_size=n,
-                              producer_id="eval", created_at=time.time(), config=settings, environment=environment)
+        ctx = WorkflowContext(
+            inference=inference,
+            reward=reward,
+            group_id=uuid.uuid4().hex,
+            group_size=n,
+            producer_id="eval",
+            created_at=time.time(),
+            config=settings,
+            environment=environment,
+        )
         return list(await workflow(row, ctx))
 
     try:
@@ -60,13 +69,21 @@ async def _workflow_row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference:
     ok = [not reward_failed(e) for e in episodes]
     correct = [good and e.reward >= s.correct_threshold for e, good in zip(episodes, ok, strict=True)]
     versions = list(episodes[0].token_weight_versions)
-    return {"id": row.prompt_id, "answer": row.answer, "greedy": episodes[0].completion_text,
-            "greedy_reward": episodes[0].reward, "greedy_correct": correct[0],
-            "versions": (min(versions), max(versions)) if versions else None,
-            "sampled_rewards": [e.reward for e in episodes[1:]], "sampled_correct": sum(correct[1:]),
-            "reward_errors": sum(not good for good in ok), "turns": [max(e.turns, 1) for e in episodes],
-            "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
-            "episode_ends": [end_name(e.episode_end) for e in episodes]}
+    return {
+        "id": row.prompt_id,
+        "answer": row.answer,
+        "greedy": episodes[0].completion_text,
+        "greedy_reward": episodes[0].reward,
+        "greedy_correct": correct[0],
+        "versions": (min(versions), max(versions)) if versions else None,
+        "sampled_rewards": [e.reward for e in episodes[1:]],
+        "sampled_correct": sum(correct[1:]),
+        "reward_errors": sum(not good for good in ok),
+        "turns": [max(e.turns, 1) for e in episodes],
+        "tool_calls": sum(e.tool_calls for e in episodes),
+        "tool_errors": sum(e.tool_errors for e in episodes),
+        "episode_ends": [end_name(e.episode_end) for e in episodes],
+    }
 
 
 def player(cfg: RunConfig) -> RowPlayer | None:
@@ -105,10 +122,17 @@ async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt
         ports = free_ports(3)
         ic, rw = cfg.inference, cfg.reward
         served = replace(
-            cfg, output_dir=Path(tmp), model=replace(cfg.model, path=path, lora=replace(cfg.model.lora, enabled=False)),
-            inference=replace(ic, server=local(ic.server, ports[0]), weights_server=local(ic.weights_server, ports[1]),
-                              http=replace(ic.http, enabled=False)),
-            reward=replace(rw, server=local(rw.server, ports[2]), http=replace(rw.http, enabled=False)))
+            cfg,
+            output_dir=Path(tmp),
+            model=replace(cfg.model, path=path, lora=replace(cfg.model.lora, enabled=False)),
+            inference=replace(
+                ic,
+                server=local(ic.server, ports[0]),
+                weights_server=local(ic.weights_server, ports[1]),
+                http=replace(ic.http, enabled=False),
+            ),
+            reward=replace(rw, server=local(rw.server, ports[2]), http=replace(rw.http, enabled=False)),
+        )
         stop = asyncio.Event()
         tasks = [asyncio.create_task(serve_inference(served, stop)), asyncio.create_task(serve_reward(served, stop))]
         try:
@@ -119,9 +143,12 @@ async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt
                             t.result()  # a service that failed to start: its error
                             raise RuntimeError("a service stopped during start-up")
                     await asyncio.sleep(0.2)
-            async with InferenceClient(served.inference.server.target, tls=served.tls) as inference, \
-                    RewardClient(served.reward.server.target, token=cfg.control.effective_code_token(),
-                                 tls=served.tls) as reward:
+            async with (
+                InferenceClient(served.inference.server.target, tls=served.tls) as inference,
+                RewardClient(
+                    served.reward.server.target, token=cfg.control.effective_code_token(), tls=served.tls
+                ) as reward,
+            ):
                 result = await evaluate(served, s, rows, inference, reward, player(served))
         finally:
             stop.set()
@@ -129,8 +156,9 @@ async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt
     return {"model": str(model), **result}
 
 
-def run_eval(cfg: RunConfig, s: EvalSettings, dataset: Path, model: Path | None = None, inference: str = "",
-             reward: str = "") -> dict[str, Any]:
+def run_eval(
+    cfg: RunConfig, s: EvalSettings, dataset: Path, model: Path | None = None, inference: str = "", reward: str = ""
+) -> dict[str, Any]:
     """Evaluate ``model`` (default ``model.path``) on ``dataset``, through the services at ``inference`` and
     ``reward`` (host:port) when given, else through ones this call serves."""
     rows = load_jsonl(dataset, "dataset")
@@ -139,8 +167,10 @@ def run_eval(cfg: RunConfig, s: EvalSettings, dataset: Path, model: Path | None 
         raise ConfigError("inference", inference or "''", "give both --inference and --reward, or neither")
 
     async def against(inference_target: str, reward_target: str) -> dict[str, Any]:
-        async with InferenceClient(inference_target, tls=cfg.tls) as inf, \
-                RewardClient(reward_target, token=cfg.control.effective_code_token(), tls=cfg.tls) as rew:
+        async with (
+            InferenceClient(inference_target, tls=cfg.tls) as inf,
+            RewardClient(reward_target, token=cfg.control.effective_code_token(), tls=cfg.tls) as rew,
+        ):
             return await evaluate(cfg, s, rows, inf, rew, player(cfg))
 
     if inference:

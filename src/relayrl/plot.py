@@ -56,11 +56,19 @@ def plot_metrics(path: Path, out: Path, window: int = 10) -> None:
     ax_r.grid(alpha=0.3)
     ax_r.legend(loc="lower right")
     ax_r.set_title(f"{path.parent.name}: {len(rows)} steps, {rows[-1].time_s:.0f} s")
-    ax_s.plot(steps, rolling_mean([r.staleness_mean for r in rows], window),
-              label=f"mean ({window}-step average)", color="tab:orange")
+    ax_s.plot(
+        steps,
+        rolling_mean([r.staleness_mean for r in rows], window),
+        label=f"mean ({window}-step average)",
+        color="tab:orange",
+    )
     maxes = [float(r.staleness_max) for r in rows]
-    ax_s.plot(steps, [max(maxes[max(0, i - window + 1): i + 1]) for i in range(len(maxes))],
-              label=f"max ({window}-step window)", color="tab:red")
+    ax_s.plot(
+        steps,
+        [max(maxes[max(0, i - window + 1) : i + 1]) for i in range(len(maxes))],
+        label=f"max ({window}-step window)",
+        color="tab:red",
+    )
     bound = _max_staleness(path.parent / "config.yaml")
     if bound is not None:
         ax_s.axhline(bound, color="black", linestyle="--", linewidth=0.8, label=f"max_staleness = {bound}")

@@ -13,17 +13,28 @@ def progress_line(row: MetricsRow | None, total: int) -> str | None:
     if isinstance(row, SftRow):
         return f"  warm-up {row.sft_step:>4}  loss {row.loss:.3f}" if row.sft_step % 10 == 0 else None
     if isinstance(row, EvalRow):
-        return (f"  eval after step {row.eval_step:>4}  greedy accuracy {row.greedy_accuracy:.3f}  "
-                f"({row.rows} rows, versions {row.weight_version_min}-{row.weight_version_max}, {row.seconds:.0f}s)")
+        return (
+            f"  eval after step {row.eval_step:>4}  greedy accuracy {row.greedy_accuracy:.3f}  "
+            f"({row.rows} rows, versions {row.weight_version_min}-{row.weight_version_max}, {row.seconds:.0f}s)"
+        )
     if isinstance(row, RlRow):
-        return (f"  step {row.step:>4}/{total}  reward {row.reward_mean:.3f}  "
-                f"staleness {row.staleness_mean:.2f} (max {row.staleness_max})  "
-                f"episodes/s {row.episodes_per_s:.1f}  {row.time_s:.0f}s")
+        return (
+            f"  step {row.step:>4}/{total}  reward {row.reward_mean:.3f}  "
+            f"staleness {row.staleness_mean:.2f} (max {row.staleness_max})  "
+            f"episodes/s {row.episodes_per_s:.1f}  {row.time_s:.0f}s"
+        )
     return None
 
 
-def run_summary(rows: list[MetricsRow], produced: int, stream_length: int, pending: int,
-                durable_step: int, invalid: tuple[int, int] = (0, 0), foreign: int = 0) -> dict[str, Any]:
+def run_summary(
+    rows: list[MetricsRow],
+    produced: int,
+    stream_length: int,
+    pending: int,
+    durable_step: int,
+    invalid: tuple[int, int] = (0, 0),
+    foreign: int = 0,
+) -> dict[str, Any]:
     """summary.json: the run's books in groups (stream entries), each group counted once:
     produced + foreign = trained + dropped as stale + dropped for reward errors + dropped with zero advantage
     (dynamic sampling) + invalid + pending.

@@ -25,8 +25,12 @@ from relayrl.config import RunConfig, load_run_config
 from relayrl.config.tls import TlsConfig
 from relayrl.local_redis import REDIS_PASSWORD_FILE
 
-CLIENTS: dict[str, type[ServiceClient]] = {"inference": InferenceClient, "reward": RewardClient,
-                                           "rollout": RolloutClient, "trainer": TrainerClient}
+CLIENTS: dict[str, type[ServiceClient]] = {
+    "inference": InferenceClient,
+    "reward": RewardClient,
+    "rollout": RolloutClient,
+    "trainer": TrainerClient,
+}
 
 
 @dataclass
@@ -70,8 +74,10 @@ def _run_redis_password(cfg: RunConfig, run_dir: Path | None) -> dict[str, str]:
 
 
 async def _queue(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any]:
-    stream = EpisodeStream(async_client(cfg.redis, decode_responses=False, **_run_redis_password(cfg, run_dir)),
-                           RedisKeys.from_config(cfg.redis))
+    stream = EpisodeStream(
+        async_client(cfg.redis, decode_responses=False, **_run_redis_password(cfg, run_dir)),
+        RedisKeys.from_config(cfg.redis),
+    )
     try:
         info = await asyncio.wait_for(stream.info(), timeout=5)
         invalid_groups, invalid_episodes = await asyncio.wait_for(stream.invalid(), timeout=5)
@@ -79,8 +85,14 @@ async def _queue(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any]:
         return {"error": str(exc) or type(exc).__name__}
     finally:
         await stream.close()
-    return {"length": info.length, "lag": info.lag, "pending": info.pending, "invalid_groups": invalid_groups,
-            "invalid_episodes": invalid_episodes, "dead_letter": stream.keys.dead_letter}
+    return {
+        "length": info.length,
+        "lag": info.lag,
+        "pending": info.pending,
+        "invalid_groups": invalid_groups,
+        "invalid_episodes": invalid_episodes,
+        "dead_letter": stream.keys.dead_letter,
+    }
 
 
 def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
@@ -91,11 +103,16 @@ def _training(run_dir: Path, window: int = 10) -> dict[str, Any]:
     if not recent:
         return {}
     mean = lambda values: sum(values) / len(recent)  # noqa: E731
-    return {"step": recent[-1].step, "reward_mean": mean(r.reward_mean for r in recent),
-            "staleness_mean": mean(r.staleness_mean for r in recent),
-            "staleness_max": max(r.staleness_max for r in recent),
-            "episodes_per_s": mean(r.episodes_per_s for r in recent), "window_steps": len(recent),
-            "time_shares": time_shares(recent), **_multi_turn(recent)}
+    return {
+        "step": recent[-1].step,
+        "reward_mean": mean(r.reward_mean for r in recent),
+        "staleness_mean": mean(r.staleness_mean for r in recent),
+        "staleness_max": max(r.staleness_max for r in recent),
+        "episodes_per_s": mean(r.episodes_per_s for r in recent),
+        "window_steps": len(recent),
+        "time_shares": time_shares(recent),
+        **_multi_turn(recent),
+    }
 
 
 def _multi_turn(rows: list[RlRow]) -> dict[str, Any]:
@@ -107,9 +124,12 @@ def _multi_turn(rows: list[RlRow]) -> dict[str, Any]:
             ends[end] = ends.get(end, 0) + n
     if not ends or set(ends) == {"single_turn"}:
         return {}
-    return {"turns_mean": sum(r.turns_mean for r in rows) / len(rows),
-            "tool_calls_mean": sum(r.tool_calls_mean for r in rows) / len(rows),
-            "tool_errors": sum(r.tool_errors for r in rows), "episode_ends": ends}
+    return {
+        "turns_mean": sum(r.turns_mean for r in rows) / len(rows),
+        "tool_calls_mean": sum(r.tool_calls_mean for r in rows) / len(rows),
+        "tool_errors": sum(r.tool_errors for r in rows),
+        "episode_ends": ends,
+    }
 
 
 async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None = None) -> dict[str, Any]:
@@ -121,8 +141,7 @@ async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None 
     cfg = target.cfg
     tls = tls if tls is not None else cfg.tls
     kinds = list(CLIENTS)
-    statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s, tls)
-                                      for k in kinds))
+    statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s, tls) for k in kinds))
     out: dict[str, Any] = {"services": dict(zip(kinds, statuses, strict=True))}
     if cfg.redis.effective_url():
         out["queue"] = await _queue(cfg, target.run_dir)
@@ -136,8 +155,10 @@ def _rollout_turns(s: dict[str, Any]) -> str:
     ends = s.get("episode_ends") or {}
     if not ends or set(ends) == {"single_turn"}:
         return ""
-    return (f"; {s.get('episode_turns', 0)} turns, {s.get('tool_calls', 0)} tool calls ({s.get('tool_errors', 0)} "
-            f"failed); ended: " + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())))
+    return (
+        f"; {s.get('episode_turns', 0)} turns, {s.get('tool_calls', 0)} tool calls ({s.get('tool_errors', 0)} "
+        f"failed); ended: " + ", ".join(f"{k} {v}" for k, v in sorted(ends.items()))
+    )
 
 
 def render(state: dict[str, Any]) -> str:
@@ -149,41 +170,58 @@ def render(state: dict[str, Any]) -> str:
             continue
         comp = st.get("component", {})
         detail = {
-            "inference": lambda s: f"serves v{s.get('weight_version')}  {s.get('sequences_running', 0)} sequences "
-                                   f"running, {s.get('requests_queued', 0)} queued",
+            "inference": lambda s: (
+                f"serves v{s.get('weight_version')}  {s.get('sequences_running', 0)} sequences "
+                f"running, {s.get('requests_queued', 0)} queued"
+            ),
             "reward": lambda s: f"{s.get('requests_served', s.get('scored', ''))} scored",
-            "rollout": lambda s: f"{s.get('groups_produced')} groups produced, {s.get('groups_running')} running"
-                                 f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}"
-                                 + _rollout_turns(s),
-            "trainer": lambda s: f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
-                                 "episodes trained, " + ", ".join(f"{s.get(o.episodes, 0)} {o.words}"
-                                                                  for o in (*books.DROPS, books.INVALID))
-                                 + f"{', FINISHED' if s.get('finished') else ''}",
+            "rollout": lambda s: (
+                f"{s.get('groups_produced')} groups produced, {s.get('groups_running')} running"
+                f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}" + _rollout_turns(s)
+            ),
+            "trainer": lambda s: (
+                f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
+                "episodes trained, "
+                + ", ".join(f"{s.get(o.episodes, 0)} {o.words}" for o in (*books.DROPS, books.INVALID))
+                + f"{', FINISHED' if s.get('finished') else ''}"
+            ),
         }.get(kind, lambda s: "")(st)
         state_name = str(comp.get("state", "")).removeprefix("SERVING_STATE_")
         lines.append(f"{kind:<10} {st['address']:<22} {state_name:<8} {detail}")
         if "weight_version" in st:
             versions.append(int(st["weight_version"]))
     if len(set(versions)) > 1:
-        lines.append(f"versions differ between services: {sorted(set(versions))} (a publication in flight, or a "
-                     "service restarted)")
+        lines.append(
+            f"versions differ between services: {sorted(set(versions))} (a publication in flight, or a "
+            "service restarted)"
+        )
     queue = state.get("queue")
     if queue:
-        lines.append("queue      " + (f"error: {queue['error']}" if "error" in queue else
-                                      f"{queue['length']} entries, consumer lag {queue['lag']}, "
-                                      f"pending (delivered, not yet durable) {queue['pending']}, invalid "
-                                      f"{queue.get('invalid_groups', 0)} groups ({queue.get('invalid_episodes', 0)} "
-                                      f"episodes) in {queue.get('dead_letter', 'the dead-letter stream')}"))
+        lines.append(
+            "queue      "
+            + (
+                f"error: {queue['error']}"
+                if "error" in queue
+                else f"{queue['length']} entries, consumer lag {queue['lag']}, "
+                f"pending (delivered, not yet durable) {queue['pending']}, invalid "
+                f"{queue.get('invalid_groups', 0)} groups ({queue.get('invalid_episodes', 0)} "
+                f"episodes) in {queue.get('dead_letter', 'the dead-letter stream')}"
+            )
+        )
     training = state.get("training")
     if training:
-        lines.append(f"training   last {training['window_steps']} steps to step {training['step']}: reward "
-                     f"{training['reward_mean']:.3f}, staleness mean {training['staleness_mean']:.2f} max "
-                     f"{training['staleness_max']}, {training['episodes_per_s']:.0f} episodes/s")
+        lines.append(
+            f"training   last {training['window_steps']} steps to step {training['step']}: reward "
+            f"{training['reward_mean']:.3f}, staleness mean {training['staleness_mean']:.2f} max "
+            f"{training['staleness_max']}, {training['episodes_per_s']:.0f} episodes/s"
+        )
         if "episode_ends" in training:
             ends = ", ".join(f"{k} {v}" for k, v in sorted(training["episode_ends"].items()))
-            lines.append(f"           multi-turn: {training['turns_mean']:.2f} turns and "
-                         f"{training['tool_calls_mean']:.2f} tool calls per episode, {training['tool_errors']} tool "
-                         f"errors; ended: {ends}")
+            lines.append(
+                f"           multi-turn: {training['turns_mean']:.2f} turns and "
+                f"{training['tool_calls_mean']:.2f} tool calls per episode, {training['tool_errors']} tool "
+                f"errors; ended: {ends}"
+            )
         if training.get("time_shares"):
             lines.append(f"           {format_time_shares(training['time_shares'])}")
     return "\n".join(lines)

@@ -1,6 +1,5 @@
 """Rendering charts/relayrl offline for the deploy tests: value sets, rendered objects, lookups, the loaded config."""
 
-
 from __future__ import annotations
 
 import copy
@@ -98,8 +97,9 @@ def service(docs: list[Manifest], name: str) -> Manifest:
 
 def pod_specs(docs: list[Manifest]) -> dict[str, Manifest]:
     """Every pod spec the release creates: workloads' templates and bare pods (the helm test pod)."""
-    specs = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
-             for d in docs if d["kind"] in WORKLOADS}
+    specs = {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"] for d in docs if d["kind"] in WORKLOADS
+    }
     specs.update({f"Pod/{d['metadata']['name']}": d["spec"] for d in objects(docs, "Pod")})
     return specs
 
@@ -121,8 +121,11 @@ def load_config(docs: list[Manifest], tmp_path: Path) -> RunConfig:
 
 
 def checksums(docs: list[Manifest]) -> dict[str, str]:
-    return {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-            for d in docs if d["kind"] in WORKLOADS and component(d) not in ("redis", "model-fill")}
+    return {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        for d in docs
+        if d["kind"] in WORKLOADS and component(d) not in ("redis", "model-fill")
+    }
 
 
 def render_error(values: dict[str, Any]) -> str:
@@ -136,20 +139,31 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def allowed_from(policy: Manifest, port: int) -> set[str]:
-    return {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
-            for rule in policy["spec"]["ingress"] if any(p["port"] == port for p in rule.get("ports", []))
-            for peer in rule["from"] if "podSelector" in peer}
+    return {
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for rule in policy["spec"]["ingress"]
+        if any(p["port"] == port for p in rule.get("ports", []))
+        for peer in rule["from"]
+        if "podSelector" in peer
+    }
 
 
 def reaching(policy: Manifest, port: int) -> set[str]:
     """Who may reach ``port``: rules naming it and rules naming no port at all (every port); any non-pod peer
     (a namespace or an IP block) counts as "outside"."""
     rules = [r for r in policy["spec"]["ingress"] if "ports" not in r or any(p["port"] == port for p in r["ports"])]
-    return {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] if "podSelector" in peer
-            and "namespaceSelector" not in peer else "outside"
-            for rule in rules for peer in rule.get("from", [{"ipBlock": {"cidr": "0.0.0.0/0"}}])}
+    return {
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        if "podSelector" in peer and "namespaceSelector" not in peer
+        else "outside"
+        for rule in rules
+        for peer in rule.get("from", [{"ipBlock": {"cidr": "0.0.0.0/0"}}])
+    }
 
 
 def secret_env(container: Manifest) -> dict[str, tuple[str, str]]:
-    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
-            for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+    return {
+        e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+        for e in container.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }

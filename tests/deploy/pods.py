@@ -47,12 +47,20 @@ def values(redis_url: str, model: Path, runs: Path, steps: int, **trainer: Any) 
         "redis": {"external": {"url": redis_url}},
         **{svc: {"port": free_port(), "httpPort": free_port()} for svc in ("reward", "rollout")},
         "inference": {"port": free_port(), "weightsPort": free_port(), "httpPort": free_port()},
-        "trainer": {"port": free_port(), "httpPort": free_port(), "nodes": 2, "nprocPerNode": 1,
-                    "rendezvous": {"port": free_port()}, "persistence": {"mountPath": str(runs)}, **trainer},
-        "config": {"model": {"path": str(model)},
-                   "rollout": {"dataset": str(REPO / "examples" / "data" / "arithmetic.jsonl")},
-                   "trainer": {"total_steps": steps, "checkpoint_every": 3, "groups_per_step": 4,
-                               "collective_timeout_s": 60}},
+        "trainer": {
+            "port": free_port(),
+            "httpPort": free_port(),
+            "nodes": 2,
+            "nprocPerNode": 1,
+            "rendezvous": {"port": free_port()},
+            "persistence": {"mountPath": str(runs)},
+            **trainer,
+        },
+        "config": {
+            "model": {"path": str(model)},
+            "rollout": {"dataset": str(REPO / "examples" / "data" / "arithmetic.jsonl")},
+            "trainer": {"total_steps": steps, "checkpoint_every": 3, "groups_per_step": 4, "collective_timeout_s": 60},
+        },
     }
 
 
@@ -64,14 +72,26 @@ def _in_pod(hosts: Path, command: list[str], volume: tuple[Path, Path] | None = 
         pytest.fail("unshare (util-linux) is required to give the simulated pods their DNS names")
     user_ns = [] if os.geteuid() == 0 else ["--map-root-user"]
     source, target = volume or (hosts.parent, hosts.parent)
-    return [unshare, *user_ns, "--mount", "--", "sh", "-c",
-            'mount --bind "$1" /etc/hosts && mount --bind "$2" "$3" && shift 3 && exec "$@"',
-            "sh", str(hosts), str(source), str(target), *command]
+    return [
+        unshare,
+        *user_ns,
+        "--mount",
+        "--",
+        "sh",
+        "-c",
+        'mount --bind "$1" /etc/hosts && mount --bind "$2" "$3" && shift 3 && exec "$@"',
+        "sh",
+        str(hosts),
+        str(source),
+        str(target),
+        *command,
+    ]
 
 
 # restartPolicy Always: the container's command again whenever it exits (a bounded number of times)
-RESTART_LOOP = 'n=0; while :; do sh -c "$1"; echo "container exited with $?" >&2; n=$((n+1)); ' \
-               '[ "$n" -lt 6 ] || exit 1; done'
+RESTART_LOOP = (
+    'n=0; while :; do sh -c "$1"; echo "container exited with $?" >&2; n=$((n+1)); [ "$n" -lt 6 ] || exit 1; done'
+)
 
 
 class Release:
@@ -84,18 +104,25 @@ class Release:
         (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
         self.config = tmp / "relayrl.yaml"
         self.config.write_text(configmap["data"]["relayrl.yaml"])
-        self.trainer = next(d for d in docs if d["kind"] == "StatefulSet"
-                            and d["spec"]["serviceName"].endswith("-trainer-headless"))
+        self.trainer = next(
+            d for d in docs if d["kind"] == "StatefulSet" and d["spec"]["serviceName"].endswith("-trainer-headless")
+        )
         self.name, headless = self.trainer["metadata"]["name"], self.trainer["spec"]["serviceName"]
         self.hosts = tmp / "hosts"
-        self.hosts.write_text(f"127.0.0.1 localhost {' '.join(f'{RELEASE}-relayrl-{s}' for s in SERVICES)}\n"
-                              f"127.0.0.1 {self.name}-0.{headless}\n127.0.0.2 {self.name}-1.{headless}\n")
+        self.hosts.write_text(
+            f"127.0.0.1 localhost {' '.join(f'{RELEASE}-relayrl-{s}' for s in SERVICES)}\n"
+            f"127.0.0.1 {self.name}-0.{headless}\n127.0.0.2 {self.name}-1.{headless}\n"
+        )
         secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-credentials"))
         tokens = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
-        self.env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                    "PYTHONUNBUFFERED": "1",  # the credentials the chart's Secret gives its pods (secretKeyRef)
-                    "RELAYRL_CONTROL_TOKEN": tokens["control-token"], "RELAYRL_WEIGHTS_TOKEN": tokens["weights-token"],
-                    "RELAYRL_CODE_TOKEN": tokens["code-token"]}
+        self.env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONUNBUFFERED": "1",  # the credentials the chart's Secret gives its pods (secretKeyRef)
+            "RELAYRL_CONTROL_TOKEN": tokens["control-token"],
+            "RELAYRL_WEIGHTS_TOKEN": tokens["weights-token"],
+            "RELAYRL_CODE_TOKEN": tokens["code-token"],
+        }
         self.runs = Path(yaml.safe_load(self.config.read_text())["output_dir"]).parent
         self.volumes = {i: tmp / f"trainer-{i}-volume" for i in (0, 1)}  # one PVC per pod, not shared
         self.rollout_volume = tmp / "rollout-volume"
@@ -112,8 +139,9 @@ class Release:
 
     def start(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         with (self.logs / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(command, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                command, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def start_services(self, *services: str) -> None:
         for svc in services:
@@ -121,16 +149,21 @@ class Release:
             if svc == "rollout":
                 self.rollout_volume.mkdir(exist_ok=True)
                 volume = (self.rollout_volume, self.runs)
-            self.start(svc, _in_pod(self.hosts, [sys.executable, "-m", "relayrl.cli", "serve", svc, str(self.config)],
-                                    volume))
+            self.start(
+                svc, _in_pod(self.hosts, [sys.executable, "-m", "relayrl.cli", "serve", svc, str(self.config)], volume)
+            )
 
-    def start_trainer_pod(self, index: int, *, restart: bool = False, script: str | None = None,
-                          env: dict[str, str] | None = None) -> None:
+    def start_trainer_pod(
+        self, index: int, *, restart: bool = False, script: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.volumes[index].mkdir(exist_ok=True)
         script = script or self.trainer_script()
         command = ["sh", "-c", RESTART_LOOP, "loop", script] if restart else ["sh", "-c", script]
-        self.start(f"trainer-{index}", _in_pod(self.hosts, command, (self.volumes[index], self.runs)),
-                   {**self.env, **(env or self.trainer_env()), "POD_NAME": f"{self.name}-{index}"})
+        self.start(
+            f"trainer-{index}",
+            _in_pod(self.hosts, command, (self.volumes[index], self.runs)),
+            {**self.env, **(env or self.trainer_env()), "POD_NAME": f"{self.name}-{index}"},
+        )
 
     def kill(self, name: str) -> None:
         """The pod is gone at once (deleted, its node lost): SIGKILL to its whole process tree. torchrun starts

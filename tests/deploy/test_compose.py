@@ -34,8 +34,10 @@ def _with_credentials(**values: str) -> dict[str, str]:
 def _docker_compose() -> str:
     binary = shutil.which("docker-compose")
     if binary is None:
-        pytest.fail("docker-compose is not installed; install it to validate docker-compose.yml offline: "
-                    "scripts/ensure_system_deps.sh (`make test` runs it; as root: apt-get install docker-compose)")
+        pytest.fail(
+            "docker-compose is not installed; install it to validate docker-compose.yml offline: "
+            "scripts/ensure_system_deps.sh (`make test` runs it; as root: apt-get install docker-compose)"
+        )
     return binary
 
 
@@ -77,8 +79,14 @@ def _depends_on(service: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_compose_file_validates_with_docker_compose_config_exit_zero() -> None:
-    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO,
-                            env=_with_credentials(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [_docker_compose(), "-f", str(COMPOSE_FILE), "config", "-q"],
+        cwd=REPO,
+        env=_with_credentials(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -87,19 +95,28 @@ def test_compose_refuses_to_start_without_each_credential(missing: str) -> None:
     env = _with_credentials()
     del env[missing]
 
-    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [_docker_compose(), "-f", str(COMPOSE_FILE), "config", "-q"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
     assert result.returncode != 0
     assert missing in result.stderr
 
 
 def test_each_service_gets_only_the_credentials_it_needs(services: dict[str, dict[str, Any]]) -> None:
-    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"},
-              "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
-              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD"},
-              "reward": {"RELAYRL_CODE_TOKEN"}, "init-model": set(),
-              "redis": {"REDISCLI_AUTH"}}
+    wanted = {
+        "inference": {"RELAYRL_WEIGHTS_TOKEN"},
+        "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+        "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+        "reward": {"RELAYRL_CODE_TOKEN"},
+        "init-model": set(),
+        "redis": {"REDISCLI_AUTH"},
+    }
     for name, keys in wanted.items():
         env = services[name].get("environment") or {}
         assert set(env) == keys, name
@@ -109,8 +126,14 @@ def test_each_service_gets_only_the_credentials_it_needs(services: dict[str, dic
 
 def test_secret_values_reach_only_the_services_environment(compose: dict[str, Any]) -> None:
     secrets = {k: f"{k.lower()}-{i}-a1b2c3d4e5f6" for i, k in enumerate(CREDENTIALS)}
-    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "config"], cwd=REPO,
-                            env=_with_credentials(**secrets), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [_docker_compose(), "-f", str(COMPOSE_FILE), "config"],
+        cwd=REPO,
+        env=_with_credentials(**secrets),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)["services"]
 
@@ -147,12 +170,16 @@ def test_config_mount_is_read_only_and_is_examples_compose_yaml(services: dict[s
 
 
 def test_output_and_model_volumes_are_named_and_cover_the_paths_each_service_uses(
-        compose: dict[str, Any], services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], run_cfg: RunConfig
+) -> None:
     named = set(compose.get("volumes") or {})
     # (path, writable): trainer writes checkpoints, rollout its state; inference reads models and shared weights
-    wanted = {"inference": [(run_cfg.model.path, False), (run_cfg.output_dir, False)],
-              "trainer": [(run_cfg.model.path, False), (run_cfg.output_dir, True)],
-              "rollout": [(run_cfg.output_dir, True)], "init-model": [(run_cfg.model.path, True)]}
+    wanted = {
+        "inference": [(run_cfg.model.path, False), (run_cfg.output_dir, False)],
+        "trainer": [(run_cfg.model.path, False), (run_cfg.output_dir, True)],
+        "rollout": [(run_cfg.output_dir, True)],
+        "init-model": [(run_cfg.model.path, True)],
+    }
     for name, paths in wanted.items():
         mounts = {target: (source, ro) for source, target, ro in map(_parse_volume, services[name]["volumes"])}
         for path, writable in paths:
@@ -163,8 +190,9 @@ def test_output_and_model_volumes_are_named_and_cover_the_paths_each_service_use
             assert read_only is not writable, f"{name}: {covering[0]} read_only={read_only}"
 
 
-def test_reward_mounts_neither_training_data_nor_models(services: dict[str, dict[str, Any]],
-                                                        run_cfg: RunConfig) -> None:
+def test_reward_mounts_neither_training_data_nor_models(
+    services: dict[str, dict[str, Any]], run_cfg: RunConfig
+) -> None:
     mounts = [_parse_volume(v) for v in services["reward"].get("volumes", [])]
 
     assert [target for _, target, _ in mounts] == [CONFIG_IN_CONTAINER]
@@ -175,7 +203,8 @@ def test_reward_mounts_neither_training_data_nor_models(services: dict[str, dict
 
 
 def test_each_healthcheck_targets_configured_port_of_its_service(
-        services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
+    services: dict[str, dict[str, Any]], run_cfg: RunConfig
+) -> None:
     for name in SERVICES:
         port = getattr(run_cfg, name).server.port
         test = services[name]["healthcheck"]["test"]
@@ -184,7 +213,8 @@ def test_each_healthcheck_targets_configured_port_of_its_service(
 
 
 def test_each_server_address_is_compose_service_name_and_configured_port(
-        services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
+    services: dict[str, dict[str, Any]], run_cfg: RunConfig
+) -> None:
     for name in SERVICES:
         server = getattr(run_cfg, name).server
         assert server.host == "0.0.0.0", f"{name}: must bind all interfaces inside its container"
@@ -194,7 +224,8 @@ def test_each_server_address_is_compose_service_name_and_configured_port(
 
 
 def test_only_inference_client_ports_are_published_and_only_on_host_loopback(
-        services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
+    services: dict[str, dict[str, Any]], run_cfg: RunConfig
+) -> None:
     published = {name: s["ports"] for name, s in services.items() if s.get("ports") or s.get("expose")}
     assert set(published) == {"inference"}, "only inference is called from the host (redis, weights port: never)"
     container_ports = set()
@@ -207,8 +238,7 @@ def test_only_inference_client_ports_are_published_and_only_on_host_loopback(
     assert container_ports == {run_cfg.inference.server.port, run_cfg.inference.http.port}
 
 
-def test_redis_url_host_is_redis_service_with_its_port(
-        services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
+def test_redis_url_host_is_redis_service_with_its_port(services: dict[str, dict[str, Any]], run_cfg: RunConfig) -> None:
     url = urlparse(run_cfg.redis.url)
     assert url.scheme == "redis"
     assert url.hostname in services and "redis" in str(services[url.hostname]["image"])
@@ -240,8 +270,11 @@ def test_every_depends_on_waits_for_health_or_init_completion(services: dict[str
     for name, service in services.items():
         for dep, spec in _depends_on(service).items():
             assert dep in services, f"{name} depends on unknown {dep}"
-            expected = "service_completed_successfully" if "command" in services[dep] and \
-                services[dep]["command"][0] == "init-model" else "service_healthy"
+            expected = (
+                "service_completed_successfully"
+                if "command" in services[dep] and services[dep]["command"][0] == "init-model"
+                else "service_healthy"
+            )
             assert spec["condition"] == expected, f"{name} -> {dep}: {spec}"
             if expected == "service_healthy":
                 assert "healthcheck" in services[dep], f"{name} waits for {dep}, which has no healthcheck"
@@ -265,10 +298,19 @@ def test_sandbox_override_loosens_only_the_reward_container() -> None:
     override = REPO / "docker-compose.sandbox.yml"
     data = yaml.safe_load(override.read_text())
 
-    result = subprocess.run([_docker_compose(), "-f", str(COMPOSE_FILE), "-f", str(override), "config", "-q"],
-                            cwd=REPO, env=_with_credentials(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [_docker_compose(), "-f", str(COMPOSE_FILE), "-f", str(override), "config", "-q"],
+        cwd=REPO,
+        env=_with_credentials(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
     assert result.returncode == 0, result.stderr
-    assert data == {"services": {"reward": {"security_opt": ["seccomp=unconfined", "apparmor=unconfined",
-                                                             "systempaths=unconfined"]}}}
+    assert data == {
+        "services": {
+            "reward": {"security_opt": ["seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"]}
+        }
+    }
     assert "security_opt" not in yaml.safe_load(COMPOSE_FILE.read_text())["services"]["reward"]

@@ -15,7 +15,7 @@ from tests.conftest import REPO
 from tests.deploy.chart import CRD_KINDS, KUBE_VERSIONS, merged, objects, render
 
 DOC = (REPO / "docs" / "deploy.md").read_text()
-HELM = DOC[DOC.index("## Helm, step by step"):DOC.index("## What is checked")]
+HELM = DOC[DOC.index("## Helm, step by step") : DOC.index("## What is checked")]
 BLOCKS = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", HELM, flags=re.S)]
 
 

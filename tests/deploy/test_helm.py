@@ -6,7 +6,6 @@ rendered ConfigMap's run config goes through the project's own loader, so a stal
 Value sets: the chart's defaults and each charts/relayrl/ci/*-values.yaml.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -43,6 +42,7 @@ from tests.deploy.chart import (
 
 # -- lint and schemas ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_chart_passes_strict_lint_with_only_the_icon_info(name: str) -> None:
     report = helm.lint(CHART, value_set(name), strict=True, kube_version="v1.31.0")
@@ -61,8 +61,10 @@ def test_every_rendered_object_validates_against_kubernetes_schemas(name: str) -
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
-                pytest.fail(f"{name}, Kubernetes {version}: {doc['kind']}/{doc['metadata']['name']}: {exc.message} "
-                            f"at {'/'.join(map(str, exc.absolute_path))}")
+                pytest.fail(
+                    f"{name}, Kubernetes {version}: {doc['kind']}/{doc['metadata']['name']}: {exc.message} "
+                    f"at {'/'.join(map(str, exc.absolute_path))}"
+                )
 
 
 def test_schema_validation_rejects_a_misspelt_container_field() -> None:
@@ -79,6 +81,7 @@ def test_values_schema_rejects_unknown_keys_and_impossible_sizes() -> None:
 
 
 # -- the run config in the ConfigMap -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_configmap_config_loads_with_service_addresses_and_chart_owned_keys(name: str, tmp_path: Path) -> None:
@@ -116,16 +119,19 @@ def test_http_apis_in_the_config_match_their_container_and_service_ports(name: s
 def test_small_floats_in_values_load_as_floats(tmp_path: Path) -> None:
     cfg = load_config(rendered("multinode-gpu"), tmp_path)
     assert cfg.trainer.optimizer.lr == pytest.approx(1e-6)
-    cfg = load_config(render({"config": {"trainer": {"optimizer": {"lr": 1.0e-7, "weight_decay": 2.5e-12}}}}),
-                      tmp_path)
+    cfg = load_config(render({"config": {"trainer": {"optimizer": {"lr": 1.0e-7, "weight_decay": 2.5e-12}}}}), tmp_path)
     assert cfg.trainer.optimizer.lr == pytest.approx(1e-7)
     assert cfg.trainer.optimizer.weight_decay == pytest.approx(2.5e-12)
 
 
-def test_values_with_the_former_flat_trainer_keys_still_load(tmp_path: Path, caplog: pytest.LogCaptureFixture
-                                                             ) -> None:
-    flat = {"lr": 1.0e-7, "checkpoint_every": 7, "resume": "never", "weight_transport": "shared_path",
-            "collective_timeout_s": 30}
+def test_values_with_the_former_flat_trainer_keys_still_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    flat = {
+        "lr": 1.0e-7,
+        "checkpoint_every": 7,
+        "resume": "never",
+        "weight_transport": "shared_path",
+        "collective_timeout_s": 30,
+    }
     with caplog.at_level(logging.WARNING):
         cfg = load_config(render({"config": {"trainer": flat}}), tmp_path)
 
@@ -152,28 +158,39 @@ def test_redis_url_points_at_the_redis_service(tmp_path: Path) -> None:
     assert component(redis) == "redis" and int(match.group(2)) in [p["port"] for p in redis["spec"]["ports"]]
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ({"trainer": {"world_size": 3}}, "config.trainer.distributed.world_size is set by the chart"),
-    ({"inference": {"server": {"port": 9000}}}, "config.inference.server.port is set by the chart"),
-    ({"redis": {"url": "redis://elsewhere:6379/0"}}, "config.redis.url is set by the chart"),
-    ({"output_dir": "/elsewhere"}, "config.output_dir is set by the chart"),
-    ({"inference": {"weights_server": {"port": 9000}}}, "config.inference.weights_server.port is set by the chart"),
-    ({"trainer": {"groups_per_step": 6}}, "must be divisible by the trainer's world size"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"trainer": {"world_size": 3}}, "config.trainer.distributed.world_size is set by the chart"),
+        ({"inference": {"server": {"port": 9000}}}, "config.inference.server.port is set by the chart"),
+        ({"redis": {"url": "redis://elsewhere:6379/0"}}, "config.redis.url is set by the chart"),
+        ({"output_dir": "/elsewhere"}, "config.output_dir is set by the chart"),
+        ({"inference": {"weights_server": {"port": 9000}}}, "config.inference.weights_server.port is set by the chart"),
+        ({"trainer": {"groups_per_step": 6}}, "must be divisible by the trainer's world size"),
+    ],
+)
 def test_render_refuses_config_keys_the_chart_owns(config: dict[str, Any], message: str) -> None:
-    values = {"config": config, "trainer": {"nprocPerNode": 4}} if "groups_per_step" in str(config) \
-        else {"config": config}
+    values = (
+        {"config": config, "trainer": {"nprocPerNode": 4}} if "groups_per_step" in str(config) else {"config": config}
+    )
     assert message in render_error(values)
 
 
 # -- rolling on config changes -------------------------------------------------------------------------------------
 
+
 def test_config_checksum_is_stable_and_changes_with_the_run_config() -> None:
     first, again = checksums(render({})), checksums(render({}))
     assert first == again
-    assert set(first) == {f"{kind}/rl-relayrl-{svc}" for svc, kind in (
-        ("inference", "Deployment"), ("reward", "Deployment"), ("rollout", "Deployment"),
-        ("trainer", "StatefulSet"))}
+    assert set(first) == {
+        f"{kind}/rl-relayrl-{svc}"
+        for svc, kind in (
+            ("inference", "Deployment"),
+            ("reward", "Deployment"),
+            ("rollout", "Deployment"),
+            ("trainer", "StatefulSet"),
+        )
+    }
     assert len(set(first.values())) == 1
     changed = checksums(render({"config": {"trainer": {"lr": 0.001}}}))
     assert all(changed[k] != first[k] for k in first), (first, changed)
@@ -185,5 +202,3 @@ def test_config_checksum_is_the_sha256_of_the_configmap_config() -> None:
     docs = rendered("small-cpu")
     digest = hashlib.sha256(config_text(docs).rstrip("\n").encode()).hexdigest()
     assert set(checksums(docs).values()) == {digest}
-
-

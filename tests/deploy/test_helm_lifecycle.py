@@ -35,6 +35,7 @@ def _flags(docs: list[dict[str, object]]) -> dict[str, str]:
 
 # -- the run's identity ----------------------------------------------------------------------------------------------
 
+
 def test_a_release_without_a_run_id_is_refused_and_a_malformed_one_is_named() -> None:
     assert "run.id is required" in render_error({"run": {"id": ""}})
     assert "/run/id" in render_error({"run": {"id": "Run_1"}})  # the values schema
@@ -61,10 +62,12 @@ def test_rollout_state_goes_to_a_kept_claim_of_its_own() -> None:
 
 # -- lifecycle ---------------------------------------------------------------------------------------------------------
 
+
 def test_the_trainer_stays_up_once_finished_and_the_chart_owns_that_setting(tmp_path: Path) -> None:
     assert load_config(rendered("default"), tmp_path).trainer.after_finish.value == "stay"
     assert "config.trainer.after_finish is set by the chart" in render_error(
-        {"config": {"trainer": {"after_finish": "exit"}}})
+        {"config": {"trainer": {"after_finish": "exit"}}}
+    )
 
 
 def test_no_trainer_budget_by_default_and_an_enabled_one_never_blocks_a_drain() -> None:
@@ -95,6 +98,7 @@ def test_every_pod_knows_the_digest_of_the_config_it_was_created_for(name: str) 
 
 
 # -- rendezvous, shutdown, liveness ---------------------------------------------------------------------------------
+
 
 def test_rendezvous_waits_for_a_late_pod_zero_and_the_agent_outlasts_a_checkpoint() -> None:
     docs = render(MULTI)
@@ -132,6 +136,7 @@ def test_a_single_process_trainer_keeps_its_native_grpc_probes() -> None:
 
 # -- the model volume -----------------------------------------------------------------------------------------------
 
+
 def test_a_read_write_once_model_volume_is_refused_unless_everything_runs_on_one_node() -> None:
     rwo = {"models": {**MODEL_PVC, "accessModes": ["ReadWriteOnce"]}}
     assert "Multi-Attach" in render_error(rwo)
@@ -159,15 +164,19 @@ def test_a_fill_from_a_url_needs_its_checksum_and_a_writable_volume_and_gets_its
     rwx = {**MODEL_PVC, "accessModes": ["ReadWriteMany"]}
     assert "needs models.fill.sha256" in render_error({"models": {**rwx, "fill": url}})
     assert "needs ReadWriteOnce or ReadWriteMany" in render_error(
-        {"models": {**MODEL_PVC, "fill": {**url, "sha256": "0" * 64}}})
+        {"models": {**MODEL_PVC, "fill": {**url, "sha256": "0" * 64}}}
+    )
     egress = [{"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"port": 443, "protocol": "TCP"}]}]
     docs = render({"models": {**rwx, "fill": {**url, "sha256": "a" * 64, "egress": egress}}})
     policies = {p["metadata"]["name"].removeprefix("rl-relayrl-"): p for p in objects(docs, "NetworkPolicy")}
     assert policies["model-fill"]["spec"]["egress"] == egress
-    assert all(rule not in p["spec"].get("egress", []) for name, p in policies.items() if name != "model-fill"
-               for rule in egress)
+    assert all(
+        rule not in p["spec"].get("egress", [])
+        for name, p in policies.items()
+        if name != "model-fill"
+        for rule in egress
+    )
     assert "a" * 64 in workload(docs, "model-fill")["spec"]["template"]["spec"]["containers"][0]["command"]
-
 
 
 def test_a_trainer_that_would_start_its_run_over_after_a_restart_is_refused() -> None:
@@ -175,15 +184,23 @@ def test_a_trainer_that_would_start_its_run_over_after_a_restart_is_refused() ->
     assert "config.trainer.checkpoint.resume must be auto" in render_error(never)
 
 
-@pytest.mark.parametrize("source", [{"image": "registry.example.com/models/m:1"},
-                                    {"url": "https://models.example.com/m.tar.gz", "sha256": "b" * 64}])
+@pytest.mark.parametrize(
+    "source",
+    [{"image": "registry.example.com/models/m:1"}, {"url": "https://models.example.com/m.tar.gz", "sha256": "b" * 64}],
+)
 def test_objects_that_only_optional_values_render_validate_against_kubernetes_schemas(source: dict[str, str]) -> None:
-    docs = render({"models": {**MODEL_PVC, "accessModes": ["ReadWriteMany"], "fill": {"enabled": True, **source}},
-                   "rollout": {"persistence": {"enabled": True}}, "trainer": {"nodes": 2, "pdb": {"enabled": True},
-                                                                             "hostNetwork": True},
-                   "redis": {"exporter": {"enabled": True}},
-                   "monitoring": {"namespaceSelector": {"matchLabels": {"team": "mon"}},
-                                  "grafanaDashboard": {"enabled": True}}})
+    docs = render(
+        {
+            "models": {**MODEL_PVC, "accessModes": ["ReadWriteMany"], "fill": {"enabled": True, **source}},
+            "rollout": {"persistence": {"enabled": True}},
+            "trainer": {"nodes": 2, "pdb": {"enabled": True}, "hostNetwork": True},
+            "redis": {"exporter": {"enabled": True}},
+            "monitoring": {
+                "namespaceSelector": {"matchLabels": {"team": "mon"}},
+                "grafanaDashboard": {"enabled": True},
+            },
+        }
+    )
     assert objects(docs, "Job") and objects(docs, "PodDisruptionBudget")
     for version in KUBE_VERSIONS:
         for doc in (d for d in docs if d["kind"] not in CRD_KINDS):

@@ -31,19 +31,29 @@ def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _scrapers(policy: dict[str, Any], port: int) -> list[dict[str, Any]]:
-    return [peer for rule in policy["spec"]["ingress"] if any(p["port"] == port for p in rule.get("ports", []))
-            for peer in rule["from"] if "namespaceSelector" in peer]
+    return [
+        peer
+        for rule in policy["spec"]["ingress"]
+        if any(p["port"] == port for p in rule.get("ports", []))
+        for peer in rule["from"]
+        if "namespaceSelector" in peer
+    ]
 
 
 def test_metrics_ports_open_to_the_monitoring_namespace_only_and_only_when_one_is_named() -> None:
     closed = _policies(render({}))
     assert all(not _scrapers(closed[svc], port) for svc, port in HTTP_PORTS.items())
-    docs = render({"monitoring": {"namespaceSelector": MON_NS, "podSelector": {"matchLabels": {"app": "prom"}}},
-                   "redis": {"exporter": {"enabled": True}}})
+    docs = render(
+        {
+            "monitoring": {"namespaceSelector": MON_NS, "podSelector": {"matchLabels": {"app": "prom"}}},
+            "redis": {"exporter": {"enabled": True}},
+        }
+    )
     policies = _policies(docs)
     for svc, port in {**HTTP_PORTS, "redis": 9121}.items():
-        assert _scrapers(policies[svc], port) == [{"namespaceSelector": MON_NS,
-                                                   "podSelector": {"matchLabels": {"app": "prom"}}}], svc
+        assert _scrapers(policies[svc], port) == [
+            {"namespaceSelector": MON_NS, "podSelector": {"matchLabels": {"app": "prom"}}}
+        ], svc
     # the gRPC and weights ports stay closed to it
     assert not _scrapers(policies["inference"], 50055) and not _scrapers(policies["trainer"], 50054)
 
@@ -59,8 +69,15 @@ def test_reward_serves_metrics_on_its_http_port_in_config_container_and_service(
 
 def test_service_and_pod_monitors_scrape_every_component_when_enabled() -> None:
     assert not objects(render({}), "ServiceMonitor") and not objects(render({}), "PodMonitor")
-    docs = render({"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
-                                  "podMonitor": {"enabled": True}}, "redis": {"exporter": {"enabled": True}}})
+    docs = render(
+        {
+            "monitoring": {
+                "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                "podMonitor": {"enabled": True},
+            },
+            "redis": {"exporter": {"enabled": True}},
+        }
+    )
     (sm,) = objects(docs, "ServiceMonitor")
     (pm,) = objects(docs, "PodMonitor")
     assert sm["metadata"]["labels"]["release"] == "kps"
@@ -87,14 +104,20 @@ def test_the_redis_exporter_authenticates_from_the_secret_and_the_redis_image_ca
 
 # -- the Grafana dashboard ------------------------------------------------------------------------------------------
 
+
 def _exported_series() -> set[str]:
     """Sample names the four services' registries really expose (counters with _total, histograms' parts)."""
     progress = TrainerProgress(last_reward_mean=0.5, queue_depth=(1, 2), staleness_counts={0: 3})
     push = SimpleNamespace(probe_max_diff=0.0, seconds=1.0, bytes_sent=10, version=1)
-    publication = SimpleNamespace(weight_version=1, last_push=push, last_probe=push,
-                                  publisher=SimpleNamespace(push_retries=0))
-    trainer = SimpleNamespace(progress=progress, publication=publication,
-                              checkpoints=SimpleNamespace(last_step=0), redis_backpressure=OomBackpressure("trainer"))
+    publication = SimpleNamespace(
+        weight_version=1, last_push=push, last_probe=push, publisher=SimpleNamespace(push_retries=0)
+    )
+    trainer = SimpleNamespace(
+        progress=progress,
+        publication=publication,
+        checkpoints=SimpleNamespace(last_step=0),
+        redis_backpressure=OomBackpressure("trainer"),
+    )
     pool = SimpleNamespace(ready_workers=1, busy_workers=0, queued=0)
     registries: list[CollectorRegistry] = [
         trainer_metrics(trainer),  # type: ignore[arg-type]
@@ -126,16 +149,22 @@ def test_the_dashboard_is_well_formed_and_shipped_by_the_chart() -> None:
         assert panel["datasource"]["uid"] == "${datasource}"
         refs = [t["refId"] for t in panel["targets"]]
         assert len(refs) == len(set(refs)), panel["title"]
-    (cm,) = [c for c in objects(render({"monitoring": {"grafanaDashboard": {"enabled": True}}}), "ConfigMap")
-             if c["metadata"]["name"].endswith("-dashboard")]
+    (cm,) = [
+        c
+        for c in objects(render({"monitoring": {"grafanaDashboard": {"enabled": True}}}), "ConfigMap")
+        if c["metadata"]["name"].endswith("-dashboard")
+    ]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["relayrl.json"]) == DASHBOARD
 
 
 # -- GPU-cluster pod knobs ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("runtimeClassName", "nvidia"), ("priorityClassName", "training-high"), ("schedulerName", "volcano")])
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("runtimeClassName", "nvidia"), ("priorityClassName", "training-high"), ("schedulerName", "volcano")],
+)
 @pytest.mark.parametrize("svc", ["inference", "trainer", "reward", "rollout"])
 def test_scheduling_names_reach_the_pod_spec(svc: str, key: str, value: str) -> None:
     spec = workload(render({svc: {key: value}}), svc)["spec"]["template"]["spec"]
@@ -144,8 +173,9 @@ def test_scheduling_names_reach_the_pod_spec(svc: str, key: str, value: str) -> 
 
 
 def test_extra_pod_labels_and_annotations_reach_the_pod_template_only() -> None:
-    docs = render({"trainer": {"podLabels": {"kueue.x-k8s.io/queue-name": "gpu"},
-                               "podAnnotations": {"example.com/owner": "rl"}}})
+    docs = render(
+        {"trainer": {"podLabels": {"kueue.x-k8s.io/queue-name": "gpu"}, "podAnnotations": {"example.com/owner": "rl"}}}
+    )
     sts = workload(docs, "trainer")
     assert sts["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
     assert sts["spec"]["template"]["metadata"]["annotations"]["example.com/owner"] == "rl"
@@ -159,7 +189,8 @@ def test_topology_spread_defaults_to_the_components_own_pods() -> None:
     assert rendered["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "trainer"
     assert {k: rendered[k] for k in spread} == spread
     assert "/trainer/topologySpreadConstraints/0" in render_error(
-        {"trainer": {"topologySpreadConstraints": [{"maxSkew": 1}]}})
+        {"trainer": {"topologySpreadConstraints": [{"maxSkew": 1}]}}
+    )
 
 
 def test_added_capabilities_keep_every_other_capability_dropped() -> None:

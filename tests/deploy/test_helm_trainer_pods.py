@@ -45,8 +45,9 @@ def cleanup() -> Iterator[list[Release]]:
         release.stop_all()
 
 
-def _release(tmp: Path, redis: RedisServer, model: Path, cleanup: list[Release], steps: int = STEPS,
-             **trainer: object) -> Release:
+def _release(
+    tmp: Path, redis: RedisServer, model: Path, cleanup: list[Release], steps: int = STEPS, **trainer: object
+) -> Release:
     release = Release(tmp, render(values(redis.url, model, tmp / "runs", steps, **trainer)))
     cleanup.append(release)
     return release
@@ -70,7 +71,8 @@ def _steps(release: Release) -> list[int]:
 
 
 def test_pod_zero_ninety_seconds_late_still_gets_rank_zero_and_the_finished_run_stays_up_until_stopped(
-        release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]) -> None:
+    release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]
+) -> None:
     release = _release(release_dir, redis_server, demo_model, cleanup)
     release.start_services("inference", "reward")
     release.start_trainer_pod(1)
@@ -81,8 +83,9 @@ def test_pod_zero_ninety_seconds_late_still_gets_rank_zero_and_the_finished_run_
     release.start_trainer_pod(0)
     release.start_services("rollout")
 
-    release.wait(lambda: _finished(release, 0) and _finished(release, 1), 300, "both pods to finish the run",
-                 OTHER_SERVICES)
+    release.wait(
+        lambda: _finished(release, 0) and _finished(release, 1), 300, "both pods to finish the run", OTHER_SERVICES
+    )
 
     # finished, yet up (a StatefulSet would restart an exit): both agents still run, nothing crashed
     assert [release.procs[f"trainer-{i}"].poll() for i in (0, 1)] == [None, None]
@@ -107,7 +110,8 @@ def test_pod_zero_ninety_seconds_late_still_gets_rank_zero_and_the_finished_run_
 
 
 def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_checkpoint(
-        release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]) -> None:
+    release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]
+) -> None:
     release = _release(release_dir, redis_server, demo_model, cleanup, steps=LOST_RUN_STEPS)
     release.start_services("inference", "reward")
     for index in (0, 1):
@@ -123,8 +127,9 @@ def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_check
     release.start_trainer_pod(0, restart=True)  # the StatefulSet recreates it under the same name
     asyncio.run(_rollout_control(release, pause=False))
 
-    release.wait(lambda: _finished(release, 0) and _finished(release, 1), 420, "the regrouped pods to finish",
-                 OTHER_SERVICES)
+    release.wait(
+        lambda: _finished(release, 0) and _finished(release, 1), 420, "the regrouped pods to finish", OTHER_SERVICES
+    )
     log0 = release.log("trainer-0")
     assert "resumed from" in log0 and "step_00000" in log0  # from a checkpoint, not from scratch
     assert (release.output(0) / "checkpoints" / f"step_{LOST_RUN_STEPS:06d}").is_dir()
@@ -133,7 +138,8 @@ def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_check
 
 
 def test_pods_created_from_different_configs_never_form_a_group_and_fail_cleanly(
-        release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]) -> None:
+    release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]
+) -> None:
     timing = {"rendezvous": {"joinTimeoutSeconds": 20, "readTimeoutSeconds": 20}}
     before = values(redis_server.url, demo_model, release_dir / "runs", STEPS, **timing)
     after = copy.deepcopy(before)
@@ -148,8 +154,7 @@ def test_pods_created_from_different_configs_never_form_a_group_and_fail_cleanly
     old.start_trainer_pod(0)
     old.start_trainer_pod(1, script=new.trainer_script(), env=new.trainer_env())
 
-    old.wait(lambda: all(old.procs[f"trainer-{i}"].poll() is not None for i in (0, 1)), 180,
-             "both agents to give up")
+    old.wait(lambda: all(old.procs[f"trainer-{i}"].poll() is not None for i in (0, 1)), 180, "both agents to give up")
 
     assert all(old.procs[f"trainer-{i}"].poll() != 0 for i in (0, 1))
     logs = [old.log(f"trainer-{i}") for i in (0, 1)]

@@ -1,7 +1,6 @@
 """The Helm chart's workloads: the trainer's torchrun wiring and volumes, GPUs, Redis, pod security, probes,
 network policies, disruption budgets and credentials (rendered offline, see tests/deploy/chart.py)."""
 
-
 from __future__ import annotations
 
 import re
@@ -36,6 +35,7 @@ from tests.deploy.chart import (
 )
 
 # -- trainer: StatefulSet, torchrun, world size --------------------------------------------------------------------
+
 
 def test_multinode_trainer_runs_torchrun_with_c10d_rendezvous_at_pod_zero(tmp_path: Path) -> None:
     docs = rendered("multinode-gpu")
@@ -92,6 +92,7 @@ def test_single_pod_trainer_keeps_checkpoints_on_its_own_volume() -> None:
 
 # -- GPUs ----------------------------------------------------------------------------------------------------------
 
+
 def test_gpu_values_request_gpus_for_inference_and_every_trainer_rank() -> None:
     docs = rendered("multinode-gpu")
     for svc, count in (("inference", 1), ("trainer", 4)):
@@ -103,16 +104,20 @@ def test_gpu_values_request_gpus_for_inference_and_every_trainer_rank() -> None:
                 assert "nvidia.com/gpu" not in str(container.get("resources")), name
 
 
-@pytest.mark.parametrize("values", [
-    {"config": {"model": {"device": "cuda"}}},
-    {"inference": {"gpu": True}},
-    {"config": {"model": {"device": "cuda"}}, "inference": {"gpu": True}},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"config": {"model": {"device": "cuda"}}},
+        {"inference": {"gpu": True}},
+        {"config": {"model": {"device": "cuda"}}, "inference": {"gpu": True}},
+    ],
+)
 def test_device_and_gpu_requests_must_agree(values: dict[str, Any]) -> None:
     assert "gpu" in render_error(values)
 
 
 # -- Redis ---------------------------------------------------------------------------------------------------------
+
 
 def test_redis_statefulset_is_pinned_durable_and_on_a_volume() -> None:
     sts = workload(rendered("default"), "redis")
@@ -141,17 +146,21 @@ def test_external_redis_secret_passes_url_and_password_in_the_environment_only(t
         container = main_container(docs, svc)
         env = {e["name"]: e for e in container["env"]}
         assert env["RELAYRL_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "relayrl-redis", "key": "url"}
-        assert env["RELAYRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "relayrl-redis",
-                                                                              "key": "password"}
+        assert env["RELAYRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "relayrl-redis",
+            "key": "password",
+        }
         assert "redis" not in " ".join([*container.get("command", []), *container["args"]]).lower(), svc
     for svc in ("reward", "inference"):  # they never talk to Redis
         assert not [e for e in main_container(docs, svc)["env"] if e["name"].startswith("RELAYRL_REDIS")], svc
     (policy,) = [p for p in objects(docs, "NetworkPolicy") if component(p) == "rollout"]
-    assert {"ipBlock": {"cidr": "10.20.0.0/16"}} in [peer for rule in policy["spec"]["egress"]
-                                                       for peer in rule.get("to", [])]
+    assert {"ipBlock": {"cidr": "10.20.0.0/16"}} in [
+        peer for rule in policy["spec"]["egress"] for peer in rule.get("to", [])
+    ]
 
 
 # -- pods: security, probes, config mount --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_every_pod_is_restricted_and_mounts_no_service_account_token(name: str) -> None:
@@ -231,9 +240,10 @@ def test_network_policy_denies_by_default_and_allows_only_the_service_flows(name
     deny = [p for p in policies if "ingress" not in p["spec"] and "egress" not in p["spec"]]
     assert len(deny) == 1 and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     selector = deny[0]["spec"]["podSelector"]["matchLabels"]
-    for where, labels in [(k, d["spec"]["template"]["metadata"]["labels"]) for k, d in
-                          ((f"{d['kind']}/{d['metadata']['name']}", d) for d in docs if d["kind"] in WORKLOADS)] + \
-            [(f"Pod/{p['metadata']['name']}", p["metadata"]["labels"]) for p in objects(docs, "Pod")]:
+    for where, labels in [
+        (k, d["spec"]["template"]["metadata"]["labels"])
+        for k, d in ((f"{d['kind']}/{d['metadata']['name']}", d) for d in docs if d["kind"] in WORKLOADS)
+    ] + [(f"Pod/{p['metadata']['name']}", p["metadata"]["labels"]) for p in objects(docs, "Pod")]:
         assert selects(selector, labels), f"{where} escapes the default deny"
     by_component = {component(p): p for p in policies if component(p)}
     values = merged(_chart().values, value_set(name))
@@ -274,10 +284,12 @@ def test_credentials_come_from_a_secret_and_reach_only_the_services_that_need_th
     assert set(secret["data"]) == {"control-token", "weights-token", "code-token", "redis-password"}
     name = secret["metadata"]["name"]
 
-    wanted = {"inference": {"RELAYRL_WEIGHTS_TOKEN"},
-              "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
-              "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD"},
-              "reward": {"RELAYRL_CODE_TOKEN"}}
+    wanted = {
+        "inference": {"RELAYRL_WEIGHTS_TOKEN"},
+        "trainer": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+        "rollout": {"RELAYRL_CONTROL_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD"},
+        "reward": {"RELAYRL_CODE_TOKEN"},
+    }
     for svc, names in wanted.items():
         env = secret_env(main_container(docs, svc))
         assert set(env) == names, svc
@@ -303,4 +315,3 @@ def test_code_token_of_an_existing_secret_is_optional_but_the_generated_secret_a
         # a Secret made for an older chart lacks code-token: the pods still start, and RunCode stays refused
         assert code_token_ref({"credentials": {"existingSecret": "my-tokens"}}, svc)["optional"] is True
         assert "optional" not in code_token_ref({}, svc)  # the chart's own Secret: a missing key fails loudly
-

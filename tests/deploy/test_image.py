@@ -19,7 +19,7 @@ DOCKERFILE = REPO / "Dockerfile"
 
 def _runtime_stage() -> str:
     text = DOCKERFILE.read_text().replace("\\\n", "")  # Docker's line continuations
-    return text[text.index(" AS runtime"):]
+    return text[text.index(" AS runtime") :]
 
 
 def _sandbox_check() -> str:
@@ -47,8 +47,10 @@ def test_build_time_sandbox_check_finds_bwrap_prlimit_and_python() -> None:
 
 def test_build_time_sandbox_check_fails_without_a_bwrap() -> None:
     # the same check where neither PATH nor the wheel has a bwrap: the image build must stop
-    code = "import relayrl.reward.bwrap as m; m.packaged_bwrap = lambda: None; import os; " \
-           "os.environ['PATH'] = '/nonexistent'; " + _sandbox_check()
+    code = (
+        "import relayrl.reward.bwrap as m; m.packaged_bwrap = lambda: None; import os; "
+        "os.environ['PATH'] = '/nonexistent'; " + _sandbox_check()
+    )
 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
@@ -57,22 +59,28 @@ def test_build_time_sandbox_check_fails_without_a_bwrap() -> None:
 
 # -- layers, extras, init process, labels; compose and chart on the same images -------------------------------------
 
+
 def _builder_stage() -> str:
     text = DOCKERFILE.read_text().replace("\\\n", "")
-    return text[text.index(" AS builder"):text.index(" AS runtime")]
+    return text[text.index(" AS builder") : text.index(" AS runtime")]
 
 
 def test_dependencies_are_installed_in_a_layer_before_the_code_is_copied() -> None:
     stage = _builder_stage()
     deps = stage.index("pip install -r /tmp/requirements.txt")
     assert stage.index("COPY pyproject.toml") < deps < stage.index("COPY src")
-    assert "pip install --no-deps ." in stage[stage.index("COPY src"):]  # the code layer installs nothing else
+    assert "pip install --no-deps ." in stage[stage.index("COPY src") :]  # the code layer installs nothing else
     assert re.search(r"^ARG EXTRAS=", stage, flags=re.M) and '"${EXTRAS}"' in stage
 
 
 def _requirements(extras: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "image_requirements.py"), extras],
-                          input=(REPO / "pyproject.toml").read_text(), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "image_requirements.py"), extras],
+        input=(REPO / "pyproject.toml").read_text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_dependency_layer_installs_exactly_the_projects_requirements_and_the_chosen_extras() -> None:

@@ -33,6 +33,7 @@ EXIT_AFTER_TIMEOUT = 3  # exit code of a rank that caught a CollectiveTimeout
 # ----------------------------------------------------------------------------------------------------------------
 # The programs the ranks run (module level: spawned children import them by name)
 
+
 def _inputs(rank: int) -> dict[str, torch.Tensor]:
     return {
         "grad": torch.tensor([0.1, -2.5, 3.3, 7.0]) * (rank + 1),
@@ -85,15 +86,22 @@ def _program_rank1_stops_early(coll: Collectives, rank: int) -> dict[str, torch.
 
 
 PROGRAMS: dict[str, Callable[[Collectives, int], dict[str, torch.Tensor]]] = {
-    "same": _program_same, "op_mismatch": _program_op_mismatch, "rank1_skips": _program_rank1_skips,
+    "same": _program_same,
+    "op_mismatch": _program_op_mismatch,
+    "rank1_skips": _program_rank1_skips,
     "rank1_stops_early": _program_rank1_stops_early,
 }
 
 
 def _worker(rank: int, port: int, run_dir: str, program: str, timeout_s: float) -> None:
     """One rank: rendezvous over TCP, run ``program`` through Collectives, save the outcome to result<R>.pt."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD_SIZE,
+        timeout=timedelta(seconds=PG_TIMEOUT_S),
+    )
     coll = Collectives(dist.group.WORLD, timeout_s, record_dir=Path(run_dir) / "collectives")
     result = Path(run_dir) / f"result{rank}.pt"
     start = time.monotonic()
@@ -119,8 +127,10 @@ def _run_ranks(run_dir: Path, program: str, timeout_s: float) -> tuple[list[int 
     """
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(rank, port, str(run_dir), program, timeout_s), daemon=True)
-             for rank in range(WORLD_SIZE)]
+    procs = [
+        ctx.Process(target=_worker, args=(rank, port, str(run_dir), program, timeout_s), daemon=True)
+        for rank in range(WORLD_SIZE)
+    ]
     try:
         for p in procs:
             p.start()
@@ -134,16 +144,21 @@ def _run_ranks(run_dir: Path, program: str, timeout_s: float) -> tuple[list[int 
                 p.kill()
             p.join(10)
     assert not any(p.is_alive() for p in procs)
-    results = {rank: torch.load(run_dir / f"result{rank}.pt", weights_only=True)
-               for rank in range(WORLD_SIZE) if (run_dir / f"result{rank}.pt").exists()}
+    results = {
+        rank: torch.load(run_dir / f"result{rank}.pt", weights_only=True)
+        for rank in range(WORLD_SIZE)
+        if (run_dir / f"result{rank}.pt").exists()
+    }
     return exit_codes, results
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Real runs
 
+
 def test_two_ranks_same_sequence_get_reduced_values_and_records_agree(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     exit_codes, results = _run_ranks(tmp_path, "same", timeout_s=20.0)
 
     assert exit_codes == [0, 0], results
@@ -165,7 +180,11 @@ def test_two_ranks_same_sequence_get_reduced_values_and_records_agree(
     records = load_records(tmp_path)
     assert [c.op for c in records[0]] == ["all_reduce", "all_reduce", "broadcast", "all_reduce"]
     assert [(c.name, c.reduce_op, c.src) for c in records[1]] == [
-        ("grad", "SUM", None), ("loss", "MAX", None), ("weights", None, 0), ("stats", "SUM", None)]
+        ("grad", "SUM", None),
+        ("loss", "MAX", None),
+        ("weights", None, 0),
+        ("stats", "SUM", None),
+    ]
     assert records[0][3].shapes == ((3,),)  # the coalesced buffer: 2 + 1 elements
     assert find_divergence(records) is None
     capsys.readouterr()
@@ -173,12 +192,16 @@ def test_two_ranks_same_sequence_get_reduced_values_and_records_agree(
     assert "all 2 ranks agree on 4 collectives" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("program", "rank1_call"), [
-    ("op_mismatch", ("broadcast", "loss")),
-    ("rank1_skips", ("broadcast", "weights")),
-])
+@pytest.mark.parametrize(
+    ("program", "rank1_call"),
+    [
+        ("op_mismatch", ("broadcast", "loss")),
+        ("rank1_skips", ("broadcast", "weights")),
+    ],
+)
 def test_two_ranks_diverged_program_both_time_out_and_divergence_is_named(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], program: str, rank1_call: tuple[str, str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], program: str, rank1_call: tuple[str, str]
+) -> None:
     exit_codes, results = _run_ranks(tmp_path, program, timeout_s=RUN_TIMEOUT_S)
 
     assert exit_codes == [EXIT_AFTER_TIMEOUT, EXIT_AFTER_TIMEOUT], results
@@ -203,7 +226,8 @@ def test_two_ranks_diverged_program_both_time_out_and_divergence_is_named(
 
 
 def test_rank_that_returns_before_last_all_reduce_makes_peer_fail_and_is_reported_as_ended_early(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     exit_codes, results = _run_ranks(tmp_path, "rank1_stops_early", timeout_s=RUN_TIMEOUT_S)
 
     assert exit_codes == [EXIT_AFTER_TIMEOUT, 0], results
@@ -221,11 +245,27 @@ def test_rank_that_returns_before_last_all_reduce_makes_peer_fail_and_is_reporte
 # ----------------------------------------------------------------------------------------------------------------
 # find_divergence and main on hand-written records (no processes)
 
-def _rec(index: int, op: str = "all_reduce", name: str = "grad", shapes: list[list[int]] | None = None,
-         dtypes: list[str] | None = None, reduce_op: str | None = "SUM", src: int | None = None) -> dict[str, Any]:
-    return {"index": index, "op": op, "name": name, "group": "default", "world_size": 2,
-            "shapes": [[4]] if shapes is None else shapes, "dtypes": ["float32"] if dtypes is None else dtypes,
-            "reduce_op": reduce_op, "src": src}
+
+def _rec(
+    index: int,
+    op: str = "all_reduce",
+    name: str = "grad",
+    shapes: list[list[int]] | None = None,
+    dtypes: list[str] | None = None,
+    reduce_op: str | None = "SUM",
+    src: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "op": op,
+        "name": name,
+        "group": "default",
+        "world_size": 2,
+        "shapes": [[4]] if shapes is None else shapes,
+        "dtypes": ["float32"] if dtypes is None else dtypes,
+        "reduce_op": reduce_op,
+        "src": src,
+    }
 
 
 def test_find_divergence_identical_sequences_returns_none() -> None:
@@ -285,9 +325,15 @@ def _write_run(run_dir: Path, records_by_rank: dict[int, list[dict[str, Any]]], 
 
 
 def test_main_divergent_files_returns_1_and_names_index_and_both_calls(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _write_run(tmp_path, {0: [_rec(0), _rec(1, name="loss", reduce_op="MAX")],
-                          1: [_rec(0), _rec(1, op="broadcast", name="loss", reduce_op=None, src=0)]})
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_run(
+        tmp_path,
+        {
+            0: [_rec(0), _rec(1, name="loss", reduce_op="MAX")],
+            1: [_rec(0), _rec(1, op="broadcast", name="loss", reduce_op=None, src=0)],
+        },
+    )
 
     code = main([str(tmp_path)])
 
@@ -300,7 +346,8 @@ def test_main_divergent_files_returns_1_and_names_index_and_both_calls(
 
 
 def test_main_records_folder_given_directly_with_unterminated_last_line_returns_0(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # a rank killed while writing its last line leaves it unterminated; that line is dropped
     _write_run(tmp_path, {0: [_rec(0)], 1: [_rec(0)]}, tail='{"index": 1, "op": "all_')
 
@@ -310,8 +357,7 @@ def test_main_records_folder_given_directly_with_unterminated_last_line_returns_
     assert "all 2 ranks agree on 1 collectives" in capsys.readouterr().out
 
 
-def test_main_missing_rank_file_counts_rank_as_ended_early(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_missing_rank_file_counts_rank_as_ended_early(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _write_run(tmp_path, {0: [_rec(0)]})
 
     code = main([str(tmp_path)])
@@ -324,7 +370,8 @@ def test_main_missing_rank_file_counts_rank_as_ended_early(
 
 @pytest.mark.parametrize("make", ["missing_folder", "empty_folder", "malformed_line"])
 def test_main_no_readable_records_returns_2_with_message(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], make: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: str
+) -> None:
     if make == "empty_folder":
         (tmp_path / "collectives").mkdir()
     elif make == "malformed_line":

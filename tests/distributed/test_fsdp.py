@@ -65,14 +65,16 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_one_rank_two_sharded_and_two_replicated_ranks_agree_and_checkpoints_reshard(
-        tmp_path: Path, tiny_model_dir: Path) -> None:
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     single = Learner(load_model(ModelConfig(path=tiny_model_dir)), CFG, 0, torch.device("cpu"), 8)
     expected = _gradients(single, varied_episodes())
     single._optimizer_step()
     save_state(tmp_path / "dcp-1", single.model)  # 1 rank, no process group
 
-    mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, start_method="spawn", join=True
+    )
 
     got = torch.load(tmp_path / "rank0.pt")
     assert set(got["sharded"]) == set(got["replicated"]) == set(expected)

@@ -39,23 +39,37 @@ def _groups() -> list[EpisodeGroup]:
     eps = varied_episodes(12)
     groups = []
     for g in range(4):
-        members = eps[3 * g:3 * g + 3]
+        members = eps[3 * g : 3 * g + 3]
         for i, ep in enumerate(members):
             ep.sample_index = i
         groups.append(EpisodeGroup(group_id=f"g{g}", episodes=members, prompt_seq=g))
     return groups
 
 
-def _config(model_dir: str, out: str, redis_url: str, dp_shard: int, steps: int, resume: bool,
-            transport: str) -> RunConfig:
-    return load_run_config(None, [
-        f"model.path={model_dir}", f"redis.url={redis_url}", f"output_dir={out}",
-        f"trainer.total_steps={steps}", f"trainer.groups_per_step={GROUPS_PER_STEP}", "rollout.group_size=3",
-        "rollout.max_new_tokens=8", "rollout.max_staleness=8", "trainer.distributed.world_size=2",
-        f"trainer.distributed.dp_shard={dp_shard}", "trainer.checkpoint.every=1", "trainer.linger_s=0",
-        f"trainer.publication.transport={transport}",
-        f"trainer.publication.overlap={str(transport == 'shared_memory').lower()}",
-        "trainer.distributed.collective_timeout_s=60", *(["trainer.checkpoint.resume=auto"] if resume else [])])
+def _config(
+    model_dir: str, out: str, redis_url: str, dp_shard: int, steps: int, resume: bool, transport: str
+) -> RunConfig:
+    return load_run_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"redis.url={redis_url}",
+            f"output_dir={out}",
+            f"trainer.total_steps={steps}",
+            f"trainer.groups_per_step={GROUPS_PER_STEP}",
+            "rollout.group_size=3",
+            "rollout.max_new_tokens=8",
+            "rollout.max_staleness=8",
+            "trainer.distributed.world_size=2",
+            f"trainer.distributed.dp_shard={dp_shard}",
+            "trainer.checkpoint.every=1",
+            "trainer.linger_s=0",
+            f"trainer.publication.transport={transport}",
+            f"trainer.publication.overlap={str(transport == 'shared_memory').lower()}",
+            "trainer.distributed.collective_timeout_s=60",
+            *(["trainer.checkpoint.resume=auto"] if resume else []),
+        ],
+    )
 
 
 async def _train(cfg: RunConfig, rank: int, model_dir: Path) -> None:
@@ -72,9 +86,14 @@ async def _train(cfg: RunConfig, rank: int, model_dir: Path) -> None:
             await trainer.close()
         return
     async with inference_server(model_dir, weights_dir=cfg.weights_dir) as (target, inf):
-        cfg = replace(cfg, inference=replace(cfg.inference, server=replace(cfg.inference.server, address=target),
-                                             weights_server=replace(cfg.inference.weights_server,
-                                                                    address=inf.weights_target)))
+        cfg = replace(
+            cfg,
+            inference=replace(
+                cfg.inference,
+                server=replace(cfg.inference.server, address=target),
+                weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
+            ),
+        )
         trainer = Trainer(cfg, coll)
         try:
             await trainer.train()
@@ -87,13 +106,17 @@ async def _train(cfg: RunConfig, rank: int, model_dir: Path) -> None:
 
 # (output folder, dp_shard, total steps, resume, fresh stream, transport): one pair of processes runs them in turn
 # (spawning costs more than training here)
-PHASES = [("replicated", 1, 2, False, True, "grpc_stream"), ("sharded", 2, 1, False, True, "grpc_stream"),
-          ("sharded", 2, 2, True, False, "shared_memory")]
+PHASES = [
+    ("replicated", 1, 2, False, True, "grpc_stream"),
+    ("sharded", 2, 1, False, True, "grpc_stream"),
+    ("sharded", 2, 2, True, False, "shared_memory"),
+]
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out: str, redis_url: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
@@ -123,9 +146,15 @@ def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_sharded_ranks_train_publish_and_resume_like_replicated_ranks(
-        tmp_path: Path, tiny_model_dir: Path, redis_server: RedisServer) -> None:
-    mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path), redis_server.url),
-                       nprocs=2, start_method="spawn", join=True)
+    tmp_path: Path, tiny_model_dir: Path, redis_server: RedisServer
+) -> None:
+    mp.start_processes(
+        _rank_main,
+        args=(free_port(), str(tiny_model_dir), str(tmp_path), redis_server.url),
+        nprocs=2,
+        start_method="spawn",
+        join=True,
+    )
 
     sharded = tmp_path / "sharded" / "checkpoints"
     assert (sharded / "step_000001" / "dcp" / ".metadata").is_file()  # every rank's shards, by DCP

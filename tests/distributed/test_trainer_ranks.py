@@ -27,17 +27,27 @@ pytestmark = pytest.mark.distributed
 
 
 # the batch-normalised estimator (its moments are all-reduced) with a sequence-level loss, over packed rows
-ALGORITHMS = LossConfig(advantage=AdvantageEstimator.REINFORCE_PP_BASELINE, policy_loss=PolicyLoss.GSPO,
-                        loss_aggregation=LossAggregation.SEQUENCE_MEAN)
+ALGORITHMS = LossConfig(
+    advantage=AdvantageEstimator.REINFORCE_PP_BASELINE,
+    policy_loss=PolicyLoss.GSPO,
+    loss_aggregation=LossAggregation.SEQUENCE_MEAN,
+)
 
 
-def _grads(model_dir: Path, episodes: list[Episode], coll: Collectives, micro_batch: int,
-           micro_tokens: int = 0, packed: bool = False) -> dict[str, torch.Tensor]:
+def _grads(
+    model_dir: Path,
+    episodes: list[Episode],
+    coll: Collectives,
+    micro_batch: int,
+    micro_tokens: int = 0,
+    packed: bool = False,
+) -> dict[str, torch.Tensor]:
     model = load_model(ModelConfig(path=model_dir))
     cfg = TrainerConfig(micro_batch_size=micro_batch, micro_batch_tokens=micro_tokens)
     if packed:
-        cfg = TrainerConfig(micro_batch_tokens=micro_tokens, micro_batch_layout=MicroBatchLayout.PACKED,
-                            loss=ALGORITHMS)
+        cfg = TrainerConfig(
+            micro_batch_tokens=micro_tokens, micro_batch_layout=MicroBatchLayout.PACKED, loss=ALGORITHMS
+        )
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=8, collectives=coll)
     learner.rl_gradients(StepBatch.of(episodes))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -63,11 +73,22 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, mode: str) ->
 
 @pytest.mark.parametrize("mode", ["by_sequences", "by_tokens", "packed"])
 def test_two_ranks_and_one_rank_compute_the_same_gradient(tmp_path: Path, tiny_model_dir: Path, mode: str) -> None:
-    single = _grads(tiny_model_dir, varied_episodes(), Collectives(None, timeout_s=60), micro_batch=4,
-                    micro_tokens=30 if mode == "packed" else 0, packed=mode == "packed")
+    single = _grads(
+        tiny_model_dir,
+        varied_episodes(),
+        Collectives(None, timeout_s=60),
+        micro_batch=4,
+        micro_tokens=30 if mode == "packed" else 0,
+        packed=mode == "packed",
+    )
 
-    mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path), mode), nprocs=2,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _rank_main,
+        args=(free_port(), str(tiny_model_dir), str(tmp_path), mode),
+        nprocs=2,
+        start_method="spawn",
+        join=True,
+    )
 
     rank0 = torch.load(tmp_path / "grads0.pt")
     rank1 = torch.load(tmp_path / "grads1.pt")

@@ -38,8 +38,9 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     try:
         coll = Collectives(dist.group.WORLD, timeout_s=60)
         model = load_model(ModelConfig(path=Path(model_dir)))
-        learner = Learner(model, TrainerConfig(micro_batch_size=1), 0, torch.device("cpu"), max_completion_tokens=8,
-                          collectives=coll)
+        learner = Learner(
+            model, TrainerConfig(micro_batch_size=1), 0, torch.device("cpu"), max_completion_tokens=8, collectives=coll
+        )
         forward = learner_module.model_logprobs
         calls = [0]
 
@@ -67,9 +68,11 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
 
 
 def test_a_stop_asked_of_one_rank_mid_step_is_agreed_by_both_at_the_same_boundary(
-        tmp_path: Path, tiny_model_dir: Path) -> None:
-    mp.start_processes(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2,
-                       start_method="spawn", join=True)
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    mp.start_processes(
+        _rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, start_method="spawn", join=True
+    )
 
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     # rank 1 set its flag during micro-batch 2: both ranks stop at the boundary after it, with 3 of 6 done

@@ -35,8 +35,7 @@ def calc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return create_tiny_model(tmp_path_factory.mktemp("models") / "calc", TinyModelConfig(chars=CHARS))
 
 
-def test_calculator_example_learns_the_call_format_through_the_tools_workflow(tmp_path: Path,
-                                                                             calc_model: Path) -> None:
+def test_calculator_example_learns_the_call_format_through_the_tools_workflow(tmp_path: Path, calc_model: Path) -> None:
     out = tmp_path / "run"
 
     rows = run_example("examples/calculator_tools.yaml", calc_model, CI_STEPS, DUMPED, out)
@@ -46,8 +45,9 @@ def test_calculator_example_learns_the_call_format_through_the_tools_workflow(tm
     call_first, call_last = (statistics.mean(r["reward/call"] for r in w) for w in (rows[:10], rows[-10:]))
     assert call_last >= CI_FINAL_CALL and call_last > 3 * call_first, f"call {call_first:.3f} -> {call_last:.3f}"
     # every episode came from the tools workflow and ended with a finish reason of its own
-    assert all(sum(r["episode_ends"].values()) == r["episodes"] and "single_turn" not in r["episode_ends"]
-               for r in rows)
+    assert all(
+        sum(r["episode_ends"].values()) == r["episodes"] and "single_turn" not in r["episode_ends"] for r in rows
+    )
     assert rows[-1]["episodes_invalid"] == 0 and all(r["reward_errors"] == 0 for r in rows)
     # weight updates landed while episodes were generated, and the trainer saw several versions in one episode
     assert sum(r["episodes_multi_version"] for r in rows) > 0
@@ -59,4 +59,3 @@ def test_calculator_example_learns_the_call_format_through_the_tools_workflow(tm
     # weight updates landed mid-episode in the dumped sample too (4 and 9 of 480 in two runs, 0 in a CI run, with 4
     # dumped a step: hence 16): stamped per decode step
     assert sum(len(set(versions(ep))) > 1 for ep in dumped) > 0
-

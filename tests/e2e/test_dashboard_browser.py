@@ -32,9 +32,19 @@ pytestmark = pytest.mark.integration
 
 ROWS = 50
 WINDOW = (1280, 900)
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=5000")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    f"--window-size={WINDOW[0]},{WINDOW[1]}",
+    "--virtual-time-budget=5000",
+)
 
 
 def _rgb(hex_colour: str) -> tuple[int, int, int]:
@@ -66,24 +76,44 @@ def chromium() -> str:
             return found
     # never skip: `make test` installs it (scripts/ensure_system_deps.sh), and a dashboard nobody looked at is
     # not tested; missing here is a set-up bug
-    pytest.fail("chromium is not installed: run scripts/ensure_system_deps.sh (as root it runs apt-get install "
-                "chromium); the dashboard's browser tests need it")
+    pytest.fail(
+        "chromium is not installed: run scripts/ensure_system_deps.sh (as root it runs apt-get install "
+        "chromium); the dashboard's browser tests need it"
+    )
 
 
 def _synthetic_rows(n: int) -> list[dict[str, float]]:
-    return [{"step": i, "weight_version": i + 1, "reward_mean": 0.1 + 0.8 * (1 - math.exp(-i / 15)),
-             "reward_std": 0.15, "episodes": 128, "tokens": 256, "staleness_mean": 0.4 + 0.2 * math.sin(i / 4),
-             "staleness_max": 1 + (i % 3 == 0), "episodes_per_s": 900 + 150 * math.sin(i / 6),
-             "queue_lag": 3 + i % 7, "queue_pending": 16 + 4 * (i % 5), "time_s": 0.1 * i, "loss": 0.01}
-            for i in range(1, n + 1)]
+    return [
+        {
+            "step": i,
+            "weight_version": i + 1,
+            "reward_mean": 0.1 + 0.8 * (1 - math.exp(-i / 15)),
+            "reward_std": 0.15,
+            "episodes": 128,
+            "tokens": 256,
+            "staleness_mean": 0.4 + 0.2 * math.sin(i / 4),
+            "staleness_max": 1 + (i % 3 == 0),
+            "episodes_per_s": 900 + 150 * math.sin(i / 6),
+            "queue_lag": 3 + i % 7,
+            "queue_pending": 16 + 4 * (i % 5),
+            "time_s": 0.1 * i,
+            "loss": 0.01,
+        }
+        for i in range(1, n + 1)
+    ]
 
 
 @contextmanager
 def _dashboard(run_dir: Path) -> Iterator[str]:
     """`relayrl dashboard RUN_DIR --port 0`; yields the URL it prints; stops it with Ctrl-C (SIGINT)."""
-    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "dashboard", str(run_dir), "--port", "0"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "dashboard", str(run_dir), "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -97,8 +127,14 @@ def _dashboard(run_dir: Path) -> Iterator[str]:
 
 
 def _chromium(binary: str, tmp: Path, url: str, *args: str) -> str:
-    proc = subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args, url],
-                          capture_output=True, encoding="utf-8", errors="replace", timeout=120, cwd=tmp)
+    proc = subprocess.run(
+        [binary, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args, url],
+        capture_output=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=120,
+        cwd=tmp,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 

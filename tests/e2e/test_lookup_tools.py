@@ -42,7 +42,8 @@ def _check_layout(ep: dict[str, Any], tokens: list[str]) -> None:
 
 
 def test_lookup_example_learns_the_call_and_its_episodes_carry_per_turn_masks_and_versions(
-        tmp_path: Path, lookup_model: Path) -> None:
+    tmp_path: Path, lookup_model: Path
+) -> None:
     out = tmp_path / "run"
 
     rows = run_example("examples/lookup_tools.yaml", lookup_model, CI_STEPS, DUMPED, out)
@@ -50,8 +51,9 @@ def test_lookup_example_learns_the_call_and_its_episodes_carry_per_turn_masks_an
     assert first < 0.06 and last >= CI_FINAL_REWARD, f"reward {first:.3f} -> {last:.3f}"
     call_first, call_last = (statistics.mean(r["reward/call"] for r in w) for w in (rows[:10], rows[-10:]))
     assert call_last >= CI_FINAL_CALL and call_last > 3 * call_first, f"call {call_first:.3f} -> {call_last:.3f}"
-    assert all(sum(r["episode_ends"].values()) == r["episodes"] and "single_turn" not in r["episode_ends"]
-               for r in rows)
+    assert all(
+        sum(r["episode_ends"].values()) == r["episodes"] and "single_turn" not in r["episode_ends"] for r in rows
+    )
     assert rows[-1]["episodes_invalid"] == 0 and all(r["reward_errors"] == 0 for r in rows)
     tokenizer = load_tokenizer(str(lookup_model))
     dumped = dumped_episodes(out)

@@ -23,8 +23,9 @@ QUICKSTART_STEPS = 400
 
 
 def _relayrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "relayrl.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_quickstart_learns_and_honours_the_metrics_contract(tmp_path: Path, demo_model: Path) -> None:
@@ -32,8 +33,17 @@ def test_quickstart_learns_and_honours_the_metrics_contract(tmp_path: Path, demo
 
     # 400 of the example's 800 steps: it passes 0.9 at steps 230-320 (docs/benchmarks.md), so the final reward
     # of a working stack is far above the bar below, and CI saves a minute
-    proc = _relayrl("run", "examples/quickstart.yaml", "--set", f"model.path={demo_model}", "--out", str(out),
-                    "--set", f"trainer.total_steps={QUICKSTART_STEPS}", timeout=900)
+    proc = _relayrl(
+        "run",
+        "examples/quickstart.yaml",
+        "--set",
+        f"model.path={demo_model}",
+        "--out",
+        str(out),
+        "--set",
+        f"trainer.total_steps={QUICKSTART_STEPS}",
+        timeout=900,
+    )
 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "all services healthy" in proc.stdout and "step" in proc.stdout
@@ -41,8 +51,16 @@ def test_quickstart_learns_and_honours_the_metrics_contract(tmp_path: Path, demo
     rl = [r for r in rows if r.get("phase", "rl") == "rl"]
     assert [r["step"] for r in rl] == list(range(1, QUICKSTART_STEPS + 1))
     assert all(b["weight_version"] > a["weight_version"] for a, b in itertools.pairwise(rl))
-    required = {"step", "weight_version", "reward_mean", "episodes", "tokens", "staleness_mean", "staleness_max",
-                "time_s"}
+    required = {
+        "step",
+        "weight_version",
+        "reward_mean",
+        "episodes",
+        "tokens",
+        "staleness_mean",
+        "staleness_max",
+        "time_s",
+    }
     assert all(required <= set(r) for r in rl)
     assert max(r["staleness_max"] for r in rl) <= 1  # the quickstart's max_staleness
     first = statistics.mean(r["reward_mean"] for r in rl[:10])
@@ -65,9 +83,17 @@ def test_quickstart_learns_and_honours_the_metrics_contract(tmp_path: Path, demo
 
 
 def test_a_service_that_dies_stops_the_run_with_its_name(tmp_path: Path, demo_model: Path) -> None:
-    proc = _relayrl("run", "examples/quickstart.yaml", "--set", f"model.path={demo_model}",
-                    "--set", "reward.function=relayrl.tasks.no_such_module:reward", "--out", str(tmp_path / "run"),
-                    timeout=300)
+    proc = _relayrl(
+        "run",
+        "examples/quickstart.yaml",
+        "--set",
+        f"model.path={demo_model}",
+        "--set",
+        "reward.function=relayrl.tasks.no_such_module:reward",
+        "--out",
+        str(tmp_path / "run"),
+        timeout=300,
+    )
 
     assert proc.returncode == 1
     assert "service reward died" in proc.stdout
@@ -76,9 +102,24 @@ def test_a_service_that_dies_stops_the_run_with_its_name(tmp_path: Path, demo_mo
 
 def test_ctrl_c_stops_every_service(tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--set",
-                             f"model.path={demo_model}", "--set", "trainer.total_steps=100000", "--out", str(out)],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            "examples/quickstart.yaml",
+            "--set",
+            f"model.path={demo_model}",
+            "--set",
+            "trainer.total_steps=100000",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 180
     for line in proc.stdout:
@@ -94,13 +135,24 @@ def test_ctrl_c_stops_every_service(tmp_path: Path, demo_model: Path) -> None:
 
 
 @pytest.mark.parametrize("max_staleness", [0, 1, 2])
-def test_staleness_bound_versions_and_accounting_hold_end_to_end(tmp_path: Path, demo_model: Path,
-                                                                  max_staleness: int) -> None:
+def test_staleness_bound_versions_and_accounting_hold_end_to_end(
+    tmp_path: Path, demo_model: Path, max_staleness: int
+) -> None:
     out = tmp_path / "run"
 
-    proc = _relayrl("run", "examples/quickstart.yaml", "--set", f"model.path={demo_model}", "--set",
-                    f"rollout.max_staleness={max_staleness}", "--set", "trainer.total_steps=30", "--out", str(out),
-                    timeout=600)
+    proc = _relayrl(
+        "run",
+        "examples/quickstart.yaml",
+        "--set",
+        f"model.path={demo_model}",
+        "--set",
+        f"rollout.max_staleness={max_staleness}",
+        "--set",
+        "trainer.total_steps=30",
+        "--out",
+        str(out),
+        timeout=600,
+    )
 
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -109,8 +161,12 @@ def test_staleness_bound_versions_and_accounting_hold_end_to_end(tmp_path: Path,
     assert all(b["weight_version"] > a["weight_version"] for a, b in itertools.pairwise(rows))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["groups_pending"] <= summary["stream_length"] < summary["groups_produced"]  # acked ones trimmed
-    assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_invalid"] + summary["groups_pending"])
+    assert summary["groups_produced"] == (
+        summary["groups_trained"]
+        + summary["groups_dropped_stale"]
+        + summary["groups_invalid"]
+        + summary["groups_pending"]
+    )
     assert summary["groups_trained"] == 30 * 8
     assert summary["episodes_trained"] == 30 * 8 * 16
     assert "groups produced" in proc.stdout

@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 pytest.importorskip("peft")
 
 
-def test_smollm2_trains_a_lora_adapter_through_the_stack_with_its_chat_template(tmp_path: Path,
-                                                                              smollm2_import: Any) -> None:
+def test_smollm2_trains_a_lora_adapter_through_the_stack_with_its_chat_template(
+    tmp_path: Path, smollm2_import: Any
+) -> None:
     model = smollm2_import.out  # imported once for the session (tests/unit/test_model_import.py checks the import)
 
     proc, out = run_few_steps(model, tmp_path)

@@ -17,9 +17,27 @@ from tests.conftest import REPO
 def run_example(config: str, model: Path, steps: int, dumped: int, out: Path) -> list[dict[str, Any]]:
     """``relayrl run config`` on ``model`` for ``steps`` steps, dumping ``dumped`` trained episodes per step, into
     ``out``, as a user runs it; the run must succeed and write one metrics row per step, which come back."""
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", config, "--set", f"model.path={model}", "--set",
-                           f"trainer.total_steps={steps}", "--set", f"trainer.dump_episodes={dumped}", "--out",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            config,
+            "--set",
+            f"model.path={model}",
+            "--set",
+            f"trainer.total_steps={steps}",
+            "--set",
+            f"trainer.dump_episodes={dumped}",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == steps

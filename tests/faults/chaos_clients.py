@@ -33,8 +33,12 @@ from relayrl.common.pb import inference_pb2, inference_pb2_grpc, trainer_pb2, tr
 
 KINDS = ("health", "trainer_watch", "update_weights", "generate")
 # a service being restarted is retried within a second, not after grpc's exponential reconnect back-off
-CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1), ("grpc.initial_reconnect_backoff_ms", 500),
-                   ("grpc.min_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 1000)]
+CHANNEL_OPTIONS = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 OPEN_WAIT_S = 2.0  # a call that neither failed nor answered within this is held (UpdateWeights never answers)
 
 
@@ -50,8 +54,15 @@ class Target:
     ended: Counter[str] = field(default_factory=Counter)  # status code -> held calls that ended
 
     def stats(self) -> dict[str, Any]:
-        return {"kind": self.kind, "address": self.address, "slots": self.slots, "held": self.held,
-                "opened": self.opened, "refused": dict(self.refused), "ended": dict(self.ended)}
+        return {
+            "kind": self.kind,
+            "address": self.address,
+            "slots": self.slots,
+            "held": self.held,
+            "opened": self.opened,
+            "refused": dict(self.refused),
+            "ended": dict(self.ended),
+        }
 
 
 def parse_target(text: str) -> Target:
@@ -81,8 +92,10 @@ def _call(target: Target, channel: grpc.aio.Channel) -> Any:
         return trainer_pb2_grpc.TrainerServiceStub(channel).WatchStatus(trainer_pb2.WatchTrainerStatusRequest())
     if target.kind == "update_weights":
         return inference_pb2_grpc.InferenceServiceStub(channel).UpdateWeights(_NeverSend())
-    request = inference_pb2.GenerateRequest(prompt_text="1+2=", sampling=inference_pb2.SamplingParams(
-        n=1, temperature=1.0, max_new_tokens=200, ignore_eos=True))  # within the tiny model's 256
+    request = inference_pb2.GenerateRequest(
+        prompt_text="1+2=",
+        sampling=inference_pb2.SamplingParams(n=1, temperature=1.0, max_new_tokens=200, ignore_eos=True),
+    )  # within the tiny model's 256
     return inference_pb2_grpc.InferenceServiceStub(channel).GenerateStream(request)
 
 
@@ -140,8 +153,9 @@ async def main(stats: Path, lifetime_s: float, targets: list[Target]) -> None:
     tasks = []
     for target in targets:
         # separate connections (a local subchannel pool each), 64 calls a connection at most
-        channels = [grpc.aio.insecure_channel(target.address, options=CHANNEL_OPTIONS)
-                    for _ in range((target.slots + 63) // 64)]
+        channels = [
+            grpc.aio.insecure_channel(target.address, options=CHANNEL_OPTIONS) for _ in range((target.slots + 63) // 64)
+        ]
         tasks += [asyncio.create_task(_slot(target, channels[i // 64])) for i in range(target.slots)]
     tasks.append(asyncio.create_task(_report(targets, stats)))
     with contextlib.suppress(TimeoutError):

@@ -70,9 +70,14 @@ class ChaosStack:
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
-        cfg = load_run_config(REPO / "examples" / "quickstart.yaml", [
-            f"model.path={self.model}", f"rollout.dataset={REPO / 'examples' / 'data' / 'arithmetic.jsonl'}",
-            *self.overrides])
+        cfg = load_run_config(
+            REPO / "examples" / "quickstart.yaml",
+            [
+                f"model.path={self.model}",
+                f"rollout.dataset={REPO / 'examples' / 'data' / 'arithmetic.jsonl'}",
+                *self.overrides,
+            ],
+        )
         launcher = self.launcher = Launcher(cfg, self.out, progress=sys.stdout)
         self.umask = launcher._prepare_folder()  # output_dir_mode: the launcher's umask, for every child too
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
@@ -237,8 +242,13 @@ class ChaosStack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYRL_")}  # no credential at all
         self.holders = subprocess.Popen(
             [sys.executable, "-m", "tests.faults.chaos_clients", str(stats), str(lifetime_s), *targets],
-            cwd=REPO, env=env, stdout=(self.out / "logs" / "holders.log").open("ab"), stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
+            cwd=REPO,
+            env=env,
+            stdout=(self.out / "logs" / "holders.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGKILL),
+        )
         self.note(f"unauthenticated stream holders started (pid {self.holders.pid})")
         return stats
 
@@ -254,8 +264,10 @@ class ChaosStack:
             data = json.loads((self.out / "holders.json").read_text())
         except (OSError, ValueError):
             return "no holder stats"
-        return "; ".join(f"{name}: held {t['held']}/{t['slots']} (opened {t['opened']}) refused {t['refused']} "
-                         f"ended {t['ended']}" for name, t in data.items())
+        return "; ".join(
+            f"{name}: held {t['held']}/{t['slots']} (opened {t['opened']}) refused {t['refused']} ended {t['ended']}"
+            for name, t in data.items()
+        )
 
     # --- observation --------------------------------------------------------------------------------------------
     def target(self, name: str) -> str:
@@ -278,7 +290,8 @@ class ChaosStack:
         with grpc.insecure_channel(self.target("trainer")) as ch:
             try:
                 return trainer_pb2_grpc.TrainerServiceStub(ch).GetStatus(
-                    trainer_pb2.GetTrainerStatusRequest(), timeout=5.0, metadata=self._metadata())
+                    trainer_pb2.GetTrainerStatusRequest(), timeout=5.0, metadata=self._metadata()
+                )
             except grpc.RpcError:
                 return None
 
@@ -286,14 +299,16 @@ class ChaosStack:
         with grpc.insecure_channel(self.target("inference")) as ch:
             try:
                 return inference_pb2_grpc.InferenceServiceStub(ch).GetStatus(
-                    inference_pb2.GetInferenceStatusRequest(), timeout=5.0, metadata=self._metadata())
+                    inference_pb2.GetInferenceStatusRequest(), timeout=5.0, metadata=self._metadata()
+                )
             except grpc.RpcError:
                 return None
 
     def pause_rollout(self) -> rollout_pb2.RolloutStatus:
         with grpc.insecure_channel(self.target("rollout")) as ch:
             return rollout_pb2_grpc.RolloutServiceStub(ch).Pause(
-                rollout_pb2.PauseRequest(reason="chaos test: settle"), timeout=10.0, metadata=self._metadata())
+                rollout_pb2.PauseRequest(reason="chaos test: settle"), timeout=10.0, metadata=self._metadata()
+            )
 
     def summary(self) -> None:
         """summary.json, as `relayrl run` writes it when its services stopped."""

@@ -38,9 +38,12 @@ CHECKPOINT_EVERY = 5
 GROUPS_PER_STEP = 8
 KINDS = ("kill:rollout", "kill:reward", "kill:inference", "kill:trainer", "redis_fill", "holders")
 OVERRIDES = [
-    "trainer.total_steps=100000", f"trainer.checkpoint.every={CHECKPOINT_EVERY}", "trainer.checkpoint.resume=auto",
+    "trainer.total_steps=100000",
+    f"trainer.checkpoint.every={CHECKPOINT_EVERY}",
+    "trainer.checkpoint.resume=auto",
     f"trainer.dump_episodes={GROUPS_PER_STEP * 16}",  # every trained episode: the staleness evidence
-    "rollout.max_new_tokens=2", f"rollout.max_staleness={MAX_STALENESS}",
+    "rollout.max_new_tokens=2",
+    f"rollout.max_staleness={MAX_STALENESS}",
 ]
 
 
@@ -115,11 +118,19 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
             empty_at = None
         elif empty_at is not None:
             stack.top_up_redis()  # what the trainer's trims freed
-        if holders_until is not None and now >= holders_until and (
-                len(_rl(stack.out)) >= holders_rows + 3 or _trainer_deaths(stack) > holders_deaths
-                or now >= holders_hard_until):
-            stack.note(f"holders window over: {len(_rl(stack.out)) - holders_rows} trainer steps under the attack, "
-                       f"{_trainer_deaths(stack) - holders_deaths} trainer deaths")
+        if (
+            holders_until is not None
+            and now >= holders_until
+            and (
+                len(_rl(stack.out)) >= holders_rows + 3
+                or _trainer_deaths(stack) > holders_deaths
+                or now >= holders_hard_until
+            )
+        ):
+            stack.note(
+                f"holders window over: {len(_rl(stack.out)) - holders_rows} trainer steps under the attack, "
+                f"{_trainer_deaths(stack) - holders_deaths} trainer deaths"
+            )
             stack.stop_holders()
             holders_until = None
         if events and now >= events[0][0]:
@@ -138,8 +149,9 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
             elif kind == "holders" and holders_until is None:
                 holders_rows, holders_deaths = len(_rl(stack.out)), _trainer_deaths(stack)
                 stats = stack.start_holders(lifetime_s=duration_s + 120)
-                saturated = _wait("the holders to saturate every port", lambda s=stats: _holders_saturated(s), 20,
-                                  stack)
+                saturated = _wait(
+                    "the holders to saturate every port", lambda s=stats: _holders_saturated(s), 20, stack
+                )
                 stack.note(f"holders saturated every port: {saturated}; {stack.holder_stats()}")
                 # the window lasts its random length and until the trainer trained (so published) 3 steps under
                 # the attack or died, at most 90 s
@@ -155,36 +167,57 @@ def run_chaos(stack: ChaosStack, rng: random.Random, duration_s: float) -> dict[
 def _effective(out: Path, durable_step: int) -> list[str]:
     """Group ids whose effect is in the durable state: each trainer incarnation's groups up to the checkpoint the
     next one resumed from, the last one's up to the last durable checkpoint (tests/faults/test_recovery.py)."""
-    records = [json.loads(line) for p in sorted((out / "trained").glob("rank*.jsonl"))
-               for line in p.read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line)
+        for p in sorted((out / "trained").glob("rank*.jsonl"))
+        for line in p.read_text().splitlines()
+        if line.strip()
+    ]
     order: list[str] = []
     resumed: dict[str, int] = {}
     for r in records:
         order += [r["incarnation"]] if r["incarnation"] not in order else []
         resumed[r["incarnation"]] = r["resumed_from_step"]
     limits = [resumed[nxt] for nxt in order[1:]] + [durable_step]
-    return [g for inc, limit in zip(order, limits, strict=True) for r in records
-            if r["incarnation"] == inc and r["step"] <= limit for g, _ in r["groups"]]
+    return [
+        g
+        for inc, limit in zip(order, limits, strict=True)
+        for r in records
+        if r["incarnation"] == inc and r["step"] <= limit
+        for g, _ in r["groups"]
+    ]
 
 
 def check_books(out: Path, failures: list[str]) -> dict[str, Any]:
     summary = json.loads((out / "summary.json").read_text())
-    right = (summary["groups_trained"] + summary["groups_dropped_stale"] + summary["groups_dropped_reward_error"]
-             + summary["groups_dropped_zero_advantage"] + summary["groups_invalid"] + summary["groups_pending"])
+    right = (
+        summary["groups_trained"]
+        + summary["groups_dropped_stale"]
+        + summary["groups_dropped_reward_error"]
+        + summary["groups_dropped_zero_advantage"]
+        + summary["groups_invalid"]
+        + summary["groups_pending"]
+    )
     left = summary["groups_produced"] + summary["groups_foreign"]
     if left != right:
-        failures.append(f"books: produced {summary['groups_produced']} + foreign {summary['groups_foreign']} = "
-                        f"{left} != trained + dropped + invalid + pending = {right}: {summary}")
+        failures.append(
+            f"books: produced {summary['groups_produced']} + foreign {summary['groups_foreign']} = "
+            f"{left} != trained + dropped + invalid + pending = {right}: {summary}"
+        )
     if summary["groups_foreign"] or summary["groups_invalid"]:
-        failures.append(f"books: foreign {summary['groups_foreign']}, invalid {summary['groups_invalid']} "
-                        "(nobody but rollout wrote the stream)")
+        failures.append(
+            f"books: foreign {summary['groups_foreign']}, invalid {summary['groups_invalid']} "
+            "(nobody but rollout wrote the stream)"
+        )
     effective = _effective(out, summary["checkpoint_step"])
     twice = [g for g, n in Counter(effective).items() if n > 1]
     if twice:
         failures.append(f"books: {len(twice)} groups trained twice in the durable state: {twice[:5]}")
     if len(effective) != summary["groups_trained"]:
-        failures.append(f"books: the audit trail holds {len(effective)} durable trained groups, the books "
-                        f"{summary['groups_trained']}")
+        failures.append(
+            f"books: the audit trail holds {len(effective)} durable trained groups, the books "
+            f"{summary['groups_trained']}"
+        )
     return summary
 
 
@@ -196,8 +229,10 @@ def check_staleness(out: Path, versions: dict[int, tuple[int, int]], failures: l
     for row in _rl(out):
         over = {k: n for k, n in row.staleness_hist.items() if int(k) > MAX_STALENESS}
         if row.staleness_max > MAX_STALENESS or over:
-            failures.append(f"staleness: step {row.step} trained staleness {row.staleness_max} (hist {over}) "
-                            f"> max_staleness {MAX_STALENESS}")
+            failures.append(
+                f"staleness: step {row.step} trained staleness {row.staleness_max} (hist {over}) "
+                f"> max_staleness {MAX_STALENESS}"
+            )
     checked = 0
     bad: list[str] = []
     for p in sorted((out / "trained" / "episodes").glob("rank*.jsonl")):
@@ -228,8 +263,10 @@ def check_progress(out: Path, kill_steps: list[int], durable_step: int, failures
     final = rows[-1].step if rows else 0
     last_kill = max(kill_steps, default=0)
     if final <= last_kill or durable_step <= last_kill:
-        failures.append(f"progress: final step {final}, last durable checkpoint {durable_step}: not past the last "
-                        f"trainer kill (at step {last_kill}; kills at steps {kill_steps})")
+        failures.append(
+            f"progress: final step {final}, last durable checkpoint {durable_step}: not past the last "
+            f"trainer kill (at step {last_kill}; kills at steps {kill_steps})"
+        )
 
 
 def _versions(stack: ChaosStack) -> dict[int, tuple[int, int]]:
@@ -249,10 +286,15 @@ def settle(stack: ChaosStack, failures: list[str]) -> None:
     for name in SERVICE_ORDER:
         if not stack.wait_healthy(name, 120):
             failures.append(f"health: {name} not SERVING within 120 s after the chaos:\n{stack.log_tail(name)}")
-    if not _wait("training to pass a checkpoint after the chaos",
-                 lambda: (s := stack.trainer_status()) is not None and s.last_checkpoint_step > end_step, 300, stack):
-        failures.append(f"progress: no checkpoint after the chaos (step {end_step}) within 300 s; trainer "
-                        f"{stack.trainer_status()}")
+    if not _wait(
+        "training to pass a checkpoint after the chaos",
+        lambda: (s := stack.trainer_status()) is not None and s.last_checkpoint_step > end_step,
+        300,
+        stack,
+    ):
+        failures.append(
+            f"progress: no checkpoint after the chaos (step {end_step}) within 300 s; trainer {stack.trainer_status()}"
+        )
     try:
         stack.pause_rollout()
     except Exception as exc:
@@ -264,13 +306,16 @@ def settle(stack: ChaosStack, failures: list[str]) -> None:
 
     if not _wait("the served version to equal the trainer's", same, 60, stack):
         t, i = stack.trainer_status(), stack.inference_status()
-        failures.append(f"served version: inference serves {i.weight_version if i else None}, the trainer "
-                        f"published {t.weight_version if t else None}")
+        failures.append(
+            f"served version: inference serves {i.weight_version if i else None}, the trainer "
+            f"published {t.weight_version if t else None}"
+        )
 
 
 @pytest.mark.timeout(1800)
 def test_chaos_under_load_keeps_the_books_the_staleness_bound_and_the_served_version(
-        tmp_path: Path, demo_model: Path) -> None:
+    tmp_path: Path, demo_model: Path
+) -> None:
     duration_s = float(os.environ.get("RELAYRL_CHAOS_S", "60"))
     chosen = os.environ.get("RELAYRL_CHAOS_SEED", "7")
     seed = random.SystemRandom().randrange(2**31) if chosen == "random" else int(chosen)
@@ -294,10 +339,14 @@ def test_chaos_under_load_keeps_the_books_the_staleness_bound_and_the_served_ver
         summary = check_books(stack.out, failures)
         checked = check_staleness(stack.out, versions, failures)
         check_progress(stack.out, chaos["trainer_kill_steps"], summary["checkpoint_step"], failures)
-        failures += [f"death: {d.name} exited by itself with code {d.code} at {d.at_s:.0f} s:\n{d.log_tail}"
-                     for d in stack.deaths]
-        stack.note(f"books {summary}; {checked} trained episodes checked for staleness; "
-                   f"{len(stack.deaths)} deaths; whole test {time.monotonic() - t0:.0f} s")
+        failures += [
+            f"death: {d.name} exited by itself with code {d.code} at {d.at_s:.0f} s:\n{d.log_tail}"
+            for d in stack.deaths
+        ]
+        stack.note(
+            f"books {summary}; {checked} trained episodes checked for staleness; "
+            f"{len(stack.deaths)} deaths; whole test {time.monotonic() - t0:.0f} s"
+        )
     finally:
         stack.kill_everything()
     assert failures == [], f"seed {seed}:\n" + "\n".join(failures) + "\n\nchaos log:\n" + "\n".join(stack.log)
@@ -305,10 +354,11 @@ def test_chaos_under_load_keeps_the_books_the_staleness_bound_and_the_served_ver
 
 @pytest.mark.parametrize("duration_s", [30.0, 60.0, 180.0])
 def test_chaos_schedule_has_every_fault_kind_in_order_within_the_duration_and_repeats_by_seed(
-        duration_s: float) -> None:
+    duration_s: float,
+) -> None:
     for seed in range(50):
         events = schedule(random.Random(seed), duration_s)
-        assert sorted(k for _, k in events[:len(KINDS)]) == sorted(KINDS)  # the first round: each kind once
+        assert sorted(k for _, k in events[: len(KINDS)]) == sorted(KINDS)  # the first round: each kind once
         assert {k for _, k in events} == set(KINDS)
         times = [t for t, _ in events]
         assert times == sorted(times) and times[0] > 0 and times[-1] < duration_s

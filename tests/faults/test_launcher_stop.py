@@ -46,8 +46,9 @@ def _launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str) 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    cfg = load_run_config(None, [f"model.path={model}", f"rollout.dataset={REPO / 'examples/data/arithmetic.jsonl'}",
-                                 *overrides])
+    cfg = load_run_config(
+        None, [f"model.path={model}", f"rollout.dataset={REPO / 'examples/data/arithmetic.jsonl'}", *overrides]
+    )
     launcher = Launcher(cfg, tmp_path / "run", progress=io.StringIO())
     (tmp_path / "run" / "logs").mkdir(parents=True)
     return launcher
@@ -56,8 +57,9 @@ def _launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str) 
 def _start(launcher: Launcher, name: str, delay_s: float, peer: str) -> Child:
     folder = launcher.out
     log = (folder / "logs" / f"{name}.log").open("ab")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, name, str(delay_s), peer, str(folder)], stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, name, str(delay_s), peer, str(folder)], stdout=log, stderr=subprocess.STDOUT
+    )
     child = launcher.children[name] = Child(name, proc, log)
     while not (folder / f"{name}.ready").exists():  # its SIGTERM handler is installed
         assert proc.poll() is None
@@ -66,12 +68,16 @@ def _start(launcher: Launcher, name: str, delay_s: float, peer: str) -> Child:
 
 @pytest.mark.slow
 def test_a_trainer_that_needs_longer_than_15s_to_stop_is_waited_for_as_its_measured_steps_say(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     launcher = _launcher(tmp_path, monkeypatch, "trainer.stop_grace_s=5")
     # 20 s steps measured: the trainer may be 20 s from its next micro-batch boundary, then checkpoints
-    launcher.cfg.metrics_path.write_text("".join(
-        json.dumps(RlRow(step=s, step_time_s=20.0, weight_sync_s=0.5, time_checkpoint_s=2.0).to_json()) + "\n"
-        for s in (1, 2)))
+    launcher.cfg.metrics_path.write_text(
+        "".join(
+            json.dumps(RlRow(step=s, step_time_s=20.0, weight_sync_s=0.5, time_checkpoint_s=2.0).to_json()) + "\n"
+            for s in (1, 2)
+        )
+    )
     trainer = _start(launcher, "trainer", 16.5, "none")  # past the old constant 15 s, within 1.5 x 22.5 s
 
     launcher.shutdown()
@@ -84,7 +90,8 @@ def test_a_trainer_that_needs_longer_than_15s_to_stop_is_waited_for_as_its_measu
 
 
 def test_the_trainer_stops_before_inference_which_its_final_checkpoint_may_need(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     launcher = _launcher(tmp_path, monkeypatch)
     inference = _start(launcher, "inference", 0.0, "trainer")
     trainer = _start(launcher, "trainer", 0.5, "inference")

@@ -28,9 +28,27 @@ BASE = ["--set", "trainer.checkpoint.every=5", "--set", "rollout.max_new_tokens=
 
 
 def _start(out: Path, model: Path, steps: int, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
-                             "--set", f"model.path={model}", "--set", f"trainer.total_steps={steps}", *BASE, *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            "examples/quickstart.yaml",
+            "--out",
+            str(out),
+            "--set",
+            f"model.path={model}",
+            "--set",
+            f"trainer.total_steps={steps}",
+            *BASE,
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
@@ -56,8 +74,9 @@ def _kill9(pattern: str) -> None:
 
 def _effective_groups(out: Path) -> list[tuple[str, int]]:
     """(group id, prompt seq) of every group whose effect is in the final weights, in training order."""
-    records = [json.loads(line) for p in sorted((out / "trained").glob("rank*.jsonl"))
-               for line in p.read_text().splitlines()]
+    records = [
+        json.loads(line) for p in sorted((out / "trained").glob("rank*.jsonl")) for line in p.read_text().splitlines()
+    ]
     incarnations: list[str] = []
     for r in records:
         if r["incarnation"].rsplit("-", 1)[0] not in incarnations:
@@ -68,27 +87,34 @@ def _effective_groups(out: Path) -> list[tuple[str, int]]:
     effective: list[tuple[str, int]] = []
     for i, inc in enumerate(incarnations):
         limit = resumed_from[incarnations[i + 1]] if i + 1 < len(incarnations) else float("inf")
-        effective += [(g, s) for r in records if r["incarnation"].rsplit("-", 1)[0] == inc and r["step"] <= limit
-                      for g, s in r["groups"]]
+        effective += [
+            (g, s)
+            for r in records
+            if r["incarnation"].rsplit("-", 1)[0] == inc and r["step"] <= limit
+            for g, s in r["groups"]
+        ]
     return effective
 
 
 def _aof_commands(aof_dir: Path) -> list[list[bytes]]:
     """Every command in the run's append-only files (RESP arrays of bulk strings), in the manifest's order; a
     command cut short at the end (a kill) is left out."""
-    names = [line.split()[1] for line in (aof_dir / "appendonly.aof.manifest").read_text().splitlines()
-             if line.split()[-1] == "i"]
+    names = [
+        line.split()[1]
+        for line in (aof_dir / "appendonly.aof.manifest").read_text().splitlines()
+        if line.split()[-1] == "i"
+    ]
     commands: list[list[bytes]] = []
     for name in names:
         data, pos = (aof_dir / name).read_bytes(), 0
         try:
             while pos < len(data):
                 end = data.index(b"\r\n", pos)
-                count, pos, command = int(data[pos + 1:end]), end + 2, []
+                count, pos, command = int(data[pos + 1 : end]), end + 2, []
                 for _ in range(count):
                     end = data.index(b"\r\n", pos)
-                    size = int(data[pos + 1:end])
-                    command.append(data[end + 2:end + 2 + size])
+                    size = int(data[pos + 1 : end])
+                    command.append(data[end + 2 : end + 2 + size])
                     pos = end + 2 + size + 2
                 if pos > len(data):
                     break
@@ -111,8 +137,11 @@ def _stream_contents(out: Path) -> tuple[list[int], int]:
     server.start()
     try:
         client = redis.Redis(port=server.port)
-        appended = [dict(zip(c[3::2], c[4::2], strict=True)) for c in _aof_commands(out / "redis" / "appendonlydir")
-                    if c[0].upper() == b"XADD" and c[1] == keys.stream.encode()]
+        appended = [
+            dict(zip(c[3::2], c[4::2], strict=True))
+            for c in _aof_commands(out / "redis" / "appendonlydir")
+            if c[0].upper() == b"XADD" and c[1] == keys.stream.encode()
+        ]
         assert len(appended) >= client.xlen(keys.stream)  # every entry still there was logged
         seqs = [EpisodeGroup.FromString(fields[STREAM_FIELD]).prompt_seq for fields in appended]
         watermark = int(client.hget(keys.rollout_progress, PROGRESS_WATERMARK) or 0)
@@ -136,8 +165,12 @@ def _check_books(out: Path, steps: int, groups_per_step: int = 8) -> dict[str, A
     # lost: 0 — every produced group is trained (once), dropped as stale, invalid, or still pending (and still in
     # the stream: only acknowledged entries are trimmed)
     assert summary["groups_pending"] <= summary["stream_length"] <= summary["groups_produced"]
-    assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_invalid"] + summary["groups_pending"])
+    assert summary["groups_produced"] == (
+        summary["groups_trained"]
+        + summary["groups_dropped_stale"]
+        + summary["groups_invalid"]
+        + summary["groups_pending"]
+    )
     assert summary["groups_invalid"] == 0
     return summary
 
@@ -177,7 +210,8 @@ def test_rollout_killed_mid_run_neither_skips_nor_repeats_prompts(tmp_path: Path
 
 
 def test_n_steps_then_resume_for_n_more_consumes_the_same_prompts_as_2n_straight(
-        tmp_path: Path, demo_model: Path) -> None:
+    tmp_path: Path, demo_model: Path
+) -> None:
     # on-policy (max_staleness 0): exactly one step of groups is admitted at a time, so the prompt order is fixed
     sync = ["--set", "rollout.max_staleness=0", "--set", "trainer.checkpoint.every=10"]
     straight = tmp_path / "straight"
@@ -212,11 +246,19 @@ def _rank_pid(pattern: str, rank: int) -> int:
 
 
 def test_killing_one_of_two_ranks_stops_the_run_with_a_clear_error_within_the_timeout(
-        tmp_path: Path, demo_model: Path) -> None:
+    tmp_path: Path, demo_model: Path
+) -> None:
     out = tmp_path / "run"
     timeout_s = 20
-    proc = _start(out, demo_model, 10_000, "--set", "trainer.distributed.world_size=2",
-                  "--set", f"trainer.distributed.collective_timeout_s={timeout_s}")
+    proc = _start(
+        out,
+        demo_model,
+        10_000,
+        "--set",
+        "trainer.distributed.world_size=2",
+        "--set",
+        f"trainer.distributed.collective_timeout_s={timeout_s}",
+    )
     _wait_for_step(out, 3, proc)
 
     os.kill(_rank_pid(f"serve trainer {out}", 1), signal.SIGKILL)
@@ -233,7 +275,8 @@ def test_killing_one_of_two_ranks_stops_the_run_with_a_clear_error_within_the_ti
 
 
 def test_redis_killed_mid_run_loses_no_acknowledged_group_and_the_run_completes(
-        tmp_path: Path, demo_model: Path) -> None:
+    tmp_path: Path, demo_model: Path
+) -> None:
     import yaml
 
     out = tmp_path / "run"
@@ -257,7 +300,8 @@ def test_redis_killed_mid_run_loses_no_acknowledged_group_and_the_run_completes(
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_ctrl_c_mid_run_stops_the_trainer_gracefully_and_the_resume_trains_no_step_again(
-        tmp_path: Path, demo_model: Path, ranks: int) -> None:
+    tmp_path: Path, demo_model: Path, ranks: int
+) -> None:
     """Hold under attack, finding 5: Ctrl-C used to cancel the trainer without a checkpoint (and a step longer than
     15 s was SIGKILLed), so a resume trained every step since the last periodic checkpoint again. Now the trainer
     stops at its next micro-batch boundary with a final checkpoint of its last step, acknowledged."""
@@ -286,7 +330,11 @@ def test_ctrl_c_mid_run_stops_the_trainer_gracefully_and_the_resume_trains_no_st
     assert len(groups) == len(set(groups)) == 30 * 8  # every group trained once, none lost
     summary = json.loads((out / "summary.json").read_text())
     assert summary["groups_trained"] == 30 * 8 and summary["groups_invalid"] == 0
-    assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_invalid"] + summary["groups_pending"])
+    assert summary["groups_produced"] == (
+        summary["groups_trained"]
+        + summary["groups_dropped_stale"]
+        + summary["groups_invalid"]
+        + summary["groups_pending"]
+    )
     assert f"stopped at step {last} with a final checkpoint" in (out / "logs" / "trainer.log").read_text()
     assert "killing it" not in first and "for the trainer to stop gracefully" in first, first[-3000:]

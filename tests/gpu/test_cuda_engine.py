@@ -17,8 +17,9 @@ pytestmark = pytest.mark.gpu
 
 def test_cuda_engine_logprobs_match_a_cpu_forward_of_the_same_samples(tiny_model_dir: Path) -> None:
     tokenizer = load_tokenizer(tiny_model_dir)
-    gpu_engine = NativeEngine(load_model(ModelConfig(path=tiny_model_dir, device="cuda")), tokenizer,
-                              torch.device("cuda"))
+    gpu_engine = NativeEngine(
+        load_model(ModelConfig(path=tiny_model_dir, device="cuda")), tokenizer, torch.device("cuda")
+    )
     cpu_model = load_model(ModelConfig(path=tiny_model_dir))
 
     [samples] = generate(gpu_engine, [GenerationInput(prompt_ids=[3, 4, 5], n=8, max_new_tokens=6)])

@@ -28,30 +28,51 @@ from relayrl.reward.server import RewardServicer, create_reward_server
 
 
 @asynccontextmanager
-async def inference_server(model_dir: Path, port: int = 0, weights_dir: Path | None = None, http: bool = False,
-                           server_limits: dict[str, int] | None = None, weights_port: int = 0,
-                           weights_limits: dict[str, int] | None = None, lora: Any = None,
-                           **overrides: object) -> AsyncIterator[tuple[str, InferenceService]]:
+async def inference_server(
+    model_dir: Path,
+    port: int = 0,
+    weights_dir: Path | None = None,
+    http: bool = False,
+    server_limits: dict[str, int] | None = None,
+    weights_port: int = 0,
+    weights_limits: dict[str, int] | None = None,
+    lora: Any = None,
+    **overrides: object,
+) -> AsyncIterator[tuple[str, InferenceService]]:
     """A native-engine inference server on loopback: yields the main server's target; the weights server's
     (UpdateWeights) is ``service.weights_target``, the two handles ``service.grpc_handles``. With ``http`` its REST
     API too (``service.http_port``);
     ``server_limits`` / ``weights_limits`` override fields of the main / weights gRPC server sections
     (max_receive_mib, max_authenticated_rpcs, max_streams...); ``lora`` (a LoraConfig) serves base + adapter."""
     defaults = InferenceConfig()  # the service's own limits, on loopback and free ports
-    cfg = InferenceConfig(server=replace(defaults.server, port=port, **(server_limits or {})),
-                          weights_server=replace(defaults.weights_server, port=weights_port, **(weights_limits or {})),
-                          http=replace(defaults.http, host="127.0.0.1", port=0), **overrides)  # type: ignore[arg-type]
+    cfg = InferenceConfig(
+        server=replace(defaults.server, port=port, **(server_limits or {})),
+        weights_server=replace(defaults.weights_server, port=weights_port, **(weights_limits or {})),
+        http=replace(defaults.http, host="127.0.0.1", port=0),
+        **overrides,
+    )  # type: ignore[arg-type]
     tokenizer = load_tokenizer(model_dir)
     model = load_model(ModelConfig(path=model_dir))
     if lora is not None:  # a LoraConfig: base + adapter served, as relayrl.inference.main builds it
         from relayrl.common.lora import with_lora
 
         model = with_lora(model, lora)
-    engine = NativeEngine(model, tokenizer, torch.device("cpu"),
-                          kv_on_update=cfg.kv_on_update, max_batch_sequences=cfg.max_batch_sequences,
-                          max_prefill_tokens=cfg.max_prefill_tokens)
-    service = InferenceService(cfg, engine, tokenizer, str(model_dir), weights_dir=weights_dir,
-                               weights_token=ControlConfig().effective_weights_token())
+    engine = NativeEngine(
+        model,
+        tokenizer,
+        torch.device("cpu"),
+        kv_on_update=cfg.kv_on_update,
+        max_batch_sequences=cfg.max_batch_sequences,
+        max_prefill_tokens=cfg.max_prefill_tokens,
+    )
+    service = InferenceService(
+        cfg,
+        engine,
+        tokenizer,
+        str(model_dir),
+        weights_dir=weights_dir,
+        weights_token=ControlConfig().effective_weights_token(),
+    )
     handle, weights = create_inference_servers(service)
     service.grpc_handles = (handle, weights)  # type: ignore[attr-defined]  # their admission state, for tests
     rest = HttpServer(create_app(service), cfg.http, "inference") if http else None
@@ -78,16 +99,22 @@ def function_spec(function: str | Callable[..., object]) -> str:
 
 
 @asynccontextmanager
-async def reward_server(function: str | Callable[..., object] = "relayrl.tasks.arithmetic:reward",
-                        tls: TlsConfig | None = None, code_token: str = "",
-                        **overrides: object) -> AsyncIterator[tuple[str, RewardServicer]]:
+async def reward_server(
+    function: str | Callable[..., object] = "relayrl.tasks.arithmetic:reward",
+    tls: TlsConfig | None = None,
+    code_token: str = "",
+    **overrides: object,
+) -> AsyncIterator[tuple[str, RewardServicer]]:
     """The reward gRPC service on port 0 with its verifier pool (2 workers unless overridden); TLS with ``tls``;
     RunCode open to ``code_token`` (empty: refused)."""
     options: dict[str, object] = {"workers": 2, **overrides}
     defaults = RewardConfig()
-    cfg = RewardConfig(server=replace(defaults.server, port=0), http=replace(defaults.http, host="127.0.0.1", port=0),
-                       function=function_spec(function),
-                       **options)  # type: ignore[arg-type]
+    cfg = RewardConfig(
+        server=replace(defaults.server, port=0),
+        http=replace(defaults.http, host="127.0.0.1", port=0),
+        function=function_spec(function),
+        **options,
+    )  # type: ignore[arg-type]
     handle, servicer = create_reward_server(cfg, tls, code_token)
     await servicer.start()
     await handle.start()

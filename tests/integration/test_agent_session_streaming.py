@@ -35,14 +35,21 @@ def _client(base_url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base_url, api_key="unused", timeout=30, max_retries=0)
 
 
-async def _session(model_dir: Path, agent: Callable[[str, Any, AgentWorkflow], Awaitable[float]]
-                   ) -> tuple[list[episode_pb2.Episode], AgentWorkflow]:
+async def _session(
+    model_dir: Path, agent: Callable[[str, Any, AgentWorkflow], Awaitable[float]]
+) -> tuple[list[episode_pb2.Episode], AgentWorkflow]:
     """One session of ``agent(base_url, inference service, workflow)`` through AgentWorkflow's proxy."""
     async with inference_server(model_dir) as (target, service), InferenceClient(target) as inference:
-        workflow = AgentWorkflow(AgentConfig(), load_tokenizer(model_dir), GREEDY, max_episode_tokens=96,
-                                 agent=lambda url, row: agent(url, service, workflow))  # type: ignore[arg-type]
-        ctx = WorkflowContext(inference=inference, reward=None, group_id="g1", group_size=1, producer_id="test",
-                              created_at=time.time())
+        workflow = AgentWorkflow(
+            AgentConfig(),
+            load_tokenizer(model_dir),
+            GREEDY,
+            max_episode_tokens=96,
+            agent=lambda url, row: agent(url, service, workflow),
+        )  # type: ignore[arg-type]
+        ctx = WorkflowContext(
+            inference=inference, reward=None, group_id="g1", group_size=1, producer_id="test", created_at=time.time()
+        )
         try:
             return await workflow(ROW, ctx), workflow
         finally:
@@ -57,8 +64,13 @@ def test_session_streams_chunks_while_inference_samples_and_records_what_it_sent
         got: dict[str, Any] = {"text": "", "logprobs": [], "versions": [], "chunks": 0}
         async with held_engine(service) as gate:
             stream = await client.chat.completions.create(
-                model="any", messages=MESSAGES, max_tokens=24, logprobs=True, stream=True,  # type: ignore[arg-type]
-                stream_options={"include_usage": True})
+                model="any",
+                messages=MESSAGES,
+                max_tokens=24,
+                logprobs=True,
+                stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True},
+            )
             async for chunk in stream:
                 for choice in chunk.choices:
                     if choice.delta.content and "running" not in seen:
@@ -74,8 +86,12 @@ def test_session_streams_chunks_while_inference_samples_and_records_what_it_sent
                     got["finish"] = choice.finish_reason or got.get("finish")
                 got["usage"] = chunk.usage or got.get("usage")
         seen["streamed"] = got
-        seen["plain"] = await client.chat.completions.create(model="any", messages=MESSAGES,  # type: ignore[arg-type]
-                                                             max_tokens=24, logprobs=True)
+        seen["plain"] = await client.chat.completions.create(
+            model="any",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=24,
+            logprobs=True,
+        )
         return 1.0
 
     episodes, workflow = asyncio.run(_session(chat_model_dir, agent))
@@ -102,8 +118,10 @@ def test_client_gone_mid_stream_cancels_the_call_and_records_nothing_of_it(chat_
         [entry] = workflow.proxy.sessions.values()
         body = {"model": "any", "messages": MESSAGES, "max_tokens": 24, "stream": True}
         async with held_engine(service) as gate:
-            async with (httpx.AsyncClient(timeout=30) as http,
-                        http.stream("POST", f"{base_url}/chat/completions", json=body) as resp):
+            async with (
+                httpx.AsyncClient(timeout=30) as http,
+                http.stream("POST", f"{base_url}/chat/completions", json=body) as resp,
+            ):
                 seen["status"] = resp.status_code
                 async for line in resp.aiter_lines():
                     if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
@@ -117,8 +135,11 @@ def test_client_gone_mid_stream_cancels_the_call_and_records_nothing_of_it(chat_
             gate.set()
         seen["released"] = await until(lambda: entry.session.reserved == 0)
         seen["after"] = (workflow.proxy.calls_served, len(entry.session.calls), entry.session.started)
-        plain = await _client(base_url).chat.completions.create(model="any", messages=MESSAGES,  # type: ignore[arg-type]
-                                                                max_tokens=4)
+        plain = await _client(base_url).chat.completions.create(
+            model="any",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=4,
+        )
         seen["plain"] = plain.choices[0].message.content
         return 1.0
 

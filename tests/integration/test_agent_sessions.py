@@ -44,10 +44,18 @@ async def multi_turn_agent(base_url: str, row: Prompt) -> float:
     client = _client(base_url)
     messages: list[dict[str, Any]] = [{"role": "user", "content": row.prompt}]
     for turn in range(3):
-        r = await client.chat.completions.create(model="any", messages=messages, max_tokens=5,  # type: ignore[arg-type]
-                                                 temperature=0.9, logprobs=True, seed=1)
-        messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
-                     {"role": "user", "content": f"Try again ({turn})"}]
+        r = await client.chat.completions.create(
+            model="any",
+            messages=messages,
+            max_tokens=5,  # type: ignore[arg-type]
+            temperature=0.9,
+            logprobs=True,
+            seed=1,
+        )
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content or ""},
+            {"role": "user", "content": f"Try again ({turn})"},
+        ]
     return 0.5
 
 
@@ -61,17 +69,29 @@ async def rewriting_agent(base_url: str, row: Prompt) -> float:
     return 1.0
 
 
-async def _run(model_dir: Path, agent: Callable[[str, Prompt], Awaitable[Any]], group_size: int = 2,
-               reward_target: str = "", after: Callable[[], Awaitable[None]] | None = None,
-               **cfg: Any) -> tuple[list[episode_pb2.Episode], AgentWorkflow]:
+async def _run(
+    model_dir: Path,
+    agent: Callable[[str, Prompt], Awaitable[Any]],
+    group_size: int = 2,
+    reward_target: str = "",
+    after: Callable[[], Awaitable[None]] | None = None,
+    **cfg: Any,
+) -> tuple[list[episode_pb2.Episode], AgentWorkflow]:
     """One group of ``agent`` sessions through AgentWorkflow; ``after`` runs once the group is done, while the
     proxy still serves."""
-    workflow = AgentWorkflow(AgentConfig(**cfg), load_tokenizer(model_dir), SAMPLING, max_episode_tokens=64,
-                             agent=agent)  # type: ignore[arg-type]
+    workflow = AgentWorkflow(
+        AgentConfig(**cfg), load_tokenizer(model_dir), SAMPLING, max_episode_tokens=64, agent=agent
+    )  # type: ignore[arg-type]
     async with inference_server(model_dir) as (target, _), InferenceClient(target) as inference:
         reward = RewardClient(reward_target) if reward_target else None
-        ctx = WorkflowContext(inference=inference, reward=reward, group_id="g1", group_size=group_size,
-                              producer_id="test", created_at=time.time())
+        ctx = WorkflowContext(
+            inference=inference,
+            reward=reward,
+            group_id="g1",
+            group_size=group_size,
+            producer_id="test",
+            created_at=time.time(),
+        )
         try:
             episodes = await workflow(ROW, ctx)
             if after is not None:
@@ -106,7 +126,7 @@ def test_multi_turn_session_becomes_one_episode_with_the_tokens_inference_sample
         batch = pack([prompt], [completion], None, None, [0.9], tok.pad_token_id, torch.device("cpu"))
         with torch.no_grad():
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        want = token_logprobs(logits, batch.targets, batch.temperature)[0, len(prompt) - 1:len(prompt) - 1 + n]
+        want = token_logprobs(logits, batch.targets, batch.temperature)[0, len(prompt) - 1 : len(prompt) - 1 + n]
         got = torch.tensor(list(ep.behaviour_logprobs))
         mask = torch.tensor(list(ep.loss_mask), dtype=torch.bool)
         # float32, KV-cache decode vs one forward over the whole transcript: summation order only
@@ -114,14 +134,22 @@ def test_multi_turn_session_becomes_one_episode_with_the_tokens_inference_sample
 
 
 def test_streamed_chat_and_completions_are_recorded_as_the_tokens_logprobs_and_versions_they_sent(
-        chat_model_dir: Path) -> None:
+    chat_model_dir: Path,
+) -> None:
     sent: dict[str, dict[str, Any]] = {}
 
     async def streaming_agent(base_url: str, row: Prompt) -> float:
         client = _client(base_url)
         chat = await client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": row.prompt}], max_tokens=5, temperature=0.9,
-            logprobs=True, seed=1, stream=True, stream_options={"include_usage": True})
+            model="any",
+            messages=[{"role": "user", "content": row.prompt}],
+            max_tokens=5,
+            temperature=0.9,
+            logprobs=True,
+            seed=1,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         got: dict[str, Any] = {"text": "", "logprobs": [], "versions": [], "finish": None, "usage": None}
         async for chunk in chat:
             got["usage"] = chunk.usage or got["usage"]
@@ -132,8 +160,9 @@ def test_streamed_chat_and_completions_are_recorded_as_the_tokens_logprobs_and_v
                 got["finish"] = choice.finish_reason or got["finish"]
         sent["chat"] = got
         plain = await client.completions.create(model="any", prompt="Once upon", max_tokens=4, logprobs=0, seed=2)
-        streamed = await client.completions.create(model="any", prompt="A time", max_tokens=4, logprobs=0, seed=3,
-                                                   stream=True)
+        streamed = await client.completions.create(
+            model="any", prompt="A time", max_tokens=4, logprobs=0, seed=3, stream=True
+        )
         got = {"text": "", "logprobs": [], "versions": [], "finish": None}
         async for chunk in streamed:
             for c in chunk.choices:
@@ -190,8 +219,9 @@ def test_session_limits_refuse_with_413_and_a_finished_session_is_404(chat_model
 
     async def after() -> None:
         with pytest.raises(openai.NotFoundError):
-            await _client(seen["url"]).chat.completions.create(model="any", messages=[{"role": "user",
-                                                                                        "content": "hi"}])
+            await _client(seen["url"]).chat.completions.create(
+                model="any", messages=[{"role": "user", "content": "hi"}]
+            )
 
     episodes, _ = asyncio.run(_run(chat_model_dir, greedy_agent, group_size=1, after=after, max_calls=2))
 
@@ -201,14 +231,16 @@ def test_session_limits_refuse_with_413_and_a_finished_session_is_404(chat_model
 
 def test_agent_that_times_out_or_raises_marks_its_episodes(chat_model_dir: Path) -> None:
     async def stuck_agent(base_url: str, row: Prompt) -> float:
-        await _client(base_url).chat.completions.create(model="any", messages=[{"role": "user", "content": "x"}],
-                                                        max_tokens=2)
+        await _client(base_url).chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
         await asyncio.sleep(60)
         return 1.0
 
     async def broken_agent(base_url: str, row: Prompt) -> float:
-        await _client(base_url).chat.completions.create(model="any", messages=[{"role": "user", "content": "x"}],
-                                                        max_tokens=2)
+        await _client(base_url).chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
         raise RuntimeError("agent bug")
 
     timed_out, w1 = asyncio.run(_run(chat_model_dir, stuck_agent, group_size=1, session_timeout_s=2.0))
@@ -226,14 +258,16 @@ def test_agent_without_reward_is_scored_by_the_reward_service_on_its_last_answer
 
     async def silent_agent(base_url: str, row: Prompt) -> None:
         r = await _client(base_url).chat.completions.create(
-            model="any", messages=[{"role": "user", "content": row.prompt}], max_tokens=6)  # type: ignore[arg-type]
+            model="any", messages=[{"role": "user", "content": row.prompt}], max_tokens=6
+        )  # type: ignore[arg-type]
         last.append(r.choices[0].message.content or "")
         return None
 
     async def go() -> list[episode_pb2.Episode]:
         async with reward_server("tests.reward_fns:length") as (target, _):
-            episodes, _ = await _run(chat_model_dir, silent_agent, group_size=1, reward_target=target,
-                                     reward=AgentReward.AUTO)
+            episodes, _ = await _run(
+                chat_model_dir, silent_agent, group_size=1, reward_target=target, reward=AgentReward.AUTO
+            )
             return episodes
 
     [ep] = asyncio.run(go())
@@ -262,17 +296,27 @@ def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_request
             async with httpx.AsyncClient(timeout=10) as http:
                 cases = {
                     "unknown": await http.post(f"{unknown}/chat/completions", json=ok),
-                    "too_large": await http.post(f"{url}/chat/completions", content=b"x" * (1024 * 1024 + 1),
-                                                 headers={"content-type": "application/json"}),
+                    "too_large": await http.post(
+                        f"{url}/chat/completions",
+                        content=b"x" * (1024 * 1024 + 1),
+                        headers={"content-type": "application/json"},
+                    ),
                     "not_json": await http.post(f"{url}/chat/completions", content=b"{nope"),
                     "n": await http.post(f"{url}/chat/completions", json={**ok, "n": 2}),
-                    "stream": await http.post(f"{url}/chat/completions",  # stream_options need stream=true
-                                              json={**ok, "stream_options": {"include_usage": True}}),
+                    "stream": await http.post(
+                        f"{url}/chat/completions",  # stream_options need stream=true
+                        json={**ok, "stream_options": {"include_usage": True}},
+                    ),
                     "completion_n": await http.post(f"{url}/completions", json={"prompt": "hi", "n": 2}),
                     "completion_echo": await http.post(f"{url}/completions", json={"prompt": "hi", "echo": True}),
                     "unsupported": await http.post(f"{url}/chat/completions", json={**ok, "logit_bias": {"1": 5}}),
-                    "tools": await http.post(f"{url}/chat/completions", json={  # this template renders no tools
-                        **ok, "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]}),
+                    "tools": await http.post(
+                        f"{url}/chat/completions",
+                        json={  # this template renders no tools
+                            **ok,
+                            "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+                        },
+                    ),
                     "models": await http.get(f"{url}/models"),
                 }
             return {k: (r.status_code, r.text) for k, r in cases.items()}
@@ -284,8 +328,9 @@ def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_request
     assert got["unknown"][0] == 404 and "session_not_found" in got["unknown"][1]
     assert "not-a-session" not in got["unknown"][1]  # ids are never echoed
     assert got["too_large"][0] == 413
-    assert {got[k][0] for k in ("not_json", "n", "stream", "unsupported", "tools", "completion_n",
-                                "completion_echo")} == {400}
+    assert {
+        got[k][0] for k in ("not_json", "n", "stream", "unsupported", "tools", "completion_n", "completion_echo")
+    } == {400}
     assert "logit_bias" in got["unsupported"][1]
     assert got["models"][0] == 200
 
@@ -302,8 +347,9 @@ def test_workflow_from_config_loads_the_agent_function_and_refuses_a_bad_one(cha
     assert workflow.agent is multi_turn_agent
     assert workflow.sampling.temperature == 0.7 and workflow.limits.max_episode_tokens == 32
     with pytest.raises(ConfigError, match=r"rollout\.agent\.function"):
-        AgentWorkflow.from_config(AgentConfig(function="tests.integration.test_agent_sessions:ROW"), rollout,
-                                  chat_model_dir)
+        AgentWorkflow.from_config(
+            AgentConfig(function="tests.integration.test_agent_sessions:ROW"), rollout, chat_model_dir
+        )
 
 
 @pytest.mark.slow  # fitting the tool model takes ~20 s (once per session, shared with test_openai_tools.py)
@@ -318,24 +364,36 @@ def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_r
     async def tool_agent(base_url: str, row: Prompt) -> float:
         client = _client(base_url)
         messages: list[Any] = list(QUESTION)
-        first = await client.chat.completions.create(model="any", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
-                                                     max_tokens=80)
+        first = await client.chat.completions.create(
+            model="any",
+            messages=messages,
+            tools=TOOLS,  # type: ignore[arg-type]
+            max_tokens=80,
+        )
         [call] = first.choices[0].message.tool_calls or []
         args = json.loads(call.function.arguments)  # type: ignore[union-attr]
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
-        second = await client.chat.completions.create(model="any", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
-                                                      max_tokens=40)
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])},
+        ]
+        second = await client.chat.completions.create(
+            model="any",
+            messages=messages,
+            tools=TOOLS,  # type: ignore[arg-type]
+            max_tokens=40,
+        )
         replies.extend([first.choices[0], second.choices[0]])
         return float(second.choices[0].message.content == ANSWER)
 
     async def go() -> list[episode_pb2.Episode]:
         greedy = Sampling(temperature=1.0, top_k=1, generate_timeout_s=30)
-        workflow = AgentWorkflow(AgentConfig(), load_tokenizer(model_dir), greedy, max_episode_tokens=128,
-                                 agent=tool_agent)
+        workflow = AgentWorkflow(
+            AgentConfig(), load_tokenizer(model_dir), greedy, max_episode_tokens=128, agent=tool_agent
+        )
         async with inference_server(model_dir) as (target, _), InferenceClient(target) as inference:
-            ctx = WorkflowContext(inference=inference, reward=None, group_id="g", group_size=1, producer_id="t",
-                                  created_at=time.time())
+            ctx = WorkflowContext(
+                inference=inference, reward=None, group_id="g", group_size=1, producer_id="t", created_at=time.time()
+            )
             try:
                 return await workflow(Prompt("t", "What is 1+2?", "3"), ctx)
             finally:
@@ -350,25 +408,29 @@ def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_r
     assert len(episodes) == 2 and all(set(ep.loss_mask) == {1} for ep in episodes)
 
 
-def test_tokens_of_a_session_carry_the_weight_version_that_sampled_them_across_an_update(
-        chat_model_dir: Path) -> None:
+def test_tokens_of_a_session_carry_the_weight_version_that_sampled_them_across_an_update(chat_model_dir: Path) -> None:
     from relayrl.common.weights import iter_update_messages, model_tensors
     from tests.conftest import WEIGHTS_TOKEN
 
     tensors = model_tensors(load_model(ModelConfig(path=chat_model_dir)))
 
     async def go() -> list[episode_pb2.Episode]:
-        workflow = AgentWorkflow(AgentConfig(), load_tokenizer(chat_model_dir), SAMPLING, max_episode_tokens=64,
-                                 agent=updating_agent)
-        async with inference_server(chat_model_dir) as (target, service), InferenceClient(target) as inference, \
-                InferenceClient(service.weights_target, token=WEIGHTS_TOKEN) as weights:
+        workflow = AgentWorkflow(
+            AgentConfig(), load_tokenizer(chat_model_dir), SAMPLING, max_episode_tokens=64, agent=updating_agent
+        )
+        async with (
+            inference_server(chat_model_dir) as (target, service),
+            InferenceClient(target) as inference,
+            InferenceClient(service.weights_target, token=WEIGHTS_TOKEN) as weights,
+        ):
 
             async def publish() -> None:  # the trainer publishes version 1 between the agent's two calls
                 await weights.update_weights(list(iter_update_messages(tensors, 1)), 1, 30, attempts=1)
 
             published.append(publish)
-            ctx = WorkflowContext(inference=inference, reward=None, group_id="g", group_size=1, producer_id="t",
-                                  created_at=time.time())
+            ctx = WorkflowContext(
+                inference=inference, reward=None, group_id="g", group_size=1, producer_id="t", created_at=time.time()
+            )
             try:
                 return await workflow(ROW, ctx)
             finally:
@@ -381,8 +443,10 @@ def test_tokens_of_a_session_carry_the_weight_version_that_sampled_them_across_a
         messages: list[Any] = [{"role": "user", "content": row.prompt}]
         r = await client.chat.completions.create(model="any", messages=messages, max_tokens=5, seed=1)
         await published[0]()
-        messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
-                     {"role": "user", "content": "Again"}]
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content or ""},
+            {"role": "user", "content": "Again"},
+        ]
         await client.chat.completions.create(model="any", messages=messages, max_tokens=5, seed=1)
         return 0.0
 

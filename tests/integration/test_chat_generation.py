@@ -42,15 +42,22 @@ def test_messages_are_rendered_once_and_logprobs_match_the_trainers(chat_model_d
     model = load_model(ModelConfig(path=chat_model_dir))  # as the trainer loads it (float32)
     prompt = list(resp.prompt_token_ids)
     completions = [list(s.token_ids) for s in resp.samples]
-    batch = pack([prompt] * len(completions), completions, None, None, [0.9] * len(completions), tok.pad_token_id,
-                 torch.device("cpu"))
+    batch = pack(
+        [prompt] * len(completions),
+        completions,
+        None,
+        None,
+        [0.9] * len(completions),
+        tok.pad_token_id,
+        torch.device("cpu"),
+    )
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     trainer_lp = token_logprobs(logits, batch.targets, batch.temperature)
     for i, s in enumerate(resp.samples):
         start = len(prompt) - 1  # completion token j is predicted at position len(prompt) - 1 + j
         got = torch.tensor(list(s.logprobs))
-        want = trainer_lp[i, start:start + len(s.token_ids)]
+        want = trainer_lp[i, start : start + len(s.token_ids)]
         # float32, KV-cache decode (inference) vs one padded forward (trainer): summation order only
         assert (got - want).abs().max().item() <= 1e-4
 
@@ -82,8 +89,10 @@ def test_messages_to_a_model_without_a_chat_template_are_invalid_argument(tiny_m
 
 def test_a_conversation_over_max_prompt_chars_is_resource_exhausted(chat_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(chat_model_dir, max_prompt_chars=10) as (target, _), \
-                InferenceClient(target) as client:
+        async with (
+            inference_server(chat_model_dir, max_prompt_chars=10) as (target, _),
+            InferenceClient(target) as client,
+        ):
             await client.generate(CHAT, _sampling(), timeout_s=30)
 
     with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_stop_during_a_checkpoint_waits_for_its_acknowledgement_then_stops(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url)
     events: list[str] = []
 

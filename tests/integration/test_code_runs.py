@@ -33,9 +33,17 @@ LIMITS = CodeRunsConfig(wall_timeout_s=2.0, max_code_bytes=1024, max_stdin_bytes
 
 def _with_reward(test: Callable[[RewardClient, RewardServicer], Awaitable[None]], token: str = TOKEN) -> None:
     async def go() -> None:
-        async with reward_server("relayrl.tasks.calculator:reward", code_token=TOKEN, workers=1, timeout_s=5.0,
-                                 sandbox=SANDBOX, code_runs=LIMITS) as (target, servicer), \
-                RewardClient(target, token=token, retries=0) as client:
+        async with (
+            reward_server(
+                "relayrl.tasks.calculator:reward",
+                code_token=TOKEN,
+                workers=1,
+                timeout_s=5.0,
+                sandbox=SANDBOX,
+                code_runs=LIMITS,
+            ) as (target, servicer),
+            RewardClient(target, token=token, retries=0) as client,
+        ):
             await test(client, servicer)
 
     asyncio.run(go())
@@ -43,8 +51,10 @@ def _with_reward(test: Callable[[RewardClient, RewardServicer], Awaitable[None]]
 
 def test_run_code_returns_stdout_stderr_and_exit_status_from_inside_the_sandbox() -> None:
     os.environ["RELAYRL_TEST_SECRET"] = "not for the program"  # the service's environment, never the program's
-    program = ("import os, sys\nprint(int(sys.stdin.read()) * 2)\nprint(os.getuid(), os.environ.get("
-               "'RELAYRL_TEST_SECRET'))\nsys.stderr.write('warn')\nsys.exit(3)\n")
+    program = (
+        "import os, sys\nprint(int(sys.stdin.read()) * 2)\nprint(os.getuid(), os.environ.get("
+        "'RELAYRL_TEST_SECRET'))\nsys.stderr.write('warn')\nsys.exit(3)\n"
+    )
 
     async def test(client: RewardClient, servicer: RewardServicer) -> None:
         response = await client.run_code(program, b"21", timeout_s=10)
@@ -84,14 +94,19 @@ def test_run_code_past_its_wall_time_or_output_cap_is_killed_and_says_so() -> No
     _with_reward(test)
 
 
-@pytest.mark.parametrize(("code", "stdin", "run_timeout_s", "memory_mb", "limit"), [
-    ("x" * 1025, b"", 0.0, 0, "max_code_bytes=1024"),
-    ("print(1)", b"1" * 65, 0.0, 0, "max_stdin_bytes=64"),
-    ("print(1)", b"", 2.5, 0, "wall_timeout_s=2"),
-    ("print(1)", b"", 0.0, 513, "memory_mb=512"),
-], ids=["code", "stdin", "wall-time", "memory"])
+@pytest.mark.parametrize(
+    ("code", "stdin", "run_timeout_s", "memory_mb", "limit"),
+    [
+        ("x" * 1025, b"", 0.0, 0, "max_code_bytes=1024"),
+        ("print(1)", b"1" * 65, 0.0, 0, "max_stdin_bytes=64"),
+        ("print(1)", b"", 2.5, 0, "wall_timeout_s=2"),
+        ("print(1)", b"", 0.0, 513, "memory_mb=512"),
+    ],
+    ids=["code", "stdin", "wall-time", "memory"],
+)
 def test_run_code_over_a_limit_is_resource_exhausted_before_anything_runs(
-        code: str, stdin: bytes, run_timeout_s: float, memory_mb: int, limit: str) -> None:
+    code: str, stdin: bytes, run_timeout_s: float, memory_mb: int, limit: str
+) -> None:
     async def test(client: RewardClient, servicer: RewardServicer) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await client.run_code(code, stdin, timeout_s=10, run_timeout_s=run_timeout_s, memory_mb=memory_mb)
@@ -104,16 +119,23 @@ def test_run_code_over_a_limit_is_resource_exhausted_before_anything_runs(
     _with_reward(test)
 
 
-@pytest.mark.parametrize(("server_token", "client_token", "code"), [
-    ("", TOKEN, grpc.StatusCode.PERMISSION_DENIED),
-    (TOKEN, "", grpc.StatusCode.UNAUTHENTICATED),
-    (TOKEN, "wrong" * 8, grpc.StatusCode.UNAUTHENTICATED),
-], ids=["service-without-token", "no-token", "wrong-token"])
-def test_run_code_without_the_code_token_is_refused(server_token: str, client_token: str,
-                                                     code: grpc.StatusCode) -> None:
+@pytest.mark.parametrize(
+    ("server_token", "client_token", "code"),
+    [
+        ("", TOKEN, grpc.StatusCode.PERMISSION_DENIED),
+        (TOKEN, "", grpc.StatusCode.UNAUTHENTICATED),
+        (TOKEN, "wrong" * 8, grpc.StatusCode.UNAUTHENTICATED),
+    ],
+    ids=["service-without-token", "no-token", "wrong-token"],
+)
+def test_run_code_without_the_code_token_is_refused(
+    server_token: str, client_token: str, code: grpc.StatusCode
+) -> None:
     async def go() -> None:
-        async with reward_server(code_token=server_token, workers=1) as (target, _), \
-                RewardClient(target, token=client_token, retries=0) as client:
+        async with (
+            reward_server(code_token=server_token, workers=1) as (target, _),
+            RewardClient(target, token=client_token, retries=0) as client,
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await client.run_code("print(1)", timeout_s=10)
 
@@ -123,12 +145,20 @@ def test_run_code_without_the_code_token_is_refused(server_token: str, client_to
     asyncio.run(go())
 
 
-def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_without_it_or_over_a_limit(
-) -> None:
+def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_without_it_or_over_a_limit() -> None:
     async def go() -> dict[str, httpx.Response]:
-        async with reward_server("relayrl.tasks.calculator:reward", code_token=TOKEN, workers=1, timeout_s=5.0,
-                                 sandbox=SANDBOX, code_runs=LIMITS) as (_, servicer), \
-                reward_http(servicer) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+        async with (
+            reward_server(
+                "relayrl.tasks.calculator:reward",
+                code_token=TOKEN,
+                workers=1,
+                timeout_s=5.0,
+                sandbox=SANDBOX,
+                code_runs=LIMITS,
+            ) as (_, servicer),
+            reward_http(servicer) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
             auth = {"authorization": f"Bearer {TOKEN}"}
             body = {"code": "import sys\nprint(int(sys.stdin.read()) + 1)\nsys.exit(2)\n", "stdin": "41"}
             answers = {
@@ -146,8 +176,14 @@ def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_
 
     ran = answers["ran"]
     assert ran.status_code == 200, ran.text
-    assert ran.json() | {"wall_s": 0} == {"status": "exited", "exit_code": 2, "stdout": "42\n", "stderr": "",
-                                          "wall_s": 0, "error": ""}
+    assert ran.json() | {"wall_s": 0} == {
+        "status": "exited",
+        "exit_code": 2,
+        "stdout": "42\n",
+        "stderr": "",
+        "wall_s": 0,
+        "error": "",
+    }
     assert answers["no-token"].status_code == answers["wrong-token"].status_code == 401
     assert TOKEN not in answers["no-token"].text
     assert answers["stdin-over"].status_code == 413 and "max_stdin_bytes=64" in answers["stdin-over"].text
@@ -156,25 +192,45 @@ def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_
 
 def test_run_code_over_rest_is_403_when_the_service_has_no_code_token() -> None:
     async def go() -> httpx.Response:
-        async with reward_server(workers=1) as (_, servicer), reward_http(servicer) as url, \
-                httpx.AsyncClient(base_url=url, timeout=30) as client:
-            return await client.post("/run_code", json={"code": "print(1)"},
-                                     headers={"authorization": f"Bearer {TOKEN}"})
+        async with (
+            reward_server(workers=1) as (_, servicer),
+            reward_http(servicer) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            return await client.post(
+                "/run_code", json={"code": "print(1)"}, headers={"authorization": f"Bearer {TOKEN}"}
+            )
 
     assert asyncio.run(go()).status_code == 403
 
 
 def test_tools_workflow_runs_the_python_tool_in_the_reward_sandbox_and_counts_its_failures() -> None:
     turns = ["<python>print(1/0)</python>", "<python>print(12+35)</python>", "47"]
-    cfg = RolloutConfig(workflow="tools", tools=["python"], tool_format=ToolFormat.TAGGED, max_new_tokens=40,
-                        max_episode_tokens=400, max_turns=4, group_size=1, tool_timeout_s=10.0)
+    cfg = RolloutConfig(
+        workflow="tools",
+        tools=["python"],
+        tool_format=ToolFormat.TAGGED,
+        max_new_tokens=40,
+        max_episode_tokens=400,
+        max_turns=4,
+        group_size=1,
+        tool_timeout_s=10.0,
+    )
     cfg.validate()
     model = ScriptedModel(turns)
 
     async def test(client: RewardClient, servicer: RewardServicer) -> None:
         workflow, env = build_workflow(cfg, reward=client)
-        ctx = WorkflowContext(inference=model, reward=client, group_id="g", group_size=1, producer_id="test",
-                              created_at=time.time(), config=cfg, environment=env)
+        ctx = WorkflowContext(
+            inference=model,
+            reward=client,
+            group_id="g",
+            group_size=1,
+            producer_id="test",
+            created_at=time.time(),
+            config=cfg,
+            environment=env,
+        )
         (episode,) = await workflow(Prompt("p", "12+35=", "47"), ctx)  # type: ignore[arg-type]
 
         assert (episode.turns, episode.tool_calls, episode.tool_errors) == (3, 2, 1)
@@ -183,9 +239,12 @@ def test_tools_workflow_runs_the_python_tool_in_the_reward_sandbox_and_counts_it
         assert "<python>print(12+35)</python><r>47\n</r>47" in text
         # the tool's output went into the sequence as observation tokens (loss mask 0)
         obs = ids("<r>47\n</r>")
-        at = next(i for i in range(len(episode.completion_token_ids))
-                  if list(episode.completion_token_ids[i:i + len(obs)]) == obs)
-        assert list(episode.loss_mask[at:at + len(obs)]) == [0] * len(obs)
+        at = next(
+            i
+            for i in range(len(episode.completion_token_ids))
+            if list(episode.completion_token_ids[i : i + len(obs)]) == obs
+        )
+        assert list(episode.loss_mask[at : at + len(obs)]) == [0] * len(obs)
         assert episode.reward_status == pb.SCORE_STATUS_OK  # the answer scored by the same reward service
         assert episode.reward_components["exact"] == 1.0
         assert servicer.metrics.code_runs.labels("exited")._value.get() == 2

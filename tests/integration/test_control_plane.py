@@ -38,8 +38,9 @@ TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-async def _pause_over_rest_then_resume_over_grpc(worker: RolloutProducer, cfg: RunConfig, rest_port: int,
-                                                 rollout_target: str) -> None:
+async def _pause_over_rest_then_resume_over_grpc(
+    worker: RolloutProducer, cfg: RunConfig, rest_port: int, rollout_target: str
+) -> None:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_port}", timeout=10) as rest:
         # pause over REST: refused without the token, then granted
         assert (await rest.post("/pause")).status_code == 401
@@ -79,16 +80,19 @@ async def _checkpoint_on_request(trainer: Trainer, cfg: RunConfig, trainer_targe
         assert (await rest.post("/checkpoint")).status_code == 401
 
 
-async def _status_of_the_run(cfg: RunConfig, trainer_target: str, rollout_target: str, inf_target: str,
-                             rew_target: str) -> None:
+async def _status_of_the_run(
+    cfg: RunConfig, trainer_target: str, rollout_target: str, inf_target: str, rew_target: str
+) -> None:
     # status through the clients: the trainer found by asking, and the run as a whole
     one = await collect(Target(None, None, trainer_target))
     assert one["services"]["trainer"]["step"] >= 2
-    live = replace(cfg, trainer=replace(cfg.trainer, server=replace(
-        cfg.trainer.server, address=trainer_target)), rollout=replace(cfg.rollout, server=replace(
-            cfg.rollout.server, address=rollout_target)), inference=replace(
-        cfg.inference, server=replace(cfg.inference.server, address=inf_target)),
-        reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)))
+    live = replace(
+        cfg,
+        trainer=replace(cfg.trainer, server=replace(cfg.trainer.server, address=trainer_target)),
+        rollout=replace(cfg.rollout, server=replace(cfg.rollout.server, address=rollout_target)),
+        inference=replace(cfg.inference, server=replace(cfg.inference.server, address=inf_target)),
+        reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)),
+    )
     state = await collect(Target(live, cfg.output_dir, None))
     assert all("error" not in s for s in state["services"].values()), state
     # acknowledged entries are trimmed at the checkpoint: the pending ones stay
@@ -99,18 +103,32 @@ async def _status_of_the_run(cfg: RunConfig, trainer_target: str, rollout_target
 
 
 def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", TOKEN)
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.total_steps=500",
-                  "trainer.checkpoint.every=0", "rollout.max_concurrent_groups=2")
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        "trainer.total_steps=500",
+        "trainer.checkpoint.every=0",
+        "rollout.max_concurrent_groups=2",
+    )
     http = HttpConfig(host="127.0.0.1", port=0)
 
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
-            trainer = Trainer(replace(cfg, inference=replace(
-                cfg.inference, server=replace(cfg.inference.server, address=inf_target),
-                weights_server=replace(cfg.inference.weights_server, address=inf.weights_target))))
+            trainer = Trainer(
+                replace(
+                    cfg,
+                    inference=replace(
+                        cfg.inference,
+                        server=replace(cfg.inference.server, address=inf_target),
+                        weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
+                    ),
+                )
+            )
             t_handle, t_servicer = create_trainer_server(trainer)
             t_http = HttpServer(t_servicer.http_app(), http, "trainer")
             await t_handle.start()
@@ -118,8 +136,9 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
             stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
             trainer_target = f"127.0.0.1:{t_handle.port}"
             async with RolloutClients.connect(inf_target, rew_target, trainer_target) as clients:
-                worker = RolloutProducer(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
-                                         clients)
+                worker = RolloutProducer(
+                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
+                )
                 r_handle, r_servicer = create_rollout_server(worker, cfg, replace(cfg.rollout.server, port=0))
                 r_http = HttpServer(r_servicer.http_app(), http, "rollout")
                 await r_handle.start()

@@ -24,9 +24,20 @@ pytestmark = pytest.mark.integration
 
 
 def _row(step: int) -> dict[str, Any]:
-    return {"step": step, "weight_version": step + 1, "reward_mean": 0.1 * step, "reward_std": 0.2,
-            "staleness_mean": 0.5, "staleness_max": 1, "episodes_per_s": 100.0 + step, "tokens": 40,
-            "time_s": 0.5 * step, "queue_lag": step % 3, "queue_pending": 8, "loss": 0.1}
+    return {
+        "step": step,
+        "weight_version": step + 1,
+        "reward_mean": 0.1 * step,
+        "reward_std": 0.2,
+        "staleness_mean": 0.5,
+        "staleness_max": 1,
+        "episodes_per_s": 100.0 + step,
+        "tokens": 40,
+        "time_s": 0.5 * step,
+        "queue_lag": step % 3,
+        "queue_pending": 8,
+        "loss": 0.1,
+    }
 
 
 def _get(url: str) -> tuple[int, str, bytes]:
@@ -59,8 +70,7 @@ def server(run_dir: Path) -> Iterator[DashboardServer]:
         yield srv
 
 
-def test_metrics_endpoint_returns_the_complete_rows_then_only_new_ones(run_dir: Path,
-                                                                         server: DashboardServer) -> None:
+def test_metrics_endpoint_returns_the_complete_rows_then_only_new_ones(run_dir: Path, server: DashboardServer) -> None:
     metrics = run_dir / "metrics.jsonl"
     torn = json.dumps(_row(4)) + "\n"
     metrics.write_text("".join(json.dumps(_row(s)) + "\n" for s in (1, 2, 3)) + torn[:20])
@@ -100,8 +110,7 @@ def test_a_run_folder_that_does_not_exist_yet_is_served_as_waiting(tmp_path: Pat
     assert [r["step"] for r in after["rows"]] == [1]
 
 
-def test_a_run_with_its_summary_written_after_the_metrics_is_finished(run_dir: Path,
-                                                                       server: DashboardServer) -> None:
+def test_a_run_with_its_summary_written_after_the_metrics_is_finished(run_dir: Path, server: DashboardServer) -> None:
     (run_dir / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n")
     summary = {"groups_produced": 9, "groups_trained": 8, "groups_dropped_stale": 0, "groups_pending": 1}
     (run_dir / "summary.json").write_text(json.dumps(summary))
@@ -119,7 +128,7 @@ def test_page_is_self_contained_and_unknown_paths_and_bad_offsets_are_errors(ser
 
     html = page.decode()
     assert status == 200 and kind.startswith("text/html")
-    assert "getContext(\"2d\")" in html
+    assert 'getContext("2d")' in html
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from elsewhere
     assert "fetch(" in html and "api/metrics" in html
     assert bad_status == 400 and b"offset" in bad
@@ -128,9 +137,14 @@ def test_page_is_self_contained_and_unknown_paths_and_bad_offsets_are_errors(ser
 
 def test_cli_prints_the_url_serves_the_run_and_stops_on_ctrl_c(run_dir: Path) -> None:
     (run_dir / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "dashboard", str(run_dir), "--port", "0"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "dashboard", str(run_dir), "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -148,8 +162,13 @@ def test_cli_prints_the_url_serves_the_run_and_stops_on_ctrl_c(run_dir: Path) ->
 
 
 def test_cli_rejects_a_port_that_is_taken(run_dir: Path, server: DashboardServer) -> None:
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "dashboard", str(run_dir), "--port",
-                           str(server.port)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "dashboard", str(run_dir), "--port", str(server.port)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
     assert proc.returncode == 1
     assert "cannot serve the dashboard" in proc.stderr

@@ -34,15 +34,25 @@ def _peaked_teacher(out: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_student_moves_towards_a_teacher_served_by_an_inference_endpoint(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     teacher = _peaked_teacher(tmp_path / "teacher")
 
     async def go() -> dict:  # type: ignore[type-arg]
         async with inference_server(teacher) as (teacher_target, teacher_inf):
-            cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                          f"trainer.total_steps={STEPS}", "trainer.checkpoint.every=0", "rollout.max_staleness=0",
-                          "trainer.loss.policy_loss=reverse_kl", f"trainer.teacher.address={teacher_target}",
-                          "trainer.optimizer.lr=0.01", "rollout.max_new_tokens=4")
+            cfg = _config(
+                tmp_path / "run",
+                tiny_model_dir,
+                dataset_path,
+                redis_server.url,
+                f"trainer.total_steps={STEPS}",
+                "trainer.checkpoint.every=0",
+                "rollout.max_staleness=0",
+                "trainer.loss.policy_loss=reverse_kl",
+                f"trainer.teacher.address={teacher_target}",
+                "trainer.optimizer.lr=0.01",
+                "rollout.max_new_tokens=4",
+            )
             out = await _run(cfg, tiny_model_dir, "tests.reward_fns:constant", timeout_s=300)
             out["teacher_requests"] = teacher_inf.requests_served
             return out

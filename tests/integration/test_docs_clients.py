@@ -26,8 +26,9 @@ def test_the_page_has_examples_of_each_kind() -> None:
 
 async def _run(kind: str, code: str, env: dict[str, str]) -> tuple[int, str]:
     argv = [sys.executable, "-c", code] if kind == "python" else ["bash", "-euo", "pipefail", "-c", code]
-    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
     return int(proc.returncode or 0), out.decode()
 
@@ -35,12 +36,18 @@ async def _run(kind: str, code: str, env: dict[str, str]) -> tuple[int, str]:
 @pytest.mark.parametrize(("kind", "code"), BLOCKS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(BLOCKS)])
 def test_example_runs(tiny_model_dir: Path, kind: str, code: str) -> None:
     async def go() -> tuple[int, str]:
-        async with inference_server(tiny_model_dir, http=True) as (target, service), \
-                reward_server(workers=1) as (reward_target, _):
+        async with (
+            inference_server(tiny_model_dir, http=True) as (target, service),
+            reward_server(workers=1) as (reward_target, _),
+        ):
             bin_dir = str(Path(sys.executable).parent)  # the venv's grpcurl
-            env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "RELAYRL_INFERENCE": target,
-                   "RELAYRL_INFERENCE_HTTP": f"http://127.0.0.1:{service.http_port}",  # type: ignore[attr-defined]
-                   "RELAYRL_REWARD": reward_target}
+            env = {
+                **os.environ,
+                "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+                "RELAYRL_INFERENCE": target,
+                "RELAYRL_INFERENCE_HTTP": f"http://127.0.0.1:{service.http_port}",  # type: ignore[attr-defined]
+                "RELAYRL_REWARD": reward_target,
+            }
             return await _run(kind, code, env)
 
     rc, out = asyncio.run(go())

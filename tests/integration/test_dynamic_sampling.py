@@ -26,14 +26,30 @@ KEYS = RedisKeys(stream="s", group="g")
 
 
 def _group(gid: str, rewards: list[float]) -> EpisodeGroup:
-    return EpisodeGroup(group_id=gid, episodes=[Episode(
-        episode_id=f"{gid}-{i}", group_id=gid, sample_index=i, group_size=len(rewards), prompt_token_ids=[1, 2],
-        completion_token_ids=[3, 4], behaviour_logprobs=[-0.5, -1.0], token_weight_versions=[1, 1],
-        loss_mask=[1, 1], reward=r, sampling_temperature=1.0) for i, r in enumerate(rewards)])
+    return EpisodeGroup(
+        group_id=gid,
+        episodes=[
+            Episode(
+                episode_id=f"{gid}-{i}",
+                group_id=gid,
+                sample_index=i,
+                group_size=len(rewards),
+                prompt_token_ids=[1, 2],
+                completion_token_ids=[3, 4],
+                behaviour_logprobs=[-0.5, -1.0],
+                token_weight_versions=[1, 1],
+                loss_mask=[1, 1],
+                reward=r,
+                sampling_temperature=1.0,
+            )
+            for i, r in enumerate(rewards)
+        ],
+    )
 
 
-async def _collect_from(url: str, groups: list[EpisodeGroup], n: int, ratio: float | None) -> tuple[list[str], tuple[
-        int, int], list[str]]:
+async def _collect_from(
+    url: str, groups: list[EpisodeGroup], n: int, ratio: float | None
+) -> tuple[list[str], tuple[int, int], list[str]]:
     """Append ``groups``, collect ``n`` with dynamic sampling at ``ratio`` (None: off): (taken ids, drop counts,
     dropped ids)."""
     stream = EpisodeStream.from_url(url, KEYS.stream, KEYS.group)
@@ -46,22 +62,34 @@ async def _collect_from(url: str, groups: list[EpisodeGroup], n: int, ratio: flo
         for g in groups:
             await stream.client.xadd(KEYS.stream, {STREAM_FIELD: g.SerializeToString()})
         checks = EntryChecks(32, 4, VersionSource(stream.client, KEYS).latest, dead_letter_maxlen=100)
-        collector = GroupCollector(stream, "trainer-rank0", max_staleness=1, block_ms=50, already_done=set(),
-                                   checks=checks, retry_s=5.0, zero_advantage_drop_ratio=ratio)
+        collector = GroupCollector(
+            stream,
+            "trainer-rank0",
+            max_staleness=1,
+            block_ms=50,
+            already_done=set(),
+            checks=checks,
+            retry_s=5.0,
+            zero_advantage_drop_ratio=ratio,
+        )
 
         async def staleness(version: int) -> int:
             return await lineage.distance(1, version)
 
         taken = await asyncio.wait_for(collector.collect(n, staleness), timeout=10)
         dropped = sorted((await stream.client.hgetall(KEYS.dropped("zero_advantage"))).keys())
-        return ([e.group_id for e in taken], await stream.dropped("zero_advantage"),
-                [d.decode() for d in dropped])
+        return ([e.group_id for e in taken], await stream.dropped("zero_advantage"), [d.decode() for d in dropped])
     finally:
         await stream.close()
 
 
-GROUPS = [_group("u1", [1.0, 1.0]), _group("i1", [0.0, 1.0]), _group("u2", [0.0, 0.0]), _group("u3", [0.5, 0.5]),
-          _group("i2", [1.0, 0.0])]
+GROUPS = [
+    _group("u1", [1.0, 1.0]),
+    _group("i1", [0.0, 1.0]),
+    _group("u2", [0.0, 0.0]),
+    _group("u3", [0.5, 0.5]),
+    _group("i2", [1.0, 0.0]),
+]
 
 
 def test_zero_advantage_groups_are_dropped_counted_and_replaced_until_the_bound(redis_server: RedisServer) -> None:
@@ -81,9 +109,17 @@ def test_zero_advantage_groups_are_trained_when_dynamic_sampling_is_off(redis_se
 
 
 def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and_the_books_balance(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1",
-                  "trainer.dynamic_sampling.enabled=true", "trainer.dynamic_sampling.max_drop_ratio=10")
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        "rollout.max_staleness=1",
+        "trainer.dynamic_sampling.enabled=true",
+        "trainer.dynamic_sampling.max_drop_ratio=10",
+    )
 
     out = asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:uniform_for_some_prompts"))
 
@@ -98,5 +134,11 @@ def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and_the_b
     trained_prompts = [cursor.at(seq).prompt for a in audit for _gid, seq in a["groups"]]
     assert len(trained_prompts) == 4 * 2
     assert not [p for p in trained_prompts if p[:1] in ("1", "3")]  # the uniform prompts never reach the loss
-    assert out["produced"] == (out["trained"] + out["dropped"] + out["dropped_reward_error"]
-                               + out["dropped_zero_advantage"] + out["invalid"] + out["pending"])
+    assert out["produced"] == (
+        out["trained"]
+        + out["dropped"]
+        + out["dropped_reward_error"]
+        + out["dropped_zero_advantage"]
+        + out["invalid"]
+        + out["pending"]
+    )

@@ -38,17 +38,21 @@ def game_model_dir(chat_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     return out
 
 
-async def _turn_loop(env: Environment, client: InferenceClient, seed: int, max_turns: int = 8,
-                     ) -> tuple[list[dict[str, str]], list[StepResult]]:
+async def _turn_loop(
+    env: Environment,
+    client: InferenceClient,
+    seed: int,
+    max_turns: int = 8,
+) -> tuple[list[dict[str, str]], list[StepResult]]:
     """Model turns until the environment ends the episode: each observation becomes the next user message."""
     first = await env.reset(ROW, seed)
     messages = list(first) if isinstance(first, list) else [{"role": "user", "content": first}]
     results: list[StepResult] = []
     try:
         for _ in range(max_turns):
-            gen = await client.generate(messages, inference_pb2.SamplingParams(n=1, temperature=1.0,
-                                                                               max_new_tokens=8, seed=seed),
-                                        timeout_s=30)
+            gen = await client.generate(
+                messages, inference_pb2.SamplingParams(n=1, temperature=1.0, max_new_tokens=8, seed=seed), timeout_s=30
+            )
             action = gen.samples[0].text
             result = await env.step(action)
             results.append(result)
@@ -112,11 +116,18 @@ def test_reasoning_gym_rows_are_scored_by_the_reward_service(tmp_path: Path) -> 
 
     async def go() -> reward_pb2.ScoreBatchResponse:
         async with reward_server("reasoning_gym", workers=1) as (target, _), RewardClient(target) as client:
-            requests = [reward_pb2.ScoreRequest(  # as rollout sends them: metadata values JSON-encoded
-                episode_id=f"e{i}", prompt=row.prompt, completion=text, reference=row.answer,
-                metadata={k: json.dumps(v) for k, v in row.metadata.items()})
-                for i, (row, text) in enumerate([(rows[0], f"<answer>{rows[0].answer}</answer>"),
-                                                 (rows[1], "<answer>-123456789</answer>")])]
+            requests = [
+                reward_pb2.ScoreRequest(  # as rollout sends them: metadata values JSON-encoded
+                    episode_id=f"e{i}",
+                    prompt=row.prompt,
+                    completion=text,
+                    reference=row.answer,
+                    metadata={k: json.dumps(v) for k, v in row.metadata.items()},
+                )
+                for i, (row, text) in enumerate(
+                    [(rows[0], f"<answer>{rows[0].answer}</answer>"), (rows[1], "<answer>-123456789</answer>")]
+                )
+            ]
             return await client.score_batch(requests, timeout_s=60)
 
     resp = asyncio.run(go())

@@ -26,16 +26,22 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
 def test_eval_of_a_model_dir_scores_greedy_and_sampled_answers_through_the_services(tmp_path: Path) -> None:
     model = create_chat_model(tmp_path / "model", ends_turn=True)  # answers every prompt with an empty turn
     data = tmp_path / "heldout.jsonl"
-    rows = [{"messages": [{"role": "user", "content": f"q{i} 東京"}], "answer": "nothing" if i < 3 else "42"}
-            for i in range(4)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i} 東京"}], "answer": "nothing" if i < 3 else "42"}
+        for i in range(4)
+    ]
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     cfg = tmp_path / "run.yaml"
     reward = {"function": "tests.reward_fns:says_nothing", "workers": 1}
-    cfg.write_text(yaml.safe_dump({"model": {"path": str(model)}, "reward": reward,
-                                   "rollout": {"dataset": str(data), "max_new_tokens": 4}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {"model": {"path": str(model)}, "reward": reward, "rollout": {"dataset": str(data), "max_new_tokens": 4}}
+        )
+    )
 
-    rc = main(["eval", str(cfg), "--dataset", str(data), "--k", "2", "--samples", "3", "--out",
-               str(tmp_path / "eval.json")])
+    rc = main(
+        ["eval", str(cfg), "--dataset", str(data), "--k", "2", "--samples", "3", "--out", str(tmp_path / "eval.json")]
+    )
 
     assert rc == 0
     out = json.loads((tmp_path / "eval.json").read_text())
@@ -55,15 +61,29 @@ def test_eval_with_only_one_service_address_is_a_config_error(tmp_path: Path, ch
     assert main(["eval", str(cfg), "--dataset", str(data), "--inference", "127.0.0.1:1"]) == 2
 
 
-def test_eval_of_a_tool_workflow_plays_whole_episodes_and_reports_multi_turn_figures(tmp_path: Path,
-                                                                                     tiny_model_dir: Path) -> None:
+def test_eval_of_a_tool_workflow_plays_whole_episodes_and_reports_multi_turn_figures(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     data = tmp_path / "heldout.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"1{i}+2{i}=", "answer": str(33 + 2 * i)}) + "\n" for i in range(3)))
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": {"path": str(tiny_model_dir)}, "reward": {"function": "relayrl.tasks.calculator:reward", "workers": 1},
-        "rollout": {"dataset": str(data), "workflow": "tools", "tools": ["relayrl.tasks.calculator:c"],
-                    "tool_format": "tagged", "max_new_tokens": 6, "max_turns": 2, "max_episode_tokens": 40}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(tiny_model_dir)},
+                "reward": {"function": "relayrl.tasks.calculator:reward", "workers": 1},
+                "rollout": {
+                    "dataset": str(data),
+                    "workflow": "tools",
+                    "tools": ["relayrl.tasks.calculator:c"],
+                    "tool_format": "tagged",
+                    "max_new_tokens": 6,
+                    "max_turns": 2,
+                    "max_episode_tokens": 40,
+                },
+            }
+        )
+    )
 
     rc = main(["eval", str(cfg), "--dataset", str(data), "--samples", "2", "--out", str(tmp_path / "eval.json")])
 

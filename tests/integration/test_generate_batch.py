@@ -23,8 +23,9 @@ def test_a_batch_answers_each_request_in_order_as_generate_does(tiny_model_dir: 
     async def go() -> tuple[Any, list[Any]]:
         async with inference_server(tiny_model_dir) as (target, _), InferenceClient(target) as client:
             prompts = ["1+2=", "3+4=5", "2+2="]
-            batch = await client.generate_batch([generate_request(p, GREEDY, request_id=f"r{i}")
-                                                 for i, p in enumerate(prompts)], timeout_s=60)
+            batch = await client.generate_batch(
+                [generate_request(p, GREEDY, request_id=f"r{i}") for i, p in enumerate(prompts)], timeout_s=60
+            )
             alone = [await client.generate(p, GREEDY, timeout_s=60) for p in prompts]
             return batch, alone
 
@@ -39,16 +40,25 @@ def test_a_batch_answers_each_request_in_order_as_generate_does(tiny_model_dir: 
         assert [list(s.token_ids) for s in got.samples] == [list(s.token_ids) for s in want.samples]
 
 
-@pytest.mark.parametrize(("bad", "code"), [
-    (pb.SamplingParams(n=1000, max_new_tokens=4), grpc.StatusCode.RESOURCE_EXHAUSTED),  # over max_samples_per_request
-    (pb.SamplingParams(n=1, max_new_tokens=4, temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT),
-])
+@pytest.mark.parametrize(
+    ("bad", "code"),
+    [
+        (
+            pb.SamplingParams(n=1000, max_new_tokens=4),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ),  # over max_samples_per_request
+        (pb.SamplingParams(n=1, max_new_tokens=4, temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
 def test_one_refused_request_refuses_the_whole_batch_and_leaves_nothing_running(
-        tiny_model_dir: Path, bad: pb.SamplingParams, code: grpc.StatusCode) -> None:
+    tiny_model_dir: Path, bad: pb.SamplingParams, code: grpc.StatusCode
+) -> None:
     async def go() -> tuple[grpc.StatusCode, bool, int, int, pb.GenerateResponse]:
         async with inference_server(tiny_model_dir) as (target, service), InferenceClient(target, retries=1) as client:
-            requests = [generate_request("1+2=", pb.SamplingParams(n=4, max_new_tokens=200, ignore_eos=True)),
-                        generate_request("3+4=", bad)]
+            requests = [
+                generate_request("1+2=", pb.SamplingParams(n=4, max_new_tokens=200, ignore_eos=True)),
+                generate_request("3+4=", bad),
+            ]
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await client.generate_batch(requests, timeout_s=60)
             after = await client.generate("1+2=", GREEDY, timeout_s=60)  # the engine serves on

@@ -22,7 +22,8 @@ GREEDY = pb.SamplingParams(n=1, temperature=1.0, top_k=1, max_new_tokens=40, ign
 
 
 def test_tokens_stream_while_the_engine_still_samples_and_add_up_to_the_sample_and_to_generate(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> dict[str, Any]:
         async with inference_server(tiny_model_dir) as (target, service), InferenceClient(target) as client:
             out: dict[str, Any] = {"ids": [], "lps": [], "versions": [], "samples": []}
@@ -117,5 +118,8 @@ def test_a_refused_stream_fails_before_its_first_chunk_with_generates_codes(tiny
 
     codes = asyncio.run(go())
 
-    assert codes == {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "limit": grpc.StatusCode.RESOURCE_EXHAUSTED,
-                     "weights port": grpc.StatusCode.PERMISSION_DENIED}
+    assert codes == {
+        "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+        "limit": grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "weights port": grpc.StatusCode.PERMISSION_DENIED,
+    }

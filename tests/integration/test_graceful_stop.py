@@ -73,17 +73,23 @@ def _stop_mid_step(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 async def _serve_until_stopped(cfg: RunConfig, model_dir: Path) -> None:
     """serve() the trainer with real inference, reward and rollout until the SIGTERM of the hook ends it."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server("arithmetic") as (rew_target, _):
-        cfg = replace(cfg, inference=replace(
-            cfg.inference, server=replace(cfg.inference.server, address=inf_target),
-            weights_server=replace(cfg.inference.weights_server, address=inf.weights_target)),
-            reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)))
+        cfg = replace(
+            cfg,
+            inference=replace(
+                cfg.inference,
+                server=replace(cfg.inference.server, address=inf_target),
+                weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
+            ),
+            reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)),
+        )
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
         stop = asyncio.Event()
         trainer = asyncio.create_task(serve(cfg))
         try:
             async with RolloutClients.connect(inf_target, rew_target, cfg.trainer.server.target) as clients:
-                producer = RolloutProducer(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
-                                           clients)
+                producer = RolloutProducer(
+                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
+                )
                 rollout = asyncio.create_task(producer.run(stop))
                 try:
                     await asyncio.wait_for(trainer, timeout=300)  # returns: the stop was graceful
@@ -110,23 +116,45 @@ async def _stream_state(cfg: RunConfig) -> dict[str, Any]:
             [(_, fields)] = await client.xrange(keys.stream, entry_id, entry_id)
             groups.append(EpisodeGroup.FromString(fields[STREAM_FIELD]).group_id)
         info = await stream.info()
-        dropped = [k.decode() for reason in ("stale", "reward_error", "zero_advantage")
-                   for k in await client.hkeys(keys.dropped(reason))]  # type: ignore[arg-type]
+        dropped = [
+            k.decode()
+            for reason in ("stale", "reward_error", "zero_advantage")
+            for k in await client.hkeys(keys.dropped(reason))
+        ]  # type: ignore[arg-type]
         appended = int(await client.hget(keys.rollout_progress, PROGRESS_APPENDED) or 0)
-        return {"pending": groups, "undelivered": info.lag, "dropped": dropped, "appended": appended,
-                "invalid": int(await client.hlen(keys.invalid))}
+        return {
+            "pending": groups,
+            "undelivered": info.lag,
+            "dropped": dropped,
+            "appended": appended,
+            "invalid": int(await client.hlen(keys.invalid)),
+        }
     finally:
         await stream.close()
 
 
 def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with_a_final_checkpoint_and_acks(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    dataset_path: Path,
+    redis_server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", "c" * 32)
     monkeypatch.setenv("RELAYRL_WEIGHTS_TOKEN", "w" * 32)
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.total_steps=5",
-                  "trainer.micro_batch_size=1", "trainer.checkpoint.every=50", "trainer.checkpoint.resume=auto",
-                  f"trainer.server.port={free_port()}", "trainer.http.enabled=false")
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        "trainer.total_steps=5",
+        "trainer.micro_batch_size=1",
+        "trainer.checkpoint.every=50",
+        "trainer.checkpoint.resume=auto",
+        f"trainer.server.port={free_port()}",
+        "trainer.http.enabled=false",
+    )
     reached = _stop_mid_step(monkeypatch)
     caplog.set_level(logging.INFO, logger="relayrl.trainer")
 
@@ -135,8 +163,11 @@ def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with_a_fin
     assert reached.is_set()
     messages = [r.getMessage() for r in caplog.records]
     # the step was left at the boundary after the micro-batch the stop arrived in, far before its end
-    assert any(f"step {STOP_STEP} abandoned at a micro-batch boundary after {STOP_MICRO + 1} of {MICRO_BATCHES} "
-               "micro-batches" in m for m in messages), messages
+    assert any(
+        f"step {STOP_STEP} abandoned at a micro-batch boundary after {STOP_MICRO + 1} of {MICRO_BATCHES} "
+        "micro-batches" in m
+        for m in messages
+    ), messages
     assert f"stopped at step {STOP_STEP - 1} with a final checkpoint (every trained group acknowledged)" in messages
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STOP_STEP))
@@ -161,6 +192,7 @@ def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with_a_fin
     assert abandoned <= set(again) | set(after["dropped"]) | set(after["pending"])  # lost: none
     effective = trained + again
     assert max(Counter(effective).values()) == 1
-    assert after["appended"] == (len(effective) + len(after["dropped"]) + after["invalid"] + len(after["pending"])
-                                 + after["undelivered"])
+    assert after["appended"] == (
+        len(effective) + len(after["dropped"]) + after["invalid"] + len(after["pending"]) + after["undelivered"]
+    )
     assert out["trained"] == cfg.trainer.total_steps * cfg.trainer.groups_per_step

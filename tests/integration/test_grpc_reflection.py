@@ -26,8 +26,11 @@ def _call_by_reflection(target: str, service: str, method: str, request: dict[st
         m = pool.FindServiceByName(service).FindMethodByName(method)
         req_cls = message_factory.GetMessageClass(m.input_type)
         resp_cls = message_factory.GetMessageClass(m.output_type)
-        call = channel.unary_unary(f"/{service}/{method}", request_serializer=req_cls.SerializeToString,
-                                   response_deserializer=resp_cls.FromString)
+        call = channel.unary_unary(
+            f"/{service}/{method}",
+            request_serializer=req_cls.SerializeToString,
+            response_deserializer=resp_cls.FromString,
+        )
         response = call(json_format.ParseDict(request, req_cls()), timeout=30)
         return services, json_format.MessageToDict(response)
 
@@ -36,10 +39,15 @@ def test_inference_lists_its_services_and_generates_from_reflected_descriptors(t
     async def go() -> tuple[list[str], dict, list[str]]:
         async with inference_server(tiny_model_dir) as (target, service):
             listed, response = await asyncio.to_thread(
-                _call_by_reflection, target, "relayrl.v1.InferenceService", "Generate",
-                {"promptText": "1+2=", "sampling": {"n": 2, "temperature": 1.0, "maxNewTokens": 3}})
-            weights, _ = await asyncio.to_thread(_call_by_reflection, service.weights_target,
-                                                 "relayrl.v1.InferenceService", "GetStatus", {})
+                _call_by_reflection,
+                target,
+                "relayrl.v1.InferenceService",
+                "Generate",
+                {"promptText": "1+2=", "sampling": {"n": 2, "temperature": 1.0, "maxNewTokens": 3}},
+            )
+            weights, _ = await asyncio.to_thread(
+                _call_by_reflection, service.weights_target, "relayrl.v1.InferenceService", "GetStatus", {}
+            )
             return listed, response, weights
 
     listed, response, weights_listed = asyncio.run(go())
@@ -91,9 +99,11 @@ def test_reflected_descriptors_do_not_bypass_the_weights_token(tiny_model_dir: P
             m = pool.FindServiceByName("relayrl.v1.InferenceService").FindMethodByName("UpdateWeights")
             req_cls = message_factory.GetMessageClass(m.input_type)
             resp_cls = message_factory.GetMessageClass(m.output_type)
-            call = channel.stream_unary("/relayrl.v1.InferenceService/UpdateWeights",
-                                        request_serializer=req_cls.SerializeToString,
-                                        response_deserializer=resp_cls.FromString)
+            call = channel.stream_unary(
+                "/relayrl.v1.InferenceService/UpdateWeights",
+                request_serializer=req_cls.SerializeToString,
+                response_deserializer=resp_cls.FromString,
+            )
             try:
                 call(iter([json_format.ParseDict({"manifest": {"version": 7}}, req_cls())]), timeout=30)
             except grpc.RpcError as exc:

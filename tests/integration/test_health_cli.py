@@ -21,8 +21,16 @@ async def _health_cli(*args: str) -> tuple[int, str, float]:
     """Run `python -m relayrl.cli health ...` in a subprocess without blocking the in-process server's loop."""
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relayrl.cli", "health", *args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "relayrl.cli",
+        "health",
+        *args,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), time.monotonic() - start
@@ -65,8 +73,13 @@ def test_health_of_port_without_listener_exits_one_within_timeout() -> None:
     timeout_s = 2.0
 
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "relayrl.cli", "health", "--target", target, "--timeout",
-                             str(timeout_s)], cwd=REPO, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "health", "--target", target, "--timeout", str(timeout_s)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     elapsed, code, out = time.monotonic() - start, result.returncode, result.stdout + result.stderr
 
     assert code == 1, out

@@ -20,9 +20,18 @@ pytestmark = pytest.mark.integration
 
 
 def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eval(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.eval.every_steps=2",
-                  f"trainer.eval.dataset={dataset_path}", "trainer.eval.limit=4", "trainer.eval.k=2")
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        "trainer.eval.every_steps=2",
+        f"trainer.eval.dataset={dataset_path}",
+        "trainer.eval.limit=4",
+        "trainer.eval.k=2",
+    )
 
     out = asyncio.run(_run(cfg, tiny_model_dir))
 
@@ -45,8 +54,9 @@ def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eval(
 
 
 def _eval(tmp_path: Path, data: Path) -> tuple[InRunEval, list[EvalRow]]:
-    cfg = load_run_config(None, [f"output_dir={tmp_path}", "trainer.eval.every_steps=2",
-                                 f"trainer.eval.dataset={data}"])
+    cfg = load_run_config(
+        None, [f"output_dir={tmp_path}", "trainer.eval.every_steps=2", f"trainer.eval.dataset={data}"]
+    )
     written: list[EvalRow] = []
     return InRunEval(cfg, lambda row, step: written.append(row)), written
 

@@ -68,16 +68,26 @@ def test_concurrent_requests_are_batched_and_all_answered(tiny_model_dir: Path) 
         (_request(max_new_tokens=0), "max_new_tokens"),
         (_request(temperature=-1.0), "temperature"),
         (_request(top_p=1.5), "top_p"),
-        (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[10**6]),
-                            sampling=pb.SamplingParams(n=1, max_new_tokens=2)), "token ids"),
-        (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[3] * 250),  # the tiny model's context is 256
-                            sampling=pb.SamplingParams(n=1, max_new_tokens=10)), "context length"),
+        (
+            pb.GenerateRequest(
+                prompt_token_ids=pb.TokenIds(ids=[10**6]), sampling=pb.SamplingParams(n=1, max_new_tokens=2)
+            ),
+            "token ids",
+        ),
+        (
+            pb.GenerateRequest(
+                prompt_token_ids=pb.TokenIds(ids=[3] * 250),  # the tiny model's context is 256
+                sampling=pb.SamplingParams(n=1, max_new_tokens=10),
+            ),
+            "context length",
+        ),
         (_request(max_new_tokens=5000), "max_new_tokens"),
         (_request(stop_token_ids=[-1]), "stop_token_ids"),
     ],
 )
-def test_malformed_generate_is_invalid_argument(tiny_model_dir: Path, request_: pb.GenerateRequest,
-                                                message: str) -> None:
+def test_malformed_generate_is_invalid_argument(
+    tiny_model_dir: Path, request_: pb.GenerateRequest, message: str
+) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.InferenceServiceStub(ch)
@@ -94,14 +104,18 @@ def test_malformed_generate_is_invalid_argument(tiny_model_dir: Path, request_: 
 
 def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch, \
-                insecure_channel(servicer.weights_target) as wch:
+        async with (
+            inference_server(tiny_model_dir) as (target, servicer),
+            insecure_channel(target) as ch,
+            insecure_channel(servicer.weights_target) as wch,
+        ):
             stub = pb_grpc.InferenceServiceStub(ch)
             wstub = pb_grpc.InferenceServiceStub(wch)
             new = {k: torch.randn_like(v) for k, v in model_tensors(servicer.engine.model).items()}
 
-            resp = await wstub.UpdateWeights(_stream(list(iter_update_messages(new, 4, chunk_bytes=8192))),
-                                            timeout=30, metadata=AUTH)
+            resp = await wstub.UpdateWeights(
+                _stream(list(iter_update_messages(new, 4, chunk_bytes=8192))), timeout=30, metadata=AUTH
+            )
             status = await stub.GetStatus(pb.GetInferenceStatusRequest(), timeout=5)
             gen = await stub.Generate(_request(), timeout=30)
 
@@ -115,8 +129,11 @@ def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
 
 def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch, \
-                insecure_channel(servicer.weights_target) as wch:
+        async with (
+            inference_server(tiny_model_dir) as (target, servicer),
+            insecure_channel(target) as ch,
+            insecure_channel(servicer.weights_target) as wch,
+        ):
             stub = pb_grpc.InferenceServiceStub(ch)
             wstub = pb_grpc.InferenceServiceStub(wch)
             before = {k: v.clone() for k, v in model_tensors(servicer.engine.model).items()}
@@ -127,8 +144,9 @@ def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(ti
 
             for tensors in (bad, unknown):
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await wstub.UpdateWeights(_stream(list(iter_update_messages(tensors, 1))), timeout=30,
-                                              metadata=AUTH)
+                    await wstub.UpdateWeights(
+                        _stream(list(iter_update_messages(tensors, 1))), timeout=30, metadata=AUTH
+                    )
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
             assert servicer.engine.version == 0
@@ -140,8 +158,7 @@ def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(ti
 
 def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (_, servicer), \
-                insecure_channel(servicer.weights_target) as wch:
+        async with inference_server(tiny_model_dir) as (_, servicer), insecure_channel(servicer.weights_target) as wch:
             wstub = pb_grpc.InferenceServiceStub(wch)
             tensors = model_tensors(servicer.engine.model)
             await wstub.UpdateWeights(_stream(list(iter_update_messages(tensors, 2))), timeout=30, metadata=AUTH)
@@ -157,8 +174,7 @@ def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) ->
 
 def test_weight_stream_without_manifest_is_refused(tiny_model_dir: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir) as (_, servicer), \
-                insecure_channel(servicer.weights_target) as wch:
+        async with inference_server(tiny_model_dir) as (_, servicer), insecure_channel(servicer.weights_target) as wch:
             wstub = pb_grpc.InferenceServiceStub(wch)
             chunks = list(iter_update_messages(model_tensors(servicer.engine.model), 1))[:-1]
 
@@ -175,8 +191,9 @@ def test_oversized_message_is_resource_exhausted_and_others_are_served(tiny_mode
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.InferenceServiceStub(ch)
-            huge = pb.GenerateRequest(prompt_text="1" * (MAX_MESSAGE_BYTES + 1),
-                                      sampling=pb.SamplingParams(max_new_tokens=1))
+            huge = pb.GenerateRequest(
+                prompt_text="1" * (MAX_MESSAGE_BYTES + 1), sampling=pb.SamplingParams(max_new_tokens=1)
+            )
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.Generate(huge, timeout=30)

@@ -15,8 +15,9 @@ from tests.integration.helpers import inference_server
 pytestmark = pytest.mark.integration
 
 
-def test_served_version_waits_for_an_inference_that_comes_up_later(tiny_model_dir: Path,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_served_version_waits_for_an_inference_that_comes_up_later(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="relayrl.trainer.publication")
     port = free_port()
 

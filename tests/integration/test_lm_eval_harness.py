@@ -36,8 +36,9 @@ RTOL, ATOL = 1e-5, 1e-4  # float32 rounding between two runs of one float32 mode
 
 def documented_command() -> str:
     """The lm-eval command of docs/clients.md (its only ``shell`` block that starts with lm_eval)."""
-    [command] = re.findall(r"^```shell\n(lm_eval .*?)^```", (REPO / "docs" / "clients.md").read_text(),
-                           flags=re.DOTALL | re.MULTILINE)
+    [command] = re.findall(
+        r"^```shell\n(lm_eval .*?)^```", (REPO / "docs" / "clients.md").read_text(), flags=re.DOTALL | re.MULTILINE
+    )
     return command
 
 
@@ -60,12 +61,26 @@ def _metrics(out: Path) -> dict[str, Any]:
 
 async def _run_documented(model_dir: Path, out: Path) -> tuple[int, str]:
     async with inference_server(model_dir, http=True) as (_, service):
-        env = {**os.environ, **OFFLINE, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-               "RELAYRL_INFERENCE_HTTP": f"http://127.0.0.1:{service.http_port}",  # type: ignore[attr-defined]
-               "RELAYRL_MODEL": service.model_name, "RELAYRL_MODEL_DIR": str(model_dir), "EVAL_OUT": str(out)}
-        proc = await asyncio.create_subprocess_exec("bash", "-euo", "pipefail", "-c", documented_command(), cwd=REPO,
-                                                    env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
+        env = {
+            **os.environ,
+            **OFFLINE,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+            "RELAYRL_INFERENCE_HTTP": f"http://127.0.0.1:{service.http_port}",  # type: ignore[attr-defined]
+            "RELAYRL_MODEL": service.model_name,
+            "RELAYRL_MODEL_DIR": str(model_dir),
+            "EVAL_OUT": str(out),
+        }
+        proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            documented_command(),
+            cwd=REPO,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         stdout, _ = await asyncio.wait_for(proc.communicate(), timeout=400)
         return int(proc.returncode or 0), stdout.decode(errors="replace")
 
@@ -78,9 +93,13 @@ def _run_hf(model_dir: Path) -> dict[str, Any]:
         from lm_eval.tasks import TaskManager
 
         return simple_evaluate(  # type: ignore[no-any-return]
-            model="hf", model_args={"pretrained": str(model_dir), "dtype": "float32", "device": "cpu",
-                                    "max_length": 256},
-            tasks=TASKS, task_manager=TaskManager(include_path=str(TASKS_DIR)), log_samples=True, batch_size=1)
+            model="hf",
+            model_args={"pretrained": str(model_dir), "dtype": "float32", "device": "cpu", "max_length": 256},
+            tasks=TASKS,
+            task_manager=TaskManager(include_path=str(TASKS_DIR)),
+            log_samples=True,
+            batch_size=1,
+        )
     finally:
         for k, v in saved.items():
             if v is None:
@@ -109,8 +128,11 @@ def test_loglikelihood_task_through_the_api_agrees_with_hugging_face(runs: tuple
     for a, h in zip(api_samples, sorted(hf_samples, key=lambda r: r["doc_id"]), strict=True):
         api_lls, api_greedy = _pairs(a)
         hf_lls, hf_greedy = _pairs(h)
-        assert all(math.isclose(x, y, rel_tol=RTOL, abs_tol=ATOL) for x, y in zip(api_lls, hf_lls, strict=True)), \
-            (a["doc_id"], api_lls, hf_lls)
+        assert all(math.isclose(x, y, rel_tol=RTOL, abs_tol=ATOL) for x, y in zip(api_lls, hf_lls, strict=True)), (
+            a["doc_id"],
+            api_lls,
+            hf_lls,
+        )
         assert api_greedy == hf_greedy
         assert a["acc"] == h["acc"] and a["acc_norm"] == h["acc_norm"]
     api_metrics, hf_metrics = _metrics(out)[task], hf["results"][task]

@@ -53,19 +53,30 @@ def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits.float()
 
 
-def test_only_the_adapter_is_published_and_the_probe_verifies_base_plus_adapter(chat_model_dir: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_only_the_adapter_is_published_and_the_probe_verifies_base_plus_adapter(
+    chat_model_dir: Path, tmp_path: Path
+) -> None:
     model, _ = _trained_policy(chat_model_dir)
     tok = load_tokenizer(chat_model_dir)
     probe = WeightPublisher.default_probe(model, tok, sequences=4, tokens=24, seed=0)
 
     async def go() -> None:
         async with inference_server(chat_model_dir, lora=LORA) as (_, service):
-            base_before = {n: p.clone() for n, p in service.engine.model.named_parameters()  # type: ignore[attr-defined]
-                           if not p.requires_grad}
-            pub = WeightPublisher(model, torch.device("cpu"), service.weights_target,
-                                  make_transport(WeightTransport.GRPC_STREAM, 1 << 20, tmp_path), timeout_s=30,
-                                  probe=probe, probe_tolerance=None, token=WEIGHTS_TOKEN)
+            base_before = {
+                n: p.clone()
+                for n, p in service.engine.model.named_parameters()  # type: ignore[attr-defined]
+                if not p.requires_grad
+            }
+            pub = WeightPublisher(
+                model,
+                torch.device("cpu"),
+                service.weights_target,
+                make_transport(WeightTransport.GRPC_STREAM, 1 << 20, tmp_path),
+                timeout_s=30,
+                probe=probe,
+                probe_tolerance=None,
+                token=WEIGHTS_TOKEN,
+            )
             snapshot = pub.snapshot()
             result = await pub.push(snapshot, 1)
 
@@ -93,8 +104,10 @@ def test_a_full_weight_update_to_a_lora_server_is_refused(chat_model_dir: Path) 
     async def go() -> None:
         from relayrl.client import InferenceClient
 
-        async with inference_server(chat_model_dir, lora=LORA) as (_, service), \
-                InferenceClient(service.weights_target, token=WEIGHTS_TOKEN) as client:
+        async with (
+            inference_server(chat_model_dir, lora=LORA) as (_, service),
+            InferenceClient(service.weights_target, token=WEIGHTS_TOKEN) as client,
+        ):
             await client.update_weights(list(iter_update_messages(full, 1, 1 << 20)), 1, 30, attempts=1)
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -102,8 +115,9 @@ def test_a_full_weight_update_to_a_lora_server_is_refused(chat_model_dir: Path) 
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_checkpoint_holds_only_the_adapter_resumes_it_and_merges_into_a_full_model(chat_model_dir: Path,
-                                                                                    tmp_path: Path) -> None:
+def test_checkpoint_holds_only_the_adapter_resumes_it_and_merges_into_a_full_model(
+    chat_model_dir: Path, tmp_path: Path
+) -> None:
     from transformers import AutoModelForCausalLM
 
     model, learner = _trained_policy(chat_model_dir)
@@ -139,5 +153,6 @@ def test_bfloat16_base_keeps_a_float32_adapter_on_both_sides(chat_model_dir: Pat
     adapter = {n: p for n, p in trainer_side.named_parameters() if p.requires_grad}
     assert adapter and {p.dtype for p in adapter.values()} == {torch.float32}  # float32 master weights
     assert {p.dtype for p in trainer_side.parameters() if not p.requires_grad} == {torch.bfloat16}
-    assert {n: (p.dtype, p.shape) for n, p in served.named_parameters() if p.requires_grad} == \
-        {n: (p.dtype, p.shape) for n, p in adapter.items()}
+    assert {n: (p.dtype, p.shape) for n, p in served.named_parameters() if p.requires_grad} == {
+        n: (p.dtype, p.shape) for n, p in adapter.items()
+    }

@@ -50,26 +50,43 @@ class UpdatingEnvironment:
     async def step(self, action: str) -> StepResult:
         self.steps += 1
         if self.steps == 1:
-            await self.weights.UpdateWeights(_one(list(iter_update_messages(self.tensors, 1))), timeout=30,
-                                             metadata=AUTH)
+            await self.weights.UpdateWeights(
+                _one(list(iter_update_messages(self.tensors, 1))), timeout=30, metadata=AUTH
+            )
         return StepResult(observation=OBSERVATION, reward=1.0, done=self.steps == 2)
 
     async def close(self) -> None:
         return None
 
 
-def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_episode(
-        tiny_model_dir: Path) -> None:
-    cfg = RolloutConfig(workflow="multi_turn", environment="unused:unused", max_new_tokens=4, max_turns=2,
-                        max_episode_tokens=32, group_size=1, temperature=1.0)
+def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_episode(tiny_model_dir: Path) -> None:
+    cfg = RolloutConfig(
+        workflow="multi_turn",
+        environment="unused:unused",
+        max_new_tokens=4,
+        max_turns=2,
+        max_episode_tokens=32,
+        group_size=1,
+        temperature=1.0,
+    )
 
     async def go() -> episode_pb2.Episode:
-        async with inference_server(tiny_model_dir) as (target, service), \
-                insecure_channel(service.weights_target) as wch, InferenceClient(target) as client:
+        async with (
+            inference_server(tiny_model_dir) as (target, service),
+            insecure_channel(service.weights_target) as wch,
+            InferenceClient(target) as client,
+        ):
             tensors = {k: v.clone() for k, v in model_tensors(service.engine.model).items()}
             env = UpdatingEnvironment(pb_grpc.InferenceServiceStub(wch), tensors)
-            ctx = WorkflowContext(inference=client, reward=None, group_id="g", group_size=1, producer_id="test",
-                                  created_at=time.time(), config=cfg)
+            ctx = WorkflowContext(
+                inference=client,
+                reward=None,
+                group_id="g",
+                group_size=1,
+                producer_id="test",
+                created_at=time.time(),
+                config=cfg,
+            )
             return (await MultiTurnWorkflow(lambda row: env)(Prompt("p", "1+2=", ""), ctx))[0]
 
     ep = asyncio.run(go())
@@ -78,13 +95,13 @@ def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_
     mask, versions = list(ep.loss_mask), list(ep.token_weight_versions)
     first = mask.index(0)
     obs_len = mask[first:].index(1)
-    obs_ids = list(ep.completion_token_ids[first:first + obs_len])
+    obs_ids = list(ep.completion_token_ids[first : first + obs_len])
     # the observation's ids are the server's tokenization of its text, appended to the sampled ids unchanged
     assert obs_ids == tokenizer(OBSERVATION, add_special_tokens=False)["input_ids"]
     assert list(ep.prompt_token_ids) == tokenizer("1+2=", add_special_tokens=False)["input_ids"]
     assert ep.turns == 2 and ep.episode_end == episode_pb2.EPISODE_END_DONE and ep.reward == 2.0
     # turn 1 under version 0, its observation stamped 0, turn 2 under version 1
-    assert set(versions[:first + obs_len]) == {0} and set(versions[first + obs_len:]) == {1}
+    assert set(versions[: first + obs_len]) == {0} and set(versions[first + obs_len :]) == {1}
     group = episode_pb2.EpisodeGroup(group_id="g", episodes=[ep])
     assert validate_group(group, Limits(len(tokenizer), cfg.episode_token_cap(), newest_version=1)) is None
     # the trainer's view: one episode with two versions; its staleness counts from the oldest token (version 0)

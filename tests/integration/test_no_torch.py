@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 # Runs `relayrl <args>` with an import blocker for torch; any attempt to import it (even one the importer
 # catches) is reported on stderr at exit.
-BLOCKED = '''
+BLOCKED = """
 import atexit, sys
 
 attempts = []
@@ -38,12 +38,18 @@ sys.meta_path.insert(0, NoTorch())
 atexit.register(lambda: attempts and print("TORCH IMPORTED: " + ", ".join(attempts), file=sys.stderr))
 from relayrl.cli import main
 sys.exit(main(sys.argv[1:]))
-'''
+"""
 
 
 def _relayrl(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", BLOCKED, *args], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-c", BLOCKED, *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
@@ -55,21 +61,26 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str,
 def _run_dir(tmp_path: Path, dataset: Path, redis_url: str = "", *overrides: str) -> Path:
     run = tmp_path / "run"
     run.mkdir()
-    cfg = load_run_config(None, [f"output_dir={run}", f"rollout.dataset={dataset}", f"redis.url={redis_url}",
-                                 *(f"{s}.server.port={free_port()}" for s in ("inference", "reward", "rollout",
-                                                                               "trainer")),
-                                 *(f"{s}.http.host=127.0.0.1" for s in ("reward", "rollout")),
-                                 *(f"{s}.http.port=0" for s in ("reward", "rollout")), "reward.workers=1",
-                                 *overrides])
+    cfg = load_run_config(
+        None,
+        [
+            f"output_dir={run}",
+            f"rollout.dataset={dataset}",
+            f"redis.url={redis_url}",
+            *(f"{s}.server.port={free_port()}" for s in ("inference", "reward", "rollout", "trainer")),
+            *(f"{s}.http.host=127.0.0.1" for s in ("reward", "rollout")),
+            *(f"{s}.http.port=0" for s in ("reward", "rollout")),
+            "reward.workers=1",
+            *overrides,
+        ],
+    )
     dump_run_config(cfg, run / "config.yaml")
     return run
 
 
-def test_status_of_a_run_folder_imports_no_torch(tmp_path: Path, dataset_path: Path,
-                                                 redis_server: RedisServer) -> None:
+def test_status_of_a_run_folder_imports_no_torch(tmp_path: Path, dataset_path: Path, redis_server: RedisServer) -> None:
     run = _run_dir(tmp_path, dataset_path, redis_server.url)
-    rows = [RlRow(step=s, reward_mean=0.5, staleness_mean=0.25, staleness_max=1, episodes_per_s=10.0)
-            for s in (1, 2)]
+    rows = [RlRow(step=s, reward_mean=0.5, staleness_mean=0.25, staleness_max=1, episodes_per_s=10.0) for s in (1, 2)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
 
     code, out, _ = _finish(_relayrl("status", str(run)))
@@ -91,8 +102,9 @@ def test_control_imports_no_torch(tmp_path: Path, dataset_path: Path) -> None:
 
 
 @pytest.mark.parametrize("service", ["rollout", "reward"])
-def test_starting_the_service_imports_no_torch(tmp_path: Path, dataset_path: Path, redis_server: RedisServer,
-                                               service: str) -> None:
+def test_starting_the_service_imports_no_torch(
+    tmp_path: Path, dataset_path: Path, redis_server: RedisServer, service: str
+) -> None:
     run = _run_dir(tmp_path, dataset_path, redis_server.url)
     target = load_run_config(run / "config.yaml").__getattribute__(service).server.target
     proc = _relayrl("serve", service, str(run / "config.yaml"))

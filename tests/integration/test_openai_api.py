@@ -33,7 +33,8 @@ def test_completion_returns_n_choices_with_token_logprobs_and_weight_versions(ti
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             resp = await _client(service).completions.create(
-                model=service.model_name, prompt="1+2=", max_tokens=4, n=3, temperature=0.7, logprobs=0)
+                model=service.model_name, prompt="1+2=", max_tokens=4, n=3, temperature=0.7, logprobs=0
+            )
 
             assert len(resp.choices) == 3
             for c in resp.choices:
@@ -52,8 +53,12 @@ def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             resp = await _client(service).chat.completions.create(
-                model=service.model_name, messages=[{"role": "user", "content": "2+2="}], max_tokens=3,
-                logprobs=True, temperature=0)
+                model=service.model_name,
+                messages=[{"role": "user", "content": "2+2="}],
+                max_tokens=3,
+                logprobs=True,
+                temperature=0,
+            )
 
             [choice] = resp.choices
             assert choice.message.role == "assistant"
@@ -64,14 +69,18 @@ def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_
     asyncio.run(go())
 
 
-@pytest.mark.parametrize(("kwargs", "param"), [
-    ({"max_tokens": 100_000}, "max_new_tokens"),
-    ({"logprobs": 21}, "logprobs"),
-    ({"echo": True, "stream": True}, "echo"),
-    ({"prompt": "1" * 300}, "context"),
-])
-def test_bad_completion_request_is_a_400_and_the_server_keeps_serving(tiny_model_dir: Path, kwargs: dict[str, object],
-                                                                     param: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"max_tokens": 100_000}, "max_new_tokens"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"echo": True, "stream": True}, "echo"),
+        ({"prompt": "1" * 300}, "context"),
+    ],
+)
+def test_bad_completion_request_is_a_400_and_the_server_keeps_serving(
+    tiny_model_dir: Path, kwargs: dict[str, object], param: str
+) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)

@@ -20,23 +20,31 @@ def _client(service: object) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=30, max_retries=0)
 
 
-@pytest.mark.parametrize(("kwargs", "param"), [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"logit_bias": {"5": 10}}, "logit_bias"),
-    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-    ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages.0.content"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # no tool-capable template
-    ({"messages": [{"role": "tool", "content": "3", "tool_call_id": "c"}]}, "messages"),
-])
-def test_unsupported_chat_field_is_a_400_naming_it(tiny_model_dir: Path, kwargs: dict[str, object],
-                                                   param: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages.0.content",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # no tool-capable template
+        ({"messages": [{"role": "tool", "content": "3", "tool_call_id": "c"}]}, "messages"),
+    ],
+)
+def test_unsupported_chat_field_is_a_400_naming_it(tiny_model_dir: Path, kwargs: dict[str, object], param: str) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
-            args: dict[str, object] = {"model": service.model_name, "max_tokens": 2,
-                                       "messages": [{"role": "user", "content": "1"}], **kwargs}
+            args: dict[str, object] = {
+                "model": service.model_name,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "1"}],
+                **kwargs,
+            }
             with pytest.raises(openai.BadRequestError) as info:
                 await _client(service).chat.completions.create(**args)  # type: ignore[call-overload]
 
@@ -55,9 +63,14 @@ def test_errors_have_openai_shape_for_an_unknown_model(tiny_model_dir: Path) -> 
                 resp = await http.post("/v1/completions", json={"model": "gpt-9", "prompt": "1"})
 
             assert resp.status_code == 404
-            assert resp.json() == {"error": {"message": resp.json()["error"]["message"],
-                                             "type": "invalid_request_error", "param": "model",
-                                             "code": "model_not_found"}}
+            assert resp.json() == {
+                "error": {
+                    "message": resp.json()["error"]["message"],
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_not_found",
+                }
+            }
 
     asyncio.run(go())
 
@@ -67,12 +80,29 @@ def test_seed_n_stop_list_and_max_completion_tokens_are_honoured(tiny_model_dir:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)
             msgs = [{"role": "user", "content": "7*8="}]
-            a, b, c = await asyncio.gather(*(client.chat.completions.create(
-                model=service.model_name, messages=msgs, n=3, seed=seed, max_completion_tokens=6,
-                temperature=1.5, extra_body={"ignore_eos": True}) for seed in (11, 11, 12)))  # type: ignore[call-overload]
-            stopped = await client.completions.create(model=service.model_name, prompt="1", max_tokens=30,
-                                                      temperature=0, stop=["1", "2", "3", "4"], logprobs=0,
-                                                      extra_body={"ignore_eos": True})
+            a, b, c = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=service.model_name,
+                        messages=msgs,
+                        n=3,
+                        seed=seed,
+                        max_completion_tokens=6,
+                        temperature=1.5,
+                        extra_body={"ignore_eos": True},
+                    )
+                    for seed in (11, 11, 12)
+                )
+            )  # type: ignore[call-overload]
+            stopped = await client.completions.create(
+                model=service.model_name,
+                prompt="1",
+                max_tokens=30,
+                temperature=0,
+                stop=["1", "2", "3", "4"],
+                logprobs=0,
+                extra_body={"ignore_eos": True},
+            )
 
             texts = [[ch.message.content for ch in r.choices] for r in (a, b, c)]
             assert texts[0] == texts[1] and texts[0] != texts[2]  # the seed decides the samples

@@ -38,8 +38,14 @@ def test_completion_logprobs_n_gives_the_n_likeliest_tokens_of_the_tempered_soft
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             resp = await _client(service).completions.create(
-                model=service.model_name, prompt="1+2=", max_tokens=6, temperature=0.7, logprobs=3, seed=7,
-                extra_body={"ignore_eos": True})
+                model=service.model_name,
+                prompt="1+2=",
+                max_tokens=6,
+                temperature=0.7,
+                logprobs=3,
+                seed=7,
+                extra_body={"ignore_eos": True},
+            )
             return resp
 
     resp = asyncio.run(go())
@@ -49,7 +55,7 @@ def test_completion_logprobs_n_gives_the_n_likeliest_tokens_of_the_tempered_soft
     assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
     prompt = tok("1+2=", add_special_tokens=False)["input_ids"]
     generated = tok("".join(lp.tokens), add_special_tokens=False)["input_ids"]
-    ref = _reference(tiny_model_dir, prompt + generated, 0.7)[len(prompt) - 1:]
+    ref = _reference(tiny_model_dir, prompt + generated, 0.7)[len(prompt) - 1 :]
     for t, (token, sampled_lp, top) in enumerate(zip(generated, lp.token_logprobs, lp.top_logprobs, strict=True)):
         assert sampled_lp == pytest.approx(float(ref[t, token]), abs=ATOL)
         values, ids = ref[t].topk(3)
@@ -64,8 +70,8 @@ def test_echo_with_logprobs_scores_the_prompt_first_token_null(tiny_model_dir: P
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             return await _client(service).completions.create(
-                model=service.model_name, prompt=["12+34=", "5*6="], max_tokens=1, temperature=0, logprobs=2,
-                echo=True)
+                model=service.model_name, prompt=["12+34=", "5*6="], max_tokens=1, temperature=0, logprobs=2, echo=True
+            )
 
     resp = asyncio.run(go())
     tok = load_tokenizer(tiny_model_dir)
@@ -88,10 +94,16 @@ def test_chat_top_logprobs_lists_alternatives_most_likely_first(tiny_model_dir: 
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)
             both = await asyncio.gather(
-                client.chat.completions.create(model=service.model_name, max_tokens=5, temperature=0,
-                                               messages=[{"role": "user", "content": "3+4="}], logprobs=True,
-                                               top_logprobs=4),
-                client.completions.create(model=service.model_name, prompt="9", max_tokens=5))  # batched with it
+                client.chat.completions.create(
+                    model=service.model_name,
+                    max_tokens=5,
+                    temperature=0,
+                    messages=[{"role": "user", "content": "3+4="}],
+                    logprobs=True,
+                    top_logprobs=4,
+                ),
+                client.completions.create(model=service.model_name, prompt="9", max_tokens=5),
+            )  # batched with it
             return both[0]
 
     resp = asyncio.run(go())

@@ -23,15 +23,22 @@ def _client(service: object) -> openai.AsyncOpenAI:
 
 
 def test_streamed_completion_joins_to_the_unstreamed_text_and_ends_with_finish_reason_and_usage(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)
-            args = {"model": service.model_name, "prompt": "1+2=", "max_tokens": 12, "temperature": 0,
-                    "extra_body": {"ignore_eos": True}}
+            args = {
+                "model": service.model_name,
+                "prompt": "1+2=",
+                "max_tokens": 12,
+                "temperature": 0,
+                "extra_body": {"ignore_eos": True},
+            }
             whole = await client.completions.create(**args)  # type: ignore[call-overload]
-            stream = await client.completions.create(stream=True, stream_options={"include_usage": True},
-                                                     logprobs=2, **args)  # type: ignore[call-overload]
+            stream = await client.completions.create(
+                stream=True, stream_options={"include_usage": True}, logprobs=2, **args
+            )  # type: ignore[call-overload]
             chunks = [c async for c in stream]
 
             text_chunks = [c for c in chunks if c.choices]
@@ -54,8 +61,14 @@ def test_streamed_chat_with_n_and_stop_list_gives_each_choice_its_role_deltas_an
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)
-            args = {"model": service.model_name, "messages": [{"role": "user", "content": "2+2="}], "n": 2,
-                    "max_completion_tokens": 10, "temperature": 0, "stop": ["=", "+"]}
+            args = {
+                "model": service.model_name,
+                "messages": [{"role": "user", "content": "2+2="}],
+                "n": 2,
+                "max_completion_tokens": 10,
+                "temperature": 0,
+                "stop": ["=", "+"],
+            }
             whole = await client.chat.completions.create(**args)  # type: ignore[call-overload]
             stream = await client.chat.completions.create(stream=True, **args)  # type: ignore[call-overload]
             chunks = [c async for c in stream]
@@ -71,7 +84,8 @@ def test_streamed_chat_with_n_and_stop_list_gives_each_choice_its_role_deltas_an
 
 
 def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_request_would_end(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     max_tokens = 200
 
     async def go() -> None:
@@ -86,13 +100,16 @@ def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_reques
             hook = engine.model.register_forward_pre_hook(hold)  # type: ignore[attr-defined]
             base = f"http://127.0.0.1:{service.http_port}"  # type: ignore[attr-defined]
             body = {"prompt": "1+", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
-            async with (httpx.AsyncClient(base_url=base, timeout=30) as http,
-                        http.stream("POST", "/v1/completions", json=body) as resp):
+            async with (
+                httpx.AsyncClient(base_url=base, timeout=30) as http,
+                http.stream("POST", "/v1/completions", json=body) as resp,
+            ):
                 assert resp.status_code == 200
                 async for line in resp.aiter_lines():
                     if line.startswith("data: "):
                         first = json.loads(line[6:])
                         break
+
             # the connection is closed: wait (bounded) until the server has cancelled the request, then let the
             # engine go on; it must drop the row at its next step instead of generating the other ~197 tokens
             def cancelled() -> bool:  # held with the cancelled row, or (disconnect seen sooner) already dropped it
@@ -127,7 +144,8 @@ def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_reques
 
 
 def test_stop_string_is_never_sent_streamed_or_not_and_streamed_text_joins_to_the_whole(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     from tests.integration.eval_model import create_eval_model
 
     model_dir = create_eval_model(tmp_path_factory.mktemp("models") / "evalmodel")  # varied greedy answers
@@ -135,12 +153,17 @@ def test_stop_string_is_never_sent_streamed_or_not_and_streamed_text_joins_to_th
     async def go() -> None:
         async with inference_server(model_dir, http=True) as (_, service):
             client = _client(service)
-            args = {"model": service.model_name, "prompt": "75+3=", "max_tokens": 16, "temperature": 0,
-                    "extra_body": {"ignore_eos": True}}
+            args = {
+                "model": service.model_name,
+                "prompt": "75+3=",
+                "max_tokens": 16,
+                "temperature": 0,
+                "extra_body": {"ignore_eos": True},
+            }
             free = (await client.completions.create(**args)).choices[0].text  # type: ignore[call-overload]
             # a 3-character stop string that first occurs after a few characters of the free answer
-            at = next(k for k in range(2, len(free) - 3) if free.find(free[k:k + 3]) == k)
-            stop = free[at:at + 3]
+            at = next(k for k in range(2, len(free) - 3) if free.find(free[k : k + 3]) == k)
+            stop = free[at : at + 3]
             whole = await client.completions.create(stop=stop, **args)  # type: ignore[call-overload]
             stream = await client.completions.create(stop=stop, stream=True, **args)  # type: ignore[call-overload]
             pieces = [c.choices[0].text for c in [c async for c in stream] if c.choices]

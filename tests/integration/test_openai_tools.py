@@ -27,8 +27,13 @@ def test_tool_call_round_trip_parses_the_call_and_answers_from_the_tool_message(
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             client = _client(service)
-            first = await client.chat.completions.create(model=service.model_name, messages=QUESTION,  # type: ignore[arg-type]
-                                                         tools=TOOLS, temperature=0, max_tokens=80)  # type: ignore[arg-type]
+            first = await client.chat.completions.create(
+                model=service.model_name,
+                messages=QUESTION,  # type: ignore[arg-type]
+                tools=TOOLS,
+                temperature=0,
+                max_tokens=80,
+            )  # type: ignore[arg-type]
             [choice] = first.choices
             assert choice.finish_reason == "tool_calls"
             assert choice.message.content is None
@@ -37,10 +42,18 @@ def test_tool_call_round_trip_parses_the_call_and_answers_from_the_tool_message(
             assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 1, "b": 2}
 
             # the client sends the call back as the assistant's turn, then the tool's result
-            history = [*QUESTION, choice.message.model_dump(exclude_none=True),
-                       {"role": "tool", "tool_call_id": call.id, "content": "3"}]
-            second = await client.chat.completions.create(model=service.model_name, messages=history,  # type: ignore[arg-type]
-                                                          tools=TOOLS, temperature=0, max_tokens=40)  # type: ignore[arg-type]
+            history = [
+                *QUESTION,
+                choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "3"},
+            ]
+            second = await client.chat.completions.create(
+                model=service.model_name,
+                messages=history,  # type: ignore[arg-type]
+                tools=TOOLS,
+                temperature=0,
+                max_tokens=40,
+            )  # type: ignore[arg-type]
             assert second.choices[0].finish_reason == "stop"
             assert second.choices[0].message.content == ANSWER
             assert second.choices[0].message.tool_calls is None
@@ -52,8 +65,13 @@ def test_streamed_tool_call_arrives_as_a_tool_calls_delta(tool_model_dir: Path) 
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             stream = await _client(service).chat.completions.create(
-                model=service.model_name, messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=80,  # type: ignore[arg-type]
-                stream=True)
+                model=service.model_name,
+                messages=QUESTION,
+                tools=TOOLS,
+                temperature=0,
+                max_tokens=80,  # type: ignore[arg-type]
+                stream=True,
+            )
             chunks = [c async for c in stream]
 
             deltas = [c.choices[0] for c in chunks if c.choices]
@@ -69,8 +87,13 @@ def test_tool_choice_none_leaves_tools_out_of_the_prompt(tool_model_dir: Path) -
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             resp = await _client(service).chat.completions.create(
-                model=service.model_name, messages=QUESTION, tools=TOOLS, tool_choice="none", temperature=0,  # type: ignore[arg-type]
-                max_tokens=5)
+                model=service.model_name,
+                messages=QUESTION,
+                tools=TOOLS,
+                tool_choice="none",
+                temperature=0,  # type: ignore[arg-type]
+                max_tokens=5,
+            )
 
             assert resp.choices[0].message.tool_calls is None
             assert resp.usage is not None and resp.usage.prompt_tokens == len("user: What is 1+2?\nassistant: ")
@@ -82,7 +105,8 @@ def test_history_replays_through_the_template_like_the_model_was_fitted(tool_mod
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             resp = await _client(service).chat.completions.create(
-                model=service.model_name, messages=CALLED, tools=TOOLS, temperature=0, max_tokens=40)  # type: ignore[arg-type]
+                model=service.model_name, messages=CALLED, tools=TOOLS, temperature=0, max_tokens=40
+            )  # type: ignore[arg-type]
             assert resp.choices[0].message.content == ANSWER
 
     asyncio.run(go())
@@ -101,8 +125,15 @@ def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: 
 
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
-            llm = ChatOpenAI(base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key="unused",  # type: ignore[attr-defined,arg-type]
-                             model=service.model_name, temperature=0, max_tokens=80, max_retries=0, timeout=30)
+            llm = ChatOpenAI(
+                base_url=f"http://127.0.0.1:{service.http_port}/v1",
+                api_key="unused",  # type: ignore[attr-defined,arg-type]
+                model=service.model_name,
+                temperature=0,
+                max_tokens=80,
+                max_retries=0,
+                timeout=30,
+            )
             question = [HumanMessage(QUESTION[0]["content"])]
             asked = await llm.bind_tools([add]).ainvoke(question)
             [call] = asked.tool_calls  # type: ignore[attr-defined]
@@ -110,7 +141,8 @@ def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: 
 
             result = await add.ainvoke(call["args"])
             answer = await llm.bind_tools([add]).ainvoke(
-                [*question, asked, ToolMessage(str(result), tool_call_id=call["id"])])
+                [*question, asked, ToolMessage(str(result), tool_call_id=call["id"])]
+            )
             assert answer.content == ANSWER
 
             chunks = [c async for c in llm.astream("What is 1+2?")]
@@ -136,12 +168,20 @@ def test_openai_agents_sdk_runs_a_tool_calling_turn_to_its_final_answer(tool_mod
 
     async def go() -> str:
         async with inference_server(tool_model_dir, http=True) as (_, service):
-            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key="unused",  # type: ignore[attr-defined]
-                                        max_retries=0, timeout=30)
+            client = openai.AsyncOpenAI(
+                base_url=f"http://127.0.0.1:{service.http_port}/v1",
+                api_key="unused",  # type: ignore[attr-defined]
+                max_retries=0,
+                timeout=30,
+            )
             # greedy: the SDK leaves the temperature to the server (1: sampling), which made the answer depend on
             # the engine's random state, i.e. on the tests that ran before in the same process
-            agent = Agent(name="calc", tools=[add], model_settings=ModelSettings(temperature=0),
-                          model=OpenAIChatCompletionsModel(model=service.model_name, openai_client=client))
+            agent = Agent(
+                name="calc",
+                tools=[add],
+                model_settings=ModelSettings(temperature=0),
+                model=OpenAIChatCompletionsModel(model=service.model_name, openai_client=client),
+            )
             result = await Runner.run(agent, QUESTION[0]["content"], max_turns=3)
             return str(result.final_output)
 

@@ -20,8 +20,20 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 3.0
 JOBS = 200
-KINDS = {3: "hang", 50: "hang", 97: "hang", 11: "die", 64: "die", 130: "die", 17: "late", 88: "late", 151: "late",
-         25: "kill", 75: "kill", 125: "kill"}
+KINDS = {
+    3: "hang",
+    50: "hang",
+    97: "hang",
+    11: "die",
+    64: "die",
+    130: "die",
+    17: "late",
+    88: "late",
+    151: "late",
+    25: "kill",
+    75: "kill",
+    125: "kill",
+}
 
 
 def _kind(k: int) -> str:
@@ -33,8 +45,12 @@ def _job(k: int) -> Job:
     if kind == "code":
         return CodeRun(code=f"print({k})", stdin=b"", wall_timeout_s=TIMEOUT_S - 0.5, memory_mb=256)
     if kind == "kill":  # prints its number, then dies of SIGKILL
-        return CodeRun(code=f"import os\nprint({k}, flush=True)\nos.kill(os.getpid(), 9)\n", stdin=b"",
-                       wall_timeout_s=TIMEOUT_S - 0.5, memory_mb=256)
+        return CodeRun(
+            code=f"import os\nprint({k}, flush=True)\nos.kill(os.getpid(), 9)\n",
+            stdin=b"",
+            wall_timeout_s=TIMEOUT_S - 0.5,
+            memory_mb=256,
+        )
     return RewardInput("p", f"{kind}:{k}", "", {"late_s": TIMEOUT_S - 0.05})
 
 
@@ -60,8 +76,7 @@ def _check(k: int, out: Outcome) -> None:
 
 async def _stress() -> tuple[dict[int, Outcome], int, dict[str, int]]:
     rng = random.Random(7)
-    pool = VerifierPool(ScorerSpec(function="tests.reward_fns:job_echo"), SandboxConfig(), 3, TIMEOUT_S,
-                        chunk_size=4)
+    pool = VerifierPool(ScorerSpec(function="tests.reward_fns:job_echo"), SandboxConfig(), 3, TIMEOUT_S, chunk_size=4)
     await pool.start()
     answers: dict[int, Outcome] = {}
     cancelled = 0
@@ -71,7 +86,7 @@ async def _stress() -> tuple[dict[int, Outcome], int, dict[str, int]]:
         groups, i = [], 0
         while i < len(numbers):
             size = rng.randint(1, 6)
-            groups.append(numbers[i:i + size])
+            groups.append(numbers[i : i + size])
             i += size
 
         async def call(index: int, group: list[int]) -> None:

@@ -35,19 +35,36 @@ pytestmark = pytest.mark.integration
 
 
 @asynccontextmanager
-async def _stack(model_dir: Path, tmp_path: Path, redis_url: str
-                 ) -> AsyncIterator[tuple[VersionPublication, InferenceService]]:
+async def _stack(
+    model_dir: Path, tmp_path: Path, redis_url: str
+) -> AsyncIterator[tuple[VersionPublication, InferenceService]]:
     weights_dir = tmp_path / "weights"
     async with inference_server(model_dir, weights_dir=weights_dir) as (target, service):
         model = load_model(ModelConfig(path=model_dir))
         probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), sequences=2, tokens=8, seed=0)
-        publisher = WeightPublisher(model, torch.device("cpu"), service.weights_target,
-                                    make_transport(WeightTransport.SHARED_MEMORY, 16384, weights_dir), 30.0, probe,
-                                    None, token=WEIGHTS_TOKEN)
+        publisher = WeightPublisher(
+            model,
+            torch.device("cpu"),
+            service.weights_target,
+            make_transport(WeightTransport.SHARED_MEMORY, 16384, weights_dir),
+            30.0,
+            probe,
+            None,
+            token=WEIGHTS_TOKEN,
+        )
         client = EpisodeStream.from_url(redis_url, "s", "g").client
         keys = RedisKeys(version_counter="v")
-        yield VersionPublication(publisher, VersionSource(client, keys), VersionLineage(client, keys),
-                                 Collectives(None, 10.0), target, retry_s=5.0), service
+        yield (
+            VersionPublication(
+                publisher,
+                VersionSource(client, keys),
+                VersionLineage(client, keys),
+                Collectives(None, 10.0),
+                target,
+                retry_s=5.0,
+            ),
+            service,
+        )
 
 
 def _gate(service: InferenceService) -> asyncio.Event:
@@ -64,7 +81,8 @@ def _gate(service: InferenceService) -> asyncio.Event:
 
 
 def test_overlapped_publication_has_its_version_at_once_and_admission_keeps_the_served_steps_window(
-        tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer) -> None:
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
     async def go() -> None:
         async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, service):
             first, _ = await publication.publish(0)  # step 0 served and verified
@@ -85,7 +103,8 @@ def test_overlapped_publication_has_its_version_at_once_and_admission_keeps_the_
 
 
 def test_a_failed_overlapped_push_raises_at_settle(
-        tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer) -> None:
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
     async def go() -> None:
         async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, service):
             await publication.publish(0)
@@ -105,9 +124,9 @@ def test_a_failed_overlapped_push_raises_at_settle(
     asyncio.run(go())
 
 
-
 def test_closing_with_a_push_in_flight_stops_it_and_a_later_publication_takes_a_newer_version(
-        tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer) -> None:
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
     async def go() -> tuple[int, int, int, bool]:
         async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, service):
             first, _ = await publication.publish(0)
@@ -125,8 +144,10 @@ def test_closing_with_a_push_in_flight_stops_it_and_a_later_publication_takes_a_
     assert first < abandoned < later  # versions are never reused, also around an abandoned push
     assert not publishing
 
+
 def test_the_probe_of_an_in_flight_push_never_runs_inside_an_optimizer_step(
-        tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     step_entered, probe_started = threading.Event(), threading.Event()
     score = weight_sync.probe_logprobs
 

@@ -48,8 +48,9 @@ async def producer_on(server: RedisServer, retry_s: float) -> AsyncIterator[Roll
     await stream.ensure_group()
     rows = [{"prompt": "1+1=", "answer": "2", "id": "p0"}]
     async with RolloutClients.connect("127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1") as clients:
-        producer = RolloutProducer(RolloutConfig(), stream, PromptCursor(rows, False, 0), clients,
-                                   redis_retry_s=retry_s)
+        producer = RolloutProducer(
+            RolloutConfig(), stream, PromptCursor(rows, False, 0), clients, redis_retry_s=retry_s
+        )
         producer.trainer_view = TrainerView(step=0, weight_version=0, groups_per_step=4, reachable=True, serving=True)
         try:
             yield producer
@@ -62,22 +63,33 @@ def episodes(group_id: str) -> list[Episode]:
 
 
 def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_memory_frees(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> dict[str, object]:
         async with producer_on(redis_server, retry_s=30.0) as producer:
             admitted_before = producer.can_admit()
             admin = fill(redis_server)
             append = asyncio.create_task(producer._append(0, episodes("g-oom")))
             assert await until(lambda: producer.redis_oom_retries >= 2)
-            during = {"blocked": producer.append_blocked, "admits": producer.can_admit(),
-                      "length": admin.xlen(STREAM), "done": append.done(),
-                      "status_blocked": producer.state()["redis_oom_retries"] >= 2}
+            during = {
+                "blocked": producer.append_blocked,
+                "admits": producer.can_admit(),
+                "length": admin.xlen(STREAM),
+                "done": append.done(),
+                "status_blocked": producer.state()["redis_oom_retries"] >= 2,
+            }
             admin.delete("filler")  # memory frees: the next retry goes through
             await asyncio.wait_for(append, 20)
             entries = admin.xrange(STREAM)
-            return {"before": admitted_before, "during": during, "ids": [e[0] for e in entries],
-                    "after_admits": producer.can_admit(), "after_blocked": producer.append_blocked,
-                    "produced": producer.groups_produced, "appended": producer.progress.appended}
+            return {
+                "before": admitted_before,
+                "during": during,
+                "ids": [e[0] for e in entries],
+                "after_admits": producer.can_admit(),
+                "after_blocked": producer.append_blocked,
+                "produced": producer.groups_produced,
+                "appended": producer.progress.appended,
+            }
 
     seen = asyncio.run(go())
 
@@ -89,7 +101,8 @@ def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_me
 
 
 def test_append_to_a_redis_that_stays_full_fails_after_redis_retry_s_with_nothing_half_written(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> tuple[type[BaseException] | None, int, bool, int, dict[bytes, bytes]]:
         async with producer_on(redis_server, retry_s=0.5) as producer:
             admin = fill(redis_server)
@@ -131,7 +144,8 @@ def test_readers_that_do_not_ask_for_oom_retries_get_the_error_at_once(redis_ser
 
 
 def test_a_rollout_started_on_a_full_redis_waits_for_its_consumer_group_then_starts_when_memory_frees(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> tuple[bool, int, BaseException | None]:
         async with producer_on(redis_server, retry_s=30.0) as producer:
             admin = fill(redis_server)  # XGROUP CREATE is refused now, though the group already exists

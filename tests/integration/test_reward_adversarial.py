@@ -104,19 +104,36 @@ def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: Sandb
     assert left == []
 
 
-def _score(host: Host, backend: SandboxBackend, completion: str, metadata: dict[str, object],
-           function: str = "code", reference: str = "") -> tuple[pb.ScoreResponse, float]:
+def _score(
+    host: Host,
+    backend: SandboxBackend,
+    completion: str,
+    metadata: dict[str, object],
+    function: str = "code",
+    reference: str = "",
+) -> tuple[pb.ScoreResponse, float]:
     sandbox = SandboxConfig(backend=backend, wall_timeout_s=WALL_S, total_timeout_s=WALL_S, uid_base=UID_BASE)
     before, earlier = host.snapshot(), _descendants()
 
     async def go() -> tuple[pb.ScoreResponse, float]:
-        async with reward_server(function, code_token=CODE_TOKEN, workers=1, timeout_s=VERIFIER_TIMEOUT_S,
-                                 sandbox=sandbox) as (target, _), insecure_channel(target) as ch:
+        async with (
+            reward_server(
+                function, code_token=CODE_TOKEN, workers=1, timeout_s=VERIFIER_TIMEOUT_S, sandbox=sandbox
+            ) as (target, _),
+            insecure_channel(target) as ch,
+        ):
             stub = pb_grpc.RewardServiceStub(ch)
             t0 = time.monotonic()
-            resp = await stub.Score(pb.ScoreRequest(
-                episode_id="adv", completion=completion, reference=reference,
-                metadata={k: json.dumps(v) for k, v in metadata.items()}), timeout=30, metadata=AUTH)
+            resp = await stub.Score(
+                pb.ScoreRequest(
+                    episode_id="adv",
+                    completion=completion,
+                    reference=reference,
+                    metadata={k: json.dumps(v) for k, v in metadata.items()},
+                ),
+                timeout=30,
+                metadata=AUTH,
+            )
             return resp, time.monotonic() - t0
 
     resp, elapsed = asyncio.run(go())
@@ -139,8 +156,10 @@ def test_infinite_loop_is_killed_at_the_wall_clock_and_scores_zero(host: Host, b
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fork_bomb_is_contained_and_leaves_no_process(host: Host, backend: SandboxBackend) -> None:
-    program = "import os, time\ndef solve():\n    return 1\nwhile True:\n    try:\n        os.fork()\n" \
-              "    except OSError:\n        time.sleep(0.01)\n"
+    program = (
+        "import os, time\ndef solve():\n    return 1\nwhile True:\n    try:\n        os.fork()\n"
+        "    except OSError:\n        time.sleep(0.01)\n"
+    )
 
     resp, elapsed = _score(host, backend, program, ONE_TEST)
 
@@ -172,7 +191,8 @@ def test_deleting_or_writing_files_outside_its_directory_fails(host: Host, backe
         "                lambda: open('/etc/relayrl-owned', 'w').write('x')):\n"
         "    try:\n        attempt()\n        blocked.append(False)\n"
         "    except OSError:\n        blocked.append(True)\n"
-        "print('blocked' if all(blocked) else blocked)\n")
+        "print('blocked' if all(blocked) else blocked)\n"
+    )
 
     resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "blocked"}]})
 
@@ -183,9 +203,11 @@ def test_deleting_or_writing_files_outside_its_directory_fails(host: Host, backe
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_network_connection_is_impossible(host: Host, backend: SandboxBackend) -> None:
-    program = ("import socket\ntry:\n"
-               f"    socket.create_connection(('127.0.0.1', {host.port}), timeout=0.5)\n    print('connected')\n"
-               "except OSError:\n    print('blocked')\n")
+    program = (
+        "import socket\ntry:\n"
+        f"    socket.create_connection(('127.0.0.1', {host.port}), timeout=0.5)\n    print('connected')\n"
+        "except OSError:\n    print('blocked')\n"
+    )
 
     resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "blocked"}]})
 
@@ -195,11 +217,13 @@ def test_network_connection_is_impossible(host: Host, backend: SandboxBackend) -
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_environment_secrets_are_not_visible(host: Host, backend: SandboxBackend) -> None:
-    program = ("import os\nseen = ' '.join(os.environ.values())\n"
-               "for pid in os.listdir('/proc'):\n    try:\n"
-               "        seen += open('/proc/%s/environ' % pid, 'rb').read().decode(errors='replace')\n"
-               "    except (OSError, ValueError):\n        pass\n"
-               f"print('leaked' if {SECRET!r} in seen or 'RELAYRL_TEST_SECRET' in seen else 'clean')\n")
+    program = (
+        "import os\nseen = ' '.join(os.environ.values())\n"
+        "for pid in os.listdir('/proc'):\n    try:\n"
+        "        seen += open('/proc/%s/environ' % pid, 'rb').read().decode(errors='replace')\n"
+        "    except (OSError, ValueError):\n        pass\n"
+        f"print('leaked' if {SECRET!r} in seen or 'RELAYRL_TEST_SECRET' in seen else 'clean')\n"
+    )
 
     resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "clean"}]})
 
@@ -219,8 +243,9 @@ def test_megabytes_of_output_are_capped_and_the_program_killed(host: Host, backe
 
 
 def test_sympy_expression_that_never_finishes_is_a_timeout_not_a_zero(host: Host) -> None:
-    resp, elapsed = _score(host, SandboxBackend.BWRAP, "The answer is $\\boxed{9^{9^{9}}}$", {}, function="math",
-                           reference="2")
+    resp, elapsed = _score(
+        host, SandboxBackend.BWRAP, "The answer is $\\boxed{9^{9^{9}}}$", {}, function="math", reference="2"
+    )
 
     assert resp.status == pb.SCORE_STATUS_TIMEOUT
     assert "killed and replaced" in resp.error
@@ -242,10 +267,18 @@ CLEAN_SET = [  # (function, completion, reference, metadata): all correct
     ("exact_match", "  Paris. ", "paris", {}),
     ("regex", "Answer: 42", "42", {"pattern": "Answer: (\\d+)"}),
     ("format", "<answer>42</answer>", "", {}),
-    ("code", "```python\ndef add(a, b):\n    return a + b\n```", "", {"tests": ["assert add(1, 2) == 3",
-                                                                           "assert add(-1, 1) == 0"]}),
-    ("code", "print(int(input()) * 2)", "", {"io_tests": [{"input": "21", "output": "42"},
-                                                          {"input": "0\n", "output": "0"}]}),
+    (
+        "code",
+        "```python\ndef add(a, b):\n    return a + b\n```",
+        "",
+        {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]},
+    ),
+    (
+        "code",
+        "print(int(input()) * 2)",
+        "",
+        {"io_tests": [{"input": "21", "output": "42"}, {"input": "0\n", "output": "0"}]},
+    ),
 ]
 
 
@@ -257,12 +290,25 @@ def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
         out: dict[str, list[pb.ScoreResponse]] = {}
         for function in dict.fromkeys(f for f, *_ in CLEAN_SET):  # each verifier as the service's reward
             rows = [(c, r, m) for f, c, r, m in CLEAN_SET if f == function]
-            async with reward_server(function, code_token=CODE_TOKEN, workers=2, sandbox=sandbox) as (target, _), \
-                    insecure_channel(target) as ch:
-                batch = await pb_grpc.RewardServiceStub(ch).ScoreBatch(pb.ScoreBatchRequest(requests=[
-                    pb.ScoreRequest(episode_id=str(i), completion=c, reference=r,
-                                    metadata={k: json.dumps(v) for k, v in m.items()})
-                    for i, (c, r, m) in enumerate(rows)]), timeout=60, metadata=AUTH)
+            async with (
+                reward_server(function, code_token=CODE_TOKEN, workers=2, sandbox=sandbox) as (target, _),
+                insecure_channel(target) as ch,
+            ):
+                batch = await pb_grpc.RewardServiceStub(ch).ScoreBatch(
+                    pb.ScoreBatchRequest(
+                        requests=[
+                            pb.ScoreRequest(
+                                episode_id=str(i),
+                                completion=c,
+                                reference=r,
+                                metadata={k: json.dumps(v) for k, v in m.items()},
+                            )
+                            for i, (c, r, m) in enumerate(rows)
+                        ]
+                    ),
+                    timeout=60,
+                    metadata=AUTH,
+                )
             out[function] = list(batch.responses)
         return out
 

@@ -29,8 +29,12 @@ def test_score_batch_returns_scores_and_components_in_order() -> None:
     async def go() -> None:
         async with reward_server() as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
-            resp = await stub.ScoreBatch(pb.ScoreBatchRequest(requests=[
-                _req("7", episode_id="a"), _req("77", episode_id="b"), _req("3", episode_id="c")]), timeout=10)
+            resp = await stub.ScoreBatch(
+                pb.ScoreBatchRequest(
+                    requests=[_req("7", episode_id="a"), _req("77", episode_id="b"), _req("3", episode_id="c")]
+                ),
+                timeout=10,
+            )
 
             assert [r.episode_id for r in resp.responses] == ["a", "b", "c"]
             assert [r.status for r in resp.responses] == [pb.SCORE_STATUS_OK] * 3
@@ -71,8 +75,9 @@ def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:spin", timeout_s=1.0) as (target, servicer), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
-            resp = await stub.ScoreBatch(pb.ScoreBatchRequest(requests=[
-                _req("ok"), _req("hang"), _req("ok"), _req("ok")]), timeout=20)
+            resp = await stub.ScoreBatch(
+                pb.ScoreBatchRequest(requests=[_req("ok"), _req("hang"), _req("ok"), _req("ok")]), timeout=20
+            )
             for _ in range(100):  # the replacement starts in the background
                 if servicer.pool.ready_workers == 2:
                     break
@@ -80,8 +85,12 @@ def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
             after = await stub.Score(_req("ok"), timeout=10)
             status = await stub.GetStatus(pb.GetRewardStatusRequest(), timeout=10)
 
-            assert [r.status for r in resp.responses] == [pb.SCORE_STATUS_OK, pb.SCORE_STATUS_TIMEOUT,
-                                                          pb.SCORE_STATUS_OK, pb.SCORE_STATUS_OK]
+            assert [r.status for r in resp.responses] == [
+                pb.SCORE_STATUS_OK,
+                pb.SCORE_STATUS_TIMEOUT,
+                pb.SCORE_STATUS_OK,
+                pb.SCORE_STATUS_OK,
+            ]
             assert "did not finish within 1s" in resp.responses[1].error
             # one kill (the hung request's worker), no other: the rest of the batch was scored, not killed
             assert servicer.pool.restarts == {"timeout": 1, "crash": 0}
@@ -94,11 +103,16 @@ def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
 def test_crashing_verifier_is_an_error_and_the_rest_of_the_batch_is_scored() -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:crash") as (target, servicer), insecure_channel(target) as ch:
-            resp = await pb_grpc.RewardServiceStub(ch).ScoreBatch(pb.ScoreBatchRequest(requests=[
-                _req("ok"), _req("crash"), _req("ok"), _req("ok")]), timeout=20)
+            resp = await pb_grpc.RewardServiceStub(ch).ScoreBatch(
+                pb.ScoreBatchRequest(requests=[_req("ok"), _req("crash"), _req("ok"), _req("ok")]), timeout=20
+            )
 
-            assert [r.status for r in resp.responses] == [pb.SCORE_STATUS_OK, pb.SCORE_STATUS_ERROR,
-                                                          pb.SCORE_STATUS_OK, pb.SCORE_STATUS_OK]
+            assert [r.status for r in resp.responses] == [
+                pb.SCORE_STATUS_OK,
+                pb.SCORE_STATUS_ERROR,
+                pb.SCORE_STATUS_OK,
+                pb.SCORE_STATUS_OK,
+            ]
             assert "worker process died (exit code 3)" in resp.responses[1].error
             assert servicer.pool.restarts["crash"] == 1
 
@@ -112,8 +126,12 @@ def test_batch_is_scored_in_parallel_across_the_pool(tmp_path: Path) -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:rendezvous", workers=4) as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
-            resp = await stub.ScoreBatch(pb.ScoreBatchRequest(requests=[
-                pb.ScoreRequest(episode_id=str(i), completion="x", metadata=metadata) for i in range(4)]), timeout=20)
+            resp = await stub.ScoreBatch(
+                pb.ScoreBatchRequest(
+                    requests=[pb.ScoreRequest(episode_id=str(i), completion="x", metadata=metadata) for i in range(4)]
+                ),
+                timeout=20,
+            )
 
             assert [r.status for r in resp.responses] == [pb.SCORE_STATUS_OK] * 4
             # every verifier saw four started while it ran: the four workers scored at once (serially: 1, 2, ...)
@@ -127,15 +145,21 @@ def test_async_reward_function_is_awaited() -> None:
         async with reward_server(f"{FNS}:async_half", workers=1) as (target, _), insecure_channel(target) as ch:
             resp = await pb_grpc.RewardServiceStub(ch).Score(_req("x"), timeout=10)
 
-            assert (resp.status, resp.score, resp.details, dict(resp.components)) == \
-                (pb.SCORE_STATUS_OK, 0.5, "x", {"half": 0.5})
+            assert (resp.status, resp.score, resp.details, dict(resp.components)) == (
+                pb.SCORE_STATUS_OK,
+                0.5,
+                "x",
+                {"half": 0.5},
+            )
 
     asyncio.run(go())
 
 
 def test_weighted_components_form_the_total_and_are_reported_by_name() -> None:
-    components = [ComponentConfig(name="answer", function="arithmetic", weight=0.75),
-                  ComponentConfig(name="length", function=f"{FNS}:length", weight=0.25, params={"scale": 0.5})]
+    components = [
+        ComponentConfig(name="answer", function="arithmetic", weight=0.75),
+        ComponentConfig(name="length", function=f"{FNS}:length", weight=0.25, params={"scale": 0.5}),
+    ]
 
     async def go() -> None:
         async with reward_server(components=components, workers=1) as (target, _), insecure_channel(target) as ch:
@@ -143,8 +167,7 @@ def test_weighted_components_form_the_total_and_are_reported_by_name() -> None:
 
             assert resp.status == pb.SCORE_STATUS_OK
             assert resp.score == pytest.approx(0.75 * 1.0 + 0.25 * 0.5)
-            assert dict(resp.components) == {"answer": 1.0, "answer.exact": 1.0, "answer.digits": 1.0,
-                                             "length": 0.5}
+            assert dict(resp.components) == {"answer": 1.0, "answer.exact": 1.0, "answer.digits": 1.0, "length": 0.5}
 
     asyncio.run(go())
 
@@ -154,7 +177,8 @@ def test_batch_over_max_batch_is_resource_exhausted() -> None:
         async with reward_server(max_batch=2, workers=1) as (target, _), insecure_channel(target) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await pb_grpc.RewardServiceStub(ch).ScoreBatch(
-                    pb.ScoreBatchRequest(requests=[_req("1")] * 3), timeout=10)
+                    pb.ScoreBatchRequest(requests=[_req("1")] * 3), timeout=10
+                )
 
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -163,10 +187,14 @@ def test_batch_over_max_batch_is_resource_exhausted() -> None:
 
 def test_rest_api_scores_reports_errors_health_and_metrics() -> None:
     async def go() -> None:
-        async with reward_server(f"{FNS}:crash", workers=1) as (_, servicer), reward_http(servicer) as url, \
-                httpx.AsyncClient(base_url=url, timeout=10) as client:
-            ok = await client.post("/score", json={"completion": "fine", "reference": "7",
-                                                   "metadata": {"tests": ["assert True"]}})
+        async with (
+            reward_server(f"{FNS}:crash", workers=1) as (_, servicer),
+            reward_http(servicer) as url,
+            httpx.AsyncClient(base_url=url, timeout=10) as client,
+        ):
+            ok = await client.post(
+                "/score", json={"completion": "fine", "reference": "7", "metadata": {"tests": ["assert True"]}}
+            )
             failed = await client.post("/score", json={"episode_id": "x", "completion": "crash"})
             invalid = await client.post("/score", json={"prompt": "no completion"})
             for _ in range(100):

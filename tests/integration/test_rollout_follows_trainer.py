@@ -39,16 +39,18 @@ class _TrainerStatus(trainer_pb2_grpc.TrainerServiceServicer):
         self.calls = 0
         self.polled = asyncio.Event()
 
-    async def GetStatus(self, request: trainer_pb2.GetTrainerStatusRequest,
-                        context: grpc.aio.ServicerContext) -> trainer_pb2.TrainerStatus:
+    async def GetStatus(
+        self, request: trainer_pb2.GetTrainerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.TrainerStatus:
         self.calls += 1
         self.polled.set()
         return self.status()
 
     def status(self) -> trainer_pb2.TrainerStatus:
         serving = common_pb2.ComponentStatus(state=common_pb2.ServingState.SERVING_STATE_SERVING)
-        return trainer_pb2.TrainerStatus(component=serving, step=self.step, weight_version=self.step + 1,
-                                         groups_per_step=2)
+        return trainer_pb2.TrainerStatus(
+            component=serving, step=self.step, weight_version=self.step + 1, groups_per_step=2
+        )
 
     async def polls(self, n: int, timeout: float) -> None:
         async with asyncio.timeout(timeout):
@@ -58,8 +60,9 @@ class _TrainerStatus(trainer_pb2_grpc.TrainerServiceServicer):
 
 
 @contextlib.asynccontextmanager
-async def _following(status: _TrainerStatus, redis_url: str, dataset: Path,
-                     poll_s: float) -> AsyncIterator[RolloutProducer]:
+async def _following(
+    status: _TrainerStatus, redis_url: str, dataset: Path, poll_s: float
+) -> AsyncIterator[RolloutProducer]:
     """A producer whose window of step 0 is full (max_staleness 0, 2 groups per step), following ``status``
     (served on port 0) as in ``RolloutProducer.run``; inference and reward are never called."""
     server = grpc.aio.server()
@@ -67,10 +70,15 @@ async def _following(status: _TrainerStatus, redis_url: str, dataset: Path,
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     cfg = RolloutConfig(dataset=dataset, max_staleness=0, status_poll_s=poll_s)
-    clients = RolloutClients(InferenceClient("127.0.0.1:1"), RewardClient("127.0.0.1:1"),
-                             TrainerClient(f"127.0.0.1:{port}", timeout_s=5.0))
-    producer = RolloutProducer(cfg, EpisodeStream.from_url(redis_url, "episodes", "trainers"),
-                               PromptCursor(load_jsonl(dataset), False, 0), clients)
+    clients = RolloutClients(
+        InferenceClient("127.0.0.1:1"), RewardClient("127.0.0.1:1"), TrainerClient(f"127.0.0.1:{port}", timeout_s=5.0)
+    )
+    producer = RolloutProducer(
+        cfg,
+        EpisodeStream.from_url(redis_url, "episodes", "trainers"),
+        PromptCursor(load_jsonl(dataset), False, 0),
+        clients,
+    )
     producer.admission.admitted = 2
     stop = asyncio.Event()
     follower = asyncio.create_task(producer._follow_trainer(stop))
@@ -105,7 +113,8 @@ async def _scenario(redis_url: str, dataset: Path) -> tuple[str | None, int, int
 
 
 def test_while_the_window_is_closed_the_trainer_is_polled_faster_and_a_new_step_reopens_it_promptly(
-        redis_server: RedisServer, dataset_path: Path) -> None:
+    redis_server: RedisServer, dataset_path: Path
+) -> None:
     blocked, before, calls = asyncio.run(_scenario(redis_server.url, dataset_path))
 
     # blocked, polls come every status_poll_s / BLOCKED_POLL_DIVISOR (0.4 s): three of them fit within the 4 s
@@ -123,8 +132,9 @@ class _WatchedTrainer(_TrainerStatus):
         self.pulse = StatusPulse()
         self.watching = asyncio.Event()
 
-    async def WatchStatus(self, request: trainer_pb2.WatchTrainerStatusRequest,
-                          context: grpc.aio.ServicerContext) -> AsyncIterator[trainer_pb2.TrainerStatus]:
+    async def WatchStatus(
+        self, request: trainer_pb2.WatchTrainerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[trainer_pb2.TrainerStatus]:
         async def no_books() -> None:
             return None
 
@@ -147,7 +157,8 @@ async def _watched(redis_url: str, dataset: Path) -> tuple[str | None, bool, int
 
 
 def test_rollout_follows_the_trainers_status_stream_and_a_new_step_reopens_the_window_without_a_poll(
-        redis_server: RedisServer, dataset_path: Path) -> None:
+    redis_server: RedisServer, dataset_path: Path
+) -> None:
     blocked, admits, polls = asyncio.run(_watched(redis_server.url, dataset_path))
 
     assert blocked == "window"

@@ -19,14 +19,20 @@ pytestmark = pytest.mark.integration
 
 
 def test_groups_finishing_together_share_one_transaction_and_every_seq_is_recorded_once(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> tuple[int, int, int, list[int], dict[str, int]]:
         async with producer_on(redis_server, retry_s=5.0) as producer:
             # seqs finish out of order: 2 and 4 leave gaps until 1 and 3 land in the same commit
             await asyncio.gather(*(producer._append(seq, episodes(f"g{seq}")) for seq in (0, 2, 4, 1, 3)))
             stored = await ProgressStore(producer.stream.client, producer.stream.keys).load()
-            return (producer.appends.committed, producer.groups_produced, stored.watermark, sorted(stored.done),
-                    {"appended": stored.appended, "memory_watermark": producer.progress.watermark})
+            return (
+                producer.appends.committed,
+                producer.groups_produced,
+                stored.watermark,
+                sorted(stored.done),
+                {"appended": stored.appended, "memory_watermark": producer.progress.watermark},
+            )
 
     commits, produced, watermark, done, counts = asyncio.run(go())
 
@@ -65,7 +71,8 @@ async def _first_commit_fails(producer: Any, error: Exception) -> tuple[list[Bas
 
 
 def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_written_after_it(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> tuple[list[BaseException | None], int, list[int]]:
         async with producer_on(redis_server, retry_s=5.0) as producer:
             results, _ = await _first_commit_fails(producer, ValueError("failed for another reason than Redis"))
@@ -82,9 +89,11 @@ def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_
 
 
 def test_redis_down_past_retry_s_fails_every_waiting_group_at_once_and_every_later_one(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     """One outage costs one redis.retry_s, not one per group: rollout used to retry each waiting group's append for
     the whole budget in turn (eight groups in flight kept an orphaned rollout up for 25 s of a 5 s budget)."""
+
     async def go() -> tuple[list[BaseException | None], int, BaseException | None, BaseException | None]:
         async with producer_on(redis_server, retry_s=0.5) as producer:
             # what redis_retry re-raises once redis.retry_s is spent

@@ -27,28 +27,60 @@ from tests.integration.helpers import inference_server, reward_server
 
 pytestmark = pytest.mark.integration
 
-REQUIRED_METRICS = {"step", "weight_version", "reward_mean", "episodes", "tokens", "staleness_mean",
-                    "staleness_max", "time_s"}
+REQUIRED_METRICS = {
+    "step",
+    "weight_version",
+    "reward_mean",
+    "episodes",
+    "tokens",
+    "staleness_mean",
+    "staleness_max",
+    "time_s",
+}
 
 
 def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str) -> RunConfig:
-    return load_run_config(None, [
-        f"model.path={model}", f"rollout.dataset={data}", f"redis.url={redis_url}", f"output_dir={tmp}",
-        "trainer.total_steps=4", "trainer.groups_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
-        "trainer.server.port=0", "trainer.checkpoint.every=2", "trainer.linger_s=0", "trainer.sft.batch_size=8",
-        *overrides,
-    ])
+    return load_run_config(
+        None,
+        [
+            f"model.path={model}",
+            f"rollout.dataset={data}",
+            f"redis.url={redis_url}",
+            f"output_dir={tmp}",
+            "trainer.total_steps=4",
+            "trainer.groups_per_step=2",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=3",
+            "trainer.server.port=0",
+            "trainer.checkpoint.every=2",
+            "trainer.linger_s=0",
+            "trainer.sft.batch_size=8",
+            *overrides,
+        ],
+    )
 
 
-async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmetic",
-               inject: list[dict[bytes, bytes]] | None = None, timeout_s: float = 120) -> dict[str, Any]:
+async def _run(
+    cfg: RunConfig,
+    model_dir: Path,
+    reward_function: str = "arithmetic",
+    inject: list[dict[bytes, bytes]] | None = None,
+    timeout_s: float = 120,
+) -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
     XADDed to the stream before anything else (not produced by rollout)."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
-        trainer = Trainer(replace(cfg, inference=replace(
-            cfg.inference, server=replace(cfg.inference.server, address=inf_target),
-            weights_server=replace(cfg.inference.weights_server, address=inf.weights_target)),
-            reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target))))
+        trainer = Trainer(
+            replace(
+                cfg,
+                inference=replace(
+                    cfg.inference,
+                    server=replace(cfg.inference.server, address=inf_target),
+                    weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
+                ),
+                reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)),
+            )
+        )
         handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
@@ -57,8 +89,9 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
         stop = asyncio.Event()
         try:
             async with RolloutClients.connect(inf_target, rew_target, f"127.0.0.1:{handle.port}") as clients:
-                producer = RolloutProducer(cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0),
-                                           clients)
+                producer = RolloutProducer(
+                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
+                )
                 rollout = asyncio.create_task(producer.run(stop))
                 try:
                     await asyncio.wait_for(trainer.train(), timeout=timeout_s)
@@ -79,27 +112,44 @@ async def _run(cfg: RunConfig, model_dir: Path, reward_function: str = "arithmet
     events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
     events.Reload()
     tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    return {"produced": producer.groups_produced, "trained": trainer.progress.groups_trained,
-            "tensorboard": tensorboard,
-            "dropped": trainer.progress.groups_dropped_stale, "pending": info.pending + info.lag,
-            "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
-            "dropped_zero_advantage": trainer.progress.groups_dropped_zero_advantage,
-            "episodes_dropped_zero_advantage": trainer.progress.episodes_dropped_zero_advantage,
-            "invalid": trainer.progress.groups_invalid, "episodes_invalid": trainer.progress.episodes_invalid,
-            "dead_letters": dead,
-            "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,
-            "episodes_reward_errors": producer.episodes_reward_errors,
-            "length": info.length, "inference_version": inf.engine.version,
-            "rows": [r for r in rows if r.get("phase") != "sft"],
-            "sft_rows": [r for r in rows if r.get("phase") == "sft"]}
+    return {
+        "produced": producer.groups_produced,
+        "trained": trainer.progress.groups_trained,
+        "tensorboard": tensorboard,
+        "dropped": trainer.progress.groups_dropped_stale,
+        "pending": info.pending + info.lag,
+        "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
+        "dropped_zero_advantage": trainer.progress.groups_dropped_zero_advantage,
+        "episodes_dropped_zero_advantage": trainer.progress.episodes_dropped_zero_advantage,
+        "invalid": trainer.progress.groups_invalid,
+        "episodes_invalid": trainer.progress.episodes_invalid,
+        "dead_letters": dead,
+        "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,
+        "episodes_reward_errors": producer.episodes_reward_errors,
+        "length": info.length,
+        "inference_version": inf.engine.version,
+        "rows": [r for r in rows if r.get("phase") != "sft"],
+        "sft_rows": [r for r in rows if r.get("phase") == "sft"],
+    }
 
 
 @pytest.mark.parametrize(("max_staleness", "sft_steps"), [(0, 0), (1, 0), (2, 2)])
 def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_for(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
-        max_staleness: int, sft_steps: int) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                  f"rollout.max_staleness={max_staleness}", f"trainer.sft.warmup_steps={sft_steps}")
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    dataset_path: Path,
+    redis_server: RedisServer,
+    max_staleness: int,
+    sft_steps: int,
+) -> None:
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        f"rollout.max_staleness={max_staleness}",
+        f"trainer.sft.warmup_steps={sft_steps}",
+    )
 
     out = asyncio.run(_run(cfg, tiny_model_dir))
 
@@ -116,8 +166,9 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert all(r["episodes"] == 2 * 4 for r in rows)
     assert all(r["staleness_max"] <= max_staleness for r in rows)
     assert all(sum(r["staleness_hist"].values()) == r["episodes"] for r in rows)
-    assert all(r["queue_lag"] >= 0 and 0 <= r["queue_pending"] <= r["groups_trained"] + r["groups_dropped_stale"]
-               for r in rows)
+    assert all(
+        r["queue_lag"] >= 0 and 0 <= r["queue_pending"] <= r["groups_trained"] + r["groups_dropped_stale"] for r in rows
+    )
     assert out["inference_version"] == first_version + 4
     assert out["trained"] == 4 * 2  # groups
     assert rows[-1]["episodes_trained"] == 4 * 2 * 4
@@ -136,12 +187,22 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
 
 
 def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_packed_rows(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                  "trainer.loss.advantage=reinforce_pp_baseline", "trainer.loss.policy_loss=gspo",
-                  "trainer.loss.loss_aggregation=sequence_mean", "trainer.loss.mismatch_mask=token",
-                  "trainer.loss.overlong_buffer_tokens=1", "trainer.loss.kl_coef=0.1",
-                  "trainer.micro_batch_layout=packed", "trainer.micro_batch_tokens=32")
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        "trainer.loss.advantage=reinforce_pp_baseline",
+        "trainer.loss.policy_loss=gspo",
+        "trainer.loss.loss_aggregation=sequence_mean",
+        "trainer.loss.mismatch_mask=token",
+        "trainer.loss.overlong_buffer_tokens=1",
+        "trainer.loss.kl_coef=0.1",
+        "trainer.micro_batch_layout=packed",
+        "trainer.micro_batch_tokens=32",
+    )
 
     out = asyncio.run(_run(cfg, tiny_model_dir))
 
@@ -154,7 +215,8 @@ def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_
 
 
 def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups_still_flow(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
 
     out = asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
@@ -168,14 +230,16 @@ def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups
     assert all(r["episodes"] + r["reward_errors"] == 2 * 4 for r in rows)
     assert out["produced"] == out["trained"] + out["dropped"] + out["dropped_reward_error"] + out["pending"]
     # every failed score the rollout appended is either excluded from a trained group or in a dropped group
-    assert out["episodes_dropped_reward_error"] == sum(r["reward_errors"] for r in rows) + \
-        4 * out["dropped_reward_error"]
+    assert (
+        out["episodes_dropped_reward_error"] == sum(r["reward_errors"] for r in rows) + 4 * out["dropped_reward_error"]
+    )
     assert out["episodes_reward_errors"] >= out["episodes_dropped_reward_error"]
     assert rows[-1]["episodes_trained"] == sum(r["episodes"] for r in rows)
 
 
 def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     from relayrl.trainer.groups import RewardErrorStop
 
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.on_reward_error=fail")
@@ -185,13 +249,19 @@ def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
 
 
 def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
-    first = asyncio.run(_run(_config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url,
-                                     "trainer.checkpoint.keep=5"), tiny_model_dir))
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    first = asyncio.run(
+        _run(
+            _config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url, "trainer.checkpoint.keep=5"),
+            tiny_model_dir,
+        )
+    )
     older = tmp_path / "a" / "checkpoints" / "step_000002" / "model"  # older than the last published version
 
-    second = asyncio.run(_run(_config(tmp_path / "b", older, dataset_path, redis_server.url,
-                                      "redis.stream=relayrl:episodes:b"), older))
+    second = asyncio.run(
+        _run(_config(tmp_path / "b", older, dataset_path, redis_server.url, "redis.stream=relayrl:episodes:b"), older)
+    )
 
     published_before = max(r["weight_version"] for r in first["rows"])
     assert min(r["weight_version"] for r in second["rows"]) > published_before
@@ -199,8 +269,8 @@ def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
 
 
 def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publication(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Inference applies the first update but answers past the trainer's deadline: the push landed, so the
     publication succeeds (verified by the same weights pushed again as a fresh version), never a stale-version
     stop."""
@@ -220,8 +290,15 @@ def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publicat
 
     monkeypatch.setattr(InferenceServicer, "UpdateWeights", late)
     port, weights_port = free_port(), free_port()
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, f"inference.server.port={port}",
-                  f"inference.weights_server.port={weights_port}", "trainer.publication.push_timeout_s=2")
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        f"inference.server.port={port}",
+        f"inference.weights_server.port={weights_port}",
+        "trainer.publication.push_timeout_s=2",
+    )
 
     async def go() -> tuple[int, int, bool, Any]:
         trainer = Trainer(cfg)
@@ -232,8 +309,10 @@ def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publicat
                     for p in trainer.model.parameters():
                         p.add_(0.01)  # the trainer's weights differ from the model on disk
                 version = await trainer.publish(0)
-                same = all(torch.equal(v, model_tensors(trainer.model)[k])
-                           for k, v in model_tensors(inference.engine.model).items())
+                same = all(
+                    torch.equal(v, model_tensors(trainer.model)[k])
+                    for k, v in model_tensors(inference.engine.model).items()
+                )
                 return version, inference.engine.version, same, trainer.publication.last_push
         finally:
             await trainer.close()
@@ -246,13 +325,20 @@ def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publicat
 
 
 def test_restarted_inference_gets_the_trainers_current_weights_again(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     from relayrl.common.weights import model_tensors
     from tests.conftest import free_port
 
     port, weights_port = free_port(), free_port()
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                  f"inference.server.port={port}", f"inference.weights_server.port={weights_port}")
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        f"inference.server.port={port}",
+        f"inference.weights_server.port={weights_port}",
+    )
 
     async def go() -> tuple[int, int, bool]:
         trainer = Trainer(cfg)
@@ -262,16 +348,21 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
                 for p in trainer.model.parameters():
                     p.add_(0.01)  # the trainer's weights differ from the model on disk
             await trainer.publish(0)
-        async with inference_server(tiny_model_dir, port=port,  # from disk: version 0
-                                    weights_port=weights_port) as (_, restarted):
+        async with inference_server(
+            tiny_model_dir,
+            port=port,  # from disk: version 0
+            weights_port=weights_port,
+        ) as (_, restarted):
             watchdog = asyncio.create_task(trainer.watch_inference(interval_s=0.1))
             for _ in range(100):
                 if restarted.engine.version > 0:
                     break
                 await asyncio.sleep(0.1)
             watchdog.cancel()
-            same = all(torch.equal(v, model_tensors(trainer.model)[k])
-                       for k, v in model_tensors(restarted.engine.model).items())
+            same = all(
+                torch.equal(v, model_tensors(trainer.model)[k])
+                for k, v in model_tensors(restarted.engine.model).items()
+            )
             served = restarted.engine.version
         await trainer.close()
         return served, trainer.publication.weight_version, same
@@ -283,7 +374,8 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
 
 
 def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_its_context(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=4")
     root, relayrl_logger = logging.getLogger(), logging.getLogger("relayrl")
     saved, level = list(root.handlers), root.level
@@ -327,16 +419,30 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
 
 
 def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the_books_still_balance(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
     from relayrl.common.redis_keys import STREAM_FIELD
 
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
     vocab = int(json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"])
-    outside = EpisodeGroup(group_id="forged", episodes=[Episode(
-        episode_id=f"forged-{i}", group_id="forged", sample_index=i, group_size=4, prompt_token_ids=[1],
-        completion_token_ids=[vocab], behaviour_logprobs=[-1.0], token_weight_versions=[0], loss_mask=[1])
-        for i in range(4)])
+    outside = EpisodeGroup(
+        group_id="forged",
+        episodes=[
+            Episode(
+                episode_id=f"forged-{i}",
+                group_id="forged",
+                sample_index=i,
+                group_size=4,
+                prompt_token_ids=[1],
+                completion_token_ids=[vocab],
+                behaviour_logprobs=[-1.0],
+                token_weight_versions=[0],
+                loss_mask=[1],
+            )
+            for i in range(4)
+        ],
+    )
     injected = [{STREAM_FIELD: b"\xff\xff"}, {STREAM_FIELD: outside.SerializeToString()}]
 
     out = asyncio.run(_run(cfg, tiny_model_dir, inject=injected))
@@ -346,7 +452,10 @@ def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the_books
     assert (out["invalid"], out["episodes_invalid"]) == (2, 4)
     assert rows[-1]["groups_invalid"] == 2 and rows[-1]["episodes_invalid"] == 4
     assert [reason.split(":")[0] for reason in out["dead_letters"]] == [
-        "'group' is not an EpisodeGroup", "episodes[0].completion_token_ids"]
+        "'group' is not an EpisodeGroup",
+        "episodes[0].completion_token_ids",
+    ]
     # the books: every stream entry (produced by rollout or injected) is trained, dropped, invalid or pending
-    assert out["produced"] + len(injected) == (out["trained"] + out["dropped"] + out["dropped_reward_error"]
-                                               + out["invalid"] + out["pending"])
+    assert out["produced"] + len(injected) == (
+        out["trained"] + out["dropped"] + out["dropped_reward_error"] + out["invalid"] + out["pending"]
+    )

@@ -46,18 +46,24 @@ def test_score_tokens_returns_the_served_models_logprobs_of_the_given_completion
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize(("sequences", "code"), [
-    ([([1], [2], 1.0)] * 3, grpc.StatusCode.RESOURCE_EXHAUSTED),  # over max_samples_per_request (2)
-    ([([1] * 40, [2], 1.0)], grpc.StatusCode.RESOURCE_EXHAUSTED),  # prompt + completion over max_prompt_tokens
-    ([([1], [], 1.0)], grpc.StatusCode.INVALID_ARGUMENT),  # nothing to score
-    ([([1], [10 ** 6], 1.0)], grpc.StatusCode.INVALID_ARGUMENT),  # an id outside the vocabulary
-    ([([1], [2], -1.0)], grpc.StatusCode.INVALID_ARGUMENT),
-])
+@pytest.mark.parametrize(
+    ("sequences", "code"),
+    [
+        ([([1], [2], 1.0)] * 3, grpc.StatusCode.RESOURCE_EXHAUSTED),  # over max_samples_per_request (2)
+        ([([1] * 40, [2], 1.0)], grpc.StatusCode.RESOURCE_EXHAUSTED),  # prompt + completion over max_prompt_tokens
+        ([([1], [], 1.0)], grpc.StatusCode.INVALID_ARGUMENT),  # nothing to score
+        ([([1], [10**6], 1.0)], grpc.StatusCode.INVALID_ARGUMENT),  # an id outside the vocabulary
+        ([([1], [2], -1.0)], grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
 def test_score_tokens_refuses_requests_over_its_limits_at_once(
-        tiny_model_dir: Path, sequences: list[tuple[list[int], list[int], float]], code: grpc.StatusCode) -> None:
+    tiny_model_dir: Path, sequences: list[tuple[list[int], list[int], float]], code: grpc.StatusCode
+) -> None:
     async def go() -> grpc.StatusCode:
-        async with inference_server(tiny_model_dir, max_samples_per_request=2, max_prompt_tokens=32) as (target, _), \
-                InferenceClient(target, retries=0) as client:
+        async with (
+            inference_server(tiny_model_dir, max_samples_per_request=2, max_prompt_tokens=32) as (target, _),
+            InferenceClient(target, retries=0) as client,
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await client.score(sequences, timeout_s=30)
             return err.value.code()

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("transport", [WeightTransport.GRPC_STREAM, WeightTransport.SHARED_MEMORY])
 def test_pushes_between_probes_are_verified_by_the_served_weights_check(
-        tiny_model_dir: Path, tmp_path: Path, transport: WeightTransport) -> None:
+    tiny_model_dir: Path, tmp_path: Path, transport: WeightTransport
+) -> None:
     async def go() -> tuple[list[PushResult], int]:
         weights_dir = tmp_path / "weights"
         async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service):
@@ -42,8 +43,9 @@ def test_pushes_between_probes_are_verified_by_the_served_weights_check(
     assert mismatched == 0  # bit for bit what the trainer holds
 
 
-def test_tied_output_layer_left_behind_fails_a_publication_without_a_probe(tiny_model_dir: Path,
-                                                                            tmp_path: Path) -> None:
+def test_tied_output_layer_left_behind_fails_a_publication_without_a_probe(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (_, service):
             pub = _publisher(tiny_model_dir, service.weights_target, WeightTransport.GRPC_STREAM, tmp_path)
@@ -63,7 +65,8 @@ def test_tied_output_layer_left_behind_fails_a_publication_without_a_probe(tiny_
 
 
 def test_an_engine_that_cannot_confirm_its_weights_is_probed_on_every_push(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(server, "served_check", lambda engine, sha256: {})  # as vLLM's engine: no check
 
     async def go() -> list[PushResult]:

@@ -15,15 +15,20 @@ from tests.integration.test_rollout_trainer import _config, _run
 pytestmark = pytest.mark.integration
 
 PART_FIELDS = [f"time_{p}_s" for p in PARTS]
-PUBLISH_FIELDS = ["time_publish_serialise_s", "time_publish_transfer_s", "time_publish_swap_s",
-                  "time_publish_probe_s"]
+PUBLISH_FIELDS = ["time_publish_serialise_s", "time_publish_transfer_s", "time_publish_swap_s", "time_publish_probe_s"]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, overlap: bool) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url,
-                  f"trainer.publication.overlap={str(overlap).lower()}")
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, overlap: bool
+) -> None:
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        f"trainer.publication.overlap={str(overlap).lower()}",
+    )
 
     out = asyncio.run(_run(cfg, tiny_model_dir))
 
@@ -40,8 +45,9 @@ def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
         assert all(r[f] >= 0 for f in PUBLISH_FIELDS) and r["time_publish_swap_s"] > 0
         # the data wait splits into waiting for generation and the batch in transit, nothing else
         assert r["time_data_generating_s"] >= 0 and r["time_data_transit_s"] >= 0
-        assert r["time_data_generating_s"] + r["time_data_transit_s"] == pytest.approx(r["time_data_s"], rel=0,
-                                                                                      abs=1e-9)
+        assert r["time_data_generating_s"] + r["time_data_transit_s"] == pytest.approx(
+            r["time_data_s"], rel=0, abs=1e-9
+        )
         # the wait for the previous push lies within the publication's part
         assert 0 <= r["time_publish_wait_s"] <= r["time_publish_s"]
         if not overlap:  # the step waits for its push: the publication's own parts lie within it

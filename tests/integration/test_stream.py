@@ -17,8 +17,10 @@ pytestmark = pytest.mark.integration
 
 
 def _group(group: str, n: int) -> EpisodeGroup:
-    return EpisodeGroup(group_id=group, episodes=[Episode(episode_id=f"{group}-{i}", group_id=group, sample_index=i,
-                                                          group_size=n) for i in range(n)])
+    return EpisodeGroup(
+        group_id=group,
+        episodes=[Episode(episode_id=f"{group}-{i}", group_id=group, sample_index=i, group_size=n) for i in range(n)],
+    )
 
 
 def test_appended_groups_are_read_whole_in_order_and_acked(redis_server: RedisServer) -> None:
@@ -62,7 +64,8 @@ def test_queue_depth_counts_unread_and_unacknowledged_groups(redis_server: Redis
 
 
 def test_books_read_every_count_and_the_queue_depth_in_one_round_trip_as_the_single_reads_do(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> tuple[Books, Books, list[object]]:
         stream = EpisodeStream.from_url(redis_server.url, "books", "g")
         before = await stream.books()  # no stream, no group, no drops yet
@@ -75,19 +78,30 @@ def test_books_read_every_count_and_the_queue_depth_in_one_round_trip_as_the_sin
         await stream.record_dropped("z", 5, "reward_error")
         await stream.dead_letter(entries[0].entry_id, entries[0].fields, "invalid", 2, 100)
         after = await stream.books()
-        single = [await stream.dropped(), await stream.dropped("reward_error"), await stream.dropped("zero_advantage"),
-                  await stream.invalid(), await stream.queue_depth()]
+        single = [
+            await stream.dropped(),
+            await stream.dropped("reward_error"),
+            await stream.dropped("zero_advantage"),
+            await stream.invalid(),
+            await stream.queue_depth(),
+        ]
         await stream.close()
         return before, after, single
 
     before, after, single = asyncio.run(go())
 
-    assert before == Books(dropped={r: (0, 0) for r in ("stale", "reward_error", "zero_advantage")}, invalid=(0, 0),
-                           lag=None, pending=0)
+    assert before == Books(
+        dropped={r: (0, 0) for r in ("stale", "reward_error", "zero_advantage")}, invalid=(0, 0), lag=None, pending=0
+    )
     assert after.dropped == {"stale": (2, 7), "reward_error": (1, 5), "zero_advantage": (0, 0)}
     assert after.invalid == (1, 2) and (after.lag, after.pending) == (1, 1)
-    assert single == [after.dropped["stale"], after.dropped["reward_error"], after.dropped["zero_advantage"],
-                      after.invalid, (after.lag, after.pending)]
+    assert single == [
+        after.dropped["stale"],
+        after.dropped["reward_error"],
+        after.dropped["zero_advantage"],
+        after.invalid,
+        (after.lag, after.pending),
+    ]
 
 
 def _until_aof_written(url: str, attempts: int = 200) -> None:
@@ -105,8 +119,7 @@ def _until_aof_written(url: str, attempts: int = 200) -> None:
     raise AssertionError("Redis did not write its AOF buffer")
 
 
-def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill(
-        redis_server: RedisServer) -> None:
+def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill(redis_server: RedisServer) -> None:
     async def produce_and_read() -> None:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -165,8 +178,13 @@ def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisS
         await db.register(6, 6, 2)
         await db.register(7, 6, 3)
         fresh = VersionLineage(client, RedisKeys(version_counter="v"))  # another rank: reads everything from Redis
-        out = [await fresh.distance(7, 3), await fresh.distance(6, 3), await fresh.distance(7, 5),
-               await fresh.distance(5, 2), await fresh.distance(7, 99)]
+        out = [
+            await fresh.distance(7, 3),
+            await fresh.distance(6, 3),
+            await fresh.distance(7, 5),
+            await fresh.distance(5, 2),
+            await fresh.distance(7, 99),
+        ]
         await client.aclose()
         return out
 
@@ -190,7 +208,8 @@ def test_queue_info_before_anything_was_appended_is_an_empty_queue(redis_server:
 
 
 def test_trimming_after_acks_keeps_every_pending_and_unread_entry_and_a_restart_rereads_the_pending(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> dict[str, object]:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -201,8 +220,9 @@ def test_trimming_after_acks_keeps_every_pending_and_unread_entry_and_a_restart_
         out: dict[str, object] = {"minid": await stream.trim_acked()}
         out["length_with_b_pending"] = (await stream.info()).length
         restarted = EpisodeStream.from_url(redis_server.url, "s", "g")  # a restarted trainer re-reads its pending
-        out["reread"] = [e.group.group_id for e in await restarted.read("c1", count=10, block_ms=100,
-                                                                          pending_after="0")]
+        out["reread"] = [
+            e.group.group_id for e in await restarted.read("c1", count=10, block_ms=100, pending_after="0")
+        ]
         await stream.ack([read[1].entry_id, read[3].entry_id])
         await stream.trim_acked()
         out["length_all_acked"] = (await stream.info()).length
@@ -240,7 +260,8 @@ def test_trimming_waits_for_every_consumer_group(redis_server: RedisServer) -> N
 
 
 def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_bounded(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> dict[str, object]:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -248,9 +269,13 @@ def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_b
         [bad] = await stream.read("c1", count=10, block_ms=100)
         await stream.dead_letter(bad.entry_id, bad.fields, "not an EpisodeGroup", 0, maxlen=3)
         await stream.dead_letter(bad.entry_id, bad.fields, "not an EpisodeGroup", 0, maxlen=3)  # a retry
-        out: dict[str, object] = {"dead": await stream.client.xrange(stream.keys.dead_letter, "-", "+"),
-                                  "invalid": await stream.invalid(), "pending": (await stream.info()).pending,
-                                  "entry_id": entry_id, "bad": bad}
+        out: dict[str, object] = {
+            "dead": await stream.client.xrange(stream.keys.dead_letter, "-", "+"),
+            "invalid": await stream.invalid(),
+            "pending": (await stream.info()).pending,
+            "entry_id": entry_id,
+            "bad": bad,
+        }
         for i in range(5):
             await stream.dead_letter(f"9-{i}", {STREAM_FIELD: b"x"}, "r", 1, maxlen=3)
         out["dead_length"] = await stream.client.xlen(stream.keys.dead_letter)
@@ -261,8 +286,12 @@ def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_b
     out = asyncio.run(go())
 
     [(_, fields)] = out["dead"]  # type: ignore[misc]
-    assert fields == {STREAM_FIELD: b"\xff\x00garbage", b"extra": b"1", b"reason": b"not an EpisodeGroup",
-                      b"entry_id": str(out["entry_id"]).encode()}
+    assert fields == {
+        STREAM_FIELD: b"\xff\x00garbage",
+        b"extra": b"1",
+        b"reason": b"not an EpisodeGroup",
+        b"entry_id": str(out["entry_id"]).encode(),
+    }
     assert out["invalid"] == (1, 0) and out["pending"] == 0
     assert out["dead_length"] == 3  # capped at maxlen; the count is not
     assert out["invalid_after"] == (6, 5)

@@ -62,12 +62,20 @@ def test_a_trainer_restarted_on_a_finished_run_trains_nothing_and_pushes_no_weig
 
 
 def test_a_finished_trainer_set_to_stay_serves_finished_until_stopped(
-        finished_run: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    finished_run: RunConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RELAYRL_WEIGHTS_TOKEN", "w" * 32)
     port = free_port()
     tc = finished_run.trainer
-    cfg = replace(finished_run, trainer=replace(tc, after_finish=AfterFinish.STAY, server=replace(tc.server, port=port),
-                                                http=replace(tc.http, enabled=False)))
+    cfg = replace(
+        finished_run,
+        trainer=replace(
+            tc,
+            after_finish=AfterFinish.STAY,
+            server=replace(tc.server, port=port),
+            http=replace(tc.http, enabled=False),
+        ),
+    )
 
     async def go() -> tuple[bool, bool, bool]:
         stop = asyncio.Event()

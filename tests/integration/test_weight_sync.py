@@ -32,8 +32,16 @@ pytestmark = pytest.mark.integration
 def _publisher(model_dir: Path, target: str, transport: WeightTransport, weights_dir: Path) -> WeightPublisher:
     model = load_model(ModelConfig(path=model_dir))
     probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), sequences=4, tokens=24, seed=0)
-    return WeightPublisher(model, torch.device("cpu"), target, make_transport(transport, 16384, weights_dir),
-                           timeout_s=30, probe=probe, probe_tolerance=None, token=WEIGHTS_TOKEN)
+    return WeightPublisher(
+        model,
+        torch.device("cpu"),
+        target,
+        make_transport(transport, 16384, weights_dir),
+        timeout_s=30,
+        probe=probe,
+        probe_tolerance=None,
+        token=WEIGHTS_TOKEN,
+    )
 
 
 def _perturb(pub: WeightPublisher, seed: int) -> None:
@@ -44,8 +52,9 @@ def _perturb(pub: WeightPublisher, seed: int) -> None:
 
 
 @pytest.mark.parametrize("transport", list(WeightTransport))
-def test_published_weights_are_served_and_verified_by_the_probe(tiny_model_dir: Path, tmp_path: Path,
-                                                               transport: WeightTransport) -> None:
+def test_published_weights_are_served_and_verified_by_the_probe(
+    tiny_model_dir: Path, tmp_path: Path, transport: WeightTransport
+) -> None:
     async def go() -> None:
         weights_dir = tmp_path / "weights"
         async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service):
@@ -65,8 +74,9 @@ def test_published_weights_are_served_and_verified_by_the_probe(tiny_model_dir: 
     asyncio.run(go())
 
 
-def test_shared_memory_push_leaves_no_file_behind_and_removes_an_earlier_runs_leftovers(tiny_model_dir: Path,
-                                                                                        tmp_path: Path) -> None:
+def test_shared_memory_push_leaves_no_file_behind_and_removes_an_earlier_runs_leftovers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def go() -> list[list[str]]:
         weights_dir = tmp_path / "weights"
         weights_dir.mkdir()
@@ -86,8 +96,9 @@ def test_shared_memory_push_leaves_no_file_behind_and_removes_an_earlier_runs_le
 
 
 @pytest.mark.parametrize("transport", [WeightTransport.GRPC_STREAM, WeightTransport.SHARED_MEMORY])
-def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(tiny_model_dir: Path, tmp_path: Path,
-                                                                       transport: WeightTransport) -> None:
+def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(
+    tiny_model_dir: Path, tmp_path: Path, transport: WeightTransport
+) -> None:
     async def go() -> tuple[Any, int]:
         async with inference_server(tiny_model_dir, weights_dir=tmp_path / "weights") as (_, service):
             pub = _publisher(tiny_model_dir, service.weights_target, transport, tmp_path / "weights")
@@ -104,9 +115,9 @@ def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(tiny_mode
     assert t.bytes == model_bytes
 
 
-def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_served(tiny_model_dir: Path,
-                                                                                        tmp_path: Path,
-                                                                                        monkeypatch: Any) -> None:
+def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_served(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
     readers: list[int] = []
     read_chunk = FileUpdateMessages.__getitem__
 
@@ -123,8 +134,9 @@ def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_
             pub = _publisher(tiny_model_dir, service.weights_target, WeightTransport.GRPC_STREAM, weights_dir)
             _perturb(pub, 1)
             tensors = pub.snapshot()
-            writer = StreamedWriter(tmp_path / "gather.safetensors",
-                                    {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in tensors.items()})
+            writer = StreamedWriter(
+                tmp_path / "gather.safetensors", {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in tensors.items()}
+            )
             for name in writer.names:  # as a sharded gather writes its spool: one tensor at a time, in name order
                 writer.add(name, tensors[name])
             await pub.push(writer.finish(), 1)
@@ -141,8 +153,9 @@ def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_
 
 
 @pytest.mark.parametrize("probe_shape", [(4, 24), (PublicationConfig.probe_sequences, PublicationConfig.probe_tokens)])
-def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model_dir: Path, tmp_path: Path,
-                                                                      probe_shape: tuple[int, int]) -> None:
+def test_tied_output_layer_left_behind_by_a_reload_fails_verification(
+    tiny_model_dir: Path, tmp_path: Path, probe_shape: tuple[int, int]
+) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (_, service):
             model = service.engine.model  # type: ignore[attr-defined]
@@ -161,8 +174,10 @@ def test_tied_output_layer_left_behind_by_a_reload_fails_verification(tiny_model
 
 def test_shared_path_outside_the_weights_directory_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def go() -> None:
-        async with inference_server(tiny_model_dir, weights_dir=tmp_path / "weights") as (_, service), \
-                insecure_channel(service.weights_target) as wch:
+        async with (
+            inference_server(tiny_model_dir, weights_dir=tmp_path / "weights") as (_, service),
+            insecure_channel(service.weights_target) as wch,
+        ):
             wstub = pb_grpc.InferenceServiceStub(wch)
             tensors = {k: v.detach() + 1 for k, v in service.engine.model.named_parameters()}  # type: ignore[attr-defined]
             outside = tmp_path / "elsewhere.safetensors"
@@ -178,12 +193,15 @@ def test_shared_path_outside_the_weights_directory_is_refused(tiny_model_dir: Pa
     asyncio.run(go())
 
 
-def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_serving(tiny_model_dir: Path,
-                                                                                       tmp_path: Path) -> None:
+def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_serving(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def go() -> None:
         weights_dir = tmp_path / "weights"
-        async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service), \
-                insecure_channel(service.weights_target) as wch:
+        async with (
+            inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service),
+            insecure_channel(service.weights_target) as wch,
+        ):
             wstub = pb_grpc.InferenceServiceStub(wch)
             model = service.engine.model  # type: ignore[attr-defined]
             before = {k: v.detach().clone() for k, v in model.named_parameters()}

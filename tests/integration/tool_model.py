@@ -17,20 +17,39 @@ TEMPLATE = (
     "{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{{ '\\n' }}{% endif %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>{{ '\\n' }}"
-    "{%- elif m.tool_calls %}assistant: {% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", "
+    '{%- elif m.tool_calls %}assistant: {% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", '
     "\"arguments\": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{{ '\\n' }}"
     "{%- else %}{{ m.role }}: {{ m.content }}{{ '\\n' }}{% endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}assistant: {% endif %}"
 )
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 QUESTION = [{"role": "user", "content": "What is 1+2?"}]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
-CALLED = [*QUESTION,
-          {"role": "assistant", "content": None, "tool_calls": [
-              {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
-          {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+CALLED = [
+    *QUESTION,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+]
 ANSWER = "It is 3."
 
 
@@ -42,8 +61,10 @@ def _turn(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in msgs:
         m = dict(m)
         if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
         out.append(m)
     return out
 
@@ -52,15 +73,19 @@ def create_tool_model(out: Path, steps: int = 100, lr: float = 5e-3) -> Path:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     chars = string.ascii_letters + string.digits + ' {}[]":,<>/_=+-*.;?\n'
-    create_tiny_model(out, TinyModelConfig(chars=chars, hidden_size=128, intermediate_size=256, num_layers=2,
-                                           max_position_embeddings=512, seed=3))
+    create_tiny_model(
+        out,
+        TinyModelConfig(
+            chars=chars, hidden_size=128, intermediate_size=256, num_layers=2, max_position_embeddings=512, seed=3
+        ),
+    )
     tok = AutoTokenizer.from_pretrained(str(out))
     tok.chat_template = TEMPLATE
     model = LlamaForCausalLM.from_pretrained(str(out))
-    pairs = [(tok.apply_chat_template(_turn(QUESTION), tools=TOOLS, add_generation_prompt=True, tokenize=False),
-              CALL),
-             (tok.apply_chat_template(_turn(CALLED), tools=TOOLS, add_generation_prompt=True, tokenize=False),
-              ANSWER)]
+    pairs = [
+        (tok.apply_chat_template(_turn(QUESTION), tools=TOOLS, add_generation_prompt=True, tokenize=False), CALL),
+        (tok.apply_chat_template(_turn(CALLED), tools=TOOLS, add_generation_prompt=True, tokenize=False), ANSWER),
+    ]
     rows = []
     for prompt, target in pairs:
         p = tok(prompt, add_special_tokens=False)["input_ids"]

@@ -31,10 +31,25 @@ KEYS = RedisKeys(stream="s", group="g")
 
 
 def _group(gid: str, version: int = 1) -> EpisodeGroup:
-    return EpisodeGroup(group_id=gid, episodes=[Episode(
-        episode_id=f"{gid}-{i}", group_id=gid, sample_index=i, group_size=2, prompt_token_ids=[1, 2],
-        completion_token_ids=[3, 4], behaviour_logprobs=[-0.5, -1.0], token_weight_versions=[version, version],
-        loss_mask=[1, 1], reward=float(i), sampling_temperature=1.0) for i in range(2)])
+    return EpisodeGroup(
+        group_id=gid,
+        episodes=[
+            Episode(
+                episode_id=f"{gid}-{i}",
+                group_id=gid,
+                sample_index=i,
+                group_size=2,
+                prompt_token_ids=[1, 2],
+                completion_token_ids=[3, 4],
+                behaviour_logprobs=[-0.5, -1.0],
+                token_weight_versions=[version, version],
+                loss_mask=[1, 1],
+                reward=float(i),
+                sampling_temperature=1.0,
+            )
+            for i in range(2)
+        ],
+    )
 
 
 class _Trainer:
@@ -45,8 +60,9 @@ class _Trainer:
         self.lineage = VersionLineage(self.stream.client, KEYS)
         self.current = current
         checks = EntryChecks(VOCAB, MAX_TOKENS, VersionSource(self.stream.client, KEYS).latest, dead_letter_maxlen=100)
-        self.collector = GroupCollector(self.stream, "trainer-rank0", max_staleness=1, block_ms=50,
-                                        already_done=set(), checks=checks, retry_s=5.0)
+        self.collector = GroupCollector(
+            self.stream, "trainer-rank0", max_staleness=1, block_ms=50, already_done=set(), checks=checks, retry_s=5.0
+        )
 
     async def staleness(self, version: int) -> int:
         return await self.lineage.distance(self.current, version)
@@ -72,7 +88,8 @@ async def _setup(url: str, counter: int = 1) -> _Trainer:
 
 
 def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps_reading(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     with pytest.raises(DecodeError):  # what the old reader did with it, on every read and every restart
         EpisodeGroup.FromString(GARBAGE)
 
@@ -81,8 +98,12 @@ def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps
         await t.stream.client.xadd(KEYS.stream, {STREAM_FIELD: GARBAGE})
         await t.stream.client.xadd(KEYS.stream, {b"not-a-group": b"1"})
         await t.stream.append(_group("ok"))
-        out = {"trained": await t.collect(1), "dead": await t.dead(), "invalid": await t.stream.invalid(),
-               "pending": (await t.stream.info()).pending}
+        out = {
+            "trained": await t.collect(1),
+            "dead": await t.dead(),
+            "invalid": await t.stream.invalid(),
+            "pending": (await t.stream.info()).pending,
+        }
         await t.close()
         return out
 
@@ -137,18 +158,28 @@ def _nan_reward(g: EpisodeGroup) -> None:
 
 
 def _too_long(g: EpisodeGroup) -> None:
-    for field, value in (("completion_token_ids", 3), ("behaviour_logprobs", -1.0), ("token_weight_versions", 1),
-                         ("loss_mask", 1)):
+    for field, value in (
+        ("completion_token_ids", 3),
+        ("behaviour_logprobs", -1.0),
+        ("token_weight_versions", 1),
+        ("loss_mask", 1),
+    ):
         getattr(g.episodes[0], field).extend([value] * MAX_TOKENS)
 
 
-@pytest.mark.parametrize(("attack", "field"), [
-    (_short_logprobs, b"behaviour_logprobs"), (_token_outside_vocab, b"completion_token_ids"),
-    (_version_from_the_future, b"token_weight_versions"), (_nan_reward, b"reward"),
-    (_too_long, b"completion_token_ids"),
-])
+@pytest.mark.parametrize(
+    ("attack", "field"),
+    [
+        (_short_logprobs, b"behaviour_logprobs"),
+        (_token_outside_vocab, b"completion_token_ids"),
+        (_version_from_the_future, b"token_weight_versions"),
+        (_nan_reward, b"reward"),
+        (_too_long, b"completion_token_ids"),
+    ],
+)
 def test_a_group_that_breaks_an_invariant_is_never_trained_but_dead_lettered_with_its_reason(
-        redis_server: RedisServer, attack: Callable[[EpisodeGroup], None], field: bytes) -> None:
+    redis_server: RedisServer, attack: Callable[[EpisodeGroup], None], field: bytes
+) -> None:
     async def go() -> dict[str, Any]:
         t = await _setup(redis_server.url)
         bad = _group("bad")
@@ -169,7 +200,8 @@ def test_a_group_that_breaks_an_invariant_is_never_trained_but_dead_lettered_wit
 
 
 def test_a_version_ahead_of_the_trainers_weights_is_refused_not_given_a_negative_staleness(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     async def go() -> dict[str, Any]:
         t = await _setup(redis_server.url, counter=10)  # versions up to 10 were allocated ...
         t.current = 5  # ... the trainer's weights are version 5; version 7 has no lineage record
@@ -191,6 +223,7 @@ def test_a_version_ahead_of_the_trainers_weights_is_refused_not_given_a_negative
 
 def test_the_collectors_ready_entries_are_only_decoded_valid_groups(redis_server: RedisServer) -> None:
     """Whatever mix of entries arrives, what collect returns is exactly the valid groups, in order."""
+
     async def go() -> list[StreamEntry]:
         t = await _setup(redis_server.url)
         for i in range(6):

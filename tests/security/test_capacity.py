@@ -66,14 +66,17 @@ async def _fill(calls: list[Any], first: Callable[[Any], Awaitable[Any]]) -> tup
 
 def test_unauthenticated_health_watch_streams_do_not_keep_the_trainers_weight_push_out(tiny_model_dir: Path) -> None:
     async def go() -> tuple[int, int, int, int]:
-        async with inference_server(tiny_model_dir) as (_, service), \
-                insecure_channel(service.weights_target) as channel:
+        async with (
+            inference_server(tiny_model_dir) as (_, service),
+            insecure_channel(service.weights_target) as channel,
+        ):
             health = health_pb2_grpc.HealthStub(channel)
             watches = [health.Watch(health_pb2.HealthCheckRequest(), timeout=60) for _ in range(8)]
             held, refused = await _fill(watches, lambda w: w.read())  # each held one has its first status
 
             response = await pb_grpc.InferenceServiceStub(channel).UpdateWeights(
-                iter(_update(service, 1)), timeout=30, metadata=AUTH)
+                iter(_update(service, 1)), timeout=30, metadata=AUTH
+            )
 
             still_open = sum(not w.done() for w in held)
             for w in watches:
@@ -88,8 +91,10 @@ def test_unauthenticated_health_watch_streams_do_not_keep_the_trainers_weight_pu
 
 def test_calls_that_never_send_their_request_do_not_keep_the_trainers_weight_push_out(tiny_model_dir: Path) -> None:
     async def go() -> tuple[int, int, int, int]:
-        async with inference_server(tiny_model_dir) as (_, service), \
-                insecure_channel(service.weights_target) as channel:
+        async with (
+            inference_server(tiny_model_dir) as (_, service),
+            insecure_channel(service.weights_target) as channel,
+        ):
             open_call = channel.stream_unary("/relayrl.v1.InferenceService/GetStatus")  # the request never comes
             calls = [open_call(_never(), timeout=60) for _ in range(20)]
             ends = [asyncio.ensure_future(c) for c in calls]
@@ -99,7 +104,8 @@ def test_calls_that_never_send_their_request_do_not_keep_the_trainers_weight_pus
             assert all(d.exception().code() is EXHAUSTED for d in done)  # type: ignore[union-attr]
 
             response = await pb_grpc.InferenceServiceStub(channel).UpdateWeights(
-                iter(_update(service, 1)), timeout=30, metadata=AUTH)
+                iter(_update(service, 1)), timeout=30, metadata=AUTH
+            )
 
             still_open = sum(not c.done() for c in calls)
             holding = _weights_handle(service).admission.state.active[Budget.UNARY]  # their slots, not the push's
@@ -120,10 +126,14 @@ def _fake_trainer(server: ServerConfig) -> Any:
     async def refresh() -> None:
         return None
 
-    cfg = SimpleNamespace(trainer=SimpleNamespace(server=server), tls=None,
-                          control=SimpleNamespace(effective_token=lambda: "control-token"))
-    return SimpleNamespace(cfg=cfg, progress=SimpleNamespace(changed=pulse), status=trainer_pb2.TrainerStatus,
-                           refresh_drops=refresh)
+    cfg = SimpleNamespace(
+        trainer=SimpleNamespace(server=server),
+        tls=None,
+        control=SimpleNamespace(effective_token=lambda: "control-token"),
+    )
+    return SimpleNamespace(
+        cfg=cfg, progress=SimpleNamespace(changed=pulse), status=trainer_pb2.TrainerStatus, refresh_drops=refresh
+    )
 
 
 def test_unauthenticated_watch_status_streams_do_not_starve_get_status_nor_rollouts_own_stream() -> None:
@@ -138,8 +148,9 @@ def test_unauthenticated_watch_status_streams_do_not_starve_get_status_nor_rollo
 
                 status = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=10)
                 # rollout's client (the control token on every call): its stream and polls have their own budget
-                async with TrainerClient(f"127.0.0.1:{handle.port}", token="control-token",
-                                         authenticate_all=True) as rollout:
+                async with TrainerClient(
+                    f"127.0.0.1:{handle.port}", token="control-token", authenticate_all=True
+                ) as rollout:
                     stream = rollout.watch_status(30)
                     watched = await anext(stream)
                     await stream.aclose()
@@ -181,8 +192,10 @@ def test_streams_beyond_the_per_peer_cap_are_refused_at_once_while_another_peer_
     async def go() -> tuple[tuple[grpc.StatusCode, str], tuple[grpc.StatusCode, str], dict[str, int]]:
         handle = await _health_server(max_streams=4, max_streams_per_peer=2)
         try:
-            async with insecure_channel(f"127.0.0.1:{handle.port}") as v4, \
-                    insecure_channel(f"[::1]:{handle.port}") as v6:  # two peer hosts of the same machine
+            async with (
+                insecure_channel(f"127.0.0.1:{handle.port}") as v4,
+                insecure_channel(f"[::1]:{handle.port}") as v6,
+            ):  # two peer hosts of the same machine
                 mine = [await _watch(v4), await _watch(v4)]
                 per_peer = await _refusal(v4)
                 theirs = [await _watch(v6), await _watch(v6)]  # the other peer's share is still free
@@ -221,14 +234,20 @@ def test_a_stream_slot_is_freed_when_its_call_is_cancelled() -> None:
     assert asyncio.run(go()) == (EXHAUSTED, 1, 1)
 
 
-@pytest.mark.parametrize(("peer", "host"), [("ipv4:127.0.0.1:5000", "127.0.0.1"), ("ipv6:[::1]:5000", "::1"),
-                                            ("ipv6:%5B::1%5D:5000", "::1"), ("unix:/tmp/s", "unix:/tmp/s")])
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [
+        ("ipv4:127.0.0.1:5000", "127.0.0.1"),
+        ("ipv6:[::1]:5000", "::1"),
+        ("ipv6:%5B::1%5D:5000", "::1"),
+        ("unix:/tmp/s", "unix:/tmp/s"),
+    ],
+)
 def test_peer_host_drops_the_port(peer: str, host: str) -> None:
     assert peer_host(peer) == host
 
 
-def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_retrying(
-        tiny_model_dir: Path) -> None:
+def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_retrying(tiny_model_dir: Path) -> None:
     async def go() -> tuple[int, int, int]:
         release = asyncio.Event()
 
@@ -237,11 +256,12 @@ def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_
             return
             yield
 
-        async with inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service), \
-                InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=0.05) as client:
+        async with (
+            inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service),
+            InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=0.05) as client,
+        ):
             state = _weights_handle(service).admission.state
-            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60,
-                                                                                 metadata=AUTH)
+            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60, metadata=AUTH)
             assert await until(lambda: service.weight_streams == 1)
             retries: list[grpc.StatusCode] = []
             push = asyncio.ensure_future(client.update_weights(_update(service, 1), 1, 30, on_retry=retries.append))
@@ -260,7 +280,8 @@ def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_
 
 
 def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_resource_exhausted(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int, int]:
         release = asyncio.Event()
 
@@ -269,10 +290,11 @@ def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_resourc
             return
             yield
 
-        async with inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service), \
-                InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=0.05) as client:
-            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60,
-                                                                                 metadata=AUTH)
+        async with (
+            inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service),
+            InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=0.05) as client,
+        ):
+            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60, metadata=AUTH)
             assert await until(lambda: service.weight_streams == 1)
             retries: list[grpc.StatusCode] = []
             with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -52,8 +52,7 @@ def test_restoring_an_honest_checkpoint_gives_back_its_state(tmp_path: Path) -> 
     ckpt = tmp_path / "step_000003"
     opt = _optimizer()
     ckpt.mkdir()
-    torch.save({"step": 3, "weight_version": 7, "optimizer": opt.state_dict(), "extra": {"k": 1}},
-               ckpt / STATE_FILE)
+    torch.save({"step": 3, "weight_version": 7, "optimizer": opt.state_dict(), "extra": {"k": 1}}, ckpt / STATE_FILE)
     torch.save({"consumed_ids": ["g1"], "rng": None}, ckpt / "rank0.pt")
 
     state = load_trainer_state(ckpt, _optimizer(), Collectives(None, timeout_s=10.0))

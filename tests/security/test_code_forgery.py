@@ -41,15 +41,32 @@ def test_the_issue_attack_empty_errors_for_every_test_passes_nothing() -> None:
     assert verdicts.passed == 0, verdicts.why
 
 
-@pytest.mark.parametrize("row", [
-    {"test": 0, "value": "9", "error": ""}, {"test": 0, "value": "9", "error": None},
-    {"test": 0, "value": "9", "error": 0}, {"test": 0, "value": "9", "error": False},
-    {"test": 0, "value": "9", "error": []}, {"test": 0, "error": ""}, {"test": 0, "passed": True},
-    {"test": 0, "value": "9", "passed": True}, {"test": 0, "value": 9}, {"test": 0, "value": None}, {"test": 0},
-    {"test": 0, "value": "f(3)"}, {"test": 0, "value": "9", "extra": 1}, {"test": 0, "value": ["9"]},
-    {"test": False, "value": "9"}, {"test": 0.0, "value": "9"}, {"test": "0", "value": "9"},
-    {"test": -3, "value": "9"}, {"value": "9"}, {"load_error": "", "test": 0, "value": "9"},
-], ids=repr)
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"test": 0, "value": "9", "error": ""},
+        {"test": 0, "value": "9", "error": None},
+        {"test": 0, "value": "9", "error": 0},
+        {"test": 0, "value": "9", "error": False},
+        {"test": 0, "value": "9", "error": []},
+        {"test": 0, "error": ""},
+        {"test": 0, "passed": True},
+        {"test": 0, "value": "9", "passed": True},
+        {"test": 0, "value": 9},
+        {"test": 0, "value": None},
+        {"test": 0},
+        {"test": 0, "value": "f(3)"},
+        {"test": 0, "value": "9", "extra": 1},
+        {"test": 0, "value": ["9"]},
+        {"test": False, "value": "9"},
+        {"test": 0.0, "value": "9"},
+        {"test": "0", "value": "9"},
+        {"test": -3, "value": "9"},
+        {"value": "9"},
+        {"load_error": "", "test": 0, "value": "9"},
+    ],
+    ids=repr,
+)
 def test_a_malformed_report_of_the_right_value_fails_the_hidden_answer_test(row: dict[str, Any]) -> None:
     (test,) = [split_test("assert f(3) == 9")]
 
@@ -57,12 +74,16 @@ def test_a_malformed_report_of_the_right_value_fails_the_hidden_answer_test(row:
     assert judge_channel(_lines({"test": 0, "value": "9"}), [test]).passed == 1  # the one well-formed shape
 
 
-@pytest.mark.parametrize("channel", [
-    _lines({"test": 0, "value": "9"}, {"test": 0, "value": "9"}),  # the same claim twice
-    _lines({"test": 0, "value": "9"}, {"test": 0, "value": "8"}),
-    _lines({"test": 0, "value": "9"}, {"test": 0}),  # a second, malformed line also counts against it
-    _lines({"test": 0, "value": "9"}, {"test": 0, "error": ""}),
-], ids=["twice", "two-values", "plus-malformed", "plus-error"])
+@pytest.mark.parametrize(
+    "channel",
+    [
+        _lines({"test": 0, "value": "9"}, {"test": 0, "value": "9"}),  # the same claim twice
+        _lines({"test": 0, "value": "9"}, {"test": 0, "value": "8"}),
+        _lines({"test": 0, "value": "9"}, {"test": 0}),  # a second, malformed line also counts against it
+        _lines({"test": 0, "value": "9"}, {"test": 0, "error": ""}),
+    ],
+    ids=["twice", "two-values", "plus-malformed", "plus-error"],
+)
 def test_more_than_one_report_for_a_test_fails_it(channel: bytes) -> None:
     assert judge_channel(channel, [split_test("assert f(3) == 9")]).passed == 0
 
@@ -76,19 +97,31 @@ def test_a_bool_index_is_not_an_index() -> None:
 
 
 def test_non_json_non_dict_and_undecodable_lines_are_ignored_and_an_honest_report_still_passes() -> None:
-    channel = b"\xff\xfe garbage\n[1, 2]\n\"str\"\n{\"test\": 0\n" + b"[" * 100_000 + b"\n" + \
-        _lines({"test": 0, "value": "9"})
+    channel = (
+        b'\xff\xfe garbage\n[1, 2]\n"str"\n{"test": 0\n' + b"[" * 100_000 + b"\n" + _lines({"test": 0, "value": "9"})
+    )
 
     assert judge_channel(channel, [split_test("assert f(3) == 9")]).why == [""]
 
 
-@pytest.mark.parametrize(("statement", "value", "passes"), [
-    ("assert f() == -1", "-1", True), ("assert -1 == f()", "-1", True), ("assert f() == (1, -2.5)", "(1, -2.5)", True),
-    ("assert f() == {'a': [1, 2]}", "{'a': [1, 2]}", True), ("assert f() == 9, 'message'", "9", True),
-    ("assert f() is None", "None", True), ("assert f() is None", "0", False), ("assert f() is True", "1", False),
-    ("assert f() is False", "False", True), ("assert f() == 1 + 2j", "(1+2j)", True),
-    ("assert f() == 9", "9.0", True), ("assert f() == '9'", "9", False),
-], ids=repr)
+@pytest.mark.parametrize(
+    ("statement", "value", "passes"),
+    [
+        ("assert f() == -1", "-1", True),
+        ("assert -1 == f()", "-1", True),
+        ("assert f() == (1, -2.5)", "(1, -2.5)", True),
+        ("assert f() == {'a': [1, 2]}", "{'a': [1, 2]}", True),
+        ("assert f() == 9, 'message'", "9", True),
+        ("assert f() is None", "None", True),
+        ("assert f() is None", "0", False),
+        ("assert f() is True", "1", False),
+        ("assert f() is False", "False", True),
+        ("assert f() == 1 + 2j", "(1+2j)", True),
+        ("assert f() == 9", "9.0", True),
+        ("assert f() == '9'", "9", False),
+    ],
+    ids=repr,
+)
 def test_hidden_answer_forms_are_compared_outside_the_sandbox(statement: str, value: str, passes: bool) -> None:
     test = split_test(statement)
 
@@ -96,8 +129,19 @@ def test_hidden_answer_forms_are_compared_outside_the_sandbox(statement: str, va
     assert judge_channel(_lines({"test": 0, "value": value}), [test]).passed == int(passes)
 
 
-@pytest.mark.parametrize("statement", ["assert is_prime(7)", "assert f() != 3", "assert abs(f() - 1) < 1e-6", "x = f()",
-                                       "assert f() == g()", "assert f() is not None", "f(", "assert 1 < f()"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "assert is_prime(7)",
+        "assert f() != 3",
+        "assert abs(f() - 1) < 1e-6",
+        "x = f()",
+        "assert f() == g()",
+        "assert f() is not None",
+        "f(",
+        "assert 1 < f()",
+    ],
+)
 def test_statements_that_cannot_hide_an_answer_are_self_reported_and_untrusted_by_default(statement: str) -> None:
     test = split_test(statement)
 
@@ -109,18 +153,31 @@ def test_statements_that_cannot_hide_an_answer_are_self_reported_and_untrusted_b
 
 # -- fuzzing the result channel ----------------------------------------------------------------------------------
 KEYS = ["test", "value", "error", "passed", "load_error", "expr", "code", "extra"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=12),
-                    st.sampled_from(["None", "True", "9", "[1]", "''", "(", "1e999"]))
-json_values = scalars | st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.sampled_from(KEYS), inner, max_size=3), max_leaves=8)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.sampled_from(["None", "True", "9", "[1]", "''", "(", "1e999"]),
+)
+json_values = scalars | st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=3),
+    max_leaves=8,
+)
 # the shapes a forger would try, dense enough to be drawn often: an index of the tests (or one that only looks
 # like it), and for each other key an edge value ("", None, 0, False, ...) half the time
 index = st.integers(0, 2) | st.sampled_from([True, False, -1, 3, 1.0, "0", None])
 edgy = st.sampled_from(["", None, 0, False, True, "9"]) | json_values
 claims = st.fixed_dictionaries({"test": index}, optional={k: edgy for k in KEYS if k != "test"})
 rows = claims | st.dictionaries(st.sampled_from(KEYS), json_values, max_size=5)
-line = st.one_of(claims.map(lambda r: json.dumps(r).encode()), rows.map(lambda r: json.dumps(r).encode()),
-                 st.binary(max_size=40), json_values.map(lambda v: json.dumps(v).encode()))
+line = st.one_of(
+    claims.map(lambda r: json.dumps(r).encode()),
+    rows.map(lambda r: json.dumps(r).encode()),
+    st.binary(max_size=40),
+    json_values.map(lambda v: json.dumps(v).encode()),
+)
 channels = st.lists(line, max_size=12).map(lambda ls: b"\n".join(ls) + b"\n")
 
 
@@ -134,20 +191,30 @@ def test_no_channel_content_passes_a_hidden_answer_test_it_does_not_know(channel
 
 
 @FUZZ
-@given(claim=st.fixed_dictionaries({"test": st.just(0)}, optional={k: edgy for k in KEYS if k != "test"}),
-       noise=st.lists(line, max_size=4).map(lambda ls: b"\n".join(ls) + b"\n"), trust=st.booleans())
-def test_no_single_report_passes_a_hidden_answer_test_it_does_not_know(claim: dict[str, Any], noise: bytes,
-                                                                        trust: bool) -> None:
+@given(
+    claim=st.fixed_dictionaries({"test": st.just(0)}, optional={k: edgy for k in KEYS if k != "test"}),
+    noise=st.lists(line, max_size=4).map(lambda ls: b"\n".join(ls) + b"\n"),
+    trust=st.booleans(),
+)
+def test_no_single_report_passes_a_hidden_answer_test_it_does_not_know(
+    claim: dict[str, Any], noise: bytes, trust: bool
+) -> None:
     tests = [split_test(s) for s in SECRET_TESTS]
 
     assert judge_channel(noise + _lines(claim), tests, trust_self_reported=trust).passed == 0
 
 
 @FUZZ
-@given(extra=st.dictionaries(st.sampled_from([k for k in KEYS if k not in ("test", "value")]), json_values,
-                             min_size=1, max_size=3), repeats=st.integers(1, 3), noise=channels)
-def test_the_right_value_with_any_other_key_or_repeated_never_passes(extra: dict[str, Any], repeats: int,
-                                                                     noise: bytes) -> None:
+@given(
+    extra=st.dictionaries(
+        st.sampled_from([k for k in KEYS if k not in ("test", "value")]), json_values, min_size=1, max_size=3
+    ),
+    repeats=st.integers(1, 3),
+    noise=channels,
+)
+def test_the_right_value_with_any_other_key_or_repeated_never_passes(
+    extra: dict[str, Any], repeats: int, noise: bytes
+) -> None:
     test = split_test("assert f(3) == 9")
     forged = _lines(*[{"test": 0, "value": "9", **extra}] + [{"test": 0, "value": "9"}] * (repeats - 1))
 
@@ -155,32 +222,58 @@ def test_the_right_value_with_any_other_key_or_repeated_never_passes(extra: dict
 
 
 @FUZZ
-@given(noise=st.lists(st.one_of(st.binary(max_size=40), rows.filter(lambda r: type(r.get("test")) is not int).map(
-    lambda r: json.dumps(r).encode())), max_size=8))
+@given(
+    noise=st.lists(
+        st.one_of(
+            st.binary(max_size=40),
+            rows.filter(lambda r: type(r.get("test")) is not int).map(lambda r: json.dumps(r).encode()),
+        ),
+        max_size=8,
+    )
+)
 def test_one_honest_report_passes_whatever_else_is_on_the_channel(noise: list[bytes]) -> None:
     channel = b"\n".join([*noise, json.dumps({"test": 0, "value": "9"}).encode()]) + b"\n"
 
     assert judge_channel(channel, [split_test("assert f(3) == 9")]).why == [""]
 
 
-def _run(stdout: bytes, exit_code: int | None = 0, timed_out: bool = False, exceeded: bool = False,
-         stderr: bytes = b"", channel: bytes = b"") -> SandboxRun:
+def _run(
+    stdout: bytes,
+    exit_code: int | None = 0,
+    timed_out: bool = False,
+    exceeded: bool = False,
+    stderr: bytes = b"",
+    channel: bytes = b"",
+) -> SandboxRun:
     return SandboxRun(exit_code, stdout, stderr, channel, timed_out, exceeded, 0.1)
 
 
 @FUZZ
-@given(stdout=st.binary(max_size=64), stderr=st.binary(max_size=64), channel=channels,
-       exit_code=st.one_of(st.none(), st.integers(-9, 255)), timed_out=st.booleans(), exceeded=st.booleans())
+@given(
+    stdout=st.binary(max_size=64),
+    stderr=st.binary(max_size=64),
+    channel=channels,
+    exit_code=st.one_of(st.none(), st.integers(-9, 255)),
+    timed_out=st.booleans(),
+    exceeded=st.booleans(),
+)
 def test_nothing_a_run_writes_or_exits_with_passes_an_io_case_it_does_not_know(
-        stdout: bytes, stderr: bytes, channel: bytes, exit_code: int | None, timed_out: bool, exceeded: bool) -> None:
+    stdout: bytes, stderr: bytes, channel: bytes, exit_code: int | None, timed_out: bool, exceeded: bool
+) -> None:
     assert not io_case_passes(_run(stdout, exit_code, timed_out, exceeded, stderr, channel), SECRET)
 
 
-@pytest.mark.parametrize(("run", "passes"), [
-    (_run(SECRET.encode() + b"  \n\n"), True), (_run(SECRET.encode(), exit_code=1), False),
-    (_run(SECRET.encode(), exit_code=None, timed_out=True), False), (_run(SECRET.encode(), exceeded=True), False),
-    (_run(b"", stderr=SECRET.encode()), False), (_run(b"", channel=_lines({"test": 0, "passed": True})), False),
-])
+@pytest.mark.parametrize(
+    ("run", "passes"),
+    [
+        (_run(SECRET.encode() + b"  \n\n"), True),
+        (_run(SECRET.encode(), exit_code=1), False),
+        (_run(SECRET.encode(), exit_code=None, timed_out=True), False),
+        (_run(SECRET.encode(), exceeded=True), False),
+        (_run(b"", stderr=SECRET.encode()), False),
+        (_run(b"", channel=_lines({"test": 0, "passed": True})), False),
+    ],
+)
 def test_an_io_case_passes_only_on_its_output_from_a_clean_exit(run: SandboxRun, passes: bool) -> None:
     assert io_case_passes(run, SECRET + "\n") is passes
 
@@ -205,10 +298,14 @@ def _inp(program: str, tests: list[str]) -> RewardInput:
 def test_a_row_with_a_self_reported_test_is_refused_by_default_naming_it_before_anything_runs() -> None:
     sandbox = CountingSandbox()
 
-    with pytest.raises(SelfReportedRefused, match=r"test 1 'assert is_prime\(7\)'.*assert <expr> == <literal>.*"
-                                                  r"io_tests.*reward\.code\.self_reported: trust"):
-        code_reward(_inp("def is_prime(n):\n    return True\n", ["assert f(3) == 9", "assert is_prime(7)"]),
-                    sandbox=sandbox)
+    with pytest.raises(
+        SelfReportedRefused,
+        match=r"test 1 'assert is_prime\(7\)'.*assert <expr> == <literal>.*"
+        r"io_tests.*reward\.code\.self_reported: trust",
+    ):
+        code_reward(
+            _inp("def is_prime(n):\n    return True\n", ["assert f(3) == 9", "assert is_prime(7)"]), sandbox=sandbox
+        )
     assert sandbox.runs == 0
     code_reward(_inp("", ["assert f(3) == 9"]), sandbox=sandbox)
     assert sandbox.runs == 1  # a row of hidden-answer tests only does run
@@ -242,14 +339,19 @@ def test_the_issue_forger_in_the_real_sandbox_scores_zero(verifier_process: Proc
 
 
 def test_a_forger_of_error_free_passes_scores_zero_on_trusted_self_reported_tests_too(
-        verifier_process: ProcessPoolExecutor) -> None:
-    rows: list[dict[str, object]] = [{"test": 0, "error": None}, {"test": True, "value": "16"},
-                                     {"test": 2, "passed": True, "error": False}]
+    verifier_process: ProcessPoolExecutor,
+) -> None:
+    rows: list[dict[str, object]] = [
+        {"test": 0, "error": None},
+        {"test": True, "value": "16"},
+        {"test": 2, "passed": True, "error": False},
+    ]
     tests = ["assert f(3) == 9", "assert f(4) == 16", "assert is_prime(7)"]
 
     score, details = verifier_process.submit(_score_here, _forger(rows), tests, SelfReported.TRUST).result(60)
-    honest, _ = verifier_process.submit(_score_here, "def f(x):\n    return x * x\ndef is_prime(n):\n    return True\n",
-                                        tests, SelfReported.TRUST).result(60)
+    honest, _ = verifier_process.submit(
+        _score_here, "def f(x):\n    return x * x\ndef is_prime(n):\n    return True\n", tests, SelfReported.TRUST
+    ).result(60)
 
     assert score == 0.0, details
     assert honest == 1.0

@@ -26,8 +26,11 @@ Verify = Callable[..., tuple[float, str]]  # (program, tests, trust self-reporte
 
 def _score_here(program: str, tests: list[str], trust: bool = False) -> tuple[float, str]:
     code = CodeVerifierConfig(SelfReported.TRUST if trust else SelfReported.REFUSE)
-    result = code_reward(RewardInput(prompt="", completion=program, reference="", metadata={"tests": tests}),
-                         sandbox=SANDBOX, code_config=code)
+    result = code_reward(
+        RewardInput(prompt="", completion=program, reference="", metadata={"tests": tests}),
+        sandbox=SANDBOX,
+        code_config=code,
+    )
     return result.score, result.details
 
 
@@ -44,6 +47,7 @@ def verifier_process() -> Iterator[ProcessPoolExecutor]:
 def verify(verifier_process: ProcessPoolExecutor) -> Verify:
     def run(program: str, tests: list[str], trust: bool = False) -> tuple[float, str]:
         return verifier_process.submit(_score_here, program, tests, trust).result(timeout=60)
+
     return run
 
 
@@ -71,8 +75,10 @@ def test_forged_guesses_of_every_value_score_zero_once_reported_twice(verify: Ve
 
 
 def test_the_expected_answers_never_enter_the_sandbox(verify: Verify) -> None:
-    program = "import os\nTESTS = open(os.path.join('/src', 'tests.json')).read()\n" \
-              "def solve(x):\n    return '==' in TESTS or '16' in TESTS\n"  # does it see an answer?
+    program = (
+        "import os\nTESTS = open(os.path.join('/src', 'tests.json')).read()\n"
+        "def solve(x):\n    return '==' in TESTS or '16' in TESTS\n"
+    )  # does it see an answer?
 
     score, details = verify(program, TESTS)
 
@@ -87,9 +93,11 @@ def test_an_honest_program_passes_hidden_answer_tests(verify: Verify) -> None:
 
 
 def test_statement_tests_that_cannot_hide_their_answer_are_counted_as_self_reported_when_trusted(
-        verify: Verify) -> None:
-    score, details = verify("def solve(x):\n    return x * x\n", ["assert solve(2) > 3", "assert solve(2) == 4"],
-                            trust=True)
+    verify: Verify,
+) -> None:
+    score, details = verify(
+        "def solve(x):\n    return x * x\n", ["assert solve(2) > 3", "assert solve(2) == 4"], trust=True
+    )
 
     assert score == 1.0
     assert "1 of 2 tests self-reported" in details

@@ -28,8 +28,11 @@ RUNS_CODE = "tests.reward_fns:runs_a_program"
 SANDBOX = SandboxConfig(wall_timeout_s=2.0, total_timeout_s=2.0)
 PROGRAM = "```python\ndef f(x):\n    return x * x\n```"
 CODE_METADATA = {"tests": json.dumps(["assert f(3) == 9"])}
-REFUSED = [("", TOKEN, grpc.StatusCode.PERMISSION_DENIED), (TOKEN, "", grpc.StatusCode.UNAUTHENTICATED),
-           (TOKEN, "wrong" * 8, grpc.StatusCode.UNAUTHENTICATED)]
+REFUSED = [
+    ("", TOKEN, grpc.StatusCode.PERMISSION_DENIED),
+    (TOKEN, "", grpc.StatusCode.UNAUTHENTICATED),
+    (TOKEN, "wrong" * 8, grpc.StatusCode.UNAUTHENTICATED),
+]
 REFUSED_IDS = ["service-without-token", "no-token", "wrong-token"]
 
 
@@ -44,12 +47,15 @@ def _nothing_scored(servicer: RewardServicer) -> bool:
 @pytest.mark.parametrize("rpc", ["Score", "ScoreBatch"])
 @pytest.mark.parametrize(("server_token", "client_token", "code"), REFUSED, ids=REFUSED_IDS)
 def test_scoring_with_a_code_running_plugin_without_the_code_token_is_refused_before_it_runs(
-        tmp_path: Path, rpc: str, server_token: str, client_token: str, code: grpc.StatusCode) -> None:
+    tmp_path: Path, rpc: str, server_token: str, client_token: str, code: grpc.StatusCode
+) -> None:
     marker = tmp_path / "ran"
 
     async def go() -> None:
-        async with reward_server(RUNS_CODE, code_token=server_token, workers=1) as (target, servicer), \
-                RewardClient(target, token=client_token, retries=0) as client:
+        async with (
+            reward_server(RUNS_CODE, code_token=server_token, workers=1) as (target, servicer),
+            RewardClient(target, token=client_token, retries=0) as client,
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 if rpc == "Score":
                     await client.score(_marked(marker), timeout_s=10)
@@ -68,9 +74,11 @@ def test_the_code_verifier_scores_only_for_the_code_token_and_its_sandbox_runs_o
     request = pb.ScoreRequest(episode_id="e", completion=PROGRAM, metadata=CODE_METADATA)
 
     async def go() -> None:
-        async with reward_server("code", code_token=TOKEN, workers=1, sandbox=SANDBOX) as (target, servicer), \
-                RewardClient(target, retries=0) as anonymous, \
-                RewardClient(target, token=TOKEN, retries=0) as holder:
+        async with (
+            reward_server("code", code_token=TOKEN, workers=1, sandbox=SANDBOX) as (target, servicer),
+            RewardClient(target, retries=0) as anonymous,
+            RewardClient(target, token=TOKEN, retries=0) as holder,
+        ):
             for call in (anonymous.score(request, timeout_s=10), anonymous.score_batch([request], timeout_s=10)):
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await call
@@ -104,17 +112,28 @@ def test_rollouts_reward_client_sends_the_code_token_it_holds_on_score_batch(tmp
     asyncio.run(go())
 
 
-@pytest.mark.parametrize(("server_token", "header", "status"), [
-    ("", f"Bearer {TOKEN}", 403), (TOKEN, None, 401), (TOKEN, "Bearer " + "wrong" * 8, 401), (TOKEN, TOKEN, 401),
-], ids=["service-without-token", "no-header", "wrong-token", "not-bearer"])
+@pytest.mark.parametrize(
+    ("server_token", "header", "status"),
+    [
+        ("", f"Bearer {TOKEN}", 403),
+        (TOKEN, None, 401),
+        (TOKEN, "Bearer " + "wrong" * 8, 401),
+        (TOKEN, TOKEN, 401),
+    ],
+    ids=["service-without-token", "no-header", "wrong-token", "not-bearer"],
+)
 def test_rest_score_with_a_code_running_reward_needs_the_code_token_before_it_runs(
-        tmp_path: Path, server_token: str, header: str | None, status: int) -> None:
+    tmp_path: Path, server_token: str, header: str | None, status: int
+) -> None:
     marker = tmp_path / "ran"
     body = {"completion": "x", "metadata": {"marker": str(marker)}}
 
     async def go() -> None:
-        async with reward_server(RUNS_CODE, code_token=server_token, workers=1) as (_, servicer), \
-                reward_http(servicer) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with (
+            reward_server(RUNS_CODE, code_token=server_token, workers=1) as (_, servicer),
+            reward_http(servicer) as url,
+            httpx.AsyncClient(base_url=url, timeout=10) as client,
+        ):
             refused = await client.post("/score", json=body, headers={"Authorization": header} if header else {})
 
             assert refused.status_code == status
@@ -131,9 +150,12 @@ def test_rest_score_with_a_code_running_reward_needs_the_code_token_before_it_ru
 
 def test_a_pure_reward_needs_no_token_over_grpc_or_rest() -> None:
     async def go() -> None:
-        async with reward_server("arithmetic", code_token=TOKEN, workers=1) as (target, servicer), \
-                reward_http(servicer) as url, RewardClient(target, retries=0) as client, \
-                httpx.AsyncClient(base_url=url, timeout=10) as http:
+        async with (
+            reward_server("arithmetic", code_token=TOKEN, workers=1) as (target, servicer),
+            reward_http(servicer) as url,
+            RewardClient(target, retries=0) as client,
+            httpx.AsyncClient(base_url=url, timeout=10) as http,
+        ):
             one = await client.score(pb.ScoreRequest(completion="7", reference="7"), timeout_s=10)
             batch = await client.score_batch([pb.ScoreRequest(completion="6", reference="7")], timeout_s=10)
             rest = await http.post("/score", json={"completion": "7", "reference": "7"})
@@ -145,13 +167,26 @@ def test_a_pure_reward_needs_no_token_over_grpc_or_rest() -> None:
     asyncio.run(go())
 
 
-@pytest.mark.parametrize(("spec", "runs"), [
-    (ScorerSpec(function="code"), True), (ScorerSpec(function=RUNS_CODE), True),
-    (ScorerSpec(function="tests.reward_fns:sandbox_backend"), True),  # takes the sandbox: runs code
-    (ScorerSpec(function="math"), False), (ScorerSpec(function="exact_match", params={"normalize": False}), False),
-    (ScorerSpec(components=(ComponentSpec("fmt", "format"), ComponentSpec("tests", "code"))), True),
-    (ScorerSpec(components=(ComponentSpec("fmt", "format"), ComponentSpec("answer", "exact_match"))), False),
-], ids=["code", "declared-plugin", "sandbox-plugin", "math", "exact_match-with-params", "composite-with-code",
-        "composite-pure"])
+@pytest.mark.parametrize(
+    ("spec", "runs"),
+    [
+        (ScorerSpec(function="code"), True),
+        (ScorerSpec(function=RUNS_CODE), True),
+        (ScorerSpec(function="tests.reward_fns:sandbox_backend"), True),  # takes the sandbox: runs code
+        (ScorerSpec(function="math"), False),
+        (ScorerSpec(function="exact_match", params={"normalize": False}), False),
+        (ScorerSpec(components=(ComponentSpec("fmt", "format"), ComponentSpec("tests", "code"))), True),
+        (ScorerSpec(components=(ComponentSpec("fmt", "format"), ComponentSpec("answer", "exact_match"))), False),
+    ],
+    ids=[
+        "code",
+        "declared-plugin",
+        "sandbox-plugin",
+        "math",
+        "exact_match-with-params",
+        "composite-with-code",
+        "composite-pure",
+    ],
+)
 def test_a_reward_runs_code_when_a_function_takes_the_sandbox_or_declares_it(spec: ScorerSpec, runs: bool) -> None:
     assert Scorer(spec, sandbox=Sandbox(SANDBOX)).runs_code is runs

@@ -31,20 +31,24 @@ def test_yaml_syntax_error_exits_2_with_line_and_column_and_no_traceback(tmp_pat
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer:\n  total_steps: 3\n rollout: [\n")
 
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(bad)], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "run", str(bad)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
     assert proc.returncode == 2, proc.stderr
     assert "line 3, column 2" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("override", [
-    f"control.token={{nested: {SECRET}}}",  # wrong type of a secret field
-    f"redis.url=http://user:{SECRET}@host:6379",  # a secret field refused by its section's validate()
-    f"control.tokn={SECRET}",  # a mistyped key: its value may be the secret
-    f"control.token=[{SECRET}",  # not YAML at all
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        f"control.token={{nested: {SECRET}}}",  # wrong type of a secret field
+        f"redis.url=http://user:{SECRET}@host:6379",  # a secret field refused by its section's validate()
+        f"control.tokn={SECRET}",  # a mistyped key: its value may be the secret
+        f"control.token=[{SECRET}",  # not YAML at all
+    ],
+)
 def test_config_error_about_a_secret_never_shows_its_value(override: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_run_config(None, [override])
@@ -57,8 +61,9 @@ def test_config_error_of_a_secret_from_the_cli_is_not_printed(tmp_path: Path) ->
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"redis:\n  url: ftp://:{SECRET}@h\n")
 
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(cfg)], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "run", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
     assert proc.returncode == 2
     assert "redis.url" in proc.stderr and SECRET not in proc.stderr + proc.stdout

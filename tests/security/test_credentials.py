@@ -34,8 +34,7 @@ def _app(token: str) -> tuple[object, list[str]]:
         calls.append("pause")
         return rollout_pb2.RolloutStatus(paused=True)
 
-    app = control_app("rollout", rollout_pb2.RolloutStatus, lambda: "", token, CollectorRegistry(),
-                      {"/pause": pause})
+    app = control_app("rollout", rollout_pb2.RolloutStatus, lambda: "", token, CollectorRegistry(), {"/pause": pause})
     return app, calls
 
 
@@ -58,8 +57,11 @@ def test_control_call_is_refused_when_no_token_is_configured() -> None:
 def test_cross_origin_form_post_cannot_trigger_a_control_call() -> None:
     app, calls = _app(TOKEN)
 
-    status = _post(app, data={"authorization": f"Bearer {TOKEN}"},  # a form can send fields, not headers
-                   headers={"Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"})
+    status = _post(
+        app,
+        data={"authorization": f"Bearer {TOKEN}"},  # a form can send fields, not headers
+        headers={"Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"},
+    )
 
     assert status == 401
     assert calls == []
@@ -84,9 +86,25 @@ def test_a_service_beyond_loopback_needs_its_credential(host: str) -> None:
 
 def test_inference_beyond_loopback_without_a_weights_token_exits_2_before_loading_anything(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RELAYRL_WEIGHTS_TOKEN", "RELAYRL_CONTROL_TOKEN")}
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "serve", "inference", "examples/quickstart.yaml",
-                           "--set", "inference.server.host=0.0.0.0", "--set", f"model.path={tmp_path / 'none'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "serve",
+            "inference",
+            "examples/quickstart.yaml",
+            "--set",
+            "inference.server.host=0.0.0.0",
+            "--set",
+            f"model.path={tmp_path / 'none'}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
     assert proc.returncode == 2
     assert "inference.server.host" in proc.stderr and "weights token" in proc.stderr
@@ -109,7 +127,8 @@ def test_grpc_control_call_without_a_configured_token_is_permission_denied() -> 
 
 
 def test_run_credentials_are_fresh_and_the_control_token_file_is_owner_only(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("RELAYRL_WEIGHTS_TOKEN", raising=False)
     monkeypatch.delenv("RELAYRL_CONTROL_TOKEN", raising=False)
     monkeypatch.delenv("RELAYRL_CODE_TOKEN", raising=False)
@@ -133,13 +152,17 @@ def test_run_credentials_are_fresh_and_the_control_token_file_is_owner_only(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("token", "served_token", "code"), [
-    (None, "trainer-only", grpc.StatusCode.UNAUTHENTICATED),
-    ("guessed", "trainer-only", grpc.StatusCode.UNAUTHENTICATED),
-    ("", "", grpc.StatusCode.PERMISSION_DENIED),  # no weights token configured: nobody may push
-])
+@pytest.mark.parametrize(
+    ("token", "served_token", "code"),
+    [
+        (None, "trainer-only", grpc.StatusCode.UNAUTHENTICATED),
+        ("guessed", "trainer-only", grpc.StatusCode.UNAUTHENTICATED),
+        ("", "", grpc.StatusCode.PERMISSION_DENIED),  # no weights token configured: nobody may push
+    ],
+)
 def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
-        tiny_model_dir: Path, token: str | None, served_token: str, code: grpc.StatusCode) -> None:
+    tiny_model_dir: Path, token: str | None, served_token: str, code: grpc.StatusCode
+) -> None:
     from relayrl.common.grpc_utils import insecure_channel
     from relayrl.common.pb import inference_pb2 as pb
     from relayrl.common.pb import inference_pb2_grpc as pb_grpc
@@ -161,11 +184,11 @@ def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
             metadata = None if token is None else (("authorization", f"Bearer {token}"),)
             async with insecure_channel(service.weights_target) as channel:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await pb_grpc.InferenceServiceStub(channel).UpdateWeights(update(), timeout=30,
-                                                                              metadata=metadata)
+                    await pb_grpc.InferenceServiceStub(channel).UpdateWeights(update(), timeout=30, metadata=metadata)
                 sent_after_refusal.set()
-                status = await pb_grpc.InferenceServiceStub(channel).GetStatus(pb.GetInferenceStatusRequest(),
-                                                                               timeout=30)
+                status = await pb_grpc.InferenceServiceStub(channel).GetStatus(
+                    pb.GetInferenceStatusRequest(), timeout=30
+                )
             return err.value.code(), service.engine.version, int(status.weight_version)
 
     got, version, served = asyncio.run(go())

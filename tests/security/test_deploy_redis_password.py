@@ -121,8 +121,11 @@ def test_data_files_are_readable_by_the_redis_user_only(server: Launched, tmp_pa
 
 
 def test_health_check_fails_without_the_password(server: Launched) -> None:
-    line = server.health.replace("redis-cli", f"redis-cli -p {server.port}", 1) if "-p " not in server.health \
+    line = (
+        server.health.replace("redis-cli", f"redis-cli -p {server.port}", 1)
+        if "-p " not in server.health
         else server.health.replace("-p 6379", f"-p {server.port}")
+    )
     without = {"PATH": os.environ["PATH"]}
 
     healthy = subprocess.run(["sh", "-c", line], env=server.env, capture_output=True, timeout=10)
@@ -135,7 +138,8 @@ def test_health_check_fails_without_the_password(server: Launched) -> None:
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
 @pytest.mark.parametrize("password", [None, "", 'with"quote', "with space", "back\\slash", "new\nline"])
 def test_server_refuses_to_start_with_no_password_or_one_it_cannot_quote(
-        name: str, password: str | None, tmp_path: Path) -> None:
+    name: str, password: str | None, tmp_path: Path
+) -> None:
     launched = _launch(name, tmp_path, password)
 
     output, _ = launched.proc.communicate(timeout=15)

@@ -21,12 +21,19 @@ MARKER = "S3CRET-do-not-print"
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(min_value=-(10**400), max_value=10**400),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
     st.sampled_from(["0", "1e9", "-1", "native", "grpc_stream", "bwrap", ".inf", "redis://x:1/0", "a\x00b"]),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
-                      | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def _sections(cls: type) -> st.SearchStrategy[dict[str, Any]]:
@@ -68,11 +75,23 @@ def test_any_config_mapping_gives_a_valid_config_or_a_config_error_without_secre
 
 
 @SETTINGS
-@given(text=st.text(max_size=200) | st.sampled_from(
-    ["a: [1", "trainer: {lr: .nan}", "{", "- 1", "x: !!python/object/apply:os.system ['touch pwned']", "?",
-     "trainer: {1: 2}"]))
-def test_any_config_file_text_gives_a_valid_config_or_a_config_error(tmp_path_factory: pytest.TempPathFactory,
-                                                                        text: str) -> None:
+@given(
+    text=st.text(max_size=200)
+    | st.sampled_from(
+        [
+            "a: [1",
+            "trainer: {lr: .nan}",
+            "{",
+            "- 1",
+            "x: !!python/object/apply:os.system ['touch pwned']",
+            "?",
+            "trainer: {1: 2}",
+        ]
+    )
+)
+def test_any_config_file_text_gives_a_valid_config_or_a_config_error(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
     path = Path(tmp_path_factory.mktemp("cfg")) / "run.yaml"
     path.write_text(text)
 
@@ -83,9 +102,16 @@ def test_any_config_file_text_gives_a_valid_config_or_a_config_error(tmp_path_fa
 
 
 @SETTINGS
-@given(override=st.text(max_size=60) | st.builds(lambda k, v: f"{k}={v}", st.sampled_from(
-    ["trainer.total_steps", "control.token", "redis", "a..b", "inference.server.port", "trainer.optimizer.lr"]),
-    st.text(max_size=20)))
+@given(
+    override=st.text(max_size=60)
+    | st.builds(
+        lambda k, v: f"{k}={v}",
+        st.sampled_from(
+            ["trainer.total_steps", "control.token", "redis", "a..b", "inference.server.port", "trainer.optimizer.lr"]
+        ),
+        st.text(max_size=20),
+    )
+)
 def test_any_command_line_override_gives_a_valid_config_or_a_config_error(override: str) -> None:
     try:
         load_run_config(None, [override])

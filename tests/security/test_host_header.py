@@ -54,19 +54,26 @@ def _serve(app: Any, cfg: HttpConfig, *requests: tuple[str, tuple[str, ...], str
         server = HttpServer(app, cfg, "test")
         await server.start()
         try:
-            return [await _statuses(f"http://127.0.0.1:{server.port}{path}", hosts, method, body)
-                    for path, hosts, method, body in requests]
+            return [
+                await _statuses(f"http://127.0.0.1:{server.port}{path}", hosts, method, body)
+                for path, hosts, method, body in requests
+            ]
         finally:
             await server.stop()
+
     return asyncio.run(go())
 
 
 def test_another_hosts_name_is_refused_before_the_route_and_before_the_body_is_read() -> None:
     app, calls = _counting_app()
     cfg = HttpConfig(port=0, max_body_mib=1)
-    evil, big, loopback = _serve(app, cfg, ("/probe", EVIL, "GET", b""),
-                                 ("/probe", ("evil.example",), "POST", b"x" * (2 * 1024 * 1024)),
-                                 ("/probe", LOOPBACK, "GET", b""))
+    evil, big, loopback = _serve(
+        app,
+        cfg,
+        ("/probe", EVIL, "GET", b""),
+        ("/probe", ("evil.example",), "POST", b"x" * (2 * 1024 * 1024)),
+        ("/probe", LOOPBACK, "GET", b""),
+    )
     assert evil == [400] * len(EVIL) and big == [400]  # not 413: refused before the body limit reads anything
     assert loopback == [200] * len(LOOPBACK) and calls == ["probe"] * len(LOOPBACK)
 
@@ -75,8 +82,10 @@ def test_configured_names_the_bind_host_and_ip_addresses_are_answered() -> None:
     app, _ = _counting_app()
     cfg = HttpConfig(host="127.0.0.1", port=0, allowed_hosts=["inference", "*.svc.cluster.local"])
     hosts = ("inference:8000", "rl-inference.ml.svc.cluster.local", "10.1.2.3:8000", "[fe80::1]:8000")
-    assert _serve(app, cfg, ("/probe", hosts, "GET", b""), ("/probe", ("svc.cluster.local", "infer"), "GET", b"")) \
-        == [[200] * 4, [400, 400]]
+    assert _serve(app, cfg, ("/probe", hosts, "GET", b""), ("/probe", ("svc.cluster.local", "infer"), "GET", b"")) == [
+        [200] * 4,
+        [400, 400],
+    ]
     assert host_allowed("myhost:80", [], bind_host="myhost") and not host_allowed("myhost", [], bind_host="0.0.0.0")
 
 
@@ -100,8 +109,14 @@ def test_control_api_refuses_another_hosts_name_before_any_route() -> None:
 
     app = control_app("rollout", rollout_pb2.RolloutStatus, lambda: "", "t0k3n", CollectorRegistry(), {"/pause": pause})
     cfg = HttpConfig(port=0)
-    statuses = _serve(app, cfg, ("/metrics", ("evil.example",), "GET", b""), ("/status", ("evil.example",), "GET", b""),
-                      ("/config", ("evil.example",), "GET", b""), ("/metrics", ("localhost",), "GET", b""))
+    statuses = _serve(
+        app,
+        cfg,
+        ("/metrics", ("evil.example",), "GET", b""),
+        ("/status", ("evil.example",), "GET", b""),
+        ("/config", ("evil.example",), "GET", b""),
+        ("/metrics", ("localhost",), "GET", b""),
+    )
     assert statuses == [[400], [400], [400], [200]]
     assert calls == []
 
@@ -113,8 +128,10 @@ def test_agent_session_proxy_refuses_another_hosts_name() -> None:
         await proxy.start()
         try:
             _, url = proxy.open(Session(SessionLimits(4, 4, 16, 16), 60), None, "g")
-            return (await _statuses(f"{url}/models", ("evil.example",)),
-                    await _statuses(f"{url}/models", (f"127.0.0.1:{proxy.port}",)))
+            return (
+                await _statuses(f"{url}/models", ("evil.example",)),
+                await _statuses(f"{url}/models", (f"127.0.0.1:{proxy.port}",)),
+            )
         finally:
             await proxy.stop()
 

@@ -22,16 +22,39 @@ pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
 
 def _start(out: Path, model: Path, *settings: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
-         "--set", f"model.path={model}", "--set", "trainer.total_steps=100000", "--set", "trainer.checkpoint_every=3",
-         "--set", "rollout.max_new_tokens=2", *(arg for kv in settings for arg in ("--set", kv))],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            "examples/quickstart.yaml",
+            "--out",
+            str(out),
+            "--set",
+            f"model.path={model}",
+            "--set",
+            "trainer.total_steps=100000",
+            "--set",
+            "trainer.checkpoint_every=3",
+            "--set",
+            "rollout.max_new_tokens=2",
+            *(arg for kv in settings for arg in ("--set", kv)),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _until_training(out: Path, proc: subprocess.Popen[str], steps: int = 4, timeout_s: float = 240) -> None:
     metrics = out / "metrics.jsonl"
-    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= steps,
-             f"{steps} training steps", timeout_s, alive=proc)
+    wait_for(
+        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= steps,
+        f"{steps} training steps",
+        timeout_s,
+        alive=proc,
+    )
 
 
 def _stack(proc: subprocess.Popen[str]) -> list[psutil.Process]:
@@ -44,13 +67,13 @@ def _stack(proc: subprocess.Popen[str]) -> list[psutil.Process]:
 def _survivors(stack: list[psutil.Process], timeout_s: float) -> list[str]:
     """The processes of ``stack`` still running after ``timeout_s`` (zombies count as gone)."""
     _, alive = psutil.wait_procs(stack, timeout=timeout_s)
-    return [f"{p.pid} {' '.join(p.cmdline())}" for p in alive
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [f"{p.pid} {' '.join(p.cmdline())}" for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_stop_signal_to_the_launcher_stops_every_process_and_the_summary_adds_up(
-        tmp_path: Path, demo_model: Path, sig: signal.Signals) -> None:
+    tmp_path: Path, demo_model: Path, sig: signal.Signals
+) -> None:
     out = tmp_path / "run"
     proc = _start(out, demo_model)
     try:
@@ -71,14 +94,19 @@ def test_stop_signal_to_the_launcher_stops_every_process_and_the_summary_adds_up
 def _assert_books_add_up(out: Path, output: str) -> None:
     """summary.json and the printed summary hold the accounting identity, each group counted once."""
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["groups_produced"] == (summary["groups_trained"] + summary["groups_dropped_stale"]
-                                          + summary["groups_dropped_reward_error"] + summary["groups_invalid"]
-                                          + summary["groups_pending"])
+    assert summary["groups_produced"] == (
+        summary["groups_trained"]
+        + summary["groups_dropped_stale"]
+        + summary["groups_dropped_reward_error"]
+        + summary["groups_invalid"]
+        + summary["groups_pending"]
+    )
     assert "groups produced" in output
 
 
 def test_a_dead_service_stops_the_whole_stack_with_exit_1_and_the_summary_adds_up(
-        tmp_path: Path, demo_model: Path) -> None:
+    tmp_path: Path, demo_model: Path
+) -> None:
     out = tmp_path / "run"
     proc = _start(out, demo_model)
     try:
@@ -132,12 +160,22 @@ def test_run_credentials_reach_the_services_only_through_their_environment(tmp_p
         argv = [" ".join(p.cmdline()) for p in stack]
         environments = [p.environ() for p in stack if "serve rollout" in " ".join(p.cmdline())]
 
-        paused = subprocess.run([sys.executable, "-m", "relayrl.cli", "control", "pause", str(out)], cwd=REPO,
-                                capture_output=True, text=True, timeout=60, env={
-                                    k: v for k, v in os.environ.items() if "RELAYRL_" not in k})
-        status = subprocess.run([sys.executable, "-m", "relayrl.cli", "status", "--json", str(out)], cwd=REPO,
-                                capture_output=True, text=True, timeout=60, env={
-                                    k: v for k, v in os.environ.items() if "RELAYRL_" not in k})
+        paused = subprocess.run(
+            [sys.executable, "-m", "relayrl.cli", "control", "pause", str(out)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if "RELAYRL_" not in k},
+        )
+        status = subprocess.run(
+            [sys.executable, "-m", "relayrl.cli", "status", "--json", str(out)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if "RELAYRL_" not in k},
+        )
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
     finally:

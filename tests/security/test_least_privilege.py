@@ -21,8 +21,12 @@ SERVICES = ("inference", "reward", "rollout", "trainer")
 CARRIED = variables(ControlConfig(), RedisConfig())
 EVERY = {name for names in CARRIED.values() for name in names}
 # the Helm chart's Secret keys (templates/credentials.yaml) of each credential
-SECRET_KEYS = {"control-token": Credential.CONTROL, "weights-token": Credential.WEIGHTS,
-               "code-token": Credential.CODE, "redis-password": Credential.REDIS}
+SECRET_KEYS = {
+    "control-token": Credential.CONTROL,
+    "weights-token": Credential.WEIGHTS,
+    "code-token": Credential.CODE,
+    "redis-password": Credential.REDIS,
+}
 
 
 def _credentials_of(names: set[str]) -> set[Credential]:
@@ -54,18 +58,34 @@ def test_the_helm_chart_gives_each_pod_the_credentials_of_the_table(values: str)
 
 
 def test_a_child_environment_drops_the_callers_credentials_it_does_not_hold() -> None:
-    caller = {"PATH": "/bin", "RELAYRL_CONTROL_TOKEN": "c0", "RELAYRL_WEIGHTS_TOKEN": "w0", "RELAYRL_CODE_TOKEN": "k0",
-              "RELAYRL_REDIS_PASSWORD": "p0", "RELAYRL_REDIS_URL": "redis://r:6379/0"}
+    caller = {
+        "PATH": "/bin",
+        "RELAYRL_CONTROL_TOKEN": "c0",
+        "RELAYRL_WEIGHTS_TOKEN": "w0",
+        "RELAYRL_CODE_TOKEN": "k0",
+        "RELAYRL_REDIS_PASSWORD": "p0",
+        "RELAYRL_REDIS_URL": "redis://r:6379/0",
+    }
     run = {"RELAYRL_CONTROL_TOKEN": "c1", "RELAYRL_WEIGHTS_TOKEN": "w1", "RELAYRL_CODE_TOKEN": "k1"}
 
     envs = {s: service_environment(s, caller, run, ControlConfig(), RedisConfig()) for s in SERVICES}
 
     assert envs["reward"] == {"PATH": "/bin", "RELAYRL_CODE_TOKEN": "k1"}
     assert envs["inference"] == {"PATH": "/bin", "RELAYRL_WEIGHTS_TOKEN": "w1"}
-    assert envs["rollout"] == {"PATH": "/bin", "RELAYRL_CONTROL_TOKEN": "c1", "RELAYRL_CODE_TOKEN": "k1",
-                               "RELAYRL_REDIS_PASSWORD": "p0", "RELAYRL_REDIS_URL": "redis://r:6379/0"}
-    assert envs["trainer"] == {"PATH": "/bin", "RELAYRL_CONTROL_TOKEN": "c1", "RELAYRL_WEIGHTS_TOKEN": "w1",
-                               "RELAYRL_REDIS_PASSWORD": "p0", "RELAYRL_REDIS_URL": "redis://r:6379/0"}
+    assert envs["rollout"] == {
+        "PATH": "/bin",
+        "RELAYRL_CONTROL_TOKEN": "c1",
+        "RELAYRL_CODE_TOKEN": "k1",
+        "RELAYRL_REDIS_PASSWORD": "p0",
+        "RELAYRL_REDIS_URL": "redis://r:6379/0",
+    }
+    assert envs["trainer"] == {
+        "PATH": "/bin",
+        "RELAYRL_CONTROL_TOKEN": "c1",
+        "RELAYRL_WEIGHTS_TOKEN": "w1",
+        "RELAYRL_REDIS_PASSWORD": "p0",
+        "RELAYRL_REDIS_URL": "redis://r:6379/0",
+    }
 
 
 def test_renamed_credential_variables_are_the_ones_separated() -> None:
@@ -87,9 +107,9 @@ def test_a_trainer_that_evaluates_during_the_run_holds_the_code_token_and_no_oth
     assert envs["reward"] == {"RELAYRL_CODE_TOKEN": "k1"}
 
 
-
 def test_the_embedded_redis_server_is_started_with_none_of_the_callers_credentials(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # redis-server overwrites its own /proc/PID/environ (its process title), so the environment it is given is what
     # a process of the same user could read from its memory: look at that one
     import subprocess

@@ -27,14 +27,18 @@ def _config(model: Path, *overrides: str) -> RunConfig:
     return load_run_config(None, [f"model.path={model}", *overrides])
 
 
-@pytest.mark.parametrize(("override", "field", "bound"), [
-    ("inference.max_prompt_tokens=1000000", "inference.max_prompt_tokens", 255),
-    ("inference.max_new_tokens_limit=5000", "inference.max_new_tokens_limit", 255),
-    ("trainer.publication.probe_tokens=1000", "trainer.publication.probe_tokens", 256),
-    ("rollout.top_k=1000", "rollout.top_k", None),
-])
+@pytest.mark.parametrize(
+    ("override", "field", "bound"),
+    [
+        ("inference.max_prompt_tokens=1000000", "inference.max_prompt_tokens", 255),
+        ("inference.max_new_tokens_limit=5000", "inference.max_new_tokens_limit", 255),
+        ("trainer.publication.probe_tokens=1000", "trainer.publication.probe_tokens", 256),
+        ("rollout.top_k=1000", "rollout.top_k", None),
+    ],
+)
 def test_a_limit_beyond_the_models_context_or_vocabulary_is_refused_naming_field_value_and_bound(
-        tiny_model_dir: Path, override: str, field: str, bound: int | None) -> None:
+    tiny_model_dir: Path, override: str, field: str, bound: int | None
+) -> None:
     cfg = _config(tiny_model_dir, override)
 
     with pytest.raises(ConfigError) as err:
@@ -53,18 +57,18 @@ def test_probe_tokens_beyond_the_probe_limit_is_refused_at_load(tiny_model_dir: 
     assert err.value.field == "trainer.publication.probe_tokens" and "inference.max_probe_tokens" in err.value.rule
 
 
-@pytest.mark.parametrize("override", ["rollout.temperature=1000", "rollout.temperature=0.000001",
-                                      "rollout.stop=[" + ",".join(["x"] * 65) + "]"])
-def test_rollout_sampling_beyond_what_inference_accepts_is_refused_at_load(tiny_model_dir: Path,
-                                                                          override: str) -> None:
+@pytest.mark.parametrize(
+    "override",
+    ["rollout.temperature=1000", "rollout.temperature=0.000001", "rollout.stop=[" + ",".join(["x"] * 65) + "]"],
+)
+def test_rollout_sampling_beyond_what_inference_accepts_is_refused_at_load(tiny_model_dir: Path, override: str) -> None:
     with pytest.raises(ConfigError) as err:
         _config(tiny_model_dir, override)
 
     assert err.value.field == override.split("=")[0]
 
 
-def test_limits_at_their_defaults_are_lowered_to_the_model_and_set_ones_that_fit_are_kept(
-        tiny_model_dir: Path) -> None:
+def test_limits_at_their_defaults_are_lowered_to_the_model_and_set_ones_that_fit_are_kept(tiny_model_dir: Path) -> None:
     fitted = fit_to_model(_config(tiny_model_dir, "rollout.max_new_tokens=255"))
 
     assert fitted.inference.max_prompt_tokens == 255 and fitted.inference.max_new_tokens_limit == 255  # 2048 each
@@ -72,14 +76,18 @@ def test_limits_at_their_defaults_are_lowered_to_the_model_and_set_ones_that_fit
     assert fit_to_model(fitted) == fitted  # what `relayrl run` writes, each service accepts as it is
 
 
-def test_relayrl_run_exits_2_naming_the_field_before_starting_any_service(tiny_model_dir: Path,
-                                                                          tmp_path: Path) -> None:
+def test_relayrl_run_exits_2_naming_the_field_before_starting_any_service(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(f"model:\n  path: {tiny_model_dir}\ninference:\n  max_prompt_tokens: 1000000\n")
     out = tmp_path / "out"
 
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(config), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "run", str(config), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
     assert proc.returncode == 2, proc.stderr
     assert "inference.max_prompt_tokens = 1000000" in proc.stderr and "context length 256" in proc.stderr
@@ -87,12 +95,14 @@ def test_relayrl_run_exits_2_naming_the_field_before_starting_any_service(tiny_m
 
 
 @pytest.mark.parametrize("service", ["inference", "trainer", "rollout"])
-def test_each_service_refuses_a_limit_beyond_the_model_at_its_own_start(tiny_model_dir: Path,
-                                                                        service: str) -> None:
+def test_each_service_refuses_a_limit_beyond_the_model_at_its_own_start(tiny_model_dir: Path, service: str) -> None:
     import importlib
 
-    override = {"inference": "inference.max_prompt_tokens=1000000", "trainer": "trainer.publication.probe_tokens=300",
-                "rollout": "rollout.top_k=1000"}[service]
+    override = {
+        "inference": "inference.max_prompt_tokens=1000000",
+        "trainer": "trainer.publication.probe_tokens=300",
+        "rollout": "rollout.top_k=1000",
+    }[service]
     cfg = _config(tiny_model_dir, override)
     serve = importlib.import_module(f"relayrl.{service}.main").serve
 

@@ -60,7 +60,8 @@ def test_embedded_redis_refuses_a_client_without_its_password(launcher: Launcher
 
 
 def test_embedded_redis_password_reaches_services_by_environment_only(
-        launcher: Launcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher: Launcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
     launcher._start_redis()
     try:
         assert launcher.redis is not None
@@ -86,12 +87,12 @@ def test_embedded_redis_password_reaches_services_by_environment_only(
 
 
 def test_embedded_redis_takes_the_callers_password_from_the_environment(
-        launcher: Launcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher: Launcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RELAYRL_REDIS_PASSWORD", PASSWORD)
     launcher._start_redis()
     try:
-        with_password = redis.Redis(port=launcher.redis.port if launcher.redis else 0, password=PASSWORD,
-                                    **ONCE).ping()
+        with_password = redis.Redis(port=launcher.redis.port if launcher.redis else 0, password=PASSWORD, **ONCE).ping()
     finally:
         assert launcher.redis is not None
         launcher.redis.stop()
@@ -111,8 +112,7 @@ def test_password_from_the_environment_wins_over_the_one_in_the_url(monkeypatch:
     assert answered is True
 
 
-def test_url_and_password_come_from_the_environment_when_the_config_has_no_url(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_url_and_password_come_from_the_environment_when_the_config_has_no_url(monkeypatch: pytest.MonkeyPatch) -> None:
     with password_server(PASSWORD) as (port, proc):
         monkeypatch.setenv("RELAYRL_REDIS_URL", f"redis://127.0.0.1:{port}/0")
         monkeypatch.setenv("RELAYRL_REDIS_PASSWORD", PASSWORD)
@@ -127,8 +127,9 @@ def test_url_and_password_come_from_the_environment_when_the_config_has_no_url(
 def test_an_acl_user_authenticates_with_its_own_password_and_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
     with password_server(PASSWORD) as (port, _):
         admin = redis.Redis(port=port, password=PASSWORD, **ONCE)
-        admin.acl_setuser("rollout", enabled=True, passwords=["+rollout-secret"], keys=["relayrl:*"],
-                          commands=["+@all"])
+        admin.acl_setuser(
+            "rollout", enabled=True, passwords=["+rollout-secret"], keys=["relayrl:*"], commands=["+@all"]
+        )
         cfg = RedisConfig(url=f"redis://127.0.0.1:{port}/0", username="rollout")
         monkeypatch.setenv("RELAYRL_REDIS_PASSWORD", PASSWORD)  # the default user's password: not rollout's
         with pytest.raises(redis.exceptions.AuthenticationError):
@@ -145,8 +146,10 @@ def test_an_acl_user_authenticates_with_its_own_password_and_no_other(monkeypatc
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(password=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40)
-       | st.sampled_from(['x"\nrequirepass ""', "x\nport 1", 'a\\" b', "pass word\n"]))
+@given(
+    password=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40)
+    | st.sampled_from(['x"\nrequirepass ""', "x\nport 1", 'a\\" b', "pass word\n"])
+)
 def test_any_password_is_required_exactly_and_cannot_inject_config_lines(password: str) -> None:
     with password_server(password, extra=["--maxmemory", "10mb"]) as (port, _):
         refused_empty = _refused(port, None)

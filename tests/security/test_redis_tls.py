@@ -30,9 +30,12 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
 
 
 def _tls(port: int, certs: Certificates, ca: Path | None = None, client: bool = False) -> RedisConfig:
-    return RedisConfig(url=f"rediss://127.0.0.1:{port}/0", tls_ca_file=str(ca or certs.ca.cert),
-                       tls_cert_file=str(certs.client.cert) if client else "",
-                       tls_key_file=str(certs.client.key) if client else "")
+    return RedisConfig(
+        url=f"rediss://127.0.0.1:{port}/0",
+        tls_ca_file=str(ca or certs.ca.cert),
+        tls_cert_file=str(certs.client.cert) if client else "",
+        tls_key_file=str(certs.client.key) if client else "",
+    )
 
 
 def test_tls_client_with_the_ca_file_is_served(certs: Certificates) -> None:
@@ -107,13 +110,17 @@ def test_the_services_stream_presents_the_password_from_the_environment(monkeypa
     assert length == 1
 
 
-@pytest.mark.parametrize(("section", "field"), [
-    ({"tls_ca_file": "/nonexistent/ca.pem"}, "redis.tls_ca_file"),
-    ({"tls_cert_file": "{cert}"}, "redis.tls_key_file"),  # a client certificate without its key
-    ({"url": "redis://127.0.0.1:6379/0", "tls_ca_file": "{ca}"}, "redis.url"),  # TLS files, plaintext URL
-])
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ({"tls_ca_file": "/nonexistent/ca.pem"}, "redis.tls_ca_file"),
+        ({"tls_cert_file": "{cert}"}, "redis.tls_key_file"),  # a client certificate without its key
+        ({"url": "redis://127.0.0.1:6379/0", "tls_ca_file": "{ca}"}, "redis.url"),  # TLS files, plaintext URL
+    ],
+)
 def test_tls_settings_that_cannot_work_are_refused_at_start_up_naming_the_field(
-        certs: Certificates, section: dict[str, str], field: str) -> None:
+    certs: Certificates, section: dict[str, str], field: str
+) -> None:
     values = {k: v.format(cert=certs.client.cert, ca=certs.ca.cert) for k, v in section.items()}
 
     with pytest.raises(ConfigError) as err:
@@ -123,7 +130,8 @@ def test_tls_settings_that_cannot_work_are_refused_at_start_up_naming_the_field(
 
 
 def test_tls_files_with_a_plaintext_url_from_the_environment_are_refused(
-        certs: Certificates, monkeypatch: pytest.MonkeyPatch) -> None:
+    certs: Certificates, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RELAYRL_REDIS_URL", "redis://:hunter2@127.0.0.1:6379/0")
 
     with pytest.raises(ConfigError, match="rediss://") as err:

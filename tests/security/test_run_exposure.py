@@ -30,8 +30,10 @@ from tests.polling import wait_for
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
 
 SERVICES = ("inference", "reward", "rollout", "trainer")
-CALLER_CREDENTIALS = {name: secrets.token_urlsafe(32) for name in (
-    "RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD")}
+CALLER_CREDENTIALS = {
+    name: secrets.token_urlsafe(32)
+    for name in ("RELAYRL_CONTROL_TOKEN", "RELAYRL_WEIGHTS_TOKEN", "RELAYRL_CODE_TOKEN", "RELAYRL_REDIS_PASSWORD")
+}
 
 
 @dataclass
@@ -72,22 +74,51 @@ def run(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[
     env = {**os.environ, **CALLER_CREDENTIALS}
     env.pop("RELAYRL_REDIS_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
-         "--set", f"model.path={demo_model}", "--set", "trainer.total_steps=100000",
-         "--set", "trainer.checkpoint.every=2", "--set", "rollout.max_new_tokens=2",
-         "--set", "tracking.tensorboard=true"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            "examples/quickstart.yaml",
+            "--out",
+            str(out),
+            "--set",
+            f"model.path={demo_model}",
+            "--set",
+            "trainer.total_steps=100000",
+            "--set",
+            "trainer.checkpoint.every=2",
+            "--set",
+            "rollout.max_new_tokens=2",
+            "--set",
+            "tracking.tensorboard=true",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         metrics = out / "metrics.jsonl"
-        wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3
-                 and any((out / "checkpoints").glob("step_*")), "training and a checkpoint", alive=proc)
+        wait_for(
+            lambda: (
+                metrics.exists()
+                and len(metrics.read_text().splitlines()) >= 3
+                and any((out / "checkpoints").glob("step_*"))
+            ),
+            "training and a checkpoint",
+            alive=proc,
+        )
         environments = {name: _environ(p) for name, p in _services(proc).items()}
         cfg = load_run_config(out / "config.yaml")
         hosts = {}
         for name in SERVICES:
             port = getattr(cfg, name).http.port
-            hosts[name] = {h: _get(port, h) for h in ("evil.example", f"evil.example:{port}", f"127.0.0.1:{port}",
-                                                       f"localhost:{port}")}
+            hosts[name] = {
+                h: _get(port, h)
+                for h in ("evil.example", f"evil.example:{port}", f"127.0.0.1:{port}", f"localhost:{port}")
+            }
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=120)
     finally:
@@ -103,7 +134,8 @@ def test_each_service_holds_only_its_own_credentials_even_when_the_caller_export
     every = {name for names in carried.values() for name in names}
     for service, environment in run.environments.items():
         expected = {name for credential in HELD[service] for name in carried[credential]} & {
-            *CALLER_CREDENTIALS}  # the embedded Redis: no URL variable, its URL is in config.yaml
+            *CALLER_CREDENTIALS
+        }  # the embedded Redis: no URL variable, its URL is in config.yaml
         assert {name for name in environment if name in every} == expected, service
         for name in expected:  # the caller's credentials are the run's
             assert environment[name] == CALLER_CREDENTIALS[name], (service, name)

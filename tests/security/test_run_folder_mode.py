@@ -32,8 +32,9 @@ def _launcher(tmp_path: Path, *overrides: str) -> object:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
-    cfg = load_run_config(None, [f"model.path={model}", f"rollout.dataset={REPO / 'examples/data/arithmetic.jsonl'}",
-                                 *overrides])
+    cfg = load_run_config(
+        None, [f"model.path={model}", f"rollout.dataset={REPO / 'examples/data/arithmetic.jsonl'}", *overrides]
+    )
     return Launcher(cfg, tmp_path / "run")
 
 
@@ -41,8 +42,7 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_a_reused_wide_open_run_folder_is_closed_and_new_files_are_owner_only(
-        tmp_path: Path, umask_kept: None) -> None:
+def test_a_reused_wide_open_run_folder_is_closed_and_new_files_are_owner_only(tmp_path: Path, umask_kept: None) -> None:
     out = tmp_path / "run"
     for folder in (out / "logs", out / "checkpoints", out / "redis", out / "unrelated"):
         folder.mkdir(parents=True)
@@ -74,8 +74,10 @@ def test_output_dir_mode_0750_shares_the_run_read_only_with_the_group(tmp_path: 
     assert _mode(tmp_path / "run") == 0o750 and _mode(tmp_path / "run" / "metrics.jsonl") == 0o640
 
 
-@pytest.mark.parametrize(("value", "rule"), [
-    ("0777", "must not let group or others write"), ("0600", "owner rwx"), ("755x", "octal"), ("0702", "write")])
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [("0777", "must not let group or others write"), ("0600", "owner rwx"), ("755x", "octal"), ("0702", "write")],
+)
 def test_an_output_dir_mode_open_to_writers_or_closing_the_owner_out_is_a_config_error(value: str, rule: str) -> None:
     with pytest.raises(ConfigError, match=rule):
         load_run_config(None, [f"output_dir_mode='{value}'"])

@@ -34,9 +34,17 @@ pytestmark = [pytest.mark.security, pytest.mark.integration]
 
 # (field, value): each refused on its own; 1e-45 is a float32 subnormal (logits / it overflow to inf: NaN
 # probabilities), 2**32 - 1 a top_k far over the vocabulary
-BAD_GRPC = [("temperature", math.inf), ("temperature", -math.inf), ("temperature", math.nan), ("temperature", -1.0),
-            ("temperature", 1e6), ("temperature", 1e-45), ("top_p", math.inf), ("top_p", math.nan),
-            ("top_k", 2**32 - 1)]
+BAD_GRPC = [
+    ("temperature", math.inf),
+    ("temperature", -math.inf),
+    ("temperature", math.nan),
+    ("temperature", -1.0),
+    ("temperature", 1e6),
+    ("temperature", 1e-45),
+    ("top_p", math.inf),
+    ("top_p", math.nan),
+    ("top_k", 2**32 - 1),
+]
 
 
 class _Spy:
@@ -53,6 +61,7 @@ class _Spy:
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls += 1
             return attr(*args, **kwargs)
+
         return counted
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -61,8 +70,9 @@ class _Spy:
 
 
 def _request(**sampling: Any) -> pb.GenerateRequest:
-    return pb.GenerateRequest(request_id="r", prompt_text="1+2=",
-                              sampling=pb.SamplingParams(**{"n": 1, "max_new_tokens": 2, **sampling}))
+    return pb.GenerateRequest(
+        request_id="r", prompt_text="1+2=", sampling=pb.SamplingParams(**{"n": 1, "max_new_tokens": 2, **sampling})
+    )
 
 
 async def _refusal(call: Any) -> tuple[grpc.StatusCode, str]:
@@ -80,7 +90,8 @@ async def _refusal(call: Any) -> tuple[grpc.StatusCode, str]:
 
 @pytest.mark.parametrize("rpc", ["Generate", "GenerateBatch", "GenerateStream"])
 def test_non_finite_or_out_of_range_sampling_over_grpc_is_invalid_argument_naming_the_field(
-        tiny_model_dir: Path, rpc: str) -> None:
+    tiny_model_dir: Path, rpc: str
+) -> None:
     async def go() -> tuple[list[tuple[str, Any, grpc.StatusCode, str]], int, int]:
         async with inference_server(tiny_model_dir) as (target, service), insecure_channel(target) as channel:
             engine = service.engine = _Spy(service.engine, "submit")  # type: ignore[assignment]
@@ -88,10 +99,13 @@ def test_non_finite_or_out_of_range_sampling_over_grpc_is_invalid_argument_namin
             got = []
             for name, value in BAD_GRPC:
                 bad = _request(**{name: value})
-                call = {"Generate": lambda b=bad: stub.Generate(b, timeout=30),
-                        "GenerateBatch": lambda b=bad: stub.GenerateBatch(
-                            pb.GenerateBatchRequest(requests=[_request(), b]), timeout=30),
-                        "GenerateStream": lambda b=bad: stub.GenerateStream(b, timeout=30)}[rpc]
+                call = {
+                    "Generate": lambda b=bad: stub.Generate(b, timeout=30),
+                    "GenerateBatch": lambda b=bad: stub.GenerateBatch(
+                        pb.GenerateBatchRequest(requests=[_request(), b]), timeout=30
+                    ),
+                    "GenerateStream": lambda b=bad: stub.GenerateStream(b, timeout=30),
+                }[rpc]
                 got.append((name, value, *await _refusal(call)))
             refused_submits = engine.calls
             ok = await stub.Generate(_request(), timeout=30)  # the service serves on
@@ -106,7 +120,8 @@ def test_non_finite_or_out_of_range_sampling_over_grpc_is_invalid_argument_namin
 
 
 def test_generate_batch_over_max_samples_per_request_is_resource_exhausted_before_tokenising_or_queueing(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[list[tuple[grpc.StatusCode, str]], int, int, int]:
         async with inference_server(tiny_model_dir) as (target, service), insecure_channel(target) as channel:
             engine = service.engine = _Spy(service.engine, "submit")  # type: ignore[assignment]
@@ -131,37 +146,68 @@ def test_generate_batch_over_max_samples_per_request_is_resource_exhausted_befor
 def chat_service(chat_model_dir: Path) -> Iterator[InferenceService]:
     """A real native engine over the chat model (it has a chat template), small limits."""
     defaults = InferenceConfig()
-    cfg = InferenceConfig(max_new_tokens_limit=4, max_samples_per_request=4,
-                          http=replace(defaults.http, host="127.0.0.1", port=0))
+    cfg = InferenceConfig(
+        max_new_tokens_limit=4, max_samples_per_request=4, http=replace(defaults.http, host="127.0.0.1", port=0)
+    )
     tokenizer = load_tokenizer(chat_model_dir)
-    engine = NativeEngine(load_model(ModelConfig(path=chat_model_dir)), tokenizer, torch.device("cpu"),
-                          max_batch_sequences=8)
-    yield InferenceService(cfg, engine, tokenizer, str(chat_model_dir),
-                           weights_token=ControlConfig().effective_weights_token())
+    engine = NativeEngine(
+        load_model(ModelConfig(path=chat_model_dir)), tokenizer, torch.device("cpu"), max_batch_sequences=8
+    )
+    yield InferenceService(
+        cfg, engine, tokenizer, str(chat_model_dir), weights_token=ControlConfig().effective_weights_token()
+    )
     engine.close()
 
 
 # JSON text as a client may send it: Python's json (FastAPI's reader) takes Infinity, -Infinity and NaN
-BAD_REST = [("temperature", "Infinity"), ("temperature", "-Infinity"), ("temperature", "NaN"),
-            ("temperature", "-1"), ("temperature", "1e6"), ("temperature", "1e-45"), ("top_p", "Infinity"),
-            ("top_p", "NaN"), ("top_k", "1000000000000000000000000000000"), ("frequency_penalty", "NaN"),
-            ("presence_penalty", "Infinity"), ("max_tokens", "0")]
+BAD_REST = [
+    ("temperature", "Infinity"),
+    ("temperature", "-Infinity"),
+    ("temperature", "NaN"),
+    ("temperature", "-1"),
+    ("temperature", "1e6"),
+    ("temperature", "1e-45"),
+    ("top_p", "Infinity"),
+    ("top_p", "NaN"),
+    ("top_k", "1000000000000000000000000000000"),
+    ("frequency_penalty", "NaN"),
+    ("presence_penalty", "Infinity"),
+    ("max_tokens", "0"),
+]
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_non_finite_or_out_of_range_sampling_over_rest_is_a_400_naming_the_field(
-        chat_service: InferenceService, route: str, stream: bool) -> None:
+    chat_service: InferenceService, route: str, stream: bool
+) -> None:
     prompt = '"prompt": "hi"' if route == "/v1/completions" else '"messages": [{"role": "user", "content": "hi"}]'
     spy = _Spy(chat_service.engine, "submit")
     real, chat_service.engine = chat_service.engine, spy  # type: ignore[assignment]
     try:
         with TestClient(create_app(chat_service), raise_server_exceptions=False) as client:
-            answers = [(name, client.post(route, headers={"content-type": "application/json"}, content=(
-                f'{{{prompt}, "max_tokens": 2, "stream": {str(stream).lower()}, "{name}": {value}}}')))
-                for name, value in BAD_REST]
-            ok = client.post(route, json={**({"prompt": "hi"} if route == "/v1/completions" else
-                                            {"messages": [{"role": "user", "content": "hi"}]}), "max_tokens": 2})
+            answers = [
+                (
+                    name,
+                    client.post(
+                        route,
+                        headers={"content-type": "application/json"},
+                        content=(f'{{{prompt}, "max_tokens": 2, "stream": {str(stream).lower()}, "{name}": {value}}}'),
+                    ),
+                )
+                for name, value in BAD_REST
+            ]
+            ok = client.post(
+                route,
+                json={
+                    **(
+                        {"prompt": "hi"}
+                        if route == "/v1/completions"
+                        else {"messages": [{"role": "user", "content": "hi"}]}
+                    ),
+                    "max_tokens": 2,
+                },
+            )
     finally:
         chat_service.engine = real
 

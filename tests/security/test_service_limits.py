@@ -62,7 +62,8 @@ def test_prompt_over_max_prompt_chars_is_resource_exhausted_before_tokenising(ti
 
 
 def test_grpc_message_over_the_services_receive_limit_is_refused_and_the_server_keeps_serving(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[grpc.StatusCode, int]:
         async with inference_server(tiny_model_dir) as (target, _), insecure_channel(target) as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
@@ -78,7 +79,8 @@ def test_grpc_message_over_the_services_receive_limit_is_refused_and_the_server_
 
 
 def test_authenticated_call_beyond_max_authenticated_rpcs_is_refused_at_once_and_status_still_answers(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int]:
         release = asyncio.Event()
 
@@ -87,19 +89,25 @@ def test_authenticated_call_beyond_max_authenticated_rpcs_is_refused_at_once_and
             return
             yield
 
-        async with inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service), \
-                insecure_channel(service.weights_target) as channel:
+        async with (
+            inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service),
+            insecure_channel(service.weights_target) as channel,
+        ):
             stub = pb_grpc.InferenceServiceStub(channel)
-            first = stub.UpdateWeights(held_open(), timeout=30,  # with the weights token: it stays open
-                                       metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),))
+            first = stub.UpdateWeights(
+                held_open(),
+                timeout=30,  # with the weights token: it stays open
+                metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),),
+            )
             for _ in range(3000):  # until the server runs it: its handler counts the open weight stream
                 if service.weight_streams:
                     break
                 await asyncio.sleep(0.01)
             assert service.weight_streams == 1
             with pytest.raises(grpc.aio.AioRpcError) as err:  # a second update: over the budget of one
-                await stub.UpdateWeights(held_open(), timeout=30,
-                                         metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),))
+                await stub.UpdateWeights(
+                    held_open(), timeout=30, metadata=(("authorization", f"Bearer {WEIGHTS_TOKEN}"),)
+                )
             status = await stub.GetStatus(pb.GetInferenceStatusRequest(), timeout=30)  # another budget
             release.set()
             with pytest.raises(grpc.aio.AioRpcError):
@@ -117,8 +125,10 @@ async def _post_raw(port: int, declared: int | None, body_bytes: int) -> tuple[i
     ``body_bytes`` of body, stopping as soon as the server has answered. Returns (status, response, bytes sent)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     framing = f"content-length: {declared}" if declared is not None else "transfer-encoding: chunked"
-    writer.write(f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 f"{framing}\r\n\r\n".encode())
+    writer.write(
+        f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"{framing}\r\n\r\n".encode()
+    )
     sent = 0
     answer = asyncio.ensure_future(reader.read(65536))
     try:
@@ -185,8 +195,12 @@ class _BusyEngine:
 
 def test_request_when_the_engine_queue_is_full_is_refused_with_429_and_not_queued() -> None:
     engine = _BusyEngine(queued=4)
-    service = InferenceService(InferenceConfig(max_queued_requests=4), engine, tokenizer=None,  # type: ignore[arg-type]
-                               model_path="m")
+    service = InferenceService(
+        InferenceConfig(max_queued_requests=4),
+        engine,
+        tokenizer=None,  # type: ignore[arg-type]
+        model_path="m",
+    )
 
     with pytest.raises(LimitExceeded) as err:
         service.submit(GenerationInput(prompt_ids=[1, 2], n=1, max_new_tokens=1))

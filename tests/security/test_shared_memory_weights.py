@@ -41,7 +41,8 @@ def _same(service: InferenceService, before: dict[str, torch.Tensor]) -> bool:
 
 @pytest.mark.parametrize("escape", ["dotdot", "symlink"])
 def test_shared_memory_manifest_naming_a_file_outside_the_weights_directory_is_refused(
-        tiny_model_dir: Path, tmp_path: Path, escape: str) -> None:
+    tiny_model_dir: Path, tmp_path: Path, escape: str
+) -> None:
     async def go() -> tuple[grpc.StatusCode, str, bool, int]:
         weights_dir = tmp_path / "weights"
         weights_dir.mkdir()
@@ -65,8 +66,9 @@ def test_shared_memory_manifest_naming_a_file_outside_the_weights_directory_is_r
     assert unchanged and version == 0
 
 
-def test_shared_memory_file_modified_after_the_trainer_wrote_it_fails_the_checksum(tiny_model_dir: Path,
-                                                                                   tmp_path: Path) -> None:
+def test_shared_memory_file_modified_after_the_trainer_wrote_it_fails_the_checksum(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def go() -> tuple[grpc.StatusCode, str, bool, int]:
         weights_dir = tmp_path / "weights"
         async with inference_server(tiny_model_dir, weights_dir=weights_dir) as (_, service):
@@ -90,8 +92,9 @@ def test_shared_memory_file_modified_after_the_trainer_wrote_it_fails_the_checks
 
 
 @pytest.mark.parametrize("planted", ["v000000001.shm.safetensors.tmp", "v000000001.shm.safetensors"])
-def test_trainer_never_writes_through_a_symlink_planted_where_its_weights_file_goes(tmp_path: Path,
-                                                                                    planted: str) -> None:
+def test_trainer_never_writes_through_a_symlink_planted_where_its_weights_file_goes(
+    tmp_path: Path, planted: str
+) -> None:
     weights_dir = tmp_path / "weights"
     weights_dir.mkdir()
     victim = tmp_path / "victim.txt"

@@ -38,13 +38,22 @@ class Pki:
     other_client: Pem  # clientAuth, signed by the other CA
 
     def server_tls(self, mutual: bool = False) -> TlsConfig:
-        return TlsConfig(cert_file=str(self.server.cert), key_file=str(self.server.key), ca_file=str(self.ca.ca_file),
-                         require_client_cert=mutual)
+        return TlsConfig(
+            cert_file=str(self.server.cert),
+            key_file=str(self.server.key),
+            ca_file=str(self.ca.ca_file),
+            require_client_cert=mutual,
+        )
 
-    def client_tls(self, cert: Pem | None = None, ca: CertificateAuthority | None = None,
-                   server_name: str = "") -> TlsConfig:
-        return TlsConfig(ca_file=str((ca or self.ca).ca_file), client_cert_file=str(cert.cert) if cert else "",
-                         client_key_file=str(cert.key) if cert else "", server_name=server_name)
+    def client_tls(
+        self, cert: Pem | None = None, ca: CertificateAuthority | None = None, server_name: str = ""
+    ) -> TlsConfig:
+        return TlsConfig(
+            ca_file=str((ca or self.ca).ca_file),
+            client_cert_file=str(cert.cert) if cert else "",
+            client_key_file=str(cert.key) if cert else "",
+            server_name=server_name,
+        )
 
 
 @pytest.fixture

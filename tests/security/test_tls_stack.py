@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "relayrl.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 async def _generate(target: str, tls: TlsConfig | None) -> inference_pb2.GenerateResponse | grpc.StatusCode:
@@ -44,16 +45,33 @@ async def _served_version(target: str, tls: TlsConfig) -> int:
 
 
 def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_clients(
-        tmp_path: Path, demo_model: Path) -> None:
+    tmp_path: Path, demo_model: Path
+) -> None:
     ca = CertificateAuthority.create(tmp_path / "pki")
     svc = ca.issue("svc")  # the services' certificate, for 127.0.0.1 (where the launcher puts them)
     out = tmp_path / "run"
-    tls_args = [f"tls.cert_file={svc.cert}", f"tls.key_file={svc.key}", f"tls.ca_file={ca.ca_file}",
-                "tls.require_client_cert=true"]
+    tls_args = [
+        f"tls.cert_file={svc.cert}",
+        f"tls.key_file={svc.key}",
+        f"tls.ca_file={ca.ca_file}",
+        "tls.require_client_cert=true",
+    ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
-         *(a for s in [f"model.path={demo_model}", "trainer.total_steps=100000", *tls_args] for a in ("--set", s))],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            "examples/quickstart.yaml",
+            "--out",
+            str(out),
+            *(a for s in [f"model.path={demo_model}", "trainer.total_steps=100000", *tls_args] for a in ("--set", s)),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         metrics = out / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "training", alive=proc)
@@ -68,8 +86,19 @@ def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_c
         status = _cli("status", str(out), "--json")
         paused = _cli("control", "pause", str(out), "--reason", "tls test")  # the run folder's token and tls
         health_plain = _cli("health", "--target", target, "--timeout", "5")
-        health_tls = _cli("health", "--target", target, "--timeout", "5", "--tls-ca", str(ca.ca_file),
-                          "--tls-cert", str(svc.cert), "--tls-key", str(svc.key))
+        health_tls = _cli(
+            "health",
+            "--target",
+            target,
+            "--timeout",
+            "5",
+            "--tls-ca",
+            str(ca.ca_file),
+            "--tls-cert",
+            str(svc.cert),
+            "--tls-key",
+            str(svc.key),
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
@@ -86,11 +115,20 @@ def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_c
 
 
 def test_run_with_a_missing_tls_file_exits_2_naming_the_field_before_starting_anything(
-        tmp_path: Path, demo_model: Path) -> None:
+    tmp_path: Path, demo_model: Path
+) -> None:
     missing = tmp_path / "nowhere" / "ca.pem"
 
-    result = _cli("run", "examples/quickstart.yaml", "--out", str(tmp_path / "run"), "--set",
-                  f"model.path={demo_model}", "--set", f"tls.ca_file={missing}")
+    result = _cli(
+        "run",
+        "examples/quickstart.yaml",
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        f"model.path={demo_model}",
+        "--set",
+        f"tls.ca_file={missing}",
+    )
 
     assert result.returncode == 2
     assert "tls.ca_file" in result.stderr and "no such file" in result.stderr

@@ -47,18 +47,32 @@ OOM_SCRIPT = "return redis.call('INCR', KEYS[1])"
 
 def _publication(client: Any, retry_s: float, versions: VersionSource | None = None) -> VersionPublication:
     """Rank 0's version publication on the real Redis (its publisher is never called: nothing is pushed here)."""
-    return VersionPublication(SimpleNamespace(), versions or VersionSource(client, KEYS),  # type: ignore[arg-type]
-                              VersionLineage(client, KEYS), Collectives(None, 10.0), "127.0.0.1:1", retry_s)
+    return VersionPublication(
+        SimpleNamespace(),
+        versions or VersionSource(client, KEYS),  # type: ignore[arg-type]
+        VersionLineage(client, KEYS),
+        Collectives(None, 10.0),
+        "127.0.0.1:1",
+        retry_s,
+    )
 
 
 def _collector(stream: EpisodeStream, retry_s: float, max_staleness: int = 1) -> GroupCollector:
     checks = EntryChecks(32, 4, VersionSource(stream.client, KEYS).latest, dead_letter_maxlen=100)
-    return GroupCollector(stream, "trainer-rank0", max_staleness=max_staleness, block_ms=50, already_done=set(),
-                          checks=checks, retry_s=retry_s)
+    return GroupCollector(
+        stream,
+        "trainer-rank0",
+        max_staleness=max_staleness,
+        block_ms=50,
+        already_done=set(),
+        checks=checks,
+        retry_s=retry_s,
+    )
 
 
 def test_a_full_redis_refuses_writes_and_scripts_whole_and_lets_acks_trims_and_reads_through(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     """The Redis semantics the trainer's backpressure rests on, checked on the real server: denyoom commands
     and the trainer's scripts (no shebang: refused at their first write) apply nothing; XACK, XTRIM, DEL, XREADGROUP
     and reads go through."""
@@ -69,9 +83,14 @@ def test_a_full_redis_refuses_writes_and_scripts_whole_and_lets_acks_trims_and_r
     second = admin.xadd("s", {STREAM_FIELD: GARBAGE})
     fill(redis_server)
     refused = []
-    for write in (lambda: admin.incr("v"), lambda: admin.hset("h", "f", "1"), lambda: admin.xadd("s", {"f": "1"}),
-                  lambda: admin.set("k", "1"), lambda: admin.xgroup_create("s", "g", id="0"),
-                  lambda: admin.eval(OOM_SCRIPT, 1, "v")):
+    for write in (
+        lambda: admin.incr("v"),
+        lambda: admin.hset("h", "f", "1"),
+        lambda: admin.xadd("s", {"f": "1"}),
+        lambda: admin.set("k", "1"),
+        lambda: admin.xgroup_create("s", "g", id="0"),
+        lambda: admin.eval(OOM_SCRIPT, 1, "v"),
+    ):
         try:
             write()
         except OutOfMemoryError:
@@ -99,7 +118,8 @@ def test_a_full_redis_refuses_writes_and_scripts_whole_and_lets_acks_trims_and_r
 
 
 def test_version_allocation_on_a_full_redis_waits_counts_and_takes_the_next_version_once_memory_frees(
-        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     admin = redis.Redis(port=redis_server.port)
     admin.set("v", 3)
 
@@ -110,13 +130,22 @@ def test_version_allocation_on_a_full_redis_waits_counts_and_takes_the_next_vers
         fill(redis_server)
         allocate = asyncio.create_task(publication._allocate(policy_step=5, floor=0))
         assert await until(lambda: oom.retries >= 3)
-        during = {"done": allocate.done(), "full": oom.full, "counter": admin.get("v"),
-                  "versions": admin.hgetall(KEYS.versions)}
+        during = {
+            "done": allocate.done(),
+            "full": oom.full,
+            "counter": admin.get("v"),
+            "versions": admin.hgetall(KEYS.versions),
+        }
         admin.delete("filler")
         version = await asyncio.wait_for(allocate, 20)
         await client.aclose()
-        return {"during": during, "version": version, "full": oom.full, "episodes": oom.episodes,
-                "retries": oom.retries}
+        return {
+            "during": during,
+            "version": version,
+            "full": oom.full,
+            "episodes": oom.episodes,
+            "retries": oom.retries,
+        }
 
     with caplog.at_level(logging.INFO, logger="relayrl.common.retry"):
         seen = asyncio.run(go())
@@ -147,7 +176,8 @@ class _FillsAfterAllocating(VersionSource):
 
 
 def test_a_registration_refused_by_a_full_redis_is_retried_for_the_version_already_allocated(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     admin = redis.Redis(port=redis_server.port)
 
     async def go() -> dict[str, Any]:
@@ -172,7 +202,8 @@ def test_a_registration_refused_by_a_full_redis_is_retried_for_the_version_alrea
 
 
 def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_when_memory_frees(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     admin = redis.Redis(port=redis_server.port)
     admin.set("v", 1)
 
@@ -185,8 +216,13 @@ def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_wh
         fill(redis_server)
         collect = asyncio.create_task(collector.collect(1, lambda v: asyncio.sleep(0, 0)))
         assert await until(lambda: collector.backpressure.retries >= 2)
-        during = (collect.done(), admin.xlen(KEYS.dead_letter), admin.hlen(KEYS.invalid),
-                  admin.xpending("s", "g")["pending"], collector.backpressure.full)
+        during = (
+            collect.done(),
+            admin.xlen(KEYS.dead_letter),
+            admin.hlen(KEYS.invalid),
+            admin.xpending("s", "g")["pending"],
+            collector.backpressure.full,
+        )
         admin.delete("filler")
         taken = await asyncio.wait_for(collect, 20)
         await stream.close()
@@ -203,7 +239,8 @@ def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_wh
 
 
 def test_a_drop_record_on_a_full_redis_waits_and_the_group_is_consumed_only_once_it_is_recorded(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     admin = redis.Redis(port=redis_server.port)
     admin.set("v", 5)
 
@@ -257,7 +294,8 @@ def test_consumer_group_creation_on_a_full_redis_waits_until_memory_frees(redis_
 
 @pytest.mark.parametrize("write", ["version allocation", "dead letter"])
 def test_a_trainer_write_on_a_redis_that_stays_full_fails_after_redis_retry_s_naming_the_bound(
-        redis_server: RedisServer, write: str) -> None:
+    redis_server: RedisServer, write: str
+) -> None:
     admin = redis.Redis(port=redis_server.port)
     admin.set("v", 2)
 
@@ -295,14 +333,21 @@ return redis.call('XLEN', KEYS[1])
 """
 
 
-
 def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_the_run_when_memory_frees(
-        tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
     """Step 1 trains; then Redis fills (in one script with the entries of step 2: an undecodable one, a stale group
     and two fresh ones), the trainer's dead letter is refused and it waits: no step, no version, no ack; memory
     frees and the run completes, every entry accounted for once."""
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.total_steps=2",
-                  "rollout.max_staleness=0", "trainer.checkpoint.every=0")
+    cfg = _config(
+        tmp_path / "run",
+        tiny_model_dir,
+        dataset_path,
+        redis_server.url,
+        "trainer.total_steps=2",
+        "rollout.max_staleness=0",
+        "trainer.checkpoint.every=0",
+    )
     admin = redis.Redis(port=redis_server.port)
     keys = RedisKeys.from_config(cfg.redis)
     stream_key = keys.stream
@@ -312,9 +357,16 @@ def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_
 
     async def go() -> dict[str, Any]:
         async with inference_server(tiny_model_dir) as (target, inf):
-            trainer = Trainer(replace(cfg, inference=replace(
-                cfg.inference, server=replace(cfg.inference.server, address=target),
-                weights_server=replace(cfg.inference.weights_server, address=inf.weights_target))))
+            trainer = Trainer(
+                replace(
+                    cfg,
+                    inference=replace(
+                        cfg.inference,
+                        server=replace(cfg.inference.server, address=target),
+                        weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
+                    ),
+                )
+            )
             metrics = trainer_metrics(trainer)
             for payload in groups("g0", "g1", version=1):  # the initial weights get version 1
                 admin.xadd(stream_key, {STREAM_FIELD: payload})
@@ -327,11 +379,14 @@ def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_
                 step2 = [GARBAGE, *groups("stale", version=1), *groups("g2", "g3", version=2)]
                 admin.eval(FILL_WITH, 2, stream_key, "filler", *step2)
                 assert await until(lambda: trainer.redis_backpressure.retries >= 3 or train.done(), 60)
-                during = {"done": train.done(), "step": trainer.progress.step,
-                          "version": admin.get(cfg.redis.version_key),
-                          "full": metrics.get_sample_value("relayrl_trainer_redis_full"),
-                          "dead": admin.xlen(keys.dead_letter),
-                          "pending": admin.xpending(stream_key, cfg.redis.group)["pending"]}
+                during = {
+                    "done": train.done(),
+                    "step": trainer.progress.step,
+                    "version": admin.get(cfg.redis.version_key),
+                    "full": metrics.get_sample_value("relayrl_trainer_redis_full"),
+                    "dead": admin.xlen(keys.dead_letter),
+                    "pending": admin.xpending(stream_key, cfg.redis.group)["pending"],
+                }
                 admin.delete("filler")
                 await asyncio.wait_for(train, 120)
             finally:
@@ -339,9 +394,14 @@ def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_
                 await asyncio.gather(train, return_exceptions=True)
                 await trainer.close()
             info = admin.xinfo_groups(stream_key)[0]
-            return {"during": during, "progress": trainer.progress, "info": info, "inference": inf.engine.version,
-                    "retries": metrics.get_sample_value("relayrl_trainer_redis_oom_retries_total"),
-                    "full": metrics.get_sample_value("relayrl_trainer_redis_full")}
+            return {
+                "during": during,
+                "progress": trainer.progress,
+                "info": info,
+                "inference": inf.engine.version,
+                "retries": metrics.get_sample_value("relayrl_trainer_redis_oom_retries_total"),
+                "full": metrics.get_sample_value("relayrl_trainer_redis_full"),
+            }
 
     seen = asyncio.run(go())
 

@@ -46,11 +46,13 @@ async def _stream(messages: Iterable[pb.WeightUpdateMessage]) -> AsyncIterator[p
         yield m
 
 
-async def _push(target: str, messages: Iterable[pb.WeightUpdateMessage], timeout: float = 30
-                ) -> pb.UpdateWeightsResponse:
+async def _push(
+    target: str, messages: Iterable[pb.WeightUpdateMessage], timeout: float = 30
+) -> pb.UpdateWeightsResponse:
     async with insecure_channel(target) as channel:
         response: pb.UpdateWeightsResponse = await pb_grpc.InferenceServiceStub(channel).UpdateWeights(
-            _stream(messages), timeout=timeout, metadata=AUTH)
+            _stream(messages), timeout=timeout, metadata=AUTH
+        )
         return response
 
 
@@ -76,19 +78,30 @@ async def _served_version(target: str) -> int:
 
 @pytest.mark.parametrize("kind", ["id_past_the_vocabulary", "negative_id", "one_token", "longer_than_the_context"])
 def test_update_with_a_malformed_probe_is_invalid_argument_and_the_old_weights_and_version_keep_serving(
-        tiny_model_dir: Path, kind: str) -> None:
+    tiny_model_dir: Path, kind: str
+) -> None:
     async def go() -> tuple[grpc.StatusCode, int, bool, list[int], list[int]]:
         async with inference_server(tiny_model_dir) as (target, service):
             vocab, context = service.engine.vocab_size, service.engine.context_length
-            probe = {"id_past_the_vocabulary": [[1, 2, vocab]], "negative_id": [[1, -1, 2]], "one_token": [[3]],
-                     "longer_than_the_context": [[1] * (context + 1)]}[kind]
+            probe = {
+                "id_past_the_vocabulary": [[1, 2, vocab]],
+                "negative_id": [[1, -1, 2]],
+                "one_token": [[3]],
+                "longer_than_the_context": [[1] * (context + 1)],
+            }[kind]
             before, tokens_before = _snapshot(service), await _greedy_tokens(target)
 
-            code, _ = await _refusal(service.weights_target,
-                                     iter_update_messages(_perturbed(service), 1, chunk_bytes=1 << 16, probe=probe))
+            code, _ = await _refusal(
+                service.weights_target, iter_update_messages(_perturbed(service), 1, chunk_bytes=1 << 16, probe=probe)
+            )
 
-            return (code, await _served_version(target), _unchanged(service, before), tokens_before,
-                    await _greedy_tokens(target))
+            return (
+                code,
+                await _served_version(target),
+                _unchanged(service, before),
+                tokens_before,
+                await _greedy_tokens(target),
+            )
 
     code, version, unchanged, tokens_before, tokens_after = asyncio.run(go())
 
@@ -98,7 +111,8 @@ def test_update_with_a_malformed_probe_is_invalid_argument_and_the_old_weights_a
 
 
 def test_swap_whose_probe_scoring_fails_restores_the_old_weights_and_version_and_is_failed_precondition(
-        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import relayrl.inference.native as native
 
     def failing_probe(*args: object, **kwargs: object) -> torch.Tensor:
@@ -144,12 +158,16 @@ def test_update_with_non_finite_weights_is_refused_before_the_swap(tiny_model_di
 
 
 @pytest.mark.parametrize("sent_first", [0, 1])
-def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(tiny_model_dir: Path,
-                                                                               sent_first: int) -> None:
+def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(
+    tiny_model_dir: Path, sent_first: int
+) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int, int]:
-        async with inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1},
-                                    weights_idle_timeout_s=0.2) as (_, service), \
-                insecure_channel(service.weights_target) as channel:
+        async with (
+            inference_server(
+                tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}, weights_idle_timeout_s=0.2
+            ) as (_, service),
+            insecure_channel(service.weights_target) as channel,
+        ):
             messages = list(iter_update_messages(_perturbed(service), 1, chunk_bytes=1 << 12))
             never = asyncio.Event()  # the idle sender sends ``sent_first`` messages, then nothing
 
@@ -176,9 +194,12 @@ def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(t
 def test_slow_update_being_received_does_not_block_another_push(tiny_model_dir: Path) -> None:
     """Receiving and assembling happen outside the update lock: a push completes while another stream is still
     sending its chunks (the old code held the lock from the first message on)."""
+
     async def go() -> tuple[int, int, int]:
-        async with inference_server(tiny_model_dir) as (_, service), \
-                insecure_channel(service.weights_target) as channel:
+        async with (
+            inference_server(tiny_model_dir) as (_, service),
+            insecure_channel(service.weights_target) as channel,
+        ):
             slow_messages = list(iter_update_messages(_perturbed(service, 0.25), 2, chunk_bytes=1 << 12))
             release = asyncio.Event()
 
@@ -214,12 +235,19 @@ def test_main_port_refuses_weight_updates_naming_the_weights_port_which_accepts_
             async with insecure_channel(service.weights_target) as channel:
                 with pytest.raises(grpc.aio.AioRpcError) as generate:
                     await pb_grpc.InferenceServiceStub(channel).Generate(
-                        pb.GenerateRequest(prompt_text="1+2="), timeout=30)
+                        pb.GenerateRequest(prompt_text="1+2="), timeout=30
+                    )
 
             response = await _push(service.weights_target, iter_update_messages(new, 1))
 
-            return (code, details, service.weights_target, generate.value.code(), version_after_refusal,
-                    int(response.version))
+            return (
+                code,
+                details,
+                service.weights_target,
+                generate.value.code(),
+                version_after_refusal,
+                int(response.version),
+            )
 
     code, details, weights_target, generate_code, refused_version, pushed = asyncio.run(go())
 
@@ -236,8 +264,15 @@ def test_launcher_gives_the_weights_server_its_own_free_loopback_port(tmp_path: 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    cfg = load_run_config(None, [f"model.path={model}", f"rollout.dataset={REPO / 'examples/data/arithmetic.jsonl'}",
-                                 "inference.weights_server.host=0.0.0.0", "inference.weights_server.address=x:1"])
+    cfg = load_run_config(
+        None,
+        [
+            f"model.path={model}",
+            f"rollout.dataset={REPO / 'examples/data/arithmetic.jsonl'}",
+            "inference.weights_server.host=0.0.0.0",
+            "inference.weights_server.address=x:1",
+        ],
+    )
 
     inference = Launcher(cfg, tmp_path / "run").cfg.inference
 

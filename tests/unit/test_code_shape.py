@@ -18,8 +18,9 @@ def _modules() -> list[Path]:
 
 
 def test_every_module_is_under_the_line_limit() -> None:
-    too_long = {str(p.relative_to(REPO)): n for p in _modules()
-                if (n := len(p.read_text().splitlines())) >= MAX_FILE_LINES}
+    too_long = {
+        str(p.relative_to(REPO)): n for p in _modules() if (n := len(p.read_text().splitlines())) >= MAX_FILE_LINES
+    }
 
     assert not too_long, f"modules of {MAX_FILE_LINES} lines or more (split them): {too_long}"
 

@@ -22,17 +22,27 @@ from tests.conftest import REPO
 
 # -- Redis keys ------------------------------------------------------------------------------------------------
 # Every way a key name could be spelled again outside redis_keys.py.
-KEY_SPELLINGS = re.compile(r':rollout:|rollout:progress|rollout:done|:dropped_|dropped_key|:versions\b|:lineages\b'
-                           r'|-rank\{|"-rank"|b"group"|"relayrl:episodes:|"relayrl:weight_version:|:dead"|:invalid"')
+KEY_SPELLINGS = re.compile(
+    r":rollout:|rollout:progress|rollout:done|:dropped_|dropped_key|:versions\b|:lineages\b"
+    r'|-rank\{|"-rank"|b"group"|"relayrl:episodes:|"relayrl:weight_version:|:dead"|:invalid"'
+)
 
 
 def test_no_redis_key_is_spelled_outside_redis_keys() -> None:
     here = Path(__file__).resolve()
-    sources = [p for folder in ("src", "tests", "scripts", "bench") for p in (REPO / folder).rglob("*.py")
-               if "/pb/" not in p.as_posix()]
-    offenders = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in sources
-                 if p.resolve() != here and p.name != "redis_keys.py"
-                 for n, line in enumerate(p.read_text().splitlines(), 1) if KEY_SPELLINGS.search(line)]
+    sources = [
+        p
+        for folder in ("src", "tests", "scripts", "bench")
+        for p in (REPO / folder).rglob("*.py")
+        if "/pb/" not in p.as_posix()
+    ]
+    offenders = [
+        f"{p.relative_to(REPO)}:{n}: {line.strip()}"
+        for p in sources
+        if p.resolve() != here and p.name != "redis_keys.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if KEY_SPELLINGS.search(line)
+    ]
 
     assert offenders == []
 
@@ -44,8 +54,10 @@ def test_keys_derive_from_the_redis_config_section() -> None:
 
     assert (keys.stream, keys.group, keys.version_counter) == ("exp:eps", "g", "exp:ver")
     assert (keys.rollout_progress, keys.rollout_done) == ("exp:eps:rollout:progress", "exp:eps:rollout:done")
-    assert (keys.dropped("stale"), keys.dropped("reward_error")) == ("exp:eps:dropped_stale",
-                                                                     "exp:eps:dropped_reward_error")
+    assert (keys.dropped("stale"), keys.dropped("reward_error")) == (
+        "exp:eps:dropped_stale",
+        "exp:eps:dropped_reward_error",
+    )
     assert (keys.versions, keys.lineages) == ("exp:ver:versions", "exp:ver:lineages")
     assert RedisKeys() == RedisKeys.from_config(load_run_config(None, []).redis)  # the defaults agree
     assert trainer_consumer("trainer", 3) == "trainer-rank3"
@@ -54,12 +66,30 @@ def test_keys_derive_from_the_redis_config_section() -> None:
 # -- the metrics row -------------------------------------------------------------------------------------------
 def _rl(step: int, **overrides: Any) -> RlRow:
     values: dict[str, Any] = dict(
-        step=step, weight_version=step + 1, reward_mean=0.1 * step, reward_std=0.2,
-        reward_components={"exact": 0.5, "format": 1.0}, episodes=8, tokens=40, staleness_mean=0.5,
-        staleness_max=1, staleness_hist={"0": 4, "1": 4}, episodes_dropped_stale=2, groups_dropped_stale=1,
-        episodes_trained=8 * step, groups_trained=2 * step, loss=0.25, episodes_per_s=100.0 + step,
-        step_time_s=0.3, time_s=0.5 * step, queue_lag=step % 3, queue_pending=4, weight_sync_s=0.01,
-        weight_sync_bytes=1024, probe_max_diff=1e-6)
+        step=step,
+        weight_version=step + 1,
+        reward_mean=0.1 * step,
+        reward_std=0.2,
+        reward_components={"exact": 0.5, "format": 1.0},
+        episodes=8,
+        tokens=40,
+        staleness_mean=0.5,
+        staleness_max=1,
+        staleness_hist={"0": 4, "1": 4},
+        episodes_dropped_stale=2,
+        groups_dropped_stale=1,
+        episodes_trained=8 * step,
+        groups_trained=2 * step,
+        loss=0.25,
+        episodes_per_s=100.0 + step,
+        step_time_s=0.3,
+        time_s=0.5 * step,
+        queue_lag=step % 3,
+        queue_pending=4,
+        weight_sync_s=0.01,
+        weight_sync_bytes=1024,
+        probe_max_diff=1e-6,
+    )
     return RlRow(**(values | overrides))
 
 
@@ -71,9 +101,11 @@ def _write(path: Path, rows: list[RlRow | SftRow]) -> None:
 
 
 def test_written_rows_read_back_equal_in_the_file_format(tmp_path: Path) -> None:
-    rows: list[RlRow | SftRow] = [SftRow(sft_step=1, loss=2.0, grad_norm=1.5, time_s=0.1), _rl(1),
-                                  _rl(2, queue_lag=None, weight_sync_s=None, weight_sync_bytes=None,
-                                      probe_max_diff=None)]
+    rows: list[RlRow | SftRow] = [
+        SftRow(sft_step=1, loss=2.0, grad_norm=1.5, time_s=0.1),
+        _rl(1),
+        _rl(2, queue_lag=None, weight_sync_s=None, weight_sync_bytes=None, probe_max_diff=None),
+    ]
     path = tmp_path / "metrics.jsonl"
     _write(path, rows)
 
@@ -81,8 +113,9 @@ def test_written_rows_read_back_equal_in_the_file_format(tmp_path: Path) -> None
 
     assert read_rows(path) == rows
     assert lines[0] == {"phase": "sft", "sft_step": 1, "loss": 2.0, "grad_norm": 1.5, "time_s": 0.1}
-    assert "phase" not in lines[1] and lines[1]["reward/exact"] == 0.5 and lines[1]["staleness_hist"] == {"0": 4,
-                                                                                                          "1": 4}
+    assert (
+        "phase" not in lines[1] and lines[1]["reward/exact"] == 0.5 and lines[1]["staleness_hist"] == {"0": 4, "1": 4}
+    )
     assert "weight_sync_s" not in lines[2] and lines[2]["queue_lag"] is None  # as the trainer always wrote them
     assert all(parse_row(line).to_json() == line for line in lines)  # type: ignore[union-attr]
 
@@ -93,8 +126,7 @@ def test_rows_of_older_versions_take_defaults_and_non_rows_are_skipped() -> None
     assert isinstance(old, RlRow) and (old.step, old.reward_mean, old.staleness_max) == (3, 0.5, 2)
     assert (old.episodes_trained, old.queue_pending, old.queue_lag, old.reward_components) == (0, 0, None, {})
     assert {"episodes_trained", "queue_pending", "queue_lag"} <= old.missing and "reward_mean" not in old.missing
-    assert [parse_line(x) for x in ('{"reward_mean": 1}', '{"phase": "eval", "step": 1}', "[1]", '{"ste')] == \
-        [None] * 4
+    assert [parse_line(x) for x in ('{"reward_mean": 1}', '{"phase": "eval", "step": 1}', "[1]", '{"ste')] == [None] * 4
 
 
 def test_each_reader_consumes_rows_built_from_the_definition(tmp_path: Path) -> None:
@@ -103,17 +135,20 @@ def test_each_reader_consumes_rows_built_from_the_definition(tmp_path: Path) -> 
     from relayrl.run_report import progress_line, run_summary
     from relayrl.status import _training, render
 
-    rows: list[RlRow | SftRow] = [SftRow(sft_step=10, loss=2.0), *(_rl(s) for s in range(1, 6)),
-                                  _rl(6, reward_mean=math.nan)]
+    rows: list[RlRow | SftRow] = [
+        SftRow(sft_step=10, loss=2.0),
+        *(_rl(s) for s in range(1, 6)),
+        _rl(6, reward_mean=math.nan),
+    ]
     _write(tmp_path / "metrics.jsonl", rows)
     (tmp_path / "config.yaml").write_text("rollout:\n  max_staleness: 2\n")
 
     # the launcher's progress lines and summary
     assert progress_line(rows[0], 6) == "  warm-up   10  loss 2.000"
-    assert progress_line(rows[1], 6) == ("  step    1/6  reward 0.100  staleness 0.50 (max 1)  episodes/s 101.0  "
-                                         "0s")
-    summary = run_summary(read_rows(tmp_path / "metrics.jsonl"), produced=14, stream_length=14, pending=2,
-                          durable_step=6)
+    assert progress_line(rows[1], 6) == ("  step    1/6  reward 0.100  staleness 0.50 (max 1)  episodes/s 101.0  0s")
+    summary = run_summary(
+        read_rows(tmp_path / "metrics.jsonl"), produced=14, stream_length=14, pending=2, durable_step=6
+    )
     assert summary["groups_trained"] == 12 and summary["episodes_dropped_stale"] == 2
     # relayrl status
     training = _training(tmp_path, window=2)
@@ -134,8 +169,10 @@ def test_multi_turn_figures_reach_status_and_dashboard(tmp_path: Path) -> None:
     from relayrl.dashboard import read_metrics_chunk
     from relayrl.status import _training, render
 
-    rows: list[RlRow | SftRow] = [_rl(s, turns_mean=2.0, tool_calls_mean=1.0, tool_errors=s,
-                                      episode_ends={"done": 6, "max_turns": 2}) for s in (1, 2)]
+    rows: list[RlRow | SftRow] = [
+        _rl(s, turns_mean=2.0, tool_calls_mean=1.0, tool_errors=s, episode_ends={"done": 6, "max_turns": 2})
+        for s in (1, 2)
+    ]
     _write(tmp_path / "metrics.jsonl", rows)
 
     training = _training(tmp_path, window=2)
@@ -143,8 +180,10 @@ def test_multi_turn_figures_reach_status_and_dashboard(tmp_path: Path) -> None:
 
     assert read_rows(tmp_path / "metrics.jsonl") == rows  # episode_ends round-trips like staleness_hist
     assert training["episode_ends"] == {"done": 12, "max_turns": 4} and training["tool_errors"] == 3
-    assert "multi-turn: 2.00 turns and 1.00 tool calls per episode, 3 tool errors; ended: done 12, max_turns 4" in \
-        render({"services": {}, "training": training})
+    assert (
+        "multi-turn: 2.00 turns and 1.00 tool calls per episode, 3 tool errors; ended: done 12, max_turns 4"
+        in render({"services": {}, "training": training})
+    )
     assert chunk.rows[1]["turns_mean"] == 2.0 and chunk.rows[1]["tool_errors"] == 2
 
 
@@ -232,8 +271,13 @@ def test_summary_counts_groups_handled_after_the_last_checkpoint_once_as_pending
 
     assert (summary["groups_trained"], summary["groups_dropped_stale"], summary["checkpoint_step"]) == (8, 4, 4)
     assert summary["groups_after_checkpoint"] == (12 + 6) - (8 + 4)
-    assert summary["groups_produced"] == summary["groups_trained"] + summary["groups_dropped_stale"] \
-        + summary["groups_dropped_reward_error"] + summary["groups_pending"]
+    assert (
+        summary["groups_produced"]
+        == summary["groups_trained"]
+        + summary["groups_dropped_stale"]
+        + summary["groups_dropped_reward_error"]
+        + summary["groups_pending"]
+    )
 
 
 def test_summary_counts_dead_lettered_entries_as_invalid_apart_from_the_checkpoint() -> None:
@@ -244,13 +288,19 @@ def test_summary_counts_dead_lettered_entries_as_invalid_apart_from_the_checkpoi
     # acknowledged entries were trimmed from the stream.
     rows: list[MetricsRow] = [_rl(s, groups_dropped_stale=1) for s in range(1, 5)]
 
-    summary = run_summary(rows, produced=8 + 1 + 2 + 2, stream_length=2, pending=2, durable_step=4, invalid=(3, 7),
-                          foreign=1)
+    summary = run_summary(
+        rows, produced=8 + 1 + 2 + 2, stream_length=2, pending=2, durable_step=4, invalid=(3, 7), foreign=1
+    )
 
     assert (summary["groups_invalid"], summary["episodes_invalid"], summary["groups_foreign"]) == (3, 7, 1)
-    assert summary["groups_produced"] + summary["groups_foreign"] == summary["groups_trained"] \
-        + summary["groups_dropped_stale"] \
-        + summary["groups_dropped_reward_error"] + summary["groups_invalid"] + summary["groups_pending"]
+    assert (
+        summary["groups_produced"] + summary["groups_foreign"]
+        == summary["groups_trained"]
+        + summary["groups_dropped_stale"]
+        + summary["groups_dropped_reward_error"]
+        + summary["groups_invalid"]
+        + summary["groups_pending"]
+    )
     assert summary["groups_after_checkpoint"] == 0
 
 

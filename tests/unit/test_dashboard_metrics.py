@@ -32,8 +32,14 @@ def test_a_torn_last_line_is_left_for_the_next_read(tmp_path: Path) -> None:
 
 def test_rows_keep_only_drawn_fields_skip_warmup_and_bad_lines_and_null_non_finite_values(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps({"phase": "sft", "sft_step": 1, "loss": 2.0}) + "\n" + "not json\n" + "[1, 2]\n"
-                    + "\n" + _line(1, queue_lag=3, queue_pending=None).replace("0.1", "NaN"))
+    path.write_text(
+        json.dumps({"phase": "sft", "sft_step": 1, "loss": 2.0})
+        + "\n"
+        + "not json\n"
+        + "[1, 2]\n"
+        + "\n"
+        + _line(1, queue_lag=3, queue_pending=None).replace("0.1", "NaN")
+    )
 
     chunk = read_metrics_chunk(path)
 

@@ -10,27 +10,45 @@ from relayrl.common.metrics_row import format_books
 from relayrl.dashboard import DashboardServer
 from relayrl.status import render
 
-SUMMARY = {"groups_produced": 30, "groups_foreign": 0, "groups_trained": 20, "groups_dropped_stale": 1,
-           "groups_dropped_reward_error": 2, "groups_dropped_zero_advantage": 4, "groups_invalid": 1,
-           "groups_pending": 2}
+SUMMARY = {
+    "groups_produced": 30,
+    "groups_foreign": 0,
+    "groups_trained": 20,
+    "groups_dropped_stale": 1,
+    "groups_dropped_reward_error": 2,
+    "groups_dropped_zero_advantage": 4,
+    "groups_invalid": 1,
+    "groups_pending": 2,
+}
 
 
 def test_the_trainer_status_line_counts_every_drop_reason() -> None:
-    trainer = {"address": "127.0.0.1:1", "step": 3, "weight_version": 4, "episodes_trained": 96,
-               "episodes_dropped_stale": 1, "episodes_dropped_reward_error": 2,
-               "episodes_dropped_zero_advantage": 16, "episodes_invalid": 5}
+    trainer = {
+        "address": "127.0.0.1:1",
+        "step": 3,
+        "weight_version": 4,
+        "episodes_trained": 96,
+        "episodes_dropped_stale": 1,
+        "episodes_dropped_reward_error": 2,
+        "episodes_dropped_zero_advantage": 16,
+        "episodes_invalid": 5,
+    }
 
     line = render({"services": {"trainer": trainer}})
 
-    assert ("96 episodes trained, 1 dropped as stale, 2 dropped for reward errors, 16 dropped with zero advantage, "
-            "5 invalid") in line
+    assert (
+        "96 episodes trained, 1 dropped as stale, 2 dropped for reward errors, 16 dropped with zero advantage, "
+        "5 invalid"
+    ) in line
 
 
 def test_the_books_line_names_every_outcome_and_counts_a_missing_one_as_zero() -> None:
     old = {k: v for k, v in SUMMARY.items() if k != "groups_dropped_zero_advantage"}  # an older summary.json
 
-    assert format_books(SUMMARY) == ("groups produced 30 = trained 20 + dropped as stale 1 + dropped for reward "
-                                     "errors 2 + dropped with zero advantage 4 + invalid 1 + pending 2")
+    assert format_books(SUMMARY) == (
+        "groups produced 30 = trained 20 + dropped as stale 1 + dropped for reward "
+        "errors 2 + dropped with zero advantage 4 + invalid 1 + pending 2"
+    )
     assert "dropped with zero advantage 0 + invalid 1" in format_books(old)
     assert format_books({**SUMMARY, "groups_foreign": 3}).startswith("groups produced 30 (+ 3 appended by others) =")
 

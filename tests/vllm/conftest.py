@@ -16,8 +16,10 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAVE_VLLM:
         return
-    skip = pytest.mark.skip(reason="vllm is not installed in this environment: the vllm suite runs in .venv-vllm "
-                                   "(scripts/setup_vllm_env.sh, then `make test-vllm`)")
+    skip = pytest.mark.skip(
+        reason="vllm is not installed in this environment: the vllm suite runs in .venv-vllm "
+        "(scripts/setup_vllm_env.sh, then `make test-vllm`)"
+    )
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)

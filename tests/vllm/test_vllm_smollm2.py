@@ -38,9 +38,10 @@ CHAT = [pb.ChatMessage(role="user", content="What is 17 + 25?")]
 def test_smollm2_with_lora_on_vllm_chats_and_serves_a_published_adapter(smollm2: Path, tmp_path: Path) -> None:
     from relayrl.inference.vllm_engine import VllmEngine
 
-    engine = VllmEngine(ModelConfig(path=smollm2, lora=LORA),
-                        InferenceConfig(engine=EngineKind.VLLM, max_batch_sequences=8,
-                                        vllm=VllmConfig(max_model_len=512)))
+    engine = VllmEngine(
+        ModelConfig(path=smollm2, lora=LORA),
+        InferenceConfig(engine=EngineKind.VLLM, max_batch_sequences=8, vllm=VllmConfig(max_model_len=512)),
+    )
     policy = load_policy(ModelConfig(path=smollm2, lora=LORA))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained-looking adapter: B away from its zero start
@@ -59,11 +60,19 @@ def test_smollm2_with_lora_on_vllm_chats_and_serves_a_published_adapter(smollm2:
         await weights.start()
         try:
             probe = WeightPublisher.default_probe(policy, tok, 4, 16, seed=0)
-            pub = WeightPublisher(policy, torch.device("cpu"), service.weights_target,
-                                  make_transport(WeightTransport.GRPC_STREAM, 1 << 21, tmp_path), 300, probe, None,
-                                  token=WEIGHTS_TOKEN)
-            request = pb.GenerateRequest(prompt_messages=pb.ChatMessages(messages=CHAT),
-                                         sampling=pb.SamplingParams(max_new_tokens=16, top_k=1))
+            pub = WeightPublisher(
+                policy,
+                torch.device("cpu"),
+                service.weights_target,
+                make_transport(WeightTransport.GRPC_STREAM, 1 << 21, tmp_path),
+                300,
+                probe,
+                None,
+                token=WEIGHTS_TOKEN,
+            )
+            request = pb.GenerateRequest(
+                prompt_messages=pb.ChatMessages(messages=CHAT), sampling=pb.SamplingParams(max_new_tokens=16, top_k=1)
+            )
             async with insecure_channel(f"127.0.0.1:{handle.port}") as ch:
                 stub = pb_grpc.InferenceServiceStub(ch)
                 before = await stub.Generate(request, timeout=300)
@@ -81,8 +90,10 @@ def test_smollm2_with_lora_on_vllm_chats_and_serves_a_published_adapter(smollm2:
     finally:
         engine.close()
 
-    print(f"adapter publication through vLLM: {seconds:.2f} s, {result.bytes_sent / 1e6:.1f} MB, "  # type: ignore[attr-defined]
-          f"probe max diff {result.probe_max_diff:.2e}")  # type: ignore[attr-defined]
+    print(
+        f"adapter publication through vLLM: {seconds:.2f} s, {result.bytes_sent / 1e6:.1f} MB, "  # type: ignore[attr-defined]
+        f"probe max diff {result.probe_max_diff:.2e}"
+    )  # type: ignore[attr-defined]
     [b], [a] = before.samples, after.samples
     assert "<|im_start|>assistant" in load_tokenizer(smollm2).decode(list(before.prompt_token_ids))  # its template
     assert "17 + 25" in b.text and set(b.weight_versions) == {0}  # the base answers through its chat template

@@ -30,8 +30,21 @@ from relayrl.config.typed import ConfigError
 
 __all__ = ["COMMANDS", "EXIT_CONFIG", "SERVICES", "main", "parser"]
 
-COMMANDS: tuple[ModuleType, ...] = (run, serve, init_model, import_model, merge_lora, evaluate, make_dataset, debug,
-                                    health, status, control, plot, dashboard)
+COMMANDS: tuple[ModuleType, ...] = (
+    run,
+    serve,
+    init_model,
+    import_model,
+    merge_lora,
+    evaluate,
+    make_dataset,
+    debug,
+    health,
+    status,
+    control,
+    plot,
+    dashboard,
+)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -19,26 +19,37 @@ def port(text: str) -> int:
 
 
 def add_overrides(p: argparse.ArgumentParser, help_text: str = "override a config value (repeatable)") -> None:
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help=help_text)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help=help_text)
 
 
 def add_tls_arguments(p: argparse.ArgumentParser) -> None:
     """TLS of a command that dials a service by address (a run folder or config brings its own ``tls`` section)."""
-    p.add_argument("--tls-ca", default="", metavar="FILE",
-                   help="PEM CA to verify the server against: dial with TLS (a run folder/config: its tls section)")
+    p.add_argument(
+        "--tls-ca",
+        default="",
+        metavar="FILE",
+        help="PEM CA to verify the server against: dial with TLS (a run folder/config: its tls section)",
+    )
     p.add_argument("--tls-cert", default="", metavar="FILE", help="PEM client certificate to present (mutual TLS)")
     p.add_argument("--tls-key", default="", metavar="FILE", help="PEM private key of --tls-cert")
-    p.add_argument("--tls-server-name", default="", metavar="NAME",
-                   help="name expected in the server certificate instead of the target's host")
+    p.add_argument(
+        "--tls-server-name",
+        default="",
+        metavar="NAME",
+        help="name expected in the server certificate instead of the target's host",
+    )
 
 
 def tls(args: argparse.Namespace) -> TlsConfig | None:
     """The ``tls`` section the ``--tls-*`` flags describe (None when none is given). Raises ConfigError."""
     from relayrl.config.typed import from_dict
 
-    values = {"ca_file": args.tls_ca, "client_cert_file": args.tls_cert, "client_key_file": args.tls_key,
-              "server_name": args.tls_server_name}
+    values = {
+        "ca_file": args.tls_ca,
+        "client_cert_file": args.tls_cert,
+        "client_key_file": args.tls_key,
+        "server_name": args.tls_server_name,
+    }
     if not any(values.values()):
         return None
     section = from_dict(TlsConfig, {k: v for k, v in values.items() if v}, "tls")

@@ -18,9 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("pause", "resume", "checkpoint"))
     p.add_argument("target", help="run folder or run config file (gives the service addresses)")
     p.add_argument("--reason", default="", help="free text for the services' logs")
-    p.add_argument("--token-env", default="RELAYRL_CONTROL_TOKEN", metavar="VAR",
-                   help="environment variable with the bearer token (default: the run folder's control_token, "
-                        "which `relayrl run` writes)")
+    p.add_argument(
+        "--token-env",
+        default="RELAYRL_CONTROL_TOKEN",
+        metavar="VAR",
+        help="environment variable with the bearer token (default: the run folder's control_token, "
+        "which `relayrl run` writes)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

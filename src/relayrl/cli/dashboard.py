@@ -10,17 +10,23 @@ from pathlib import Path
 from relayrl.cli.args import port
 
 NAME = "dashboard"
-HELP = "serve a live page of a run's metrics: reward, staleness, throughput and queue depth against step (Ctrl-C " \
-       "stops it)"
+HELP = (
+    "serve a live page of a run's metrics: reward, staleness, throughput and queue depth against step (Ctrl-C stops it)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="run folder (holding metrics.jsonl) or a metrics.jsonl file")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
     p.add_argument("--port", type=port, default=0, help="TCP port (0: any free port; the URL is printed)")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="a Host header name to answer besides localhost, IP addresses and --host (repeatable; "
-                        "'*' answers any name, which lets a web page read the metrics by DNS rebinding)")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host header name to answer besides localhost, IP addresses and --host (repeatable; "
+        "'*' answers any name, which lets a web page read the metrics by DNS rebinding)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

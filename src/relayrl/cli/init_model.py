@@ -11,8 +11,14 @@ HELP = "create the tiny demo model and tokenizer (random init)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("models/tiny"), help="model directory to write")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a TinyModelConfig field, e.g. num_layers=4")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a TinyModelConfig field, e.g. num_layers=4",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing model")
 
 

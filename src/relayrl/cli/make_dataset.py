@@ -14,13 +14,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-operand", type=int, default=9)
     p.add_argument("--max-sum", type=int, default=9, help="keep only rows with a + b <= this")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--task", choices=("addition", "chat-addition", "calculator", "lookup"), default="addition",
-                   help="chat-addition: two-digit sums as conversations (messages) with a held-out split; "
-                        "calculator: products of two digits with two-digit results for the multi-turn tool "
-                        "example (calculator_tools.yaml); lookup: the tens digits of products of two two-digit "
-                        "numbers for the argument-free tool example (lookup_tools.yaml)")
-    p.add_argument("--heldout-out", type=Path, default=Path("examples/data/chat_addition_heldout.jsonl"),
-                   help="chat-addition: where the held-out split goes")
+    p.add_argument(
+        "--task",
+        choices=("addition", "chat-addition", "calculator", "lookup"),
+        default="addition",
+        help="chat-addition: two-digit sums as conversations (messages) with a held-out split; "
+        "calculator: products of two digits with two-digit results for the multi-turn tool "
+        "example (calculator_tools.yaml); lookup: the tens digits of products of two two-digit "
+        "numbers for the argument-free tool example (lookup_tools.yaml)",
+    )
+    p.add_argument(
+        "--heldout-out",
+        type=Path,
+        default=Path("examples/data/chat_addition_heldout.jsonl"),
+        help="chat-addition: where the held-out split goes",
+    )
     p.add_argument("--heldout-rows", type=int, default=200, help="chat-addition: held-out questions")
 
 

@@ -17,8 +17,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_overrides(p)
     p.add_argument("--out", type=Path, default=None, help="output folder (default: output_dir, else runs/NAME-TIME)")
     p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for service health")
-    p.add_argument("--resume", choices=("never", "auto"), default=None,
-                   help="auto: the trainer restores the newest checkpoint in the run folder, rollout continues")
+    p.add_argument(
+        "--resume",
+        choices=("never", "auto"),
+        default=None,
+        help="auto: the trainer restores the newest checkpoint in the run folder, rollout continues",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
         explicit = any(o.startswith("output_dir=") for o in args.overrides)
-        out = cfg.output_dir if explicit or "output_dir" in set(load_yaml(args.config)) else \
-            Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    return Launcher(cfg, out, startup_timeout_s=args.startup_timeout,
-                    fresh=cfg.trainer.checkpoint.resume != "auto").run()
+        out = (
+            cfg.output_dir
+            if explicit or "output_dir" in set(load_yaml(args.config))
+            else Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        )
+    return Launcher(
+        cfg, out, startup_timeout_s=args.startup_timeout, fresh=cfg.trainer.checkpoint.resume != "auto"
+    ).run()

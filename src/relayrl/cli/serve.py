@@ -18,8 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", choices=SERVICES)
     p.add_argument("config", type=Path, help="run config YAML")
     add_overrides(p)
-    p.add_argument("--resume", choices=("never", "auto"), default=None,
-                   help="trainer: auto restores the newest complete checkpoint (same as trainer.checkpoint.resume)")
+    p.add_argument(
+        "--resume",
+        choices=("never", "auto"),
+        default=None,
+        help="trainer: auto restores the newest complete checkpoint (same as trainer.checkpoint.resume)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,5 +39,13 @@ from relayrl.client.reward import RewardClient
 from relayrl.client.rollout import RolloutClient
 from relayrl.client.trainer import TrainerClient
 
-__all__ = ["NO_RETRY", "InferenceClient", "RetryPolicy", "RewardClient", "RolloutClient", "ServiceClient",
-           "TrainerClient", "generate_request"]
+__all__ = [
+    "NO_RETRY",
+    "InferenceClient",
+    "RetryPolicy",
+    "RewardClient",
+    "RolloutClient",
+    "ServiceClient",
+    "TrainerClient",
+    "generate_request",
+]

@@ -53,9 +53,17 @@ class ServiceClient:
 
     stub_class: Any = None
 
-    def __init__(self, target: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.2,
-                 token: str = "", policies: Mapping[str, RetryPolicy] | None = None,
-                 tls: TlsConfig | None = None, authenticate_all: bool = False) -> None:
+    def __init__(
+        self,
+        target: str,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        token: str = "",
+        policies: Mapping[str, RetryPolicy] | None = None,
+        tls: TlsConfig | None = None,
+        authenticate_all: bool = False,
+    ) -> None:
         self.target = target
         # send the token on read-only calls too: the server then counts them in its budget of authenticated calls,
         # which callers without a credential cannot fill (relayrl.common.grpc_admission)
@@ -72,8 +80,9 @@ class ServiceClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -87,8 +96,14 @@ class ServiceClient:
         """The bearer-token metadata of a mutating call (None without a token)."""
         return (("authorization", f"Bearer {self.token}"),) if self.token else None
 
-    async def call(self, method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None = None,
-                   mutating: bool = False, policy: RetryPolicy | None = None) -> R:
+    async def call(
+        self,
+        method: Callable[..., Awaitable[R]],
+        request: Any,
+        timeout_s: float | None = None,
+        mutating: bool = False,
+        policy: RetryPolicy | None = None,
+    ) -> R:
         """One call: each try with the deadline ``timeout_s`` (else the client's), retried by ``policy``
         (else the client's default)."""
         policy = policy or self.policy
@@ -102,6 +117,12 @@ class ServiceClient:
                 if not policy.retries(exc, failed):
                     raise
                 delay = policy.delay(failed)
-                log.info("%s: %s (try %d of %d); retrying in %.1fs", self.target, exc.code().name, failed,
-                         policy.attempts, delay)
+                log.info(
+                    "%s: %s (try %d of %d); retrying in %.1fs",
+                    self.target,
+                    exc.code().name,
+                    failed,
+                    policy.attempts,
+                    delay,
+                )
                 await asyncio.sleep(delay)

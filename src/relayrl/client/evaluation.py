@@ -55,32 +55,58 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s: float) -> list[tuple[float, bool]]:
     """(score, ok) per completion."""
     meta = encode_metadata(row.metadata)
-    resp = await reward.score_batch([
-        reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt, completion=t, reference=row.answer,
-                                metadata=meta) for t in texts], timeout_s=timeout_s)
+    resp = await reward.score_batch(
+        [
+            reward_pb2.ScoreRequest(
+                episode_id=uuid.uuid4().hex, prompt=row.prompt, completion=t, reference=row.answer, metadata=meta
+            )
+            for t in texts
+        ],
+        timeout_s=timeout_s,
+    )
     return [(reward_of(r), score_ok(r.status)) for r in resp.responses]
 
 
-async def _row(cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient,
-               reward: RewardClient) -> dict[str, Any]:
+async def _row(
+    cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient, reward: RewardClient
+) -> dict[str, Any]:
     rc = cfg.rollout
     prompt: Any = row.chat() or row.prompt
-    greedy = await inference.generate(prompt, inference_pb2.SamplingParams(
-        n=1, temperature=1.0, top_k=1, max_new_tokens=rc.max_new_tokens, stop=rc.stop), timeout_s=rc.generate_timeout_s)
+    greedy = await inference.generate(
+        prompt,
+        inference_pb2.SamplingParams(n=1, temperature=1.0, top_k=1, max_new_tokens=rc.max_new_tokens, stop=rc.stop),
+        timeout_s=rc.generate_timeout_s,
+    )
     texts = [greedy.samples[0].text]
     n = s.samples or s.k
     if n:
-        sampled = await inference.generate(prompt, inference_pb2.SamplingParams(
-            n=n, temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_new_tokens=rc.max_new_tokens,
-            stop=rc.stop), timeout_s=rc.generate_timeout_s)
+        sampled = await inference.generate(
+            prompt,
+            inference_pb2.SamplingParams(
+                n=n,
+                temperature=rc.temperature,
+                top_p=rc.top_p,
+                top_k=rc.top_k,
+                max_new_tokens=rc.max_new_tokens,
+                stop=rc.stop,
+            ),
+            timeout_s=rc.generate_timeout_s,
+        )
         texts += [x.text for x in sampled.samples]
     scores = await _score(reward, row, texts, rc.score_timeout_s)
     correct = [ok and score >= s.correct_threshold for score, ok in scores]
     versions = list(greedy.samples[0].weight_versions)
-    return {"id": row.prompt_id, "answer": row.answer, "greedy": texts[0], "greedy_reward": scores[0][0],
-            "versions": (min(versions), max(versions)) if versions else None,
-            "greedy_correct": correct[0], "sampled_rewards": [x for x, _ in scores[1:]],
-            "sampled_correct": sum(correct[1:]), "reward_errors": sum(not ok for _, ok in scores)}
+    return {
+        "id": row.prompt_id,
+        "answer": row.answer,
+        "greedy": texts[0],
+        "greedy_reward": scores[0][0],
+        "versions": (min(versions), max(versions)) if versions else None,
+        "greedy_correct": correct[0],
+        "sampled_rewards": [x for x, _ in scores[1:]],
+        "sampled_correct": sum(correct[1:]),
+        "reward_errors": sum(not ok for _, ok in scores),
+    }
 
 
 # One row's outcome: (run config, settings, row, inference, reward) -> the row's dict (see _row)
@@ -94,13 +120,22 @@ def multi_turn_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
     for r in results:
         for end in r["episode_ends"]:
             ends[end] = ends.get(end, 0) + 1
-    return {"turns_mean": sum(sum(r["turns"]) for r in results) / episodes,
-            "tool_calls_mean": sum(r["tool_calls"] for r in results) / episodes,
-            "tool_errors": sum(r["tool_errors"] for r in results), "episode_ends": ends}
+    return {
+        "turns_mean": sum(sum(r["turns"]) for r in results) / episodes,
+        "tool_calls_mean": sum(r["tool_calls"] for r in results) / episodes,
+        "tool_errors": sum(r["tool_errors"] for r in results),
+        "episode_ends": ends,
+    }
 
 
-async def evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt], inference: InferenceClient,
-                   reward: RewardClient, play: RowPlayer | None = None) -> dict[str, Any]:
+async def evaluate(
+    cfg: RunConfig,
+    s: EvalSettings,
+    rows: list[Prompt],
+    inference: InferenceClient,
+    reward: RewardClient,
+    play: RowPlayer | None = None,
+) -> dict[str, Any]:
     """Score ``rows`` through running services (each with ``play``, by default one single-turn generation); the
     figures and every row's outcome."""
     n = s.samples or s.k
@@ -116,11 +151,16 @@ async def evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt], inferenc
     results = await asyncio.gather(*(one(r) for r in rows))
     status = await inference.status()
     out: dict[str, Any] = {
-        "rows": len(results), "weight_version": status.weight_version, "model_path": status.model_path,
+        "rows": len(results),
+        "weight_version": status.weight_version,
+        "model_path": status.model_path,
         "greedy_accuracy": sum(r["greedy_correct"] for r in results) / len(results),
         "mean_reward": sum(r["greedy_reward"] for r in results) / len(results),
-        "reward_errors": sum(r["reward_errors"] for r in results), "correct_threshold": s.correct_threshold,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "seconds": round(time.perf_counter() - t0, 2)}
+        "reward_errors": sum(r["reward_errors"] for r in results),
+        "correct_threshold": s.correct_threshold,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     spans = [r.pop("versions") for r in results]
     seen = [v for v in spans if v is not None]
     if seen:

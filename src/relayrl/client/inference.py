@@ -19,15 +19,20 @@ log = logging.getLogger(__name__)
 __all__ = ["InferenceClient", "generate_request"]
 
 
-def generate_request(prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
-                     request_id: str = "", suffix_text: str = "") -> inference_pb2.GenerateRequest:
+def generate_request(
+    prompt: str | list[int] | list[dict[str, str]],
+    sampling: inference_pb2.SamplingParams,
+    request_id: str = "",
+    suffix_text: str = "",
+) -> inference_pb2.GenerateRequest:
     """A GenerateRequest for a text, token-id or conversation prompt (see InferenceClient.generate)."""
     if isinstance(prompt, str):
         request = inference_pb2.GenerateRequest(prompt_text=prompt, sampling=sampling)
     elif prompt and isinstance(prompt[0], dict):
         turns = [inference_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in prompt if isinstance(m, dict)]
-        request = inference_pb2.GenerateRequest(prompt_messages=inference_pb2.ChatMessages(messages=turns),
-                                                sampling=sampling)
+        request = inference_pb2.GenerateRequest(
+            prompt_messages=inference_pb2.ChatMessages(messages=turns), sampling=sampling
+        )
     else:
         ids = [i for i in prompt if isinstance(i, int)]
         request = inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=ids), sampling=sampling)
@@ -40,49 +45,79 @@ class InferenceClient(ServiceClient):
     stub_class = inference_pb2_grpc.InferenceServiceStub
 
     async def status(self) -> inference_pb2.InferenceStatus:
-        return await self.call(self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(),
-                               policy=self.policy_for("GetStatus"))
+        return await self.call(
+            self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(), policy=self.policy_for("GetStatus")
+        )
 
-    async def generate(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
-                       timeout_s: float = 120.0, request_id: str = "",
-                       suffix_text: str = "") -> inference_pb2.GenerateResponse:
+    async def generate(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> inference_pb2.GenerateResponse:
         """``prompt``: text, token ids, or a conversation (``[{"role": ..., "content": ...}]``) that the server
         renders with the model's chat template. ``suffix_text``: text the server tokenizes and appends to the
         prompt (multi-turn: the new observation after the exact ids of the earlier turns)."""
         return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
 
-    async def send_generate(self, request: inference_pb2.GenerateRequest,
-                            timeout_s: float = 120.0) -> inference_pb2.GenerateResponse:
+    async def send_generate(
+        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateResponse:
         """Generate for a request built with :func:`generate_request`."""
         return await self.call(self.stub.Generate, request, timeout_s, policy=self.policy_for("Generate"))
 
-    async def generate_batch(self, requests: Sequence[inference_pb2.GenerateRequest],
-                             timeout_s: float = 120.0) -> inference_pb2.GenerateBatchResponse:
+    async def generate_batch(
+        self, requests: Sequence[inference_pb2.GenerateRequest], timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateBatchResponse:
         """Several Generate requests (built with :func:`generate_request`) in one call: the responses in their
         order. A request Generate would refuse refuses the whole call (with Generate's code)."""
-        return await self.call(self.stub.GenerateBatch, inference_pb2.GenerateBatchRequest(requests=requests),
-                               timeout_s, policy=self.policy_for("GenerateBatch"))
+        return await self.call(
+            self.stub.GenerateBatch,
+            inference_pb2.GenerateBatchRequest(requests=requests),
+            timeout_s,
+            policy=self.policy_for("GenerateBatch"),
+        )
 
-    def generate_stream(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
-                        timeout_s: float = 120.0, request_id: str = "", suffix_text: str = "") -> Any:
+    def generate_stream(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> Any:
         """GenerateStream (prompt as :meth:`generate`): the call, an async iterator of GenerateChunk whose deadline
         ``timeout_s`` bounds the whole stream. Not retried (a stream may have sent tokens); ``call.cancel()`` (or the
         deadline passing) cancels the request in the engine."""
         request = generate_request(prompt, sampling, request_id, suffix_text)
         return self.stub.GenerateStream(request, timeout=timeout_s)
 
-    async def score(self, sequences: Sequence[tuple[Sequence[int], Sequence[int], float]], timeout_s: float = 120.0,
-                    request_id: str = "") -> inference_pb2.ScoreTokensResponse:
+    async def score(
+        self,
+        sequences: Sequence[tuple[Sequence[int], Sequence[int], float]],
+        timeout_s: float = 120.0,
+        request_id: str = "",
+    ) -> inference_pb2.ScoreTokensResponse:
         """Logprobs of each (prompt ids, completion ids, temperature)'s completion tokens under the served weights."""
-        request = inference_pb2.ScoreTokensRequest(request_id=request_id, sequences=[
-            inference_pb2.ScoredSequence(prompt_token_ids=list(p), completion_token_ids=list(c), temperature=t)
-            for p, c, t in sequences])
+        request = inference_pb2.ScoreTokensRequest(
+            request_id=request_id,
+            sequences=[
+                inference_pb2.ScoredSequence(prompt_token_ids=list(p), completion_token_ids=list(c), temperature=t)
+                for p, c, t in sequences
+            ],
+        )
         return await self.call(self.stub.ScoreTokens, request, timeout_s, policy=self.policy_for("ScoreTokens"))
 
-    async def update_weights(self, messages: Sequence[inference_pb2.WeightUpdateMessage], version: int,
-                             timeout_s: float, attempts: int | None = None,
-                             on_retry: Callable[[grpc.StatusCode], None] | None = None,
-                             ) -> inference_pb2.UpdateWeightsResponse | None:
+    async def update_weights(
+        self,
+        messages: Sequence[inference_pb2.WeightUpdateMessage],
+        version: int,
+        timeout_s: float,
+        attempts: int | None = None,
+        on_retry: Callable[[grpc.StatusCode], None] | None = None,
+    ) -> inference_pb2.UpdateWeightsResponse | None:
         """Push one weight update (its chunks, then the manifest, on the UpdateWeights client stream) within
         ``timeout_s``: the deadline of the whole push, its retries and checks included.
 
@@ -101,13 +136,21 @@ class InferenceClient(ServiceClient):
         while True:
             try:
                 response: inference_pb2.UpdateWeightsResponse = await self.stub.UpdateWeights(
-                    _update_stream(messages), timeout=deadline.try_timeout(), metadata=self._auth())
+                    _update_stream(messages), timeout=deadline.try_timeout(), metadata=self._auth()
+                )
                 return response
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code is grpc.StatusCode.RESOURCE_EXHAUSTED and (delay := deadline.next_delay()) is not None:
-                    log.warning("%s: weight push of version %d refused (%s: %s); retrying in %.2fs (%.1fs left)",
-                                self.target, version, code.name, exc.details(), delay, deadline.left())
+                    log.warning(
+                        "%s: weight push of version %d refused (%s: %s); retrying in %.2fs (%.1fs left)",
+                        self.target,
+                        version,
+                        code.name,
+                        exc.details(),
+                        delay,
+                        deadline.left(),
+                    )
                     _told(on_retry, code)
                     await asyncio.sleep(delay)
                     continue
@@ -117,8 +160,15 @@ class InferenceClient(ServiceClient):
                     return None
                 if code not in retryable or attempt == attempts or (delay := deadline.next_delay()) is None:
                     raise
-                log.warning("%s: weight push of version %d failed (%s; try %d); retrying in %.2fs (%.1fs left)",
-                            self.target, version, code.name, attempt, delay, deadline.left())
+                log.warning(
+                    "%s: weight push of version %d failed (%s; try %d); retrying in %.2fs (%.1fs left)",
+                    self.target,
+                    version,
+                    code.name,
+                    attempt,
+                    delay,
+                    deadline.left(),
+                )
                 _told(on_retry, code)
                 await asyncio.sleep(delay)
                 attempt += 1
@@ -129,9 +179,13 @@ class InferenceClient(ServiceClient):
         the client's credential (when it has one): on the weights port the call counts in the budget of
         authenticated calls, which callers without the weights token cannot fill."""
         try:
-            status = await self.call(self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(),
-                                     timeout_s=min(max(deadline.left(), 1.0), self.timeout_s), mutating=True,
-                                     policy=NO_RETRY)
+            status = await self.call(
+                self.stub.GetStatus,
+                inference_pb2.GetInferenceStatusRequest(),
+                timeout_s=min(max(deadline.left(), 1.0), self.timeout_s),
+                mutating=True,
+                policy=NO_RETRY,
+            )
             return int(status.weight_version) == version
         except grpc.aio.AioRpcError:
             return False
@@ -156,7 +210,7 @@ class _PushDeadline:
         return max(self.left(), 0.001)
 
     def next_delay(self) -> float | None:
-        delay = min(self.backoff_s * 2 ** self.retries, self.MAX_DELAY_S)
+        delay = min(self.backoff_s * 2**self.retries, self.MAX_DELAY_S)
         if self.left() - delay <= 0:
             return None
         self.retries += 1
@@ -168,8 +222,9 @@ def _told(on_retry: Callable[[grpc.StatusCode], None] | None, code: grpc.StatusC
         on_retry(code)
 
 
-def _update_stream(messages: Sequence[inference_pb2.WeightUpdateMessage],
-                   ) -> Iterator[inference_pb2.WeightUpdateMessage] | AsyncIterator[inference_pb2.WeightUpdateMessage]:
+def _update_stream(
+    messages: Sequence[inference_pb2.WeightUpdateMessage],
+) -> Iterator[inference_pb2.WeightUpdateMessage] | AsyncIterator[inference_pb2.WeightUpdateMessage]:
     """The UpdateWeights request stream. grpc.aio consumes a plain iterator on the event loop, which is right for
     messages already in memory; a sequence that reads each chunk from a file when asked (``reads_file``, a sharded
     gather's spool) is read in a worker thread, one chunk at a time, so the loop never waits for the disk."""
@@ -179,4 +234,5 @@ def _update_stream(messages: Sequence[inference_pb2.WeightUpdateMessage],
     async def read() -> AsyncIterator[inference_pb2.WeightUpdateMessage]:
         for index in range(len(messages)):
             yield await asyncio.to_thread(messages.__getitem__, index)
+
     return read()

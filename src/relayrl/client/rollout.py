@@ -12,17 +12,21 @@ class RolloutClient(ServiceClient):
     stub_class = rollout_pb2_grpc.RolloutServiceStub
 
     async def status(self) -> rollout_pb2.RolloutStatus:
-        return await self.call(self.stub.GetStatus, rollout_pb2.GetRolloutStatusRequest(),
-                               policy=self.policy_for("GetStatus"))
+        return await self.call(
+            self.stub.GetStatus, rollout_pb2.GetRolloutStatusRequest(), policy=self.policy_for("GetStatus")
+        )
 
     async def pause(self, reason: str = "") -> rollout_pb2.RolloutStatus:
-        return await self.call(self.stub.Pause, rollout_pb2.PauseRequest(reason=reason), mutating=True,
-                               policy=self.policy_for("Pause"))
+        return await self.call(
+            self.stub.Pause, rollout_pb2.PauseRequest(reason=reason), mutating=True, policy=self.policy_for("Pause")
+        )
 
     async def resume(self) -> rollout_pb2.RolloutStatus:
-        return await self.call(self.stub.Resume, rollout_pb2.ResumeRequest(), mutating=True,
-                               policy=self.policy_for("Resume"))
+        return await self.call(
+            self.stub.Resume, rollout_pb2.ResumeRequest(), mutating=True, policy=self.policy_for("Resume")
+        )
 
     async def config(self) -> str:
-        return (await self.call(self.stub.GetConfig, common_pb2.GetConfigRequest(),
-                                 policy=self.policy_for("GetConfig"))).yaml
+        return (
+            await self.call(self.stub.GetConfig, common_pb2.GetConfigRequest(), policy=self.policy_for("GetConfig"))
+        ).yaml

@@ -41,16 +41,32 @@ class Outcome:
 
 TRAINED = Outcome("trained", "trained", "Groups trained on.", "Episodes trained on.")
 DROPS: tuple[Outcome, ...] = (  # the key is "dropped_" + the reason, which names its record in Redis
-    Outcome("dropped_stale", "dropped as stale", "Groups dropped beyond the staleness bound (all ranks and restarts).",
-            "Episodes dropped beyond the staleness bound (all ranks and restarts)."),
-    Outcome("dropped_reward_error", "dropped for reward errors", "Groups dropped because every episode's scoring "
-            "failed.", "Episodes excluded from the loss because scoring failed (those of dropped groups and the "
-            "failed ones of trained groups)."),
-    Outcome("dropped_zero_advantage", "dropped with zero advantage", "Groups dropped by dynamic sampling: every "
-            "valid episode had the same reward.", "Episodes of those groups."),
+    Outcome(
+        "dropped_stale",
+        "dropped as stale",
+        "Groups dropped beyond the staleness bound (all ranks and restarts).",
+        "Episodes dropped beyond the staleness bound (all ranks and restarts).",
+    ),
+    Outcome(
+        "dropped_reward_error",
+        "dropped for reward errors",
+        "Groups dropped because every episode's scoring failed.",
+        "Episodes excluded from the loss because scoring failed (those of dropped groups and the "
+        "failed ones of trained groups).",
+    ),
+    Outcome(
+        "dropped_zero_advantage",
+        "dropped with zero advantage",
+        "Groups dropped by dynamic sampling: every valid episode had the same reward.",
+        "Episodes of those groups.",
+    ),
 )
-INVALID = Outcome("invalid", "invalid", "Stream entries that could not be decoded or validated, moved to the "
-                  "dead-letter stream (never trained).", "Episodes of those entries.")
+INVALID = Outcome(
+    "invalid",
+    "invalid",
+    "Stream entries that could not be decoded or validated, moved to the dead-letter stream (never trained).",
+    "Episodes of those entries.",
+)
 OUTCOMES: tuple[Outcome, ...] = (TRAINED, *DROPS, INVALID)
 PENDING_WORDS = "pending"  # read from the stream, not counted by the trainer: summary key groups_pending
 

@@ -17,8 +17,9 @@ def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
-                  and (p / STATE_FILE).is_file())
+    return sorted(
+        p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE_FILE).is_file()
+    )
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -33,8 +33,9 @@ async def require_token(context: grpc.aio.ServicerContext, token: str, what: str
     """Abort a gRPC call with UNAUTHENTICATED unless it carries ``token`` (PERMISSION_DENIED when the service has
     no token configured, so nobody can make the call)."""
     if not token:
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"{what} is disabled: the service has no credential configured")
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED, f"{what} is disabled: the service has no credential configured"
+        )
     metadata = dict(context.invocation_metadata() or ())
     header = metadata.get("authorization")
     if not authorized(header if isinstance(header, str) else None, token):
@@ -53,8 +54,11 @@ def require_credential(token: str, hosts: dict[str, str], credential: str) -> No
     ``credential`` configured; raises ConfigError naming the field."""
     exposed = [f for f, host in hosts.items() if not is_loopback(host)]
     if exposed and not token:
-        raise ConfigError(exposed[0], hosts[exposed[0]],
-                          f"listening beyond loopback needs {credential} (set it through its environment variable)")
+        raise ConfigError(
+            exposed[0],
+            hosts[exposed[0]],
+            f"listening beyond loopback needs {credential} (set it through its environment variable)",
+        )
 
 
 def redacted(cfg: Any) -> dict[str, Any]:

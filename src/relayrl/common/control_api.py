@@ -23,8 +23,14 @@ from relayrl.common.service import as_dict
 Action = Callable[[], Awaitable[Message]]
 
 
-def control_app(name: str, status: Callable[[], Message], config_yaml: Callable[[], str], token: str,
-                registry: CollectorRegistry, actions: dict[str, Action]) -> FastAPI:
+def control_app(
+    name: str,
+    status: Callable[[], Message],
+    config_yaml: Callable[[], str],
+    token: str,
+    registry: CollectorRegistry,
+    actions: dict[str, Action],
+) -> FastAPI:
     app = FastAPI(title=f"relayrl {name}", docs_url=None, redoc_url=None)
     refuse_invalid_bodies(app)
 
@@ -47,13 +53,18 @@ def control_app(name: str, status: Callable[[], Message], config_yaml: Callable[
     def route(action: Action) -> Callable[..., Awaitable[dict[str, Any]]]:
         async def handler(authorization: str | None = Header(default=None)) -> dict[str, Any]:
             if not token:
-                raise HTTPException(status_code=403, detail="control calls are disabled: no control token is "
-                                                            "configured")
+                raise HTTPException(
+                    status_code=403, detail="control calls are disabled: no control token is configured"
+                )
             if not authorized(authorization, token):
-                raise HTTPException(status_code=401, detail="this control call needs Authorization: Bearer <token>",
-                                    headers={"WWW-Authenticate": "Bearer"})
+                raise HTTPException(
+                    status_code=401,
+                    detail="this control call needs Authorization: Bearer <token>",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             reply = await action()
             return as_dict(reply)
+
         return handler
 
     for path, action in actions.items():

@@ -25,12 +25,14 @@ class Credential(StrEnum):
     REDIS = "redis"  # redis.password_env and redis.url_env (a URL may hold a password)
 
 
-HELD: Mapping[str, frozenset[Credential]] = MappingProxyType({
-    "inference": frozenset({Credential.WEIGHTS}),
-    "reward": frozenset({Credential.CODE}),
-    "rollout": frozenset({Credential.CONTROL, Credential.CODE, Credential.REDIS}),
-    "trainer": frozenset({Credential.CONTROL, Credential.WEIGHTS, Credential.REDIS}),
-})
+HELD: Mapping[str, frozenset[Credential]] = MappingProxyType(
+    {
+        "inference": frozenset({Credential.WEIGHTS}),
+        "reward": frozenset({Credential.CODE}),
+        "rollout": frozenset({Credential.CONTROL, Credential.CODE, Credential.REDIS}),
+        "trainer": frozenset({Credential.CONTROL, Credential.WEIGHTS, Credential.REDIS}),
+    }
+)
 
 
 def held(service: str, in_run_eval: bool = False) -> frozenset[Credential]:
@@ -44,13 +46,22 @@ def held(service: str, in_run_eval: bool = False) -> frozenset[Credential]:
 
 def variables(control: ControlConfig, redis: RedisConfig) -> dict[Credential, tuple[str, ...]]:
     """The environment variables that carry each credential in this config."""
-    return {Credential.CONTROL: (control.token_env,), Credential.WEIGHTS: (control.weights_token_env,),
-            Credential.CODE: (control.code_token_env,),
-            Credential.REDIS: tuple(v for v in (redis.password_env, redis.url_env) if v)}
+    return {
+        Credential.CONTROL: (control.token_env,),
+        Credential.WEIGHTS: (control.weights_token_env,),
+        Credential.CODE: (control.code_token_env,),
+        Credential.REDIS: tuple(v for v in (redis.password_env, redis.url_env) if v),
+    }
 
 
-def service_environment(service: str, base: Mapping[str, str], values: Mapping[str, str], control: ControlConfig,
-                        redis: RedisConfig, in_run_eval: bool = False) -> dict[str, str]:
+def service_environment(
+    service: str,
+    base: Mapping[str, str],
+    values: Mapping[str, str],
+    control: ControlConfig,
+    redis: RedisConfig,
+    in_run_eval: bool = False,
+) -> dict[str, str]:
     """``base`` (the caller's environment) without any credential variable that ``service`` does not hold, plus
     those of ``values`` (variable -> value: the run's credentials) that it holds. A credential variable of the
     caller's that ``service`` holds and ``values`` lacks stays (e.g. an external Redis's $RELAYRL_REDIS_URL)."""

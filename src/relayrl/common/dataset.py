@@ -26,11 +26,19 @@ class Prompt:
 
 
 def _messages(value: object, where: str, field_name: str) -> tuple[tuple[str, str], ...]:
-    if not (isinstance(value, list) and value and all(
+    if not (
+        isinstance(value, list)
+        and value
+        and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"] and isinstance(m.get("content"), str)
-            for m in value)):
-        raise ConfigError(field_name, where, "`messages` must be a non-empty list of objects with a string `role` "
-                                             "and a string `content`")
+            for m in value
+        )
+    ):
+        raise ConfigError(
+            field_name,
+            where,
+            "`messages` must be a non-empty list of objects with a string `role` and a string `content`",
+        )
     return tuple((m["role"], m["content"]) for m in value)
 
 
@@ -38,8 +46,7 @@ def _row(obj: object, where: str, lineno: int, field_name: str) -> Prompt:
     if not isinstance(obj, dict):
         raise ConfigError(field_name, where, "each row must be a JSON object")
     if ("prompt" in obj) == ("messages" in obj):
-        raise ConfigError(field_name, where, "each row needs exactly one of a non-empty string `prompt` or "
-                                             "`messages`")
+        raise ConfigError(field_name, where, "each row needs exactly one of a non-empty string `prompt` or `messages`")
     if "answer" not in obj:
         raise ConfigError(field_name, where, "each row needs an `answer`")
     meta = {k: v for k, v in obj.items() if k not in ("prompt", "messages", "answer", "id")}

@@ -59,6 +59,8 @@ def reward_of(resp: reward_pb2.ScoreResponse) -> float:
     """The reward of a reward service's answer: its score, or 0.0 where scoring failed (the episode says so by
     its ``reward_status``; the trainer never trains on that 0)."""
     return resp.score if score_ok(resp.status) else 0.0
+
+
 # The trainer divides logits by the temperature: a forged subnormal one (1e-40) turns them into inf and the loss into
 # NaN. No useful sampler runs colder than this.
 TEMPERATURE_MIN = 1e-4
@@ -114,8 +116,13 @@ class TokenLists:
 
     @classmethod
     def of(cls, ep: Episode) -> TokenLists:
-        return cls(list(ep.prompt_token_ids), list(ep.completion_token_ids), list(ep.behaviour_logprobs),
-                   list(ep.token_weight_versions), list(ep.loss_mask))
+        return cls(
+            list(ep.prompt_token_ids),
+            list(ep.completion_token_ids),
+            list(ep.behaviour_logprobs),
+            list(ep.token_weight_versions),
+            list(ep.loss_mask),
+        )
 
 
 def _tokens(t: TokenLists, limits: Limits) -> str | None:
@@ -125,13 +132,18 @@ def _tokens(t: TokenLists, limits: Limits) -> str | None:
     if n == 0:
         return "completion_token_ids: empty"
     if n > limits.max_completion_tokens:
-        return (f"completion_token_ids: {n} tokens > the episode cap {limits.max_completion_tokens} "
-                "(rollout.max_new_tokens, or rollout.max_episode_tokens for a multi-turn workflow)")
+        return (
+            f"completion_token_ids: {n} tokens > the episode cap {limits.max_completion_tokens} "
+            "(rollout.max_new_tokens, or rollout.max_episode_tokens for a multi-turn workflow)"
+        )
     for name, ids in (("prompt_token_ids", t.prompt), ("completion_token_ids", t.completion)):
         if min(ids) < 0 or max(ids) >= limits.vocab_size:
             return f"{name}: id outside [0, {limits.vocab_size})"
-    for name, values in (("behaviour_logprobs", t.behaviour), ("token_weight_versions", t.versions),
-                         ("loss_mask", t.loss_mask)):
+    for name, values in (
+        ("behaviour_logprobs", t.behaviour),
+        ("token_weight_versions", t.versions),
+        ("loss_mask", t.loss_mask),
+    ):
         if len(values) != n:
             return f"{name}: length {len(values)} != completion_token_ids length {n}"
     return None
@@ -148,8 +160,9 @@ def _values(ep: Episode, t: TokenLists, limits: Limits) -> str | None:
     if min(versions) < 0:
         return "token_weight_versions: negative version"
     if max(versions) > limits.newest_version:
-        return (f"token_weight_versions: version {max(versions)} is newer than the newest allocated "
-                f"{limits.newest_version}")
+        return (
+            f"token_weight_versions: version {max(versions)} is newer than the newest allocated {limits.newest_version}"
+        )
     if not math.isfinite(ep.reward):
         return "reward: not finite"
     if not _finite(ep.reward_components.values()):

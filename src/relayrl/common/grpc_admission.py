@@ -87,11 +87,17 @@ class Admission(grpc.aio.ServerInterceptor):
         self.tokens = dict(tokens or {})
         self.section = section
         self.state = AdmissionState()
-        self.limits = {Budget.AUTHENTICATED: cfg.max_authenticated_rpcs,
-                       Budget.UNARY: cfg.max_unauthenticated_rpcs, Budget.STREAM: cfg.max_streams}
+        self.limits = {
+            Budget.AUTHENTICATED: cfg.max_authenticated_rpcs,
+            Budget.UNARY: cfg.max_unauthenticated_rpcs,
+            Budget.STREAM: cfg.max_streams,
+        }
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # UNIMPLEMENTED, answered by grpc at once
@@ -127,13 +133,17 @@ class Admission(grpc.aio.ServerInterceptor):
         limit = self.limits[budget]
         if self.state.active[budget] >= limit:
             self.state.refused[budget.value] += 1
-            return (f"the server is at its limit of {limit} {_NOUNS[budget]} ({self.section}.{budget.value}); "
-                    "try again later")
+            return (
+                f"the server is at its limit of {limit} {_NOUNS[budget]} ({self.section}.{budget.value}); "
+                "try again later"
+            )
         per_peer = self.cfg.max_streams_per_peer
         if budget is Budget.STREAM and self.state.streams_by_peer[host] >= per_peer:
             self.state.refused["max_streams_per_peer"] += 1
-            return (f"{host} already holds {per_peer} streams without a credential "
-                    f"({self.section}.max_streams_per_peer); try again later")
+            return (
+                f"{host} already holds {per_peer} streams without a credential "
+                f"({self.section}.max_streams_per_peer); try again later"
+            )
         return None
 
     @contextmanager
@@ -165,8 +175,11 @@ class Admission(grpc.aio.ServerInterceptor):
         return self._slot(budget, host)
 
 
-_NOUNS = {Budget.AUTHENTICATED: "calls with a credential", Budget.UNARY: "calls without a credential",
-          Budget.STREAM: "streams without a credential"}
+_NOUNS = {
+    Budget.AUTHENTICATED: "calls with a credential",
+    Budget.UNARY: "calls without a credential",
+    Budget.STREAM: "streams without a credential",
+}
 
 Admit = Callable[[grpc.aio.ServicerContext], Awaitable[Any]]
 
@@ -194,6 +207,7 @@ def _unary_unary(behavior: Any, admit: Admit) -> Any:
     async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         with await admit(context):
             return await behavior(await _one(requests, context), context)
+
     return call
 
 
@@ -201,6 +215,7 @@ def _stream_unary(behavior: Any, admit: Admit) -> Any:
     async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         with await admit(context):
             return await behavior(requests, context)
+
     return call
 
 
@@ -221,6 +236,7 @@ def _streamed(behavior: Any, admit: Admit, unary_request: bool) -> Any:
                     await context.write(response)
             finally:
                 await responses.aclose()
+
     return call
 
 

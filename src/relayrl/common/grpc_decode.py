@@ -18,24 +18,31 @@ Deserializer = Callable[[bytes], Any]
 class DecodeInHandler(grpc.aio.ServerInterceptor):
     """Server interceptor: every method receives raw bytes and decodes them itself (INVALID_ARGUMENT on error)."""
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
         decode: Deserializer = handler.request_deserializer
         serialize = handler.response_serializer
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(_unary(handler.unary_unary, decode),
-                                                       response_serializer=serialize)
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(handler.unary_unary, decode), response_serializer=serialize
+            )
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(_unary_stream(handler.unary_stream, decode),
-                                                        response_serializer=serialize)
+            return grpc.unary_stream_rpc_method_handler(
+                _unary_stream(handler.unary_stream, decode), response_serializer=serialize
+            )
         if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(_stream_unary(handler.stream_unary, decode),
-                                                        response_serializer=serialize)
-        return grpc.stream_stream_rpc_method_handler(_stream_stream(handler.stream_stream, decode),
-                                                     response_serializer=serialize)
+            return grpc.stream_unary_rpc_method_handler(
+                _stream_unary(handler.stream_unary, decode), response_serializer=serialize
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _stream_stream(handler.stream_stream, decode), response_serializer=serialize
+        )
 
 
 async def _decode(raw: bytes, decode: Deserializer, context: grpc.aio.ServicerContext) -> Any:
@@ -48,6 +55,7 @@ async def _decode(raw: bytes, decode: Deserializer, context: grpc.aio.ServicerCo
 def _unary(behavior: Any, decode: Deserializer) -> Any:
     async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         return await behavior(await _decode(raw, decode, context), context)
+
     return call
 
 
@@ -58,11 +66,13 @@ def _unary_stream(behavior: Any, decode: Deserializer) -> Any:
     async def call(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async for item in behavior(await _decode(raw, decode, context), context):
             yield item
+
     return call
 
 
-async def _decoded(requests: AsyncIterator[bytes], decode: Deserializer,
-                   context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+async def _decoded(
+    requests: AsyncIterator[bytes], decode: Deserializer, context: grpc.aio.ServicerContext
+) -> AsyncIterator[Any]:
     async for raw in requests:
         yield await _decode(raw, decode, context)
 
@@ -71,6 +81,7 @@ def _stream_unary(behavior: Any, decode: Deserializer) -> Any:
     # grpc awaits the behaviour only when it is a coroutine function: this wrapper must be one
     async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
         return await behavior(_decoded(requests, decode, context), context)
+
     return call
 
 
@@ -81,4 +92,5 @@ def _stream_stream(behavior: Any, decode: Deserializer) -> Any:
     async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async for item in behavior(_decoded(requests, decode, context), context):
             yield item
+
     return call

@@ -70,26 +70,33 @@ def create_server(
     credential first, then separate budgets), whose refusals name ``section`` (the config path of ``cfg``). Raises
     ConfigError naming the ``tls`` field of a missing or unreadable file."""
     host, port = cfg.host, cfg.port
-    options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-               ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024)]
+    options = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024),
+    ]
     credentials = server_credentials(tls) if tls is not None and tls.enabled else None  # files read now
     # admission first (credential, then its budget: RESOURCE_EXHAUSTED at once over it); grpc's own cap is only an
     # outer backstop well above the budgets (grpc counts a call before any interceptor, credential or not)
     admission = Admission(cfg, tokens, section)
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.hard_cap,
-                             interceptors=[admission, DecodeInHandler()])  # undecodable bytes: INVALID_ARGUMENT
+    server = grpc.aio.server(
+        options=options, maximum_concurrent_rpcs=cfg.hard_cap, interceptors=[admission, DecodeInHandler()]
+    )  # undecodable bytes: INVALID_ARGUMENT
     for add in register:
         add(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if cfg.reflection:
         enable_reflection(server, service_names)
-    bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
-             else server.add_insecure_port(f"{host}:{port}"))
+    bound = (
+        server.add_secure_port(f"{host}:{port}", credentials)
+        if credentials is not None
+        else server.add_insecure_port(f"{host}:{port}")
+    )
     if bound == 0:
         raise OSError(f"could not bind gRPC server to {host}:{port}")
-    return ServerHandle(server=server, port=bound, health=health, service_names=list(service_names),
-                        admission=admission)
+    return ServerHandle(
+        server=server, port=bound, health=health, service_names=list(service_names), admission=admission
+    )
 
 
 def enable_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> None:
@@ -126,11 +133,17 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     certificates must chain to, and the demand for one (mutual TLS)."""
     files = tls.read()
     if files.cert is None or files.key is None:
-        raise ConfigError("tls.cert_file", tls.cert_file, "a TLS server needs a certificate and its key (TLS is on "
-                                                          "because tls.ca_file or tls.client_cert_file is set)")
-    return grpc.ssl_server_credentials([(files.key, files.cert)],
-                                       root_certificates=files.ca if tls.require_client_cert else None,
-                                       require_client_auth=tls.require_client_cert)
+        raise ConfigError(
+            "tls.cert_file",
+            tls.cert_file,
+            "a TLS server needs a certificate and its key (TLS is on "
+            "because tls.ca_file or tls.client_cert_file is set)",
+        )
+    return grpc.ssl_server_credentials(
+        [(files.key, files.cert)],
+        root_certificates=files.ca if tls.require_client_cert else None,
+        require_client_auth=tls.require_client_cert,
+    )
 
 
 def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
@@ -163,20 +176,22 @@ def _blocking_channel(target: str, tls: TlsConfig | None) -> grpc.Channel:
     return grpc.secure_channel(target, channel_credentials(tls), options=_tls_options(tls))
 
 
-def health_status(target: str, timeout_s: float, service: str = "",
-                  tls: TlsConfig | None = None) -> tuple[bool, str]:
+def health_status(target: str, timeout_s: float, service: str = "", tls: TlsConfig | None = None) -> tuple[bool, str]:
     """One blocking grpc.health.v1 Check of ``target`` with a deadline (over TLS when ``tls`` is on): (SERVING?,
     status or error name)."""
     with _blocking_channel(target, tls) as ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             return False, f"{code.name if code is not None else 'ERROR'}: {details}"
-    return (resp.status == health_pb2.HealthCheckResponse.SERVING,
-            health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+    return (
+        resp.status == health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status),
+    )
 
 
 def check_health(target: str, timeout_s: float, service: str = "", tls: TlsConfig | None = None) -> bool:

@@ -66,10 +66,23 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"error": {"message": f"request body is larger than {self.max_bytes} bytes",
-                                     "type": "invalid_request_error", "param": None, "code": "body_too_large"}})
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"request body is larger than {self.max_bytes} bytes",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "body_too_large",
+                }
+            }
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+            }
+        )
         await send({"type": "http.response.body", "body": body.encode()})
 
 
@@ -115,8 +128,10 @@ class TrustedHosts:
             if not host_allowed(host.decode("latin-1") if host is not None else None, self.allowed, self.bind_host):
                 self.refused += 1
                 (log.warning if self.refused == 1 else log.debug)(  # once: a page may send many
-                    "refused a request naming a host not in http.allowed_hosts %s (%d so far)", list(self.allowed),
-                    self.refused)
+                    "refused a request naming a host not in http.allowed_hosts %s (%d so far)",
+                    list(self.allowed),
+                    self.refused,
+                )
                 await _refuse_host(scope, send)
                 return
         await self.app(scope, receive, send)
@@ -126,11 +141,23 @@ async def _refuse_host(scope: Scope, send: Send) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
-    body = json.dumps({"error": {"message": "invalid Host header: this server does not answer that name "
-                                            "(http.allowed_hosts)", "type": "invalid_request_error",
-                                 "param": None, "code": "invalid_host"}})
-    await send({"type": "http.response.start", "status": 400,
-                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+    body = json.dumps(
+        {
+            "error": {
+                "message": "invalid Host header: this server does not answer that name (http.allowed_hosts)",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_host",
+            }
+        }
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+        }
+    )
     await send({"type": "http.response.body", "body": body.encode()})
 
 
@@ -156,8 +183,9 @@ class HttpServer:
         self.cfg = cfg
         self.name = name
         limited = TrustedHosts(BodyLimit(app, cfg.max_body_mib * 1024 * 1024), cfg.allowed_hosts, cfg.host)
-        self._server = _server_class()(uvicorn.Config(limited, host=cfg.host, port=cfg.port, log_config=None,
-                                                      access_log=False, lifespan="off"))
+        self._server = _server_class()(
+            uvicorn.Config(limited, host=cfg.host, port=cfg.port, log_config=None, access_log=False, lifespan="off")
+        )
         self._task: asyncio.Task[None] | None = None
         self.port = 0
 
@@ -189,8 +217,10 @@ def refuse_invalid_bodies(app: Any) -> None:
 
     async def invalid(_: Any, exc: Exception) -> JSONResponse:
         errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-        detail = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
-                   "type": str(e.get("type", ""))} for e in errors]
+        detail = [
+            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in errors
+        ]
         return JSONResponse({"detail": detail}, status_code=422)
 
     app.add_exception_handler(RequestValidationError, invalid)

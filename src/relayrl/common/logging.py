@@ -36,7 +36,8 @@ LogFormat = Literal["text", "json"]
 CONTEXT_FIELDS = {"group_id": "group", "episode_id": "episode", "weight_version": "version"}
 
 _context: contextvars.ContextVar[Mapping[str, str | int]] = contextvars.ContextVar(
-    "relayrl_log_context", default=MappingProxyType({}))
+    "relayrl_log_context", default=MappingProxyType({})
+)
 
 
 def _merged(group_id: str | None, episode_id: str | None, weight_version: int | None) -> Mapping[str, str | int]:
@@ -48,8 +49,9 @@ def _merged(group_id: str | None, episode_id: str | None, weight_version: int | 
 
 
 @contextmanager
-def log_context(*, group_id: str | None = None, episode_id: str | None = None,
-                weight_version: int | None = None) -> Iterator[None]:
+def log_context(
+    *, group_id: str | None = None, episode_id: str | None = None, weight_version: int | None = None
+) -> Iterator[None]:
     """Add the given fields to every log record inside the block (nested blocks add to the outer ones)."""
     token = _context.set(_merged(group_id, episode_id, weight_version))
     try:
@@ -58,8 +60,9 @@ def log_context(*, group_id: str | None = None, episode_id: str | None = None,
         _context.reset(token)
 
 
-def bind_log_context(*, group_id: str | None = None, episode_id: str | None = None,
-                     weight_version: int | None = None) -> None:
+def bind_log_context(
+    *, group_id: str | None = None, episode_id: str | None = None, weight_version: int | None = None
+) -> None:
     """Add the given fields to every log record for the rest of the current asyncio task (or thread)."""
     _context.set(_merged(group_id, episode_id, weight_version))
 
@@ -131,8 +134,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def setup_logging(component: str, rank: int = 0, level: str = "INFO", log_file: Path | None = None,
-                  fmt: LogFormat = "text") -> None:
+def setup_logging(
+    component: str, rank: int = 0, level: str = "INFO", log_file: Path | None = None, fmt: LogFormat = "text"
+) -> None:
     """Configure the root logger for one process; safe to call again (replaces handlers)."""
     root = logging.getLogger()
     held = [r for h in root.handlers if isinstance(h, _Held) for r in h.records]

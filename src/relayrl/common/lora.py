@@ -35,8 +35,14 @@ def _peft() -> Any:
 def peft_config(cfg: LoraConfig) -> Any:
     peft = _peft()
     targets: Any = cfg.target_modules[0] if cfg.target_modules == ["all-linear"] else list(cfg.target_modules)
-    return peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
-                           bias="none", task_type="CAUSAL_LM")
+    return peft.LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def with_lora(model: Any, cfg: LoraConfig, adapter_dir: Path | None = None, trainable: bool = True) -> Any:
@@ -54,9 +60,15 @@ def with_lora(model: Any, cfg: LoraConfig, adapter_dir: Path | None = None, trai
     wrapped.train(training)
     trainable_n = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     total = sum(p.numel() for p in wrapped.parameters())
-    log.info("LoRA adapter (r=%d, alpha=%g, on %s): %.2fM trainable of %.1fM parameters%s", cfg.rank, cfg.alpha,
-             ",".join(cfg.target_modules), trainable_n / 1e6, total / 1e6,
-             f" (from {adapter_dir})" if adapter_dir is not None else "")
+    log.info(
+        "LoRA adapter (r=%d, alpha=%g, on %s): %.2fM trainable of %.1fM parameters%s",
+        cfg.rank,
+        cfg.alpha,
+        ",".join(cfg.target_modules),
+        trainable_n / 1e6,
+        total / 1e6,
+        f" (from {adapter_dir})" if adapter_dir is not None else "",
+    )
     return wrapped
 
 

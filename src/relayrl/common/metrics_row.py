@@ -193,8 +193,11 @@ def _parse(cls: type[RlRow] | type[SftRow] | type[EvalRow], data: Mapping[str, A
         kind = str(f.type)
         raw = data.get(f.name)
         if f.name == "reward_components":
-            comps = {k.removeprefix(REWARD_COMPONENT_PREFIX): _number(v, "float") for k, v in data.items()
-                     if k.startswith(REWARD_COMPONENT_PREFIX)}
+            comps = {
+                k.removeprefix(REWARD_COMPONENT_PREFIX): _number(v, "float")
+                for k, v in data.items()
+                if k.startswith(REWARD_COMPONENT_PREFIX)
+            }
             values[f.name] = {k: v for k, v in comps.items() if v is not None}
         elif f.name in ("staleness_hist", "episode_ends"):
             if isinstance(raw, Mapping):
@@ -218,8 +221,11 @@ def parse_row(data: Any) -> MetricsRow | None:
     if not isinstance(data, Mapping):
         return None
     phase = data.get("phase", RlRow.phase)
-    classes: dict[str, type[RlRow] | type[SftRow] | type[EvalRow]] = {RlRow.phase: RlRow, SftRow.phase: SftRow,
-                                                                       EvalRow.phase: EvalRow}
+    classes: dict[str, type[RlRow] | type[SftRow] | type[EvalRow]] = {
+        RlRow.phase: RlRow,
+        SftRow.phase: SftRow,
+        EvalRow.phase: EvalRow,
+    }
     cls = classes.get(phase) if isinstance(phase, str) else None
     return _parse(cls, data) if cls is not None else None
 
@@ -241,7 +247,6 @@ def read_rows(path: Path) -> list[MetricsRow]:
 def rl_rows(rows: Iterable[MetricsRow | None]) -> list[RlRow]:
     """The training steps among ``rows`` (warm-up rows left out)."""
     return [r for r in rows if isinstance(r, RlRow)]
-
 
 
 # the shares of the trainer's wall time the launcher's summary reports: name -> the RlRow fields summed into it
@@ -277,8 +282,10 @@ def format_time_shares(shares: Mapping[str, float]) -> str:
     if not shares:
         return ""
     parts = ", ".join(f"{name.replace('_', ' ')} {100 * shares[name]:.0f}%" for name in TIME_SHARES)
-    return (f"trainer time over {shares['wall_s']:.1f}s: {parts}; of the data wait, generation "
-            f"{100 * shares.get('generation', 0.0):.0f}%; plumbing {100 * shares['plumbing']:.0f}%")
+    return (
+        f"trainer time over {shares['wall_s']:.1f}s: {parts}; of the data wait, generation "
+        f"{100 * shares.get('generation', 0.0):.0f}%; plumbing {100 * shares['plumbing']:.0f}%"
+    )
 
 
 def row_fields(source: Any) -> dict[str, Any]:
@@ -288,8 +295,10 @@ def row_fields(source: Any) -> dict[str, Any]:
 
 
 # how a group that was produced left the books, in the order the summaries write them: summary key -> words
-GROUP_OUTCOMES: tuple[tuple[str, str], ...] = (*((o.groups, o.words) for o in OUTCOMES),
-                                               ("groups_pending", PENDING_WORDS))
+GROUP_OUTCOMES: tuple[tuple[str, str], ...] = (
+    *((o.groups, o.words) for o in OUTCOMES),
+    ("groups_pending", PENDING_WORDS),
+)
 
 
 def format_books(summary: Mapping[str, Any]) -> str:
@@ -297,9 +306,12 @@ def format_books(summary: Mapping[str, Any]) -> str:
     pending (a key a summary of an older version lacks counts 0). Printed by ``relayrl run``, shown by the
     dashboard."""
     foreign = summary.get("groups_foreign", 0)
-    return (f"groups produced {summary.get('groups_produced', 0)}"
-            + (f" (+ {foreign} appended by others)" if foreign else "") + " = "
-            + " + ".join(f"{words} {summary.get(key, 0)}" for key, words in GROUP_OUTCOMES))
+    return (
+        f"groups produced {summary.get('groups_produced', 0)}"
+        + (f" (+ {foreign} appended by others)" if foreign else "")
+        + " = "
+        + " + ".join(f"{words} {summary.get(key, 0)}" for key, words in GROUP_OUTCOMES)
+    )
 
 
 _RL_FIELDS = frozenset(f.name for f in dataclasses.fields(RlRow))

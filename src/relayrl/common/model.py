@@ -40,8 +40,14 @@ def load_model(cfg: ModelConfig, path: Path | None = None) -> Any:
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype(cfg))
     model.to(torch.device(cfg.device))  # type: ignore[arg-type]
     model.eval()
-    log.info("loaded model %s (%s, %.2fM params, %s on %s)", model_path, type(model).__name__,
-             sum(p.numel() for p in model.parameters()) / 1e6, cfg.dtype, cfg.device)
+    log.info(
+        "loaded model %s (%s, %.2fM params, %s on %s)",
+        model_path,
+        type(model).__name__,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        cfg.dtype,
+        cfg.device,
+    )
     return model
 
 

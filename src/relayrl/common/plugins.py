@@ -24,8 +24,11 @@ def load_callable(spec: str, group: str, field_name: str, registered_as: str = "
         names = registered(group)
         if spec not in names:
             what = registered_as or f"registered under {group}"
-            raise ConfigError(field_name, spec, f"must look like package.module:function or be {what} "
-                                                f"({', '.join(sorted(names)) or 'none installed'})")
+            raise ConfigError(
+                field_name,
+                spec,
+                f"must look like package.module:function or be {what} ({', '.join(sorted(names)) or 'none installed'})",
+            )
         spec = names[spec]
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:

@@ -30,8 +30,9 @@ class WeightVerificationError(Exception):
     """Inference serves weights whose probe logprobs disagree with the trainer's."""
 
 
-def probe_sequences(vocab_size: int, num_sequences: int, length: int, seed: int,
-                    exclude: Sequence[int] = ()) -> list[list[int]]:
+def probe_sequences(
+    vocab_size: int, num_sequences: int, length: int, seed: int, exclude: Sequence[int] = ()
+) -> list[list[int]]:
     """A deterministic probe batch: random token ids over the whole vocabulary (special tokens excluded), so
     that every layer, including the input and output embeddings, takes part."""
     if num_sequences < 1 or length < 2:
@@ -44,8 +45,12 @@ def probe_sequences(vocab_size: int, num_sequences: int, length: int, seed: int,
     return ids[picks].tolist()  # type: ignore[no-any-return]
 
 
-def check_probe(sequences: Sequence[Sequence[int]], vocab_size: int | None = None, max_length: int | None = None,
-                max_tokens: int | None = None) -> None:
+def check_probe(
+    sequences: Sequence[Sequence[int]],
+    vocab_size: int | None = None,
+    max_length: int | None = None,
+    max_tokens: int | None = None,
+) -> None:
     """ValueError unless the probe is >= 1 sequence of >= 2 tokens, each id in [0, vocab_size), each sequence at
     most ``max_length`` tokens and all of them together at most ``max_tokens`` (limits checked when given)."""
     if not sequences or any(len(s) < 2 for s in sequences):
@@ -76,26 +81,33 @@ def probe_logprobs(model: Any, sequences: Sequence[Sequence[int]], device: torch
     return logp[mask[:, 1:].bool()].cpu()
 
 
-def timed_probe_logprobs(score: Callable[[Any, Sequence[Sequence[int]], torch.device], torch.Tensor], model: Any,
-                         sequences: Sequence[Sequence[int]], device: torch.device) -> tuple[list[float], float]:
+def timed_probe_logprobs(
+    score: Callable[[Any, Sequence[Sequence[int]], torch.device], torch.Tensor],
+    model: Any,
+    sequences: Sequence[Sequence[int]],
+    device: torch.device,
+) -> tuple[list[float], float]:
     """``score`` (:func:`probe_logprobs`) as a list (empty for no probe) and the seconds it took."""
     t0 = time.perf_counter()
     result: list[float] = score(model, sequences, device).tolist() if sequences else []
     return result, time.perf_counter() - t0
 
 
-def compare_probe(expected: torch.Tensor, served: Sequence[float], dtype: torch.dtype, version: int,
-                  tolerance: float | None = None) -> float:
+def compare_probe(
+    expected: torch.Tensor, served: Sequence[float], dtype: torch.dtype, version: int, tolerance: float | None = None
+) -> float:
     """Largest |Δ logprob| between the trainer's and the server's probe; raises WeightVerificationError over the
     tolerance (the dtype's default unless given)."""
     got = torch.tensor(list(served), dtype=torch.float32)
     if got.shape != expected.shape:
-        raise WeightVerificationError(f"version {version}: the server returned {got.numel()} probe logprobs, "
-                                      f"expected {expected.numel()}")
+        raise WeightVerificationError(
+            f"version {version}: the server returned {got.numel()} probe logprobs, expected {expected.numel()}"
+        )
     diff = float((got - expected).abs().max()) if got.numel() else 0.0
     tol = PROBE_TOLERANCE.get(dtype, 1e-1) if tolerance is None else tolerance
     if not diff <= tol:  # also catches NaN
         raise WeightVerificationError(
             f"inference serves weights that disagree with the trainer's at version {version}: max |Δ logprob| "
-            f"over the probe batch = {diff:.3g} > tolerance {tol:g} for {str(dtype).removeprefix('torch.')}")
+            f"over the probe batch = {diff:.3g} > tolerance {tol:g} for {str(dtype).removeprefix('torch.')}"
+        )
     return diff

@@ -60,28 +60,42 @@ class OomBackpressure:
         if self.waiting == 1:
             self.episodes += 1
             self._since, self._episode_retries = time.monotonic(), 1
-            log.warning("redis is full (maxmemory reached under noeviction): the %s waits on its %s and retries "
-                        "it for up to %gs (redis.retry_s); nothing that depends on it proceeds meanwhile",
-                        self.service, what, budget_s)
+            log.warning(
+                "redis is full (maxmemory reached under noeviction): the %s waits on its %s and retries "
+                "it for up to %gs (redis.retry_s); nothing that depends on it proceeds meanwhile",
+                self.service,
+                what,
+                budget_s,
+            )
 
     def released(self, what: str, done: bool) -> None:
         """A waiting write ended: ``done`` (it went through), or not (it gave up or was cancelled)."""
         self.waiting -= 1
         if self.waiting == 0 and done:
-            log.info("redis accepts writes again: the %s's %s went through after %d refusals over %.1fs",
-                     self.service, what, self._episode_retries, time.monotonic() - self._since)
+            log.info(
+                "redis accepts writes again: the %s's %s went through after %d refusals over %.1fs",
+                self.service,
+                what,
+                self._episode_retries,
+                time.monotonic() - self._since,
+            )
 
 
 def _full_error(what: str, budget_s: float, refusals: int) -> OutOfMemoryError:
     return OutOfMemoryError(
         f"redis stayed full (maxmemory reached under noeviction) for redis.retry_s = {budget_s:g}s: {what} was "
-        f"refused {refusals} times and not applied; free memory in Redis (or raise its maxmemory) and restart")
+        f"refused {refusals} times and not applied; free memory in Redis (or raise its maxmemory) and restart"
+    )
 
 
-async def redis_retry(op: Callable[[], Awaitable[T]], what: str, budget_s: float,
-                      on_reconnect: Callable[[], None] | None = None,
-                      on_oom: Callable[[], None] | None = None,
-                      backpressure: OomBackpressure | None = None) -> T:
+async def redis_retry(
+    op: Callable[[], Awaitable[T]],
+    what: str,
+    budget_s: float,
+    on_reconnect: Callable[[], None] | None = None,
+    on_oom: Callable[[], None] | None = None,
+    backpressure: OomBackpressure | None = None,
+) -> T:
     """Run ``op``; on a connection error retry with backoff for up to ``budget_s`` seconds, then re-raise.
     ``on_reconnect`` runs once the operation succeeds after a failure. With ``on_oom`` or ``backpressure``, an OOM
     refusal is retried the same way (same budget), ``on_oom`` running before each retry and ``backpressure``
@@ -113,9 +127,13 @@ async def redis_retry(op: Callable[[], Awaitable[T]], what: str, budget_s: float
                 outage = outage or not oom
                 if not warned and not (oom and backpressure is not None):  # backpressure logs once per episode
                     warned = True  # an OOM error's text may hold the refused command: not logged
-                    log.warning("redis %s during %s (%s); retrying for up to %.1fs",
-                                "out of memory" if oom else "unavailable", what,
-                                "maxmemory reached under noeviction" if oom else exc, budget_s)
+                    log.warning(
+                        "redis %s during %s (%s); retrying for up to %.1fs",
+                        "out of memory" if oom else "unavailable",
+                        what,
+                        "maxmemory reached under noeviction" if oom else exc,
+                        budget_s,
+                    )
                 failed = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

@@ -25,12 +25,22 @@ class StatusHeader:
         self.state: ServingState.ValueType = ServingState.SERVING_STATE_STARTING
 
     def message(self) -> ComponentStatus:
-        return ComponentStatus(component=self.component, instance_id=self.instance_id, state=self.state,
-                               uptime_s=time.monotonic() - self.started, software_version=__version__)
+        return ComponentStatus(
+            component=self.component,
+            instance_id=self.instance_id,
+            state=self.state,
+            uptime_s=time.monotonic() - self.started,
+            software_version=__version__,
+        )
 
 
-_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
-          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+_INT64 = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
 
 
 def as_dict(message: Message) -> dict[str, Any]:

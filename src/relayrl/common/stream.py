@@ -148,15 +148,16 @@ class EpisodeStream:
                 entries.append(BadEntry(_text(entry_id), dict(fields or {}), str(exc)))
         return entries
 
-    async def read(self, consumer: str, count: int, block_ms: int, pending_after: str | None = None
-                   ) -> list[StreamEntry | BadEntry]:
+    async def read(
+        self, consumer: str, count: int, block_ms: int, pending_after: str | None = None
+    ) -> list[StreamEntry | BadEntry]:
         """Read up to ``count`` entries for ``consumer``: its own pending entries with ids after
         ``pending_after`` (``"0"`` for all), or, when it is None, new entries (id ``>``), blocking up to
         ``block_ms`` for them. An entry that does not decode comes back as a :class:`BadEntry`."""
         start: str = ">" if pending_after is None else pending_after
         reply: Any = await self._redis.xreadgroup(
-            self.group, consumer, {self.stream: start}, count=count,
-            block=block_ms if pending_after is None else None)
+            self.group, consumer, {self.stream: start}, count=count, block=block_ms if pending_after is None else None
+        )
         return [e for _stream, items in reply or [] for e in self._parse(items)]
 
     async def ack(self, entry_ids: Sequence[str]) -> int:
@@ -164,8 +165,9 @@ class EpisodeStream:
             return 0
         return int(await self._redis.xack(self.stream, self.group, *entry_ids))
 
-    async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int,
-                          maxlen: int) -> None:
+    async def dead_letter(
+        self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int, maxlen: int
+    ) -> None:
         """Move one entry to the dead-letter stream (its ``fields`` plus ``reason``), count it as invalid (with its
         ``episodes``) and acknowledge it: one atomic script, idempotent (a retry copies and counts nothing
         twice)."""
@@ -173,8 +175,18 @@ class EpisodeStream:
         for key, value in fields.items():
             flat += [key, value]
         flat += [b"reason", reason.encode(), b"entry_id", entry_id.encode()]
-        await self._redis.eval(_DEAD_LETTER, 3, self.stream, self.keys.dead_letter, self.keys.invalid,  # type: ignore[misc]
-                               entry_id, episodes, maxlen, self.group, *flat)
+        await self._redis.eval(
+            _DEAD_LETTER,
+            3,
+            self.stream,
+            self.keys.dead_letter,
+            self.keys.invalid,  # type: ignore[misc]
+            entry_id,
+            episodes,
+            maxlen,
+            self.group,
+            *flat,
+        )
 
     async def invalid(self) -> tuple[int, int]:
         """(groups, episodes) moved to the dead-letter stream, over every rank and restart."""
@@ -212,12 +224,14 @@ class EpisodeStream:
             name = _text(info["name"])
             if name in live or int(info["pending"]) == 0:
                 continue
-            rows: Any = await self._redis.xpending_range(self.stream, self.group, min="-", max="+",
-                                                         count=int(info["pending"]), consumername=name)
+            rows: Any = await self._redis.xpending_range(
+                self.stream, self.group, min="-", max="+", count=int(info["pending"]), consumername=name
+            )
             ids: list[Any] = [_text(r["message_id"]) for r in rows]
             if ids:
-                await self._redis.xclaim(self.stream, self.group, consumer, min_idle_time=0, message_ids=ids,
-                                         justid=True)
+                await self._redis.xclaim(
+                    self.stream, self.group, consumer, min_idle_time=0, message_ids=ids, justid=True
+                )
                 claimed += len(ids)
                 log.info("claimed %d pending entries of gone consumer %s", len(ids), name)
         return claimed
@@ -246,8 +260,12 @@ class EpisodeStream:
         entry = self._find_group(groups)
         lag = entry.get("lag") if entry is not None else None
         pairs = [_counts(values) for values in counts]
-        return Books(dropped=dict(zip(DROP_REASONS, pairs[:-1], strict=True)), invalid=pairs[-1],
-                     lag=int(lag) if lag is not None else None, pending=int(entry["pending"]) if entry else 0)
+        return Books(
+            dropped=dict(zip(DROP_REASONS, pairs[:-1], strict=True)),
+            invalid=pairs[-1],
+            lag=int(lag) if lag is not None else None,
+            pending=int(entry["pending"]) if entry else 0,
+        )
 
     def _find_group(self, groups: Any) -> dict[Any, Any] | None:
         """Our group's entry of an XINFO GROUPS reply; None before the stream (an error reply) or the group exist."""

@@ -45,8 +45,12 @@ def apply_threads(cfg: ThreadsConfig, service: str) -> tuple[int, int] | None:
         except RuntimeError as exc:  # inter-op work already started (e.g. in-process tests): keep what runs
             log.warning("%s: inter-op threads stay %d: %s", service, torch.get_num_interop_threads(), exc)
     counts = int(torch.get_num_threads()), int(torch.get_num_interop_threads())
-    log.info("%s threads: intra-op %d, inter-op %d (OMP_NUM_THREADS=%s)", service, *counts,
-             os.environ.get("OMP_NUM_THREADS", "-"))
+    log.info(
+        "%s threads: intra-op %d, inter-op %d (OMP_NUM_THREADS=%s)",
+        service,
+        *counts,
+        os.environ.get("OMP_NUM_THREADS", "-"),
+    )
     return counts
 
 

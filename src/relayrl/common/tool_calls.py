@@ -31,8 +31,11 @@ class ToolCall:
 
     def openai(self, index: int | None = None) -> dict[str, object]:
         """The call as an OpenAI ``tool_calls`` entry (with ``index`` for a streamed delta)."""
-        out: dict[str, object] = {"id": self.id, "type": "function",
-                                  "function": {"name": self.name, "arguments": self.arguments}}
+        out: dict[str, object] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         if index is not None:
             out["index"] = index
         return out
@@ -65,7 +68,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
         call = _parse_one(m.group(1).strip())
         if call is None:
             continue  # malformed: stays in the text
-        kept.append(text[pos:m.start()])
+        kept.append(text[pos : m.start()])
         calls.append(call)
         pos = m.end()
     kept.append(text[pos:])
@@ -86,8 +89,11 @@ def tool_turn_text(apply_chat_template: Callable[..., Any], outputs: Sequence[st
     messages with ``outputs`` follow it: the end of the assistant turn, the tool messages, the next assistant
     header. ``apply_chat_template`` is a tokenizer's. None when the template cannot say (it raises on tool
     messages, or does not write the assistant's content or an output verbatim): the caller keeps its own format."""
-    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _TURN_MARK},
-                *({"role": "tool", "content": out} for out in outputs)]
+    messages = [
+        {"role": "user", "content": "?"},
+        {"role": "assistant", "content": _TURN_MARK},
+        *({"role": "tool", "content": out} for out in outputs),
+    ]
     try:
         text = str(apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
     except Exception:  # a template that refuses tool messages (or this shape of conversation)
@@ -95,7 +101,7 @@ def tool_turn_text(apply_chat_template: Callable[..., Any], outputs: Sequence[st
     at = text.find(_TURN_MARK)
     if at < 0:
         return None
-    rest = text[at + len(_TURN_MARK):]
+    rest = text[at + len(_TURN_MARK) :]
     pos = 0
     for out in outputs:  # each output, verbatim and in order
         found = rest.find(out, pos)

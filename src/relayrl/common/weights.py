@@ -100,16 +100,24 @@ def checksum(tensors: Mapping[str, torch.Tensor], algorithm: int = CHECKSUM_ALGO
     return h.hexdigest()
 
 
-def manifest(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]] = (),
-             path: str = "") -> WeightManifest:
+def manifest(
+    tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]] = (), path: str = ""
+) -> WeightManifest:
     return WeightManifest(
-        version=version, num_tensors=len(tensors), total_bytes=sum(len(tensor_bytes(t)) for t in tensors.values()),
-        sha256=checksum(tensors), path=path, probe=[TokenIds(ids=list(seq)) for seq in probe],
-        checksum_algorithm=CHECKSUM_ALGORITHM_SHA256)
+        version=version,
+        num_tensors=len(tensors),
+        total_bytes=sum(len(tensor_bytes(t)) for t in tensors.values()),
+        sha256=checksum(tensors),
+        path=path,
+        probe=[TokenIds(ids=list(seq)) for seq in probe],
+        checksum_algorithm=CHECKSUM_ALGORITHM_SHA256,
+    )
 
 
 def iter_update_messages(
-    tensors: Mapping[str, torch.Tensor], version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     probe: Sequence[Sequence[int]] = (),
 ) -> Iterator[WeightUpdateMessage]:
     if chunk_bytes <= 0:
@@ -121,10 +129,16 @@ def iter_update_messages(
         offset = 0
         while True:
             piece = data[offset : offset + chunk_bytes]
-            yield WeightUpdateMessage(chunk=TensorChunk(
-                name=name, dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset,
-                total_bytes=nbytes, data=bytes(piece),
-            ))
+            yield WeightUpdateMessage(
+                chunk=TensorChunk(
+                    name=name,
+                    dtype=dtype_name(t.dtype),
+                    shape=list(t.shape),
+                    offset=offset,
+                    total_bytes=nbytes,
+                    data=bytes(piece),
+                )
+            )
             offset += len(piece)
             if offset >= nbytes:
                 break
@@ -146,9 +160,18 @@ def write_shared(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
     os.replace(tmp, path)
 
 
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-                       torch.uint8: "U8", torch.bool: "BOOL"}
+SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
@@ -226,13 +249,15 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Te
     """Names, dtypes and shapes of a whole update against the model's."""
     missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or extra:
-        raise WeightUpdateError(f"update names do not match the model's parameters (missing {missing[:3]}, "
-                                f"unexpected {extra[:3]})")
+        raise WeightUpdateError(
+            f"update names do not match the model's parameters (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
     for name, t in tensors.items():
         spec = expected[name]
         if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
-            raise WeightUpdateError(f"{name}: {dtype_name(t.dtype)}{list(t.shape)} != expected "
-                                    f"{dtype_name(spec.dtype)}{list(spec.shape)}")
+            raise WeightUpdateError(
+                f"{name}: {dtype_name(t.dtype)}{list(t.shape)} != expected {dtype_name(spec.dtype)}{list(spec.shape)}"
+            )
 
 
 class WeightAssembler:
@@ -267,9 +292,11 @@ class WeightAssembler:
         if end > spec.nbytes:
             raise WeightUpdateError(f"{chunk.name}: chunk [{chunk.offset}, {end}) past the tensor's end")
         if chunk.offset != self._filled[chunk.name]:
-            raise WeightUpdateError(f"{chunk.name}: chunk at offset {chunk.offset}, expected "
-                                    f"{self._filled[chunk.name]} (chunks must arrive in order)")
-        buf[chunk.offset:end] = chunk.data
+            raise WeightUpdateError(
+                f"{chunk.name}: chunk at offset {chunk.offset}, expected "
+                f"{self._filled[chunk.name]} (chunks must arrive in order)"
+            )
+        buf[chunk.offset : end] = chunk.data
         self._filled[chunk.name] = end
         self.bytes_received += len(chunk.data)
 

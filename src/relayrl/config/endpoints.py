@@ -14,43 +14,81 @@ class ServerConfig:
 
     host: str = field(default="127.0.0.1", metadata={"help": "Address the gRPC server binds to."})
     port: int = field(default=0, metadata={"help": "gRPC port (0: any free port).", "ge": 0, "le": 65535})
-    address: str = field(default="", metadata={
-        "help": "host:port that clients use to reach the service; empty means host:port."})
-    shutdown_grace_s: float = field(default=5.0, metadata={
-        "help": "Grace period for in-flight calls at shutdown.", "ge": 0})
-    max_receive_mib: int = field(default=1, metadata={
-        "help": "Largest inbound gRPC message (MiB); a larger one is refused with RESOURCE_EXHAUSTED before it "
-                "is buffered. Sized per service to what its callers send.", "ge": 1, "le": 1024})
-    max_authenticated_rpcs: int = field(default=8, metadata={
-        "help": "Calls carrying a valid credential of this service (weight pushes, pause, checkpoint, RunCode; any "
-                "call with a valid bearer token) served at once: their own budget, which callers without a "
-                "credential never take. One more is refused at once with RESOURCE_EXHAUSTED.", "ge": 1})
-    max_unauthenticated_rpcs: int = field(default=32, metadata={
-        "help": "Unary calls without a credential (status, config, Generate, Score, health Check) served at once, "
-                "counted from the moment the call opens (a call that never sends its request holds its slot until "
-                "its deadline); one more is refused at once with RESOURCE_EXHAUSTED.", "ge": 1})
-    max_streams: int = field(default=32, metadata={
-        "help": "Streaming calls without a credential (health Watch, WatchStatus, reflection, GenerateStream) open "
-                "at once, all peers together; one more is refused at once with RESOURCE_EXHAUSTED.", "ge": 1})
-    max_streams_per_peer: int = field(default=16, metadata={
-        "help": "Streaming calls without a credential open at once from one peer host (of max_streams). Local "
-                "callers all share the loopback host, so on loopback this bounds them together.", "ge": 1})
-    max_concurrent_rpcs: int = field(default=32, metadata={
-        "help": "Ignored: the budgets above replace it (grpc counted every call, health and reflection included, "
-                "before any credential, so callers without one could fill it). The server's outer hard cap is "
-                "derived from the budgets (twice their sum plus 64).", "ge": 1,
-        "deprecated": "use max_authenticated_rpcs, max_unauthenticated_rpcs, max_streams and max_streams_per_peer",
-        "removed_in": "0.4"})
-    reflection: bool = field(default=True, metadata={
-        "help": "Register gRPC server reflection, so grpcurl-style tools list and call the services without the "
-                "protos. It describes the (public) schema only; calls still need their credentials."})
+    address: str = field(
+        default="", metadata={"help": "host:port that clients use to reach the service; empty means host:port."}
+    )
+    shutdown_grace_s: float = field(
+        default=5.0, metadata={"help": "Grace period for in-flight calls at shutdown.", "ge": 0}
+    )
+    max_receive_mib: int = field(
+        default=1,
+        metadata={
+            "help": "Largest inbound gRPC message (MiB); a larger one is refused with RESOURCE_EXHAUSTED before it "
+            "is buffered. Sized per service to what its callers send.",
+            "ge": 1,
+            "le": 1024,
+        },
+    )
+    max_authenticated_rpcs: int = field(
+        default=8,
+        metadata={
+            "help": "Calls carrying a valid credential of this service (weight pushes, pause, checkpoint, RunCode; any "
+            "call with a valid bearer token) served at once: their own budget, which callers without a "
+            "credential never take. One more is refused at once with RESOURCE_EXHAUSTED.",
+            "ge": 1,
+        },
+    )
+    max_unauthenticated_rpcs: int = field(
+        default=32,
+        metadata={
+            "help": "Unary calls without a credential (status, config, Generate, Score, health Check) served at once, "
+            "counted from the moment the call opens (a call that never sends its request holds its slot until "
+            "its deadline); one more is refused at once with RESOURCE_EXHAUSTED.",
+            "ge": 1,
+        },
+    )
+    max_streams: int = field(
+        default=32,
+        metadata={
+            "help": "Streaming calls without a credential (health Watch, WatchStatus, reflection, GenerateStream) open "
+            "at once, all peers together; one more is refused at once with RESOURCE_EXHAUSTED.",
+            "ge": 1,
+        },
+    )
+    max_streams_per_peer: int = field(
+        default=16,
+        metadata={
+            "help": "Streaming calls without a credential open at once from one peer host (of max_streams). Local "
+            "callers all share the loopback host, so on loopback this bounds them together.",
+            "ge": 1,
+        },
+    )
+    max_concurrent_rpcs: int = field(
+        default=32,
+        metadata={
+            "help": "Ignored: the budgets above replace it (grpc counted every call, health and reflection included, "
+            "before any credential, so callers without one could fill it). The server's outer hard cap is "
+            "derived from the budgets (twice their sum plus 64).",
+            "ge": 1,
+            "deprecated": "use max_authenticated_rpcs, max_unauthenticated_rpcs, max_streams and max_streams_per_peer",
+            "removed_in": "0.4",
+        },
+    )
+    reflection: bool = field(
+        default=True,
+        metadata={
+            "help": "Register gRPC server reflection, so grpcurl-style tools list and call the services without the "
+            "protos. It describes the (public) schema only; calls still need their credentials."
+        },
+    )
 
     def validate(self) -> None:
         if not self.host:
             raise ConfigError("host", self.host, "must not be empty")
         if self.max_streams_per_peer > self.max_streams:
-            raise ConfigError("max_streams_per_peer", self.max_streams_per_peer,
-                              f"must be <= max_streams ({self.max_streams})")
+            raise ConfigError(
+                "max_streams_per_peer", self.max_streams_per_peer, f"must be <= max_streams ({self.max_streams})"
+            )
 
     @property
     def hard_cap(self) -> int:
@@ -68,36 +106,59 @@ class ServerConfig:
         return f"{connect}:{self.port}"
 
 
-def server_config(port: int, max_receive_mib: int = 1, max_authenticated_rpcs: int = 8,
-                  max_unauthenticated_rpcs: int = 32, max_streams: int = 32,
-                  max_streams_per_peer: int = 16) -> ServerConfig:
+def server_config(
+    port: int,
+    max_receive_mib: int = 1,
+    max_authenticated_rpcs: int = 8,
+    max_unauthenticated_rpcs: int = 32,
+    max_streams: int = 32,
+    max_streams_per_peer: int = 16,
+) -> ServerConfig:
     """Default factory for a service's ``server`` section: its conventional port and the limits its callers need
     (the defaults fit control-plane servers: status, pause, checkpoint)."""
-    return ServerConfig(port=port, max_receive_mib=max_receive_mib, max_authenticated_rpcs=max_authenticated_rpcs,
-                        max_unauthenticated_rpcs=max_unauthenticated_rpcs, max_streams=max_streams,
-                        max_streams_per_peer=max_streams_per_peer)
+    return ServerConfig(
+        port=port,
+        max_receive_mib=max_receive_mib,
+        max_authenticated_rpcs=max_authenticated_rpcs,
+        max_unauthenticated_rpcs=max_unauthenticated_rpcs,
+        max_streams=max_streams,
+        max_streams_per_peer=max_streams_per_peer,
+    )
 
 
 @dataclass
 class HttpConfig:
     enabled: bool = field(default=True, metadata={"help": "Serve the HTTP API (REST, /healthz, /metrics)."})
-    host: str = field(default="127.0.0.1", metadata={
-        "help": "Interface the HTTP server binds (loopback by default; beyond loopback, a service with mutating "
-                "calls needs its credential)."})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={
+            "help": "Interface the HTTP server binds (loopback by default; beyond loopback, a service with mutating "
+            "calls needs its credential)."
+        },
+    )
     port: int = field(default=8000, metadata={"help": "HTTP port (0: any free port).", "ge": 0, "le": 65535})
-    max_body_mib: int = field(default=1, metadata={
-        "help": "Largest request body (MiB); a larger one gets 413 before it is read.", "ge": 1, "le": 1024})
-    allowed_hosts: list[str] = field(default_factory=lambda: ["localhost"], metadata={
-        "help": "Host header names the HTTP API answers (any port), besides IP addresses and the bind host: a "
-                "request naming another host gets 400 before any route runs, so a web page cannot read the API "
-                "through DNS rebinding. '*.example.org' matches its subdomains; '*' answers any name "
-                "(unsafe: DNS rebinding)."})
+    max_body_mib: int = field(
+        default=1,
+        metadata={"help": "Largest request body (MiB); a larger one gets 413 before it is read.", "ge": 1, "le": 1024},
+    )
+    allowed_hosts: list[str] = field(
+        default_factory=lambda: ["localhost"],
+        metadata={
+            "help": "Host header names the HTTP API answers (any port), besides IP addresses and the bind host: a "
+            "request naming another host gets 400 before any route runs, so a web page cannot read the API "
+            "through DNS rebinding. '*.example.org' matches its subdomains; '*' answers any name "
+            "(unsafe: DNS rebinding)."
+        },
+    )
 
     def validate(self) -> None:
         for name in self.allowed_hosts:
             if not HOST_PATTERN.fullmatch(name):
-                raise ConfigError("allowed_hosts", name, "must be a host name without port or scheme "
-                                                         "(e.g. inference, *.svc.cluster.local), or '*'")
+                raise ConfigError(
+                    "allowed_hosts",
+                    name,
+                    "must be a host name without port or scheme (e.g. inference, *.svc.cluster.local), or '*'",
+                )
 
 
 HOST_PATTERN = re.compile(r"\*|(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?")

@@ -38,92 +38,180 @@ class KvOnUpdate(StrEnum):
 class VllmConfig:
     """Settings passed to vLLM when ``engine: vllm``."""
 
-    max_model_len: int = field(default=0, metadata={
-        "help": "Context length vLLM plans for (0: the model's max_position_embeddings).", "ge": 0})
-    gpu_memory_utilization: float = field(default=0.85, metadata={
-        "help": "Fraction of GPU memory vLLM may take (CUDA only).", "gt": 0, "le": 1})
-    cpu_kv_cache_gib: int = field(default=2, metadata={
-        "help": "KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB).", "ge": 1})
+    max_model_len: int = field(
+        default=0, metadata={"help": "Context length vLLM plans for (0: the model's max_position_embeddings).", "ge": 0}
+    )
+    gpu_memory_utilization: float = field(
+        default=0.85, metadata={"help": "Fraction of GPU memory vLLM may take (CUDA only).", "gt": 0, "le": 1}
+    )
+    cpu_kv_cache_gib: int = field(
+        default=2, metadata={"help": "KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB).", "ge": 1}
+    )
     enforce_eager: bool = field(default=True, metadata={"help": "Disable CUDA graphs / compilation."})
-    max_loras: int = field(default=2, metadata={
-        "help": "With model.lora: adapters vLLM serves at once, each a weight version (the newest, and older ones "
-                "that requests in flight still use under kv_on_update: keep). A request whose adapter finds no free "
-                "slot waits for one.", "ge": 1, "le": 64})
+    max_loras: int = field(
+        default=2,
+        metadata={
+            "help": "With model.lora: adapters vLLM serves at once, each a weight version (the newest, and older ones "
+            "that requests in flight still use under kv_on_update: keep). A request whose adapter finds no free "
+            "slot waits for one.",
+            "ge": 1,
+            "le": 64,
+        },
+    )
 
 
 @dataclass
 class InferenceConfig:
     engine: EngineKind = field(default=EngineKind.NATIVE, metadata={"help": "Generation engine."})
-    kv_on_update: KvOnUpdate = field(default=KvOnUpdate.RECOMPUTE, metadata={
-        "help": "KV cache of in-flight sequences after a weight swap: recompute (under the new weights) or keep. "
-                "No prefix cache is shared across requests, so no entry computed under other weights is reused. "
-                "The vllm engine finishes in-flight steps and keeps caches (keep)."})
-    max_batch_sequences: int = field(default=256, metadata={
-        "help": "Most sequences (prompts x n) decoded together; more requests wait in a queue.", "ge": 1})
-    max_prefill_tokens: int = field(default=8192, metadata={
-        "help": "Most prompt tokens prefilled in one step when requests join the running batch (one request is "
-                "always admitted). Prompt-scoring requests (ScoreTokens, echoed prompt logprobs) prefill only with "
-                "each other, while their count x their longest prompt stays within it (their logits cover every "
-                "position).", "ge": 1})
-    max_prompt_tokens: int = field(default=2048, metadata={
-        "help": "Longest accepted prompt. At most the model's context length - 1 (checked at start-up: a larger "
-                "value is refused, the default lowered to fit).", "ge": 1})
-    max_prompt_chars: int = field(default=65536, metadata={
-        "help": "Longest accepted prompt text in characters, checked before tokenising (tokenising a huge text "
-                "costs memory and time before max_prompt_tokens can refuse it).", "ge": 1})
-    max_queued_requests: int = field(default=1024, metadata={
-        "help": "Requests waiting for the engine at most; one more is refused at once (RESOURCE_EXHAUSTED / 429).",
-        "ge": 1})
-    max_new_tokens_limit: int = field(default=2048, metadata={
-        "help": "Largest max_new_tokens a request may ask for (prompt + max_new_tokens must also fit the model's "
-                "context). At most the model's context length - 1 (checked at start-up: a larger value is refused, "
-                "the default lowered to fit).", "ge": 1})
-    max_samples_per_request: int = field(default=256, metadata={
-        "help": "Most samples one call may ask for: n of a Generate (a ScoreTokens call's sequences), prompts x n of "
-                "a REST completion, the requests' n summed over a GenerateBatch (rollout joins at most this many "
-                "into one); more is refused at once (RESOURCE_EXHAUSTED / 413), before anything is queued.",
-        "ge": 1})
-    max_prompt_logprob_mib: int = field(default=1024, metadata={
-        "help": "REST echo with logprobs scores every prompt token against the whole vocabulary: the engine holds a "
-                "prompt tokens x vocabulary float32 matrix (about three copies at its peak) for each such prompt, "
-                "prefilled alone. A prompt whose matrix would be larger than this many MiB is refused at once (413, "
-                "param echo). 1024 MiB: about 1,760 prompt tokens of a 152k vocabulary.", "ge": 1})
-    max_logprob_entries: int = field(default=1_048_576, metadata={
-        "help": "Most logprob values one REST request may ask for: over its prompts and n samples, (echoed prompt "
-                "tokens + max tokens) x (1 + alternatives). They are built as JSON in memory; more is refused at "
-                "once (413, param logprobs or top_logprobs).", "ge": 1})
-    model_name: str = field(default="", metadata={
-        "help": "Model id in the OpenAI-compatible API (empty: the model directory's name)."})
-    threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
-        "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
-    http: HttpConfig = field(default_factory=lambda: http_config(8000, max_body_mib=8), metadata={
-        "help": "OpenAI-compatible REST API, /healthz and /metrics."})
+    kv_on_update: KvOnUpdate = field(
+        default=KvOnUpdate.RECOMPUTE,
+        metadata={
+            "help": "KV cache of in-flight sequences after a weight swap: recompute (under the new weights) or keep. "
+            "No prefix cache is shared across requests, so no entry computed under other weights is reused. "
+            "The vllm engine finishes in-flight steps and keeps caches (keep)."
+        },
+    )
+    max_batch_sequences: int = field(
+        default=256,
+        metadata={"help": "Most sequences (prompts x n) decoded together; more requests wait in a queue.", "ge": 1},
+    )
+    max_prefill_tokens: int = field(
+        default=8192,
+        metadata={
+            "help": "Most prompt tokens prefilled in one step when requests join the running batch (one request is "
+            "always admitted). Prompt-scoring requests (ScoreTokens, echoed prompt logprobs) prefill only with "
+            "each other, while their count x their longest prompt stays within it (their logits cover every "
+            "position).",
+            "ge": 1,
+        },
+    )
+    max_prompt_tokens: int = field(
+        default=2048,
+        metadata={
+            "help": "Longest accepted prompt. At most the model's context length - 1 (checked at start-up: a larger "
+            "value is refused, the default lowered to fit).",
+            "ge": 1,
+        },
+    )
+    max_prompt_chars: int = field(
+        default=65536,
+        metadata={
+            "help": "Longest accepted prompt text in characters, checked before tokenising (tokenising a huge text "
+            "costs memory and time before max_prompt_tokens can refuse it).",
+            "ge": 1,
+        },
+    )
+    max_queued_requests: int = field(
+        default=1024,
+        metadata={
+            "help": "Requests waiting for the engine at most; one more is refused at once (RESOURCE_EXHAUSTED / 429).",
+            "ge": 1,
+        },
+    )
+    max_new_tokens_limit: int = field(
+        default=2048,
+        metadata={
+            "help": "Largest max_new_tokens a request may ask for (prompt + max_new_tokens must also fit the model's "
+            "context). At most the model's context length - 1 (checked at start-up: a larger value is refused, "
+            "the default lowered to fit).",
+            "ge": 1,
+        },
+    )
+    max_samples_per_request: int = field(
+        default=256,
+        metadata={
+            "help": "Most samples one call may ask for: n of a Generate (a ScoreTokens call's sequences), prompts x n "
+            "of a REST completion, the requests' n summed over a GenerateBatch (rollout joins at most this many "
+            "into one); more is refused at once (RESOURCE_EXHAUSTED / 413), before anything is queued.",
+            "ge": 1,
+        },
+    )
+    max_prompt_logprob_mib: int = field(
+        default=1024,
+        metadata={
+            "help": "REST echo with logprobs scores every prompt token against the whole vocabulary: the engine holds "
+            "a prompt tokens x vocabulary float32 matrix (about three copies at its peak) for each such prompt, "
+            "prefilled alone. A prompt whose matrix would be larger than this many MiB is refused at once (413, "
+            "param echo). 1024 MiB: about 1,760 prompt tokens of a 152k vocabulary.",
+            "ge": 1,
+        },
+    )
+    max_logprob_entries: int = field(
+        default=1_048_576,
+        metadata={
+            "help": "Most logprob values one REST request may ask for: over its prompts and n samples, (echoed prompt "
+            "tokens + max tokens) x (1 + alternatives). They are built as JSON in memory; more is refused at "
+            "once (413, param logprobs or top_logprobs).",
+            "ge": 1,
+        },
+    )
+    model_name: str = field(
+        default="", metadata={"help": "Model id in the OpenAI-compatible API (empty: the model directory's name)."}
+    )
+    threads: ThreadsConfig = field(
+        default_factory=ThreadsConfig,
+        metadata={"help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."},
+    )
+    http: HttpConfig = field(
+        default_factory=lambda: http_config(8000, max_body_mib=8),
+        metadata={"help": "OpenAI-compatible REST API, /healthz and /metrics."},
+    )
     vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "vLLM engine settings."})
     server: ServerConfig = field(  # Generate calls are small; weight chunks stay under 4 MiB
-        default_factory=lambda: server_config(50051, max_receive_mib=8, max_unauthenticated_rpcs=512,
-                                      max_streams=512, max_streams_per_peer=256),
-        metadata={"help": "gRPC server of this service: Generate and GetStatus (UpdateWeights is refused here with "
-                          "PERMISSION_DENIED: weights arrive on weights_server)."})
+        default_factory=lambda: server_config(
+            50051, max_receive_mib=8, max_unauthenticated_rpcs=512, max_streams=512, max_streams_per_peer=256
+        ),
+        metadata={
+            "help": "gRPC server of this service: Generate and GetStatus (UpdateWeights is refused here with "
+            "PERMISSION_DENIED: weights arrive on weights_server)."
+        },
+    )
     weights_server: ServerConfig = field(
-        default_factory=lambda: server_config(50055, max_receive_mib=8, max_authenticated_rpcs=2,
-                                      max_unauthenticated_rpcs=8, max_streams=4, max_streams_per_peer=2),
-        metadata={"help": "gRPC server that accepts weight updates (UpdateWeights; also GetStatus and health), meant "
-                          "for the trainer alone (a network policy can name this port). Its max_authenticated_rpcs "
-                          "bounds how many updates (calls with the weights token) are assembled in memory at once "
-                          "(each holds up to one copy of the model's weights); calls without the token never take "
-                          "that budget. max_receive_mib must exceed the trainer's chunk size."})
-    weights_idle_timeout_s: float = field(default=30.0, metadata={
-        "help": "An UpdateWeights stream that sends no message for this long is aborted with DEADLINE_EXCEEDED "
-                "and frees its slot on weights_server (a stuck or hostile sender cannot hold it).", "gt": 0})
-    max_probe_tokens: int = field(default=16384, metadata={
-        "help": "Most tokens in the probe batch of a weight update (all sequences together); each sequence also "
-                "has to fit the model's context. A larger probe is refused before anything changes.", "ge": 2})
-    batch_wait_ms: float = field(default=0.0, metadata={
-        "help": "Ignored: requests join the running batch between decode steps (continuous batching).", "ge": 0,
-        "deprecated": "ignored since continuous batching; delete it", "removed_in": "0.3"})
+        default_factory=lambda: server_config(
+            50055,
+            max_receive_mib=8,
+            max_authenticated_rpcs=2,
+            max_unauthenticated_rpcs=8,
+            max_streams=4,
+            max_streams_per_peer=2,
+        ),
+        metadata={
+            "help": "gRPC server that accepts weight updates (UpdateWeights; also GetStatus and health), meant "
+            "for the trainer alone (a network policy can name this port). Its max_authenticated_rpcs "
+            "bounds how many updates (calls with the weights token) are assembled in memory at once "
+            "(each holds up to one copy of the model's weights); calls without the token never take "
+            "that budget. max_receive_mib must exceed the trainer's chunk size."
+        },
+    )
+    weights_idle_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "An UpdateWeights stream that sends no message for this long is aborted with DEADLINE_EXCEEDED "
+            "and frees its slot on weights_server (a stuck or hostile sender cannot hold it).",
+            "gt": 0,
+        },
+    )
+    max_probe_tokens: int = field(
+        default=16384,
+        metadata={
+            "help": "Most tokens in the probe batch of a weight update (all sequences together); each sequence also "
+            "has to fit the model's context. A larger probe is refused before anything changes.",
+            "ge": 2,
+        },
+    )
+    batch_wait_ms: float = field(
+        default=0.0,
+        metadata={
+            "help": "Ignored: requests join the running batch between decode steps (continuous batching).",
+            "ge": 0,
+            "deprecated": "ignored since continuous batching; delete it",
+            "removed_in": "0.3",
+        },
+    )
 
     def validate(self) -> None:
         ws, main = self.weights_server, self.server
         if ws.port != 0 and ws.port == main.port and ws.host == main.host:
-            raise ConfigError("weights_server.port", ws.port, "must differ from server.port (weight updates have "
-                                                              "their own port)")
+            raise ConfigError(
+                "weights_server.port", ws.port, "must differ from server.port (weight updates have their own port)"
+            )

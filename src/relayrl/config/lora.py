@@ -16,17 +16,27 @@ LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class LoraConfig:
     """Low-rank adapters on the named linear layers; the base weights stay frozen (and are never re-sent)."""
 
-    enabled: bool = field(default=False, metadata={
-        "help": "Train LoRA adapters (requires the `models` extra: peft). Weight updates carry only the adapter; "
-                "checkpoints store only the adapter (`relayrl merge-lora` writes a full model)."})
+    enabled: bool = field(
+        default=False,
+        metadata={
+            "help": "Train LoRA adapters (requires the `models` extra: peft). Weight updates carry only the adapter; "
+            "checkpoints store only the adapter (`relayrl merge-lora` writes a full model)."
+        },
+    )
     rank: int = field(default=16, metadata={"help": "Adapter rank r.", "ge": 1, "le": 4096})
-    alpha: float = field(default=32.0, metadata={"help": "Scaling numerator: the update is (alpha / rank) B A.",
-                                                 "gt": 0})
-    dropout: float = field(default=0.0, metadata={"help": "Dropout on the adapter's input while training.",
-                                                  "ge": 0, "lt": 1})
-    target_modules: list[str] = field(default_factory=lambda: list(LLAMA_LINEAR), metadata={
-        "help": "Names (last component) of the linear layers that get an adapter; `all-linear`: every linear "
-                "layer except the output layer."})
+    alpha: float = field(
+        default=32.0, metadata={"help": "Scaling numerator: the update is (alpha / rank) B A.", "gt": 0}
+    )
+    dropout: float = field(
+        default=0.0, metadata={"help": "Dropout on the adapter's input while training.", "ge": 0, "lt": 1}
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: list(LLAMA_LINEAR),
+        metadata={
+            "help": "Names (last component) of the linear layers that get an adapter; `all-linear`: every linear "
+            "layer except the output layer."
+        },
+    )
 
     def validate(self) -> None:
         if self.enabled and not self.target_modules:

@@ -38,16 +38,26 @@ def _bounds(cfg: RunConfig, facts: ModelFacts) -> list[_Bound]:
         context, where = cfg.inference.vllm.max_model_len, "inference.vllm.max_model_len"
     if context is not None:
         room = f"the model's context length {context} ({where}) less one token"
-        out += [_Bound("inference.max_prompt_tokens", context - 1, f"{room}: a prompt leaves room for one new token"),
-                _Bound("inference.max_new_tokens_limit", context - 1, f"{room}: new tokens follow a prompt"),
-                _Bound("rollout.max_new_tokens", context - 1, f"{room}: new tokens follow a prompt"),
-                _Bound("trainer.publication.probe_tokens", context,
-                       f"the model's context length {context} ({where}): each probe sequence is scored whole")]
+        out += [
+            _Bound("inference.max_prompt_tokens", context - 1, f"{room}: a prompt leaves room for one new token"),
+            _Bound("inference.max_new_tokens_limit", context - 1, f"{room}: new tokens follow a prompt"),
+            _Bound("rollout.max_new_tokens", context - 1, f"{room}: new tokens follow a prompt"),
+            _Bound(
+                "trainer.publication.probe_tokens",
+                context,
+                f"the model's context length {context} ({where}): each probe sequence is scored whole",
+            ),
+        ]
         if cfg.rollout.multi_turn:
             out.append(_Bound("rollout.max_episode_tokens", context - 1, f"{room}: an episode follows its prompt"))
     if facts.vocab_size is not None:
-        out.append(_Bound("rollout.top_k", facts.vocab_size,
-                          f"the model's vocabulary of {facts.vocab_size} tokens (vocab_size in {facts.source})"))
+        out.append(
+            _Bound(
+                "rollout.top_k",
+                facts.vocab_size,
+                f"the model's vocabulary of {facts.vocab_size} tokens (vocab_size in {facts.source})",
+            )
+        )
     return out
 
 

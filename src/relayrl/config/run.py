@@ -41,72 +41,119 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 @dataclass
 class RunConfig:
-    schema_version: int = field(default=SCHEMA_VERSION, metadata={
-        "help": "Version of the config schema this file was written for; older files are migrated on load, newer "
-                "ones refused.", "ge": 1})
+    schema_version: int = field(
+        default=SCHEMA_VERSION,
+        metadata={
+            "help": "Version of the config schema this file was written for; older files are migrated on load, newer "
+            "ones refused.",
+            "ge": 1,
+        },
+    )
     name: str = field(default="run", metadata={"help": "Run name (used for the default output folder)."})
-    output_dir: Path = field(default=Path("runs/latest"), metadata={
-        "help": "Output root: metrics.jsonl, config.yaml, logs/, checkpoints/."})
-    output_dir_mode: str = field(default="0700", metadata={
-        "help": "Permissions (octal) of the run folder of `relayrl run`; its files get the same without execute "
-                "bits (the launcher's and its services' umask): 0700 (files 0600) keeps the Redis AOF (every "
-                "episode), checkpoints, logs and metrics from other local users; 0750 shares them read-only with "
-                "the group. The owner needs rwx; nobody else may write. Quote it in YAML ('0750'): unquoted, YAML "
-                "reads an octal number."})
+    output_dir: Path = field(
+        default=Path("runs/latest"), metadata={"help": "Output root: metrics.jsonl, config.yaml, logs/, checkpoints/."}
+    )
+    output_dir_mode: str = field(
+        default="0700",
+        metadata={
+            "help": "Permissions (octal) of the run folder of `relayrl run`; its files get the same without execute "
+            "bits (the launcher's and its services' umask): 0700 (files 0600) keeps the Redis AOF (every "
+            "episode), checkpoints, logs and metrics from other local users; 0750 shares them read-only with "
+            "the group. The owner needs rwx; nobody else may write. Quote it in YAML ('0750'): unquoted, YAML "
+            "reads an octal number."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Global seed."})
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = field(default="INFO", metadata={
-        "help": "Log level of every service."})
-    log_format: Literal["text", "json"] = field(default="text", metadata={
-        "help": "Log lines of every service: text (one readable line) or json (one JSON object a line: time, "
-                "level, component, rank, logger, message, and group_id/episode_id/weight_version when set)."})
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = field(
+        default="INFO", metadata={"help": "Log level of every service."}
+    )
+    log_format: Literal["text", "json"] = field(
+        default="text",
+        metadata={
+            "help": "Log lines of every service: text (one readable line) or json (one JSON object a line: time, "
+            "level, component, rank, logger, message, and group_id/episode_id/weight_version when set)."
+        },
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={
-        "help": "Where the trainer's metrics go besides metrics.jsonl: TensorBoard, W&B, MLflow."})
-    control: ControlConfig = field(default_factory=ControlConfig, metadata={
-        "help": "Control plane: the bearer token of mutating calls (pause/resume, checkpoint)."})
-    tls: TlsConfig = field(default_factory=TlsConfig, metadata={
-        "help": "TLS and mutual TLS on every gRPC server and channel of the run, from PEM files (all empty: "
-                "plaintext)."})
+    tracking: TrackingConfig = field(
+        default_factory=TrackingConfig,
+        metadata={"help": "Where the trainer's metrics go besides metrics.jsonl: TensorBoard, W&B, MLflow."},
+    )
+    control: ControlConfig = field(
+        default_factory=ControlConfig,
+        metadata={"help": "Control plane: the bearer token of mutating calls (pause/resume, checkpoint)."},
+    )
+    tls: TlsConfig = field(
+        default_factory=TlsConfig,
+        metadata={
+            "help": "TLS and mutual TLS on every gRPC server and channel of the run, from PEM files (all empty: "
+            "plaintext)."
+        },
+    )
 
     def validate(self) -> None:
         self.folder_mode()
         if self.model.lora.enabled and self.trainer.distributed.dp_shard > 1:
-            raise ConfigError("trainer.distributed.dp_shard", self.trainer.distributed.dp_shard,
-                              "must be 1 with model.lora.enabled (the adapter is small: replicate it)")
+            raise ConfigError(
+                "trainer.distributed.dp_shard",
+                self.trainer.distributed.dp_shard,
+                "must be 1 with model.lora.enabled (the adapter is small: replicate it)",
+            )
         if self.trainer.eval.every_steps > 0 and self.rollout.multi_turn:
-            raise ConfigError("trainer.eval.every_steps", self.trainer.eval.every_steps,
-                              f"must be 0 with rollout.workflow={self.rollout.workflow}: the evaluation inside a run "
-                              "plays single-turn rows; evaluate multi-turn workflows with `relayrl eval`")
+            raise ConfigError(
+                "trainer.eval.every_steps",
+                self.trainer.eval.every_steps,
+                f"must be 0 with rollout.workflow={self.rollout.workflow}: the evaluation inside a run "
+                "plays single-turn rows; evaluate multi-turn workflows with `relayrl eval`",
+            )
         if self.rollout.max_new_tokens > self.inference.max_new_tokens_limit:
-            raise ConfigError("rollout.max_new_tokens", self.rollout.max_new_tokens,
-                              f"must be <= inference.max_new_tokens_limit ({self.inference.max_new_tokens_limit})")
+            raise ConfigError(
+                "rollout.max_new_tokens",
+                self.rollout.max_new_tokens,
+                f"must be <= inference.max_new_tokens_limit ({self.inference.max_new_tokens_limit})",
+            )
         if self.rollout.group_size > self.inference.max_batch_sequences:
-            raise ConfigError("rollout.group_size", self.rollout.group_size,
-                              f"must be <= inference.max_batch_sequences ({self.inference.max_batch_sequences}): "
-                              "a group's samples decode together")
+            raise ConfigError(
+                "rollout.group_size",
+                self.rollout.group_size,
+                f"must be <= inference.max_batch_sequences ({self.inference.max_batch_sequences}): "
+                "a group's samples decode together",
+            )
         if not MIN_TEMPERATURE <= self.rollout.temperature <= MAX_TEMPERATURE:
-            raise ConfigError("rollout.temperature", self.rollout.temperature,
-                              f"must be in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]: what inference accepts "
-                              "(relayrl.inference.sampling_limits)")
+            raise ConfigError(
+                "rollout.temperature",
+                self.rollout.temperature,
+                f"must be in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]: what inference accepts "
+                "(relayrl.inference.sampling_limits)",
+            )
         stop = self.rollout.stop
         if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
-            raise ConfigError("rollout.stop", stop, f"at most {MAX_STOP_STRINGS} stop strings of at most "
-                                                    f"{MAX_STOP_CHARS} characters: what inference accepts")
+            raise ConfigError(
+                "rollout.stop",
+                stop,
+                f"at most {MAX_STOP_STRINGS} stop strings of at most "
+                f"{MAX_STOP_CHARS} characters: what inference accepts",
+            )
         pc = self.trainer.publication
         if pc.probe_sequences * pc.probe_tokens > self.inference.max_probe_tokens:
-            raise ConfigError("trainer.publication.probe_tokens", pc.probe_tokens,
-                              f"probe_sequences ({pc.probe_sequences}) x probe_tokens must be <= "
-                              f"inference.max_probe_tokens ({self.inference.max_probe_tokens}): inference refuses a "
-                              "larger probe")
+            raise ConfigError(
+                "trainer.publication.probe_tokens",
+                pc.probe_tokens,
+                f"probe_sequences ({pc.probe_sequences}) x probe_tokens must be <= "
+                f"inference.max_probe_tokens ({self.inference.max_probe_tokens}): inference refuses a "
+                "larger probe",
+            )
         if self.rollout.group_size > self.inference.max_samples_per_request:
-            raise ConfigError("rollout.group_size", self.rollout.group_size,
-                              f"must be <= inference.max_samples_per_request "
-                              f"({self.inference.max_samples_per_request})")
+            raise ConfigError(
+                "rollout.group_size",
+                self.rollout.group_size,
+                f"must be <= inference.max_samples_per_request ({self.inference.max_samples_per_request})",
+            )
 
     def folder_mode(self) -> int:
         """``output_dir_mode`` as mode bits (ConfigError when it is not octal, lacks the owner's rwx or lets group
@@ -118,8 +165,9 @@ class RunConfig:
         if mode & 0o700 != 0o700:
             raise ConfigError("output_dir_mode", text, "must give the owner rwx (7 as the first digit)")
         if mode & 0o022:
-            raise ConfigError("output_dir_mode", text, "must not let group or others write (no 2, 3, 6 or 7 after "
-                                                       "the first digit)")
+            raise ConfigError(
+                "output_dir_mode", text, "must not let group or others write (no 2, 3, 6 or 7 after the first digit)"
+            )
         return mode
 
     @property
@@ -150,14 +198,20 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigError("schema_version", version, "must be an integer >= 1")
     if version > SCHEMA_VERSION:
-        raise ConfigError("schema_version", version, f"this config was written for a newer relayrl; this one reads "
-                                                     f"schema versions up to {SCHEMA_VERSION}")
+        raise ConfigError(
+            "schema_version",
+            version,
+            f"this config was written for a newer relayrl; this one reads schema versions up to {SCHEMA_VERSION}",
+        )
     while version < SCHEMA_VERSION:
         data = MIGRATIONS[version](dict(data))
         version += 1
         data["schema_version"] = version
-        log.warning("config migrated from schema version %d to %d; save the resolved config.yaml to keep it",
-                    version - 1, version)
+        log.warning(
+            "config migrated from schema version %d to %d; save the resolved config.yaml to keep it",
+            version - 1,
+            version,
+        )
     return data
 
 

@@ -61,8 +61,11 @@ def schema(cls: type, prefix: str = "") -> dict[str, dict[str, Any]]:
             out.update(schema(typing.cast(type, tp), f"{path}."))
             continue
         kind, choices = _type(tp)
-        entry: dict[str, Any] = {"type": kind, "default": _plain(getattr(instance, f.name)),
-                                 "help": str(f.metadata.get("help", ""))}
+        entry: dict[str, Any] = {
+            "type": kind,
+            "default": _plain(getattr(instance, f.name)),
+            "help": str(f.metadata.get("help", "")),
+        }
         if choices is not None:
             entry["choices"] = choices
         for key in ("ge", "gt", "le", "lt", "deprecated", "removed_in"):
@@ -72,9 +75,13 @@ def schema(cls: type, prefix: str = "") -> dict[str, dict[str, Any]]:
     removed_in = getattr(cls, "MOVED_REMOVED_IN", "?")
     for old, new in getattr(cls, "MOVED_FIELDS", {}).items():
         target = out[f"{prefix}{new}"]
-        out[f"{prefix}{old}"] = {**{k: v for k, v in target.items() if k not in ("help", "deprecated")},
-                                 "help": f"Former spelling of {prefix}{new}.", "moved_to": f"{prefix}{new}",
-                                 "deprecated": f"use {prefix}{new}", "removed_in": removed_in}
+        out[f"{prefix}{old}"] = {
+            **{k: v for k, v in target.items() if k not in ("help", "deprecated")},
+            "help": f"Former spelling of {prefix}{new}.",
+            "moved_to": f"{prefix}{new}",
+            "deprecated": f"use {prefix}{new}",
+            "removed_in": removed_in,
+        }
     return out
 
 
@@ -95,8 +102,9 @@ def incompatible_changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str
         if dropped:
             problems.append(f"{path}: choices narrowed, {dropped} no longer accepted")
         for key, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-            if key in after and (key not in before or (after[key] > before[key] if key in ("ge", "gt")
-                                                       else after[key] < before[key])):
+            if key in after and (
+                key not in before or (after[key] > before[key] if key in ("ge", "gt") else after[key] < before[key])
+            ):
                 problems.append(f"{path}: bound tightened to {word} {after[key]}")
     return problems
 
@@ -111,14 +119,18 @@ def markdown(cls: type, title: str) -> str:
             continue
         section = path.rsplit(".", 1)[0] if "." in path else "(top level)"
         sections.setdefault(section, []).append((path, entry))
-    lines = [f"# {title}", "", "Generated from the config dataclasses by `scripts/gen_reference.py`; do not edit.",
-             "Every field can be set in the YAML run config or with `--set path=value`.", ""]
+    lines = [
+        f"# {title}",
+        "",
+        "Generated from the config dataclasses by `scripts/gen_reference.py`; do not edit.",
+        "Every field can be set in the YAML run config or with `--set path=value`.",
+        "",
+    ]
     for section, entries in sections.items():
         lines += [f"## `{section}`", "", "| field | type | default | description |", "|---|---|---|---|"]
         for path, e in entries:
             kind = "one of " + ", ".join(f"`{c}`" for c in e["choices"]) if "choices" in e else f"`{e['type']}`"
-            bounds = ", ".join(f"{w} {e[k]}" for k, w in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
-                               if k in e)
+            bounds = ", ".join(f"{w} {e[k]}" for k, w in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")) if k in e)
             help_text = e["help"].replace("|", "\\|") + (f" ({bounds})" if bounds else "")
             if "deprecated" in e:
                 help_text = f"**Deprecated** ({e['deprecated']}; removed in {e.get('removed_in', '?')}). {help_text}"
@@ -126,8 +138,15 @@ def markdown(cls: type, title: str) -> str:
             lines.append(f"| `{path}` | {kind} | `{default}` | {help_text} |")
         lines.append("")
     if moved:
-        lines += ["## Moved keys", "", "Former spellings that still load onto their new field, with a warning naming "
-                  "it; setting both is an error.", "", "| former key | now | removed in |", "|---|---|---|"]
+        lines += [
+            "## Moved keys",
+            "",
+            "Former spellings that still load onto their new field, with a warning naming "
+            "it; setting both is an error.",
+            "",
+            "| former key | now | removed in |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{path}` | `{e['moved_to']}` | {e['removed_in']} |" for path, e in moved.items()]
         lines.append("")
     return "\n".join(lines)

@@ -70,8 +70,9 @@ def apply_override(data: dict[str, Any], override: str, cls: type | None = None)
     dotted = dotted.strip()
     keys = dotted.split(".")
     if not all(keys):
-        raise ConfigError(dotted or "override", None,
-                          "an override key must be a dotted path such as trainer.total_steps", secret=True)
+        raise ConfigError(
+            dotted or "override", None, "an override key must be a dotted path such as trainer.total_steps", secret=True
+        )
     if cls is not None:
         path, former = spellings(cls, dotted)
         if path != dotted:
@@ -103,7 +104,6 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error as "line L, column C: problem" (1-based), without the offending text (it may be a secret)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -123,5 +123,9 @@ def check_config_digest(path: Path) -> None:
         return
     actual = hashlib.sha256(path.read_text(encoding="utf-8").rstrip("\n").encode()).hexdigest()
     if actual != expected:
-        raise ConfigError(CONFIG_DIGEST_ENV, expected, f"{path} has changed since this process's pod was created "
-                          f"(its sha256 is now {actual}): restart the pods so that they all load the new config")
+        raise ConfigError(
+            CONFIG_DIGEST_ENV,
+            expected,
+            f"{path} has changed since this process's pod was created "
+            f"(its sha256 is now {actual}): restart the pods so that they all load the new config",
+        )

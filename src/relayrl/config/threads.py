@@ -25,16 +25,31 @@ class ThreadsConfig:
     torch's own default (all cores, or ``OMP_NUM_THREADS`` when set) and an empty ``cpus`` the inherited
     affinity."""
 
-    intra_op: int = field(default=0, metadata={
-        "help": "torch intra-op threads (torch.set_num_threads; OMP/MKL under relayrl run); 0: automatic.",
-        "ge": 0, "le": MAX_THREADS})
-    interop: int = field(default=0, metadata={
-        "help": "torch inter-op threads (torch.set_num_interop_threads); 0: automatic.", "ge": 0, "le": MAX_THREADS})
-    cpus: list[int] = field(default_factory=list, metadata={
-        "help": "CPU ids this service runs on (every thread and child process it has or starts; "
-                "os.sched_setaffinity at start-up); empty: automatic (relayrl run pins inference, reward and "
-                "rollout to some of its cores and the trainer to the others when it divides them; otherwise "
-                "the affinity the process inherited). Each must be a CPU the process may use."})
+    intra_op: int = field(
+        default=0,
+        metadata={
+            "help": "torch intra-op threads (torch.set_num_threads; OMP/MKL under relayrl run); 0: automatic.",
+            "ge": 0,
+            "le": MAX_THREADS,
+        },
+    )
+    interop: int = field(
+        default=0,
+        metadata={
+            "help": "torch inter-op threads (torch.set_num_interop_threads); 0: automatic.",
+            "ge": 0,
+            "le": MAX_THREADS,
+        },
+    )
+    cpus: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "CPU ids this service runs on (every thread and child process it has or starts; "
+            "os.sched_setaffinity at start-up); empty: automatic (relayrl run pins inference, reward and "
+            "rollout to some of its cores and the trainer to the others when it divides them; otherwise "
+            "the affinity the process inherited). Each must be a CPU the process may use."
+        },
+    )
 
     def validate(self) -> None:
         for i, cpu in enumerate(self.cpus):

@@ -42,24 +42,46 @@ class TlsFiles:
 
 @dataclass
 class TlsConfig:
-    cert_file: str = field(default="", metadata={
-        "help": "PEM certificate chain every gRPC server presents (empty, with every other field empty: plaintext). "
-                "Its names (SAN) must cover the addresses clients use, or set server_name."})
-    key_file: str = field(default="", metadata={
-        "help": "PEM private key of cert_file (required with it). Read at start-up, never logged; keep it 0600."})
-    ca_file: str = field(default="", metadata={
-        "help": "PEM CA bundle clients verify servers against (empty: the system's roots) and, with "
-                "require_client_cert, servers verify client certificates against."})
-    require_client_cert: bool = field(default=False, metadata={
-        "help": "Mutual TLS: servers refuse a client without a certificate signed by ca_file."})
-    client_cert_file: str = field(default="", metadata={
-        "help": "PEM certificate clients present to servers (mutual TLS; empty: cert_file, which then needs the "
-                "clientAuth usage or no extended key usage)."})
-    client_key_file: str = field(default="", metadata={
-        "help": "PEM private key of client_cert_file (required with it)."})
-    server_name: str = field(default="", metadata={
-        "help": "Name clients expect in server certificates instead of the host of the address they dial (e.g. "
-                "when services are reached by IP and the certificate names a DNS name)."})
+    cert_file: str = field(
+        default="",
+        metadata={
+            "help": "PEM certificate chain every gRPC server presents (empty, with every other field empty: "
+            "plaintext). Its names (SAN) must cover the addresses clients use, or set server_name."
+        },
+    )
+    key_file: str = field(
+        default="",
+        metadata={
+            "help": "PEM private key of cert_file (required with it). Read at start-up, never logged; keep it 0600."
+        },
+    )
+    ca_file: str = field(
+        default="",
+        metadata={
+            "help": "PEM CA bundle clients verify servers against (empty: the system's roots) and, with "
+            "require_client_cert, servers verify client certificates against."
+        },
+    )
+    require_client_cert: bool = field(
+        default=False, metadata={"help": "Mutual TLS: servers refuse a client without a certificate signed by ca_file."}
+    )
+    client_cert_file: str = field(
+        default="",
+        metadata={
+            "help": "PEM certificate clients present to servers (mutual TLS; empty: cert_file, which then needs the "
+            "clientAuth usage or no extended key usage)."
+        },
+    )
+    client_key_file: str = field(
+        default="", metadata={"help": "PEM private key of client_cert_file (required with it)."}
+    )
+    server_name: str = field(
+        default="",
+        metadata={
+            "help": "Name clients expect in server certificates instead of the host of the address they dial (e.g. "
+            "when services are reached by IP and the certificate names a DNS name)."
+        },
+    )
 
     @property
     def enabled(self) -> bool:
@@ -73,8 +95,9 @@ class TlsConfig:
             if getattr(self, cert) and not getattr(self, key):
                 raise ConfigError(key, "", f"is required with {cert}")
         if self.require_client_cert and not self.ca_file:
-            raise ConfigError("ca_file", "", "is required with require_client_cert (servers verify client "
-                                             "certificates against it)")
+            raise ConfigError(
+                "ca_file", "", "is required with require_client_cert (servers verify client certificates against it)"
+            )
         if self.require_client_cert and not self.cert_file:
             raise ConfigError("cert_file", "", "is required with require_client_cert (servers need a certificate)")
         if self.server_name and not self.enabled:
@@ -82,20 +105,28 @@ class TlsConfig:
 
     def resolved(self) -> TlsConfig:
         """The same section with absolute paths (a run folder's config.yaml then works from any directory)."""
+
         def absolute(name: str) -> str:
             return str(Path(name).resolve()) if name else ""
 
-        return replace(self, cert_file=absolute(self.cert_file), key_file=absolute(self.key_file),
-                       ca_file=absolute(self.ca_file), client_cert_file=absolute(self.client_cert_file),
-                       client_key_file=absolute(self.client_key_file))
+        return replace(
+            self,
+            cert_file=absolute(self.cert_file),
+            key_file=absolute(self.key_file),
+            ca_file=absolute(self.ca_file),
+            client_cert_file=absolute(self.client_cert_file),
+            client_key_file=absolute(self.client_key_file),
+        )
 
     def read(self, path: str = "tls") -> TlsFiles:
         """Read and check every configured file. Raises ConfigError naming the field (``path.field``)."""
-        return TlsFiles(cert=_read(self.cert_file, f"{path}.cert_file", CERT_MARK),
-                        key=_read(self.key_file, f"{path}.key_file", KEY_MARK, private=True),
-                        ca=_read(self.ca_file, f"{path}.ca_file", CERT_MARK),
-                        client_cert=_read(self.client_cert_file, f"{path}.client_cert_file", CERT_MARK),
-                        client_key=_read(self.client_key_file, f"{path}.client_key_file", KEY_MARK, private=True))
+        return TlsFiles(
+            cert=_read(self.cert_file, f"{path}.cert_file", CERT_MARK),
+            key=_read(self.key_file, f"{path}.key_file", KEY_MARK, private=True),
+            ca=_read(self.ca_file, f"{path}.ca_file", CERT_MARK),
+            client_cert=_read(self.client_cert_file, f"{path}.client_cert_file", CERT_MARK),
+            client_key=_read(self.client_key_file, f"{path}.client_key_file", KEY_MARK, private=True),
+        )
 
 
 def _read(name: str, where: str, mark: bytes, private: bool = False) -> bytes | None:

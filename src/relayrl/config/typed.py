@@ -139,8 +139,12 @@ def _check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> None:
         return
     meta = field.metadata
     # int and float compare exactly in Python, also an int too large for a float (float() would overflow)
-    for key, op, word in (("ge", operator.ge, ">="), ("gt", operator.gt, ">"),
-                          ("le", operator.le, "<="), ("lt", operator.lt, "<")):
+    for key, op, word in (
+        ("ge", operator.ge, ">="),
+        ("gt", operator.gt, ">"),
+        ("le", operator.le, "<="),
+        ("lt", operator.lt, "<"),
+    ):
         if key in meta and not op(value, meta[key]):
             raise ConfigError(path, value, f"must be {word} {meta[key]}")
 
@@ -180,8 +184,12 @@ def _move_fields(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
             raise ConfigError(where, value, f"set twice: {where} is the deprecated spelling of {new}; keep only {new}")
         node[leaf] = value
         if value != _field_default(field_at(cls, moved[key])):  # a resolved old config.yaml: defaults, no warning
-            log.warning("config field %s is deprecated (use %s) and will be removed in release %s", where, new,
-                        getattr(cls, "MOVED_REMOVED_IN", "?"))
+            log.warning(
+                "config field %s is deprecated (use %s) and will be removed in release %s",
+                where,
+                new,
+                getattr(cls, "MOVED_REMOVED_IN", "?"),
+            )
     return data
 
 
@@ -198,8 +206,9 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: Any = No
     removed: dict[str, str] = getattr(cls, "REMOVED_FIELDS", {})
     for key in data:
         if not isinstance(key, str):  # YAML allows any key (`?` alone is the key null)
-            raise ConfigError(f"{path}.{key!r}" if path else repr(key), None, "field names must be strings",
-                              secret=True)
+            raise ConfigError(
+                f"{path}.{key!r}" if path else repr(key), None, "field names must be strings", secret=True
+            )
         where = f"{path}.{key}" if path else key
         if key in removed:
             raise ConfigError(where, data[key], f"this field was removed: {removed[key]}")
@@ -207,8 +216,12 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: Any = No
             raise ConfigError(where, None, f"unknown field; known fields: {', '.join(fields)}", secret=True)
         note = fields[key].metadata.get("deprecated")
         if note and data[key] != fields[key].default:  # a resolved config.yaml carries the default: no warning
-            log.warning("config field %s is deprecated (%s) and will be removed in release %s", where, note,
-                        fields[key].metadata.get("removed_in", "?"))
+            log.warning(
+                "config field %s is deprecated (%s) and will be removed in release %s",
+                where,
+                note,
+                fields[key].metadata.get("removed_in", "?"),
+            )
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         where = f"{path}.{name}" if path else name

@@ -35,9 +35,24 @@ log = logging.getLogger(__name__)
 
 # The fields of a training-step row (relayrl.common.metrics_row.RlRow) that the page draws or shows; the rest of
 # a row is not sent, nor a field the row lacks (written by an older version, or null).
-FIELDS = ("step", "time_s", "weight_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max",
-          "episodes_per_s", "tokens", "step_time_s", "episodes_dropped_stale", "queue_lag", "queue_pending",
-          "turns_mean", "tool_calls_mean", "tool_errors")
+FIELDS = (
+    "step",
+    "time_s",
+    "weight_version",
+    "reward_mean",
+    "reward_std",
+    "staleness_mean",
+    "staleness_max",
+    "episodes_per_s",
+    "tokens",
+    "step_time_s",
+    "episodes_dropped_stale",
+    "queue_lag",
+    "queue_pending",
+    "turns_mean",
+    "tool_calls_mean",
+    "tool_errors",
+)
 assert set(FIELDS) <= {f.name for f in dataclasses.fields(RlRow)}, "FIELDS names a field RlRow does not have"
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
@@ -67,8 +82,11 @@ def read_metrics_chunk(path: Path, offset: int = 0, file_id: str = "") -> Metric
             # inode numbers are reused at once after an unlink: the first line (its time_s, its values) tells
             # a new run's file from the old one
             first = f.readline(4096)
-            current = f"{st.st_ino}-{hashlib.blake2b(first, digest_size=8).hexdigest()}" if first.endswith(b"\n") \
+            current = (
+                f"{st.st_ino}-{hashlib.blake2b(first, digest_size=8).hexdigest()}"
+                if first.endswith(b"\n")
                 else f"{st.st_ino}-"
+            )
             reset = offset > st.st_size or (bool(file_id) and file_id != current)
             start = 0 if reset else offset
             f.seek(start)
@@ -124,8 +142,9 @@ def _max_staleness(config_path: Path) -> int | None:
 class DashboardServer:
     """Serves the page and ``/api/metrics`` for one run folder until ``close``."""
 
-    def __init__(self, run_dir: Path, host: str = "127.0.0.1", port: int = 0,
-                 allowed_hosts: tuple[str, ...] = ("localhost",)) -> None:
+    def __init__(
+        self, run_dir: Path, host: str = "127.0.0.1", port: int = 0, allowed_hosts: tuple[str, ...] = ("localhost",)
+    ) -> None:
         if run_dir.is_file():  # a metrics file given directly
             self.metrics_path, self.run_dir = run_dir, run_dir.parent
         else:
@@ -153,15 +172,24 @@ class DashboardServer:
         summary_path = self.run_dir / "summary.json"
         summary = _read_json(summary_path)
         try:  # the launcher writes summary.json once the services stopped; a resumed run appends metrics after it
-            finished = summary is not None and (not self.metrics_path.exists() or
-                                                summary_path.stat().st_mtime >= self.metrics_path.stat().st_mtime)
+            finished = summary is not None and (
+                not self.metrics_path.exists() or summary_path.stat().st_mtime >= self.metrics_path.stat().st_mtime
+            )
         except OSError:
             finished = False
-        return {"run": self.run_dir.resolve().name, "metrics_path": str(self.metrics_path), "rows": chunk.rows,
-                "offset": chunk.offset, "file": chunk.file_id, "reset": chunk.reset, "bad_lines": chunk.bad_lines,
-                "finished": finished, "summary": summary if finished else None,
-                "books": format_books(summary) if finished and summary is not None else None,
-                "max_staleness": _max_staleness(self.run_dir / "config.yaml")}
+        return {
+            "run": self.run_dir.resolve().name,
+            "metrics_path": str(self.metrics_path),
+            "rows": chunk.rows,
+            "offset": chunk.offset,
+            "file": chunk.file_id,
+            "reset": chunk.reset,
+            "bad_lines": chunk.bad_lines,
+            "finished": finished,
+            "summary": summary if finished else None,
+            "books": format_books(summary) if finished and summary is not None else None,
+            "max_staleness": _max_staleness(self.run_dir / "config.yaml"),
+        }
 
     def serve_forever(self) -> None:
         log.info("dashboard of %s on %s", self.metrics_path, self.url)
@@ -203,8 +231,13 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         dashboard = self.server.dashboard
         if not host_allowed(self.headers.get("Host"), dashboard.allowed_hosts, dashboard.host):
-            self._send_json(HTTPStatus.BAD_REQUEST, {"error": "invalid Host header: this dashboard does not answer "
-                                                              "that name (relayrl dashboard --allow-host)"})
+            self._send_json(
+                HTTPStatus.BAD_REQUEST,
+                {
+                    "error": "invalid Host header: this dashboard does not answer "
+                    "that name (relayrl dashboard --allow-host)"
+                },
+            )
             return
         try:
             if url.path in ("/", "/index.html"):
@@ -215,8 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if not offset.isdigit():
                     self._send_json(HTTPStatus.BAD_REQUEST, {"error": "offset must be a non-negative integer"})
                     return
-                self._send_json(HTTPStatus.OK, self.server.dashboard.snapshot(int(offset),
-                                                                              query.get("file", [""])[0]))
+                self._send_json(HTTPStatus.OK, self.server.dashboard.snapshot(int(offset), query.get("file", [""])[0]))
             elif url.path == "/healthz":
                 self._send(HTTPStatus.OK, "text/plain; charset=utf-8", b"ok\n")
             else:

@@ -87,12 +87,18 @@ class BatchState:
         kv = [(k.index_select(0, index)[:, :, lead:], v.index_select(0, index)[:, :, lead:]) for k, v in self.kv]
         p = self.params
         return BatchState(
-            kv=kv, mask=mask[:, lead:], ids=self.ids.index_select(0, index)[:, lead:],
-            next_tok=self.next_tok.index_select(0, index), pos=self.pos.index_select(0, index),
+            kv=kv,
+            mask=mask[:, lead:],
+            ids=self.ids.index_select(0, index)[:, lead:],
+            next_tok=self.next_tok.index_select(0, index),
+            pos=self.pos.index_select(0, index),
             params=RowParams(*(getattr(p, f.name).index_select(0, index) for f in fields(p))),
-            out_tok=self.out_tok.index_select(0, index), out_lp=self.out_lp.index_select(0, index),
-            out_ver=self.out_ver.index_select(0, index), length=self.length.index_select(0, index),
-            cache_version=self.cache_version, out_top_lp=self.out_top_lp.index_select(0, index),
+            out_tok=self.out_tok.index_select(0, index),
+            out_lp=self.out_lp.index_select(0, index),
+            out_ver=self.out_ver.index_select(0, index),
+            length=self.length.index_select(0, index),
+            cache_version=self.cache_version,
+            out_top_lp=self.out_top_lp.index_select(0, index),
             out_top_id=self.out_top_id.index_select(0, index),
         )
 
@@ -103,19 +109,27 @@ class BatchState:
         t = max(a.out_tok.shape[1], b.out_tok.shape[1])
         s = max(a.params.stop_ids.shape[1], b.params.stop_ids.shape[1])
         k = max(a.alternatives, b.alternatives)
-        kv = [(torch.cat([_pad_left(ka, w, 2), _pad_left(kb, w, 2)]), torch.cat([_pad_left(va, w, 2),
-                                                                                  _pad_left(vb, w, 2)]))
-              for (ka, va), (kb, vb) in zip(a.kv, b.kv, strict=True)]
+        kv = [
+            (
+                torch.cat([_pad_left(ka, w, 2), _pad_left(kb, w, 2)]),
+                torch.cat([_pad_left(va, w, 2), _pad_left(vb, w, 2)]),
+            )
+            for (ka, va), (kb, vb) in zip(a.kv, b.kv, strict=True)
+        ]
         pa, pb = a.params, b.params
         return BatchState(
             kv=kv,
             mask=torch.cat([_pad_left(a.mask, w, 1), _pad_left(b.mask, w, 1)]),
             ids=torch.cat([_pad_left(a.ids, w, 1), _pad_left(b.ids, w, 1)]),
-            next_tok=torch.cat([a.next_tok, b.next_tok]), pos=torch.cat([a.pos, b.pos]),
+            next_tok=torch.cat([a.next_tok, b.next_tok]),
+            pos=torch.cat([a.pos, b.pos]),
             params=RowParams(
-                temperature=torch.cat([pa.temperature, pb.temperature]), top_k=torch.cat([pa.top_k, pb.top_k]),
-                top_p=torch.cat([pa.top_p, pb.top_p]), max_new=torch.cat([pa.max_new, pb.max_new]),
-                stop_ids=torch.cat([_pad_right(pa.stop_ids, s, -1), _pad_right(pb.stop_ids, s, -1)])),
+                temperature=torch.cat([pa.temperature, pb.temperature]),
+                top_k=torch.cat([pa.top_k, pb.top_k]),
+                top_p=torch.cat([pa.top_p, pb.top_p]),
+                max_new=torch.cat([pa.max_new, pb.max_new]),
+                stop_ids=torch.cat([_pad_right(pa.stop_ids, s, -1), _pad_right(pb.stop_ids, s, -1)]),
+            ),
             out_tok=torch.cat([_pad_right(a.out_tok, t), _pad_right(b.out_tok, t)]),
             out_lp=torch.cat([_pad_right(a.out_lp, t), _pad_right(b.out_lp, t)]),
             out_ver=torch.cat([_pad_right(a.out_ver, t), _pad_right(b.out_ver, t)]),
@@ -125,8 +139,9 @@ class BatchState:
             out_top_id=torch.cat([_pad_top(x.out_top_id, t, k, -1) for x in (a, b)]),
         )
 
-    def record(self, tok: torch.Tensor, lp: torch.Tensor, version: int,
-               top: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def record(
+        self, tok: torch.Tensor, lp: torch.Tensor, version: int, top: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> None:
         """Store each row's newly sampled token (and its step's alternatives) at its own output position."""
         rows = torch.arange(self.rows, device=tok.device)
         self.out_tok[rows, self.length] = tok

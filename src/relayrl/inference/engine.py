@@ -91,8 +91,9 @@ class Engine(Protocol):
         """Queue a request; the future resolves to its ``n`` samples. Cancelling it frees its sequences."""
         ...
 
-    def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int,
-                       probe: Sequence[Sequence[int]] = ()) -> list[float]:
+    def update_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]] = ()
+    ) -> list[float]:
         """Swap in new weights atomically between decode steps (blocking), then return the logprobs of the
         probe sequences under them (see relayrl.common.probe)."""
         ...
@@ -102,8 +103,9 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def generate(engine: Engine, batch: Sequence[GenerationInput], timeout: float | None = None
-             ) -> list[list[SampleOutput]]:
+def generate(
+    engine: Engine, batch: Sequence[GenerationInput], timeout: float | None = None
+) -> list[list[SampleOutput]]:
     """Blocking convenience: submit every input and wait for all of them."""
     futures = [engine.submit(inp) for inp in batch]
     return [f.result(timeout) for f in futures]

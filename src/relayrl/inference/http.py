@@ -57,23 +57,42 @@ class OpenAiApi:
     def __init__(self, service: InferenceService) -> None:
         self.service = service
 
-    def generation_input(self, req: _Sampling, ids: list[int], max_tokens: int | None, top: int = 0,
-                         prompt_logprobs: int | None = None) -> GenerationInput:
+    def generation_input(
+        self, req: _Sampling, ids: list[int], max_tokens: int | None, top: int = 0, prompt_logprobs: int | None = None
+    ) -> GenerationInput:
         """The engine's input for one prompt of a request; ApiError for a request the engine would refuse."""
         service = self.service
         if req.model not in (None, "", service.model_name):
-            raise ApiError(f"model {req.model!r} is not served here (this server serves {service.model_name!r})",
-                           "model", 404)
+            raise ApiError(
+                f"model {req.model!r} is not served here (this server serves {service.model_name!r})", "model", 404
+            )
         if (top or prompt_logprobs is not None) and not getattr(service.engine, "computes_alternatives", False):
-            param = ("echo" if prompt_logprobs is not None
-                     else "logprobs" if isinstance(req, CompletionRequest) else "top_logprobs")
-            raise ApiError(f"{param}: this engine ({service.cfg.engine.value}) does not compute logprob "
-                           "alternatives or prompt logprobs", param)
+            param = (
+                "echo"
+                if prompt_logprobs is not None
+                else "logprobs"
+                if isinstance(req, CompletionRequest)
+                else "top_logprobs"
+            )
+            raise ApiError(
+                f"{param}: this engine ({service.cfg.engine.value}) does not compute logprob "
+                "alternatives or prompt logprobs",
+                param,
+            )
         inp = GenerationInput(
-            prompt_ids=ids, n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-            max_new_tokens=16 if max_tokens is None else max_tokens, stop=req.stops(),
-            stop_token_ids=list(req.stop_token_ids), seed=req.seed, ignore_eos=req.ignore_eos, top_logprobs=top,
-            prompt_logprobs=prompt_logprobs)
+            prompt_ids=ids,
+            n=req.n,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            max_new_tokens=16 if max_tokens is None else max_tokens,
+            stop=req.stops(),
+            stop_token_ids=list(req.stop_token_ids),
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+            top_logprobs=top,
+            prompt_logprobs=prompt_logprobs,
+        )
         if req.temperature == 0:  # greedy, as OpenAI defines temperature 0
             inp.temperature, inp.top_k = 1.0, 1
         try:
@@ -93,14 +112,21 @@ class OpenAiApi:
             scored = len(inp.prompt_ids) if inp.prompt_logprobs is not None else 0
             mib = scored * vocab * 4 / 2**20
             if mib > cfg.max_prompt_logprob_mib:
-                raise ApiError(f"echo with logprobs scores a {scored}-token prompt against a {vocab}-token vocabulary "
-                               f"({mib:.0f} MiB of float32 logprobs), over max_prompt_logprob_mib="
-                               f"{cfg.max_prompt_logprob_mib}", "echo", 413)
+                raise ApiError(
+                    f"echo with logprobs scores a {scored}-token prompt against a {vocab}-token vocabulary "
+                    f"({mib:.0f} MiB of float32 logprobs), over max_prompt_logprob_mib="
+                    f"{cfg.max_prompt_logprob_mib}",
+                    "echo",
+                    413,
+                )
             entries += inp.n * (scored + inp.max_new_tokens) * (1 + top)
         if entries > cfg.max_logprob_entries:
-            raise ApiError(f"the request asks for up to {entries} logprob values ((echoed prompt tokens + max tokens) "
-                           f"x (1 + {top} alternatives) x samples), over max_logprob_entries={cfg.max_logprob_entries}",
-                           param, 413)
+            raise ApiError(
+                f"the request asks for up to {entries} logprob values ((echoed prompt tokens + max tokens) "
+                f"x (1 + {top} alternatives) x samples), over max_logprob_entries={cfg.max_logprob_entries}",
+                param,
+                413,
+            )
 
     def submit(self, inputs: list[GenerationInput]) -> list[Submitted]:
         """Submit every input, all or none: a refused one cancels those already queued."""
@@ -137,15 +163,26 @@ class OpenAiApi:
         raise ApiError("prompt must be a string, a list of strings, or token ids", "prompt")
 
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": self.service.model_name, "object": "model", "created": 0,
-                                            "owned_by": "relayrl", "weight_version": self.service.engine.version}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.service.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "relayrl",
+                    "weight_version": self.service.engine.version,
+                }
+            ],
+        }
 
     async def completion_inputs(self, req: CompletionRequest) -> list[GenerationInput]:
         refuse_unsupported(req)
         if req.echo and req.stream:
             raise ApiError("echo with stream=true is not supported", "echo")
-        count = len(req.prompt) if isinstance(req.prompt, list) and not all(
-            isinstance(p, int) for p in req.prompt) else 1  # checked before any prompt is tokenised
+        count = (
+            len(req.prompt) if isinstance(req.prompt, list) and not all(isinstance(p, int) for p in req.prompt) else 1
+        )  # checked before any prompt is tokenised
         try:
             check_samples([req.n] * count, self.service.cfg, f"{count} prompts x n={req.n}")
         except SamplingError as exc:
@@ -154,8 +191,9 @@ class OpenAiApi:
             raise ApiError(str(exc), "prompt", 413) from exc
         top = req.logprobs or 0
         prompt_lp = top if req.echo and req.logprobs is not None else None
-        inputs = [self.generation_input(req, ids, req.max_tokens, top, prompt_lp)
-                  for ids in await self.prompts(req.prompt)]
+        inputs = [
+            self.generation_input(req, ids, req.max_tokens, top, prompt_lp) for ids in await self.prompts(req.prompt)
+        ]
         if req.logprobs is not None:
             self.check_logprob_cost(inputs, top, "logprobs")
         return inputs
@@ -168,16 +206,27 @@ class OpenAiApi:
             prompt_text = self.service.tokenizer.decode(inp.prompt_ids) if req.echo else ""
             for s in samples:
                 text = prompt_text + without_stop(s.text, inp.stop)
-                choice: dict[str, Any] = {"index": len(choices), "text": text,
-                                          "finish_reason": finish_reason(s), "logprobs": None,
-                                          "weight_versions": s.weight_versions}
+                choice: dict[str, Any] = {
+                    "index": len(choices),
+                    "text": text,
+                    "finish_reason": finish_reason(s),
+                    "logprobs": None,
+                    "weight_versions": s.weight_versions,
+                }
                 if req.logprobs is not None:
-                    choice["logprobs"] = completion_logprobs(self.pieces, s, req.logprobs,
-                                                             inp.prompt_ids if req.echo else None)
+                    choice["logprobs"] = completion_logprobs(
+                        self.pieces, s, req.logprobs, inp.prompt_ids if req.echo else None
+                    )
                 choices.append(choice)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.service.model_name, "choices": choices, "usage": usage(inputs, results),
-                "weight_version": oldest(results, self.service.engine.version)}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.service.model_name,
+            "choices": choices,
+            "usage": usage(inputs, results),
+            "weight_version": oldest(results, self.service.engine.version),
+        }
 
     async def chat_input(self, req: ChatRequest) -> GenerationInput:
         refuse_unsupported(req)
@@ -197,13 +246,24 @@ class OpenAiApi:
         choices: list[dict[str, Any]] = []
         for i, s in enumerate(samples):
             message, calls = answer(without_stop(s.text, inp.stop), uses_tools(req))
-            choices.append({"index": i, "message": message,
-                            "finish_reason": "tool_calls" if calls else finish_reason(s),
-                            "logprobs": chat_logprobs(self.pieces, s) if req.logprobs else None,
-                            "weight_versions": s.weight_versions})
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.service.model_name, "choices": choices, "usage": usage([inp], [samples]),
-                "weight_version": oldest([samples], self.service.engine.version)}
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "finish_reason": "tool_calls" if calls else finish_reason(s),
+                    "logprobs": chat_logprobs(self.pieces, s) if req.logprobs else None,
+                    "weight_versions": s.weight_versions,
+                }
+            )
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.service.model_name,
+            "choices": choices,
+            "usage": usage([inp], [samples]),
+            "weight_version": oldest([samples], self.service.engine.version),
+        }
 
 
 async def _tokens(service: InferenceService, text: str) -> list[int]:

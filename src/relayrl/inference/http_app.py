@@ -33,8 +33,11 @@ def create_app(service: InferenceService) -> FastAPI:
         if first.get("type") == "extra_forbidden":
             return error_response(400, f"unsupported field {where!r}: relayrl does not implement it", where)
         value = first.get("input")
-        shown = f"={value!r}" if isinstance(value, int | float | bool) or (isinstance(value, str) and len(value) < 40) \
+        shown = (
+            f"={value!r}"
+            if isinstance(value, int | float | bool) or (isinstance(value, str) and len(value) < 40)
             else ""
+        )
         return error_response(400, f"{where}{shown}: {first.get('msg', 'invalid request')}", where or None)
 
     @app.get("/healthz")

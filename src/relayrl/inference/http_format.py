@@ -23,8 +23,9 @@ def _top_dict(pieces: Pieces, alternatives: Alternatives, sampled: tuple[int, fl
     return out
 
 
-def completion_logprobs(pieces: Pieces, s: SampleOutput, n: int, prompt_ids: Sequence[int] | None = None,
-                        text_start: int = 0) -> dict[str, Any]:
+def completion_logprobs(
+    pieces: Pieces, s: SampleOutput, n: int, prompt_ids: Sequence[int] | None = None, text_start: int = 0
+) -> dict[str, Any]:
     """The legacy ``logprobs`` object of a completion choice: tokens, their logprobs, the ``n`` alternatives
     of each (None with n=0) and text offsets; with ``prompt_ids`` (echo) the prompt's tokens come first."""
     tokens: list[int] = []
@@ -40,8 +41,10 @@ def completion_logprobs(pieces: Pieces, s: SampleOutput, n: int, prompt_ids: Seq
     tokens += s.token_ids
     lps += s.logprobs
     alternatives = s.top_logprobs or [[] for _ in s.token_ids]
-    tops += [_top_dict(pieces, alt, (t, lp)) if n else None
-             for alt, t, lp in zip(alternatives, s.token_ids, s.logprobs, strict=True)]
+    tops += [
+        _top_dict(pieces, alt, (t, lp)) if n else None
+        for alt, t, lp in zip(alternatives, s.token_ids, s.logprobs, strict=True)
+    ]
     texts = pieces(tokens)
     offsets, at = [], text_start
     for text in texts:

@@ -68,8 +68,16 @@ class _Stream:
         self.hold = max((len(s) for s in self.stops), default=1) - 1
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
-        return sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                     "created": self.created, "model": self.api.service.model_name, "choices": choices, **extra})
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.api.service.model_name,
+                "choices": choices,
+                **extra,
+            }
+        )
 
     def advance(self, c: _Choice, final_text: str | None = None) -> str:
         """The text not yet sent: up to the engine's final text, or (mid-stream) what the tokens decode to."""
@@ -82,21 +90,35 @@ class _Stream:
             text = final_text
         if not text.startswith(c.sent_text):
             log.warning("streamed text diverged from the final text; sending the rest of the final text only")
-            return text[len(c.sent_text):] if final_text is not None else ""
-        return text[len(c.sent_text):]
+            return text[len(c.sent_text) :] if final_text is not None else ""
+        return text[len(c.sent_text) :]
 
-    def piece(self, index: int, text: str, c: _Choice, logprobs: int | None, finish: str | None = None,
-              extra_delta: dict[str, Any] | None = None) -> dict[str, Any]:
+    def piece(
+        self,
+        index: int,
+        text: str,
+        c: _Choice,
+        logprobs: int | None,
+        finish: str | None = None,
+        extra_delta: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """One choice of a chunk: the new text, the pending tokens' logprobs and versions; marks them sent."""
         pending = c.pending()
         lp: dict[str, Any] | None = None
         if logprobs is not None:
-            lp = (chat_logprobs(self.api.pieces, pending) if self.chat
-                  else completion_logprobs(self.api.pieces, pending, logprobs, text_start=len(c.sent_text)))
+            lp = (
+                chat_logprobs(self.api.pieces, pending)
+                if self.chat
+                else completion_logprobs(self.api.pieces, pending, logprobs, text_start=len(c.sent_text))
+            )
         c.sent_text += text
         c.sent_tokens = len(c.tokens)
-        out: dict[str, Any] = {"index": index, "logprobs": lp, "finish_reason": finish,
-                               "weight_versions": pending.weight_versions}
+        out: dict[str, Any] = {
+            "index": index,
+            "logprobs": lp,
+            "finish_reason": finish,
+            "weight_versions": pending.weight_versions,
+        }
         if self.chat:
             out["delta"] = {"content": text, **(extra_delta or {})} if text or extra_delta else {}
         else:
@@ -104,14 +126,16 @@ class _Stream:
         return out
 
 
-async def _run(stream: _Stream, logprobs: int | None, include_usage: bool, buffer: bool,
-               with_tools: bool) -> AsyncIterator[str]:
+async def _run(
+    stream: _Stream, logprobs: int | None, include_usage: bool, buffer: bool, with_tools: bool
+) -> AsyncIterator[str]:
     n, api = stream.n, stream.api
     results: list[list[SampleOutput]] = [[] for _ in stream.inputs]
     try:
         for i in range(len(stream.choices) if stream.chat else 0):  # one choice per chunk, as OpenAI sends them
-            yield stream.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}])
+            yield stream.chunk(
+                [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+            )
         async for kind, p, item in events(api.service, stream.queue, stream.submitted, "openai"):
             if kind == "token":
                 index = p * n + item.index
@@ -136,8 +160,10 @@ async def _run(stream: _Stream, logprobs: int | None, include_usage: bool, buffe
                     if calls:
                         extra, reason = {"tool_calls": [t.openai(k) for k, t in enumerate(calls)]}, "tool_calls"
                 text = stream.advance(c, final)
-                yield stream.chunk([stream.piece(index, text, c, logprobs, reason, extra)],
-                                   weight_version=oldest([[s]], api.service.engine.version))
+                yield stream.chunk(
+                    [stream.piece(index, text, c, logprobs, reason, extra)],
+                    weight_version=oldest([[s]], api.service.engine.version),
+                )
     except ApiError as exc:
         yield sse(error_body(exc.status, str(exc), exc.param))
         return
@@ -148,8 +174,9 @@ async def _run(stream: _Stream, logprobs: int | None, include_usage: bool, buffe
     finally:
         cancel(stream.submitted)  # also when the client went away before the first event
     if include_usage:
-        yield stream.chunk([], usage=usage(stream.inputs, results),
-                           weight_version=oldest(results, api.service.engine.version))
+        yield stream.chunk(
+            [], usage=usage(stream.inputs, results), weight_version=oldest(results, api.service.engine.version)
+        )
     yield DONE
 
 

@@ -33,21 +33,35 @@ def build_engine(cfg: RunConfig) -> Engine:
         from relayrl.common.lora import with_lora
 
         model = with_lora(model, cfg.model.lora)
-    return NativeEngine(model, load_tokenizer(cfg.model.path), torch.device(cfg.model.device),
-                        kv_on_update=ic.kv_on_update, max_batch_sequences=ic.max_batch_sequences,
-                        max_prefill_tokens=ic.max_prefill_tokens)
+    return NativeEngine(
+        model,
+        load_tokenizer(cfg.model.path),
+        torch.device(cfg.model.device),
+        kv_on_update=ic.kv_on_update,
+        max_batch_sequences=ic.max_batch_sequences,
+        max_prefill_tokens=ic.max_prefill_tokens,
+    )
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     ic = cfg.inference
     hosts = {"inference.server.host": ic.server.host, "inference.weights_server.host": ic.weights_server.host}
-    require_credential(cfg.control.effective_weights_token(), hosts,
-                       "a weights token (control.weights_token_env): it decides who may change the served weights")
+    require_credential(
+        cfg.control.effective_weights_token(),
+        hosts,
+        "a weights token (control.weights_token_env): it decides who may change the served weights",
+    )
     cfg.model.check_exists()
     cfg = fit_to_model(cfg)  # the limits within the model's context (ConfigError before the model is loaded)
     engine = await asyncio.to_thread(build_engine, cfg)
-    service = InferenceService(cfg.inference, engine, load_tokenizer(cfg.model.path), str(cfg.model.path),
-                               weights_dir=cfg.weights_dir, weights_token=cfg.control.effective_weights_token())
+    service = InferenceService(
+        cfg.inference,
+        engine,
+        load_tokenizer(cfg.model.path),
+        str(cfg.model.path),
+        weights_dir=cfg.weights_dir,
+        weights_token=cfg.control.effective_weights_token(),
+    )
     handle, weights = create_inference_servers(service, cfg.tls)
     http = HttpServer(create_app(service), cfg.inference.http, "inference") if cfg.inference.http.enabled else None
     try:

@@ -47,9 +47,16 @@ class NativeEngine:
 
     computes_alternatives = True  # top_logprobs / prompt_logprobs of GenerationInput are honoured
 
-    def __init__(self, model: Any, tokenizer: Any, device: torch.device, version: int = 0,
-                 kv_on_update: KvOnUpdate = KvOnUpdate.RECOMPUTE, max_batch_sequences: int = 256,
-                 max_prefill_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: torch.device,
+        version: int = 0,
+        kv_on_update: KvOnUpdate = KvOnUpdate.RECOMPUTE,
+        max_batch_sequences: int = 256,
+        max_prefill_tokens: int = 8192,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -101,15 +108,16 @@ class NativeEngine:
     def stats(self) -> EngineStats:
         with self._cond:
             requests = len({id(r.req) for r in self._rows})
-            return EngineStats(len(self._rows), requests, len(self._queue), self.decode_steps,
-                               self.cancelled_sequences)
+            return EngineStats(len(self._rows), requests, len(self._queue), self.decode_steps, self.cancelled_sequences)
 
     def submit(self, inp: GenerationInput) -> Future[list[SampleOutput]]:
         if inp.n > self.max_rows:
             raise ValueError(f"n={inp.n} exceeds the engine's max_batch_sequences={self.max_rows}")
         if len(inp.prompt_ids) + inp.max_new_tokens > self.context_length:
-            raise ValueError(f"prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) "
-                             f"exceeds the model's context length {self.context_length}")
+            raise ValueError(
+                f"prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) "
+                f"exceeds the model's context length {self.context_length}"
+            )
         req = _Request(inp, Future(), [None] * inp.n, inp.n)
         if inp.seed is not None:
             req.generator = torch.Generator(device=self.device).manual_seed(int(inp.seed))
@@ -121,8 +129,9 @@ class NativeEngine:
             self._cond.notify()
         return req.future
 
-    def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int,
-                       probe: Sequence[Sequence[int]] = ()) -> list[float]:
+    def update_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]] = ()
+    ) -> list[float]:
         check_tensors(tensors, self._specs)
         staged = {name: t.to(self.device) for name, t in tensors.items()}
         swap = _Swap(staged, version, probe)
@@ -188,8 +197,10 @@ class NativeEngine:
             if admitted and scoring != (admitted[-1].inp.prompt_logprobs is not None):
                 break  # prompt-scoring requests prefill only together: every row of theirs computes [width, vocab]
             tokens = len(req.inp.prompt_ids)
-            if rows + req.inp.n > self.max_rows or (admitted and max(
-                    prefill + tokens, scoring * (len(admitted) + 1) * max(width, tokens)) > self.max_prefill_tokens):
+            if rows + req.inp.n > self.max_rows or (
+                admitted
+                and max(prefill + tokens, scoring * (len(admitted) + 1) * max(width, tokens)) > self.max_prefill_tokens
+            ):
                 break  # (scoring rows' logits hold rows x the longest prompt, padding included: bounded as well)
             admitted.append(self._queue.popleft())
             rows, prefill, width = rows + req.inp.n, prefill + tokens, max(width, tokens)
@@ -202,8 +213,7 @@ class NativeEngine:
         """Swap the staged tensors in by reference, score the probe; on failure restore the old ones (version kept)."""
         try:
             if swap.version <= self._version:
-                raise StaleVersionError(f"version {swap.version} is not newer than the served version "
-                                        f"{self._version}")
+                raise StaleVersionError(f"version {swap.version} is not newer than the served version {self._version}")
             old = {name: p.data for name, p in self._params.items()}
             try:
                 for name, t in swap.tensors.items():
@@ -224,8 +234,7 @@ class NativeEngine:
     def _iteration(self, admitted: list[_Request]) -> None:
         self._drop_cancelled()
         batch = self._batch
-        if (batch is not None and batch.cache_version != self._version
-                and self.kv_on_update is KvOnUpdate.RECOMPUTE):
+        if batch is not None and batch.cache_version != self._version and self.kv_on_update is KvOnUpdate.RECOMPUTE:
             self._recompute(batch)
         if admitted:
             new_batch, new_rows = self._prefill(admitted)
@@ -237,8 +246,9 @@ class NativeEngine:
             self._decode_step(self._batch)
             self._retire()
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv: KV | None,
-                 all_logits: bool = False) -> tuple[Any, KV]:
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv: KV | None, all_logits: bool = False
+    ) -> tuple[Any, KV]:
         """Logits of the last position [B, V] (of every position [B, L, V] with ``all_logits``) and the cache."""
         from transformers import DynamicCache
 
@@ -258,8 +268,8 @@ class NativeEngine:
         ids = torch.full((len(reqs), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(reqs), width), dtype=torch.long)
         for i, r in enumerate(reqs):  # left padding, one row per prompt
-            ids[i, width - len(r.inp.prompt_ids):] = torch.tensor(r.inp.prompt_ids, dtype=torch.long)
-            mask[i, width - len(r.inp.prompt_ids):] = 1
+            ids[i, width - len(r.inp.prompt_ids) :] = torch.tensor(r.inp.prompt_ids, dtype=torch.long)
+            mask[i, width - len(r.inp.prompt_ids) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         want_prompt = any(r.inp.prompt_logprobs is not None for r in reqs)
@@ -287,13 +297,16 @@ class NativeEngine:
         alternatives = min(max(x.top_logprobs for x in inputs), logits.shape[-1])  # no more than the vocabulary
         batch = BatchState(
             kv=[(k.index_select(0, expand), v.index_select(0, expand)) for k, v in kv],
-            mask=mask.index_select(0, expand), ids=ids.index_select(0, expand),
+            mask=mask.index_select(0, expand),
+            ids=ids.index_select(0, expand),
             next_tok=torch.zeros(len(rows), dtype=torch.long, device=dev),
-            pos=mask.sum(dim=1).index_select(0, expand), params=params,
+            pos=mask.sum(dim=1).index_select(0, expand),
+            params=params,
             out_tok=torch.full((len(rows), steps), self.pad_token_id, dtype=torch.long, device=dev),
             out_lp=torch.zeros((len(rows), steps), dtype=torch.float32, device=dev),
             out_ver=torch.zeros((len(rows), steps), dtype=torch.long, device=dev),
-            length=torch.zeros(len(rows), dtype=torch.long, device=dev), cache_version=self._version,
+            length=torch.zeros(len(rows), dtype=torch.long, device=dev),
+            cache_version=self._version,
             out_top_lp=torch.full((len(rows), steps, alternatives), float("-inf"), device=dev),
             out_top_id=torch.full((len(rows), steps, alternatives), -1, dtype=torch.long, device=dev),
         )
@@ -318,8 +331,7 @@ class NativeEngine:
     def _sample(self, batch: BatchState, logits: torch.Tensor, rows: list[_Row]) -> None:
         p = batch.params
         generator = rows[0].req.generator if self._exclusive else None
-        tok, lp, top = sample_with_alternatives(logits, p.temperature, p.top_k, p.top_p, generator,
-                                                batch.alternatives)
+        tok, lp, top = sample_with_alternatives(logits, p.temperature, p.top_k, p.top_p, generator, batch.alternatives)
         batch.record(tok, lp, self._version, top)
         batch.check()
         stream_step(rows, tok, lp, top, self._version)

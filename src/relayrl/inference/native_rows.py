@@ -46,8 +46,9 @@ def pairs(ids: list[int], lps: list[float]) -> Alternatives:
     return [(int(i), float(lp)) for i, lp in zip(ids, lps, strict=True) if i >= 0]
 
 
-def stream_step(rows: list[Row], tok: torch.Tensor, lp: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor],
-                version: int) -> None:
+def stream_step(
+    rows: list[Row], tok: torch.Tensor, lp: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor], version: int
+) -> None:
     """Hand this step's token of every streaming row to its request's ``on_token`` (one transfer for all rows)."""
     streaming = [i for i, r in enumerate(rows) if r.req.inp.on_token is not None]
     if not streaming:
@@ -62,8 +63,7 @@ def stream_step(rows: list[Row], tok: torch.Tensor, lp: torch.Tensor, top: tuple
         want = row.req.inp.top_logprobs
         callback = row.req.inp.on_token
         assert callback is not None
-        callback(TokenEvent(row.index, int(toks[k]), float(lps[k]), version,
-                            pairs(top_id[k][:want], top_lp[k][:want])))
+        callback(TokenEvent(row.index, int(toks[k]), float(lps[k]), version, pairs(top_id[k][:want], top_lp[k][:want])))
 
 
 def prompt_logprobs(reqs: list[Request], logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -86,12 +86,12 @@ def prompt_logprobs(reqs: list[Request], logits: torch.Tensor, ids: torch.Tensor
         want = req.inp.prompt_logprobs or 0
         start = len(scored[j]) - (n - 1)  # the row's own tokens are its last n columns
         req.prompt_logprobs = [None, *scored[j][start:]]
-        req.prompt_top = [[]] + [pairs(top_id[j][p][:want], top_lp[j][p][:want])
-                                 for p in range(start, len(scored[j]))]
+        req.prompt_top = [[]] + [pairs(top_id[j][p][:want], top_lp[j][p][:want]) for p in range(start, len(scored[j]))]
 
 
-def finished_samples(batch: BatchState, rows: list[Row], done: torch.Tensor, reason: torch.Tensor,
-                     tokenizer: Any) -> list[tuple[int, SampleOutput]]:
+def finished_samples(
+    batch: BatchState, rows: list[Row], done: torch.Tensor, reason: torch.Tensor, tokenizer: Any
+) -> list[tuple[int, SampleOutput]]:
     """(row position, output) for the finished rows ``done`` (indices into ``batch``): tokens, logprobs,
     alternatives (trimmed to each request's ask), versions, finish reason and text (cut at a stop string)."""
     from relayrl.common.pb.common_pb2 import FINISH_REASON_STOP_STRING
@@ -112,10 +112,26 @@ def finished_samples(batch: BatchState, rows: list[Row], done: torch.Tensor, rea
         if reasons[k] == FINISH_REASON_STOP_STRING:
             text = cut_at_stop(text, row.req.inp.stop)
         want = row.req.inp.top_logprobs
-        top = ([pairs(top_id[k][t][:want], top_lp[k][t][:want]) for t in range(n)]
-               if want and top_lp is not None and top_id is not None else [])
-        out.append((i, SampleOutput(toks[k][:n], lps[k][:n], vers[k][:n], int(reasons[k]), text, top,
-                                    list(row.req.prompt_logprobs), list(row.req.prompt_top))))
+        top = (
+            [pairs(top_id[k][t][:want], top_lp[k][t][:want]) for t in range(n)]
+            if want and top_lp is not None and top_id is not None
+            else []
+        )
+        out.append(
+            (
+                i,
+                SampleOutput(
+                    toks[k][:n],
+                    lps[k][:n],
+                    vers[k][:n],
+                    int(reasons[k]),
+                    text,
+                    top,
+                    list(row.req.prompt_logprobs),
+                    list(row.req.prompt_top),
+                ),
+            )
+        )
     return out
 
 

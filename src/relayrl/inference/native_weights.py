@@ -38,8 +38,12 @@ def served_mismatch(paths: ModulePaths, tensors: Mapping[str, torch.Tensor]) -> 
     for name, t in tensors.items():
         for module, attr, path in paths[name]:
             served = getattr(module, attr)
-            if not (served.data_ptr() == t.data_ptr() and served.shape == t.shape
-                    and served.stride() == t.stride() and served.dtype == t.dtype):
+            if not (
+                served.data_ptr() == t.data_ptr()
+                and served.shape == t.shape
+                and served.stride() == t.stride()
+                and served.dtype == t.dtype
+            ):
                 return path
     return ""
 

@@ -122,8 +122,11 @@ class ChatRequest(_Sampling):
 def _refuse_sampling(req: _Sampling) -> None:
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(req, name) != 0:  # NaN and +/-Infinity too
-            raise ApiError(f"{name}={getattr(req, name)!r} is not supported (only 0): relayrl samples from the "
-                           "model's own distribution so that its logprobs are the policy's", name)
+            raise ApiError(
+                f"{name}={getattr(req, name)!r} is not supported (only 0): relayrl samples from the "
+                "model's own distribution so that its logprobs are the policy's",
+                name,
+            )
     if req.logit_bias:
         raise ApiError("logit_bias is not supported", "logit_bias")
     if req.stream_options is not None and not req.stream:
@@ -140,8 +143,9 @@ def refuse_unsupported(req: CompletionRequest | ChatRequest) -> None:
             raise ApiError("suffix (insertion) is not supported", "suffix")
         return
     if req.response_format is not None and req.response_format.get("type") != "text":
-        raise ApiError("response_format is not supported (only {'type': 'text'}): no constrained decoding",
-                       "response_format")
+        raise ApiError(
+            "response_format is not supported (only {'type': 'text'}): no constrained decoding", "response_format"
+        )
     if req.tool_choice is not None and req.tool_choice not in ("auto", "none"):
         raise ApiError("tool_choice must be 'auto' or 'none': relayrl does not force a tool call", "tool_choice")
     if req.top_logprobs and not req.logprobs:

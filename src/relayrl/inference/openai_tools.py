@@ -35,11 +35,20 @@ def _turn(m: ChatMessage) -> dict[str, Any]:
         turn["tool_call_id"] = m.tool_call_id
     if m.tool_calls:
         turn["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {
-                "name": c.function.name,
-                "arguments": (json.loads(c.function.arguments) if isinstance(c.function.arguments, str)
-                              else c.function.arguments)}}
-            for c in m.tool_calls]
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {
+                    "name": c.function.name,
+                    "arguments": (
+                        json.loads(c.function.arguments)
+                        if isinstance(c.function.arguments, str)
+                        else c.function.arguments
+                    ),
+                },
+            }
+            for c in m.tool_calls
+        ]
     return turn
 
 
@@ -53,8 +62,11 @@ def chat_prompt(tokenizer: Any, req: ChatRequest) -> str:
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []] if uses_tools(req) else None
     if (tools or tool_turns) and not renders_tools(tokenizer):
         param = "tools" if tools else "messages"
-        raise ApiError(f"{param}: this model's chat template cannot render tools or tool messages (it never reads "
-                       "'tools'); serve a model whose template does, or leave them out", param)
+        raise ApiError(
+            f"{param}: this model's chat template cannot render tools or tool messages (it never reads "
+            "'tools'); serve a model whose template does, or leave them out",
+            param,
+        )
     if chat_template_text(tokenizer):
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         try:

@@ -62,8 +62,9 @@ def check_samples(n_values: list[int], cfg: InferenceConfig, what: str) -> None:
             raise SamplingError("n", n, "must be >= 1")
     total = sum(n_values)
     if total > cfg.max_samples_per_request:
-        raise LimitExceeded(f"{what} ask for {total} samples, over max_samples_per_request="
-                            f"{cfg.max_samples_per_request}")
+        raise LimitExceeded(
+            f"{what} ask for {total} samples, over max_samples_per_request={cfg.max_samples_per_request}"
+        )
 
 
 def check_request(inp: GenerationInput, cfg: InferenceConfig, vocab: int, context: int) -> GenerationInput:
@@ -90,18 +91,26 @@ def check_request(inp: GenerationInput, cfg: InferenceConfig, vocab: int, contex
 
 def _check_lengths(inp: GenerationInput, cfg: InferenceConfig, context: int) -> None:
     if not 1 <= inp.max_new_tokens <= cfg.max_new_tokens_limit:
-        raise SamplingError("max_new_tokens", inp.max_new_tokens,
-                            f"must be in [1, {cfg.max_new_tokens_limit}] (max_new_tokens_limit)")
+        raise SamplingError(
+            "max_new_tokens", inp.max_new_tokens, f"must be in [1, {cfg.max_new_tokens_limit}] (max_new_tokens_limit)"
+        )
     if len(inp.prompt_ids) + inp.max_new_tokens > context:
-        raise SamplingError("max_new_tokens", inp.max_new_tokens,
-                            f"the prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens exceeds the model's "
-                            f"context length {context}")
+        raise SamplingError(
+            "max_new_tokens",
+            inp.max_new_tokens,
+            f"the prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens exceeds the model's context length {context}",
+        )
 
 
 def _check_distribution(inp: GenerationInput, vocab: int) -> None:
-    _finite_in("temperature", inp.temperature, MIN_TEMPERATURE, MAX_TEMPERATURE,
-               f"must be a finite number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] (or 0: gRPC's default 1, "
-               "REST's greedy)")
+    _finite_in(
+        "temperature",
+        inp.temperature,
+        MIN_TEMPERATURE,
+        MAX_TEMPERATURE,
+        f"must be a finite number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] (or 0: gRPC's default 1, "
+        "REST's greedy)",
+    )
     _finite_in("top_p", inp.top_p, math.ulp(0.0), 1.0, "must be a finite number in (0, 1]")
     if not 0 <= inp.top_k <= vocab:
         raise SamplingError("top_k", inp.top_k, f"must be in [0, {vocab}] (0: off; at most the vocabulary)")
@@ -116,8 +125,9 @@ def _check_stops(inp: GenerationInput, vocab: int) -> None:
         raise SamplingError("stop", f"{len(inp.stop)} strings", f"at most {MAX_STOP_STRINGS} stop strings")
     for stop in inp.stop:
         if not 1 <= len(stop) <= MAX_STOP_CHARS:
-            raise SamplingError("stop", stop[:32], f"stop strings must not be empty, at most {MAX_STOP_CHARS} "
-                                                   "characters each")
+            raise SamplingError(
+                "stop", stop[:32], f"stop strings must not be empty, at most {MAX_STOP_CHARS} characters each"
+            )
     if len(inp.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise SamplingError("stop_token_ids", f"{len(inp.stop_token_ids)} ids", f"at most {MAX_STOP_TOKEN_IDS}")
     for t in inp.stop_token_ids:

@@ -64,19 +64,22 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     async def _refuse_request(self, context: grpc.aio.ServicerContext, exc: ValueError) -> NoReturn:
         """Abort a refused generation call: RESOURCE_EXHAUSTED over a limit, else INVALID_ARGUMENT."""
-        code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) \
-            else grpc.StatusCode.INVALID_ARGUMENT
+        code = (
+            grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, LimitExceeded) else grpc.StatusCode.INVALID_ARGUMENT
+        )
         self.service.metrics.request_errors.labels("grpc", code.name).inc()
         await context.abort(code, str(exc))
         raise AssertionError("unreachable: abort raises") from exc
 
     async def _generation_port(self, context: grpc.aio.ServicerContext) -> None:
         if self.weights_port:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not "
-                                                                   "on the weights port")
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, "generation is served on inference.server, not on the weights port"
+            )
 
-    async def _submit(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext,
-                      stream: bool) -> tuple[GenerationInput, Submitted, asyncio.Queue[Event] | None]:
+    async def _submit(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, stream: bool
+    ) -> tuple[GenerationInput, Submitted, asyncio.Queue[Event] | None]:
         """Check and submit a Generate(Stream) request (with ``stream``, its tokens fed to a queue); a refused one
         aborts the call (RESOURCE_EXHAUSTED over a limit, else INVALID_ARGUMENT)."""
         await self._generation_port(context)
@@ -90,11 +93,13 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         inp, submitted, _ = await self._submit(request, context, stream=False)
         samples = await self.service.result(submitted, "grpc")
-        return pb.GenerateResponse(request_id=request.request_id, prompt_token_ids=inp.prompt_ids,
-                                   samples=[sample_message(s) for s in samples])
+        return pb.GenerateResponse(
+            request_id=request.request_id, prompt_token_ids=inp.prompt_ids, samples=[sample_message(s) for s in samples]
+        )
 
-    async def GenerateBatch(self, request: pb.GenerateBatchRequest,
-                            context: grpc.aio.ServicerContext) -> pb.GenerateBatchResponse:
+    async def GenerateBatch(
+        self, request: pb.GenerateBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GenerateBatchResponse:
         """Generate for each request: the call's samples (the requests' n summed) within max_samples_per_request
         (else RESOURCE_EXHAUSTED before anything is tokenised), every request checked, then all submitted before
         any is awaited (the engine admits them together). A refused request refuses the call; nothing of a
@@ -102,8 +107,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         await self._generation_port(context)
         submitted: list[Submitted] = []
         try:
-            check_samples([r.sampling.n or 1 for r in request.requests], self.service.cfg,
-                          f"the {len(request.requests)} requests of this GenerateBatch")
+            check_samples(
+                [r.sampling.n or 1 for r in request.requests],
+                self.service.cfg,
+                f"the {len(request.requests)} requests of this GenerateBatch",
+            )
             inputs = [await generation_input(self.service, r) for r in request.requests]
             for inp in inputs:
                 submitted.append(self.service.submit(inp))
@@ -116,13 +124,20 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 future.cancel()
             raise
         outputs = await asyncio.gather(*(self.service.result(sub, "grpc_batch") for sub in submitted))
-        return pb.GenerateBatchResponse(responses=[
-            pb.GenerateResponse(request_id=r.request_id, prompt_token_ids=inp.prompt_ids,
-                                samples=[sample_message(s) for s in samples])
-            for r, inp, samples in zip(request.requests, inputs, outputs, strict=True)])
+        return pb.GenerateBatchResponse(
+            responses=[
+                pb.GenerateResponse(
+                    request_id=r.request_id,
+                    prompt_token_ids=inp.prompt_ids,
+                    samples=[sample_message(s) for s in samples],
+                )
+                for r, inp, samples in zip(request.requests, inputs, outputs, strict=True)
+            ]
+        )
 
-    async def GenerateStream(self, request: pb.GenerateRequest,
-                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
         """Generate, streamed (see GenerateChunk): the shared engine-to-loop plumbing of the REST API's streaming
         (relayrl.inference.token_stream); a cancelled call closes this generator, which cancels the request."""
         inp, submitted, queue = await self._submit(request, context, stream=True)
@@ -131,14 +146,20 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         yield pb.GenerateChunk(request_id=rid, prompt_token_ids=inp.prompt_ids)
         async for kind, _, item in events(self.service, queue, [submitted], "grpc_stream"):
             if kind == "token":
-                yield pb.GenerateChunk(request_id=rid, index=item.index, token_ids=[item.token_id],
-                                       logprobs=[item.logprob], weight_versions=[item.version])
+                yield pb.GenerateChunk(
+                    request_id=rid,
+                    index=item.index,
+                    token_ids=[item.token_id],
+                    logprobs=[item.logprob],
+                    weight_versions=[item.version],
+                )
             else:
                 for index, s in enumerate(item):
                     yield pb.GenerateChunk(request_id=rid, index=index, sample=sample_message(s))
 
-    async def ScoreTokens(self, request: pb.ScoreTokensRequest,
-                          context: grpc.aio.ServicerContext) -> pb.ScoreTokensResponse:
+    async def ScoreTokens(
+        self, request: pb.ScoreTokensRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ScoreTokensResponse:
         """Logprobs of given completion tokens: each sequence runs as a one-token generation of prompt +
         completion that asks for its prompt logprobs (the engine batches them with other requests)."""
         if self.weights_port:
@@ -161,8 +182,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             version = max(version, *samples[0].weight_versions)
         return pb.ScoreTokensResponse(request_id=request.request_id, scores=scores, weight_version=version)
 
-    async def _messages(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]
-                        ) -> AsyncIterator[pb.WeightUpdateMessage]:
+    async def _messages(
+        self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]
+    ) -> AsyncIterator[pb.WeightUpdateMessage]:
         """The stream's messages; IdleStreamError when none arrives within weights_idle_timeout_s."""
         timeout = self.service.cfg.weights_idle_timeout_s
         it = aiter(request_iterator)
@@ -175,8 +197,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 raise IdleStreamError(f"no message for {timeout:g}s (inference.weights_idle_timeout_s)") from None
             yield msg
 
-    async def _receive(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]
-                       ) -> tuple[pb.WeightManifest, WeightAssembler]:
+    async def _receive(
+        self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]
+    ) -> tuple[pb.WeightManifest, WeightAssembler]:
         """Every message of the stream, each chunk checked against the model's specs as it arrives, then the
         manifest's own checks (version, transport, probe): nothing here touches the served model."""
         engine = self.service.engine
@@ -194,13 +217,16 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if manifest is None:
             raise WeightUpdateError("the stream ended without a manifest")
         if manifest.version <= engine.version:  # early; checked again under the update lock
-            raise StaleVersionError(f"version {manifest.version} is not newer than the served version "
-                                    f"{engine.version}")
+            raise StaleVersionError(f"version {manifest.version} is not newer than the served version {engine.version}")
         if manifest.path and assembler.bytes_received:
             raise WeightUpdateError("an update is either streamed in chunks or read from a shared path, not both")
         try:
-            check_probe([list(p.ids) for p in manifest.probe], engine.vocab_size, engine.context_length,
-                        self.service.cfg.max_probe_tokens) if manifest.probe else None
+            check_probe(
+                [list(p.ids) for p in manifest.probe],
+                engine.vocab_size,
+                engine.context_length,
+                self.service.cfg.max_probe_tokens,
+            ) if manifest.probe else None
         except ValueError as exc:
             raise WeightUpdateError(str(exc)) from exc
         return manifest, assembler
@@ -226,14 +252,18 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         await context.abort(code, f"weight update refused: {exc}")
         raise AssertionError("unreachable: abort raises")
 
-    async def UpdateWeights(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage],
-                            context: grpc.aio.ServicerContext) -> pb.UpdateWeightsResponse:
+    async def UpdateWeights(
+        self, request_iterator: AsyncIterator[pb.WeightUpdateMessage], context: grpc.aio.ServicerContext
+    ) -> pb.UpdateWeightsResponse:
         """Receive, assemble and validate the whole update without the update lock; then, under it, re-check the
         version, swap between decode steps and score the probe. On any error the old weights and version serve."""
         service, metrics = self.service, self.service.metrics
         if not self.weights_port:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "weight updates are accepted only on the weights "
-                                f"port (inference.weights_server, {service.weights_target or 'see the config'})")
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "weight updates are accepted only on the weights "
+                f"port (inference.weights_server, {service.weights_target or 'see the config'})",
+            )
         await require_token(context, service.weights_token, "a weight update")  # only the trainer holds it
         t0 = time.perf_counter()
         service.weight_streams += 1
@@ -256,20 +286,33 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         metrics.weight_updates.labels("applied").inc()
         metrics.weight_update_seconds.observe(elapsed)
         metrics.weight_update_bytes.inc(nbytes)
-        return pb.UpdateWeightsResponse(version=manifest.version, apply_s=elapsed, bytes_received=nbytes,
-                                        probe_logprobs=probe_lp, receive_s=t_received - t0,
-                                        assemble_s=t_assembled - t_received, swap_s=t_end - t_assembled - probe_s,
-                                        probe_s=probe_s, **served_check(service.engine, manifest.sha256))
+        return pb.UpdateWeightsResponse(
+            version=manifest.version,
+            apply_s=elapsed,
+            bytes_received=nbytes,
+            probe_logprobs=probe_lp,
+            receive_s=t_received - t0,
+            assemble_s=t_assembled - t_received,
+            swap_s=t_end - t_assembled - probe_s,
+            probe_s=probe_s,
+            **served_check(service.engine, manifest.sha256),
+        )
 
-    async def GetStatus(self, request: pb.GetInferenceStatusRequest,
-                        context: grpc.aio.ServicerContext) -> pb.InferenceStatus:
+    async def GetStatus(
+        self, request: pb.GetInferenceStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InferenceStatus:
         s = self.service
         stats = s.engine.stats()
         return pb.InferenceStatus(
-            component=s.header.message(), weight_version=s.engine.version, model_path=s.model_path,
-            requests_served=s.requests_served, tokens_generated=s.tokens_generated,
-            requests_running=stats.running_requests, weight_updates=s.weight_updates,
-            requests_queued=stats.queued_requests, sequences_running=stats.running_sequences,
+            component=s.header.message(),
+            weight_version=s.engine.version,
+            model_path=s.model_path,
+            requests_served=s.requests_served,
+            tokens_generated=s.tokens_generated,
+            requests_running=stats.running_requests,
+            weight_updates=s.weight_updates,
+            requests_queued=stats.queued_requests,
+            sequences_running=stats.running_sequences,
             engine=s.cfg.engine.value,
         )
 
@@ -278,8 +321,9 @@ def _register(add: Callable[[Any, grpc.aio.Server], None], servicer: Any, server
     add(servicer, server)
 
 
-def create_inference_servers(service: InferenceService,
-                             tls: TlsConfig | None = None) -> tuple[ServerHandle, ServerHandle]:
+def create_inference_servers(
+    service: InferenceService, tls: TlsConfig | None = None
+) -> tuple[ServerHandle, ServerHandle]:
     """Build the main gRPC server (``inference.server``) and the weights server (``inference.weights_server``),
     both bound, not started, with TLS when ``tls`` is on. Records the weights server's target in
     ``service.weights_target``."""
@@ -290,9 +334,16 @@ def create_inference_servers(service: InferenceService,
     weights_tokens: dict[str, Callable[[], str]] = {method_path(name, "UpdateWeights"): lambda: service.weights_token}
     for cfg, weights_port in ((service.cfg.server, False), (service.cfg.weights_server, True)):
         servicer = InferenceServicer(service, weights_port)
-        handles.append(create_server(cfg, [functools.partial(_register, add, servicer)], [name], tls,
-                                     tokens=weights_tokens if weights_port else None,
-                                     section="inference.weights_server" if weights_port else "inference.server"))
+        handles.append(
+            create_server(
+                cfg,
+                [functools.partial(_register, add, servicer)],
+                [name],
+                tls,
+                tokens=weights_tokens if weights_port else None,
+                section="inference.weights_server" if weights_port else "inference.server",
+            )
+        )
     ws = service.cfg.weights_server
     service.weights_target = ws.address or replace(ws, port=handles[1].port).target
     return handles[0], handles[1]

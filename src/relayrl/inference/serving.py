@@ -37,8 +37,15 @@ class WeightSwapError(Exception):
 
 
 class InferenceService:
-    def __init__(self, cfg: InferenceConfig, engine: Engine, tokenizer: Any, model_path: str,
-                 weights_dir: Path | None = None, weights_token: str = "") -> None:
+    def __init__(
+        self,
+        cfg: InferenceConfig,
+        engine: Engine,
+        tokenizer: Any,
+        model_path: str,
+        weights_dir: Path | None = None,
+        weights_token: str = "",
+    ) -> None:
         self.cfg = cfg
         self.weights_token = weights_token  # UpdateWeights needs it (empty: every update is refused)
         self.engine = engine
@@ -102,8 +109,11 @@ class InferenceService:
         queued = self.engine.stats().queued_requests
         if queued >= self.cfg.max_queued_requests:
             self.metrics.request_errors.labels("engine", "RESOURCE_EXHAUSTED").inc()
-            raise LimitExceeded(f"{queued} requests are waiting for the engine (max_queued_requests="
-                                f"{self.cfg.max_queued_requests}); retry later", http_status=429)
+            raise LimitExceeded(
+                f"{queued} requests are waiting for the engine (max_queued_requests="
+                f"{self.cfg.max_queued_requests}); retry later",
+                http_status=429,
+            )
         return self.engine.submit(inp), time.perf_counter()
 
     async def result(self, submitted: tuple[Future[list[SampleOutput]], float], api: str) -> list[SampleOutput]:
@@ -118,25 +128,28 @@ class InferenceService:
         self.metrics.latency.labels(api).observe(time.perf_counter() - t0)
         return samples
 
-    async def apply_update(self, tensors: Mapping[str, torch.Tensor], version: int,
-                           probe: Sequence[Sequence[int]]) -> list[float]:
+    async def apply_update(
+        self, tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]]
+    ) -> list[float]:
         """Under the update lock: re-check the version (another update may have landed while this one was
         assembled), then swap (on the engine thread, between decode steps) and score the probe. Raises
         StaleVersionError / WeightUpdateError for a refused update, WeightSwapError when the engine failed (it
         restored the old weights); the version moves only after a successful swap and probe."""
         async with self._update_lock:
             if version <= self.engine.version:
-                raise StaleVersionError(f"version {version} is not newer than the served version "
-                                        f"{self.engine.version}")
+                raise StaleVersionError(f"version {version} is not newer than the served version {self.engine.version}")
             try:
                 return await asyncio.to_thread(self.engine.update_weights, tensors, version, probe)
             except WeightUpdateError:
                 raise
             except Exception as exc:
-                log.exception("weight swap to version %d failed; version %d keeps serving", version,
-                              self.engine.version)
-                raise WeightSwapError(f"the swap to version {version} failed ({type(exc).__name__}); version "
-                                      f"{self.engine.version} keeps serving") from exc
+                log.exception(
+                    "weight swap to version %d failed; version %d keeps serving", version, self.engine.version
+                )
+                raise WeightSwapError(
+                    f"the swap to version {version} failed ({type(exc).__name__}); version "
+                    f"{self.engine.version} keeps serving"
+                ) from exc
 
     @property
     def update_lock(self) -> asyncio.Lock:

@@ -43,8 +43,9 @@ def feed(inputs: Sequence[GenerationInput]) -> asyncio.Queue[Event]:
     return queue
 
 
-async def events(service: InferenceService, queue: asyncio.Queue[Event], submitted: Sequence[Submitted],
-                 api: str) -> AsyncIterator[Event]:
+async def events(
+    service: InferenceService, queue: asyncio.Queue[Event], submitted: Sequence[Submitted], api: str
+) -> AsyncIterator[Event]:
     """The tokens and results of the ``submitted`` requests, fed by :func:`feed`, in the order they happen (a
     request's tokens before its result); a failed request raises at its result. Each request is counted as
     ``api`` in the service's metrics. Closing the iterator cancels every request in the engine."""

@@ -35,8 +35,9 @@ def alternatives(entries: Mapping[int, Any] | None, k: int) -> Alternatives:
     return [(tid, float(lp)) for _, tid, lp in ranked]
 
 
-def prompt_logprobs(inp: GenerationInput, entries: Sequence[Mapping[int, Any] | None]
-                    ) -> tuple[list[float | None], list[Alternatives]]:
+def prompt_logprobs(
+    inp: GenerationInput, entries: Sequence[Mapping[int, Any] | None]
+) -> tuple[list[float | None], list[Alternatives]]:
     """The prompt tokens' logprobs and alternatives from vLLM's per-position dicts (the first is None)."""
     k = inp.prompt_logprobs or 0
     ids = inp.prompt_ids

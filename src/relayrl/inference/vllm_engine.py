@@ -76,9 +76,14 @@ class VllmEngine:
         self.cfg = cfg
         path = str(model_cfg.path)
         kwargs: dict[str, Any] = {
-            "model": path, "dtype": model_cfg.dtype, "seed": 0, "enforce_eager": cfg.vllm.enforce_eager,
-            "max_num_seqs": cfg.max_batch_sequences, "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": EXTENSION, "enable_prefix_caching": cfg.kv_on_update is KvOnUpdate.RECOMPUTE,
+            "model": path,
+            "dtype": model_cfg.dtype,
+            "seed": 0,
+            "enforce_eager": cfg.vllm.enforce_eager,
+            "max_num_seqs": cfg.max_batch_sequences,
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": EXTENSION,
+            "enable_prefix_caching": cfg.kv_on_update is KvOnUpdate.RECOMPUTE,
         }
         if cfg.vllm.max_model_len:
             kwargs["max_model_len"] = cfg.vllm.max_model_len
@@ -142,8 +147,9 @@ class VllmEngine:
             self._cond.notify()
         return req.future
 
-    def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int,
-                       probe: Sequence[Sequence[int]] = ()) -> list[float]:
+    def update_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]] = ()
+    ) -> list[float]:
         check_tensors(tensors, self._specs)
         if probe:
             check_probe(probe)
@@ -199,17 +205,23 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
-            n=inp.n, temperature=0.0 if greedy(inp) else inp.temperature, max_tokens=inp.max_new_tokens,
+            n=inp.n,
+            temperature=0.0 if greedy(inp) else inp.temperature,
+            max_tokens=inp.max_new_tokens,
             stop=list(inp.stop) or None,
             stop_token_ids=[*inp.stop_token_ids, *([] if inp.ignore_eos else self._end_ids)] or None,
-            seed=inp.seed, ignore_eos=inp.ignore_eos, logprobs=inp.top_logprobs,
-            include_stop_str_in_output=True, output_kind=RequestOutputKind.DELTA, prompt_logprobs=inp.prompt_logprobs)
+            seed=inp.seed,
+            ignore_eos=inp.ignore_eos,
+            logprobs=inp.top_logprobs,
+            include_stop_str_in_output=True,
+            output_kind=RequestOutputKind.DELTA,
+            prompt_logprobs=inp.prompt_logprobs,
+        )
 
     def _add(self, req: _Request) -> None:
         if req.future.cancelled():
             return
-        self._start(req.id, _Seq(req, list(range(req.inp.n)), self._version), req.inp.prompt_ids,
-                    self._params(req.inp))
+        self._start(req.id, _Seq(req, list(range(req.inp.n)), self._version), req.inp.prompt_ids, self._params(req.inp))
 
     def _start(self, vid: str, seq: _Seq, prompt_ids: Sequence[int], params: Any) -> None:
         """Add a vLLM request, on the served version's adapter (with LoRA)."""
@@ -244,8 +256,10 @@ class VllmEngine:
             if out.request_id in probes:
                 if out.finished:
                     ids = probes[out.request_id][0]
-                    probes[out.request_id] = (ids, [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:],
-                                                                                  strict=True)])
+                    probes[out.request_id] = (
+                        ids,
+                        [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:], strict=True)],
+                    )
                 continue
             seq = self._active.get(out.request_id)
             if seq is None:
@@ -267,8 +281,7 @@ class VllmEngine:
     def _apply_swap(self, swap: _Swap) -> None:
         try:
             if swap.version <= self._version:
-                raise StaleVersionError(f"version {swap.version} is not newer than the served version "
-                                        f"{self._version}")
+                raise StaleVersionError(f"version {swap.version} is not newer than the served version {self._version}")
             if self._store is not None:
                 result = self._swap_adapter(swap)
             else:
@@ -315,11 +328,20 @@ class VllmEngine:
             inp = seq.req.inp
             for index in [i for i in seq.indices if not seq.req.samples[i].finished]:
                 done = seq.req.samples[index].token_ids
-                rest = replace(inp, n=1, max_new_tokens=inp.max_new_tokens - len(done), prompt_logprobs=None,
-                               seed=None if inp.seed is None else inp.seed + index)  # vLLM seeds sample i so
+                rest = replace(
+                    inp,
+                    n=1,
+                    max_new_tokens=inp.max_new_tokens - len(done),
+                    prompt_logprobs=None,
+                    seed=None if inp.seed is None else inp.seed + index,
+                )  # vLLM seeds sample i so
                 try:
-                    self._start(f"{seq.req.id}.{index}.v{self._version}", _Seq(seq.req, [index], self._version),
-                                [*inp.prompt_ids, *done], self._params(rest))
+                    self._start(
+                        f"{seq.req.id}.{index}.v{self._version}",
+                        _Seq(seq.req, [index], self._version),
+                        [*inp.prompt_ids, *done],
+                        self._params(rest),
+                    )
                 except Exception as exc:  # this request fails; the swap stands
                     if not seq.req.future.done():
                         seq.req.future.set_exception(exc)
@@ -332,9 +354,12 @@ class VllmEngine:
         for seq in sequences:
             rid = f"probe{next(self._ids)}"
             probes[rid] = (list(seq), None)
-            self._engine.add_request(rid, {"prompt_token_ids": list(seq)},
-                                     SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0),
-                                     lora_request=lora)
+            self._engine.add_request(
+                rid,
+                {"prompt_token_ids": list(seq)},
+                SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0),
+                lora_request=lora,
+            )
         while any(lps is None for _, lps in probes.values()):
             self._step(probes)
         return [lp for _, lps in probes.values() for lp in lps or []]

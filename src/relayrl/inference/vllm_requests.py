@@ -38,6 +38,7 @@ class Request:
 @dataclass
 class Seq:
     """One vLLM request: every sample of a request or, after an adapter swap under ``recompute``, the rest of one."""
+
     req: Request
     indices: list[int]  # vLLM's sample index -> the request's sample index
     version: int  # the weight version serving it (with LoRA: its adapter's, fixed from admission to its end)
@@ -47,17 +48,25 @@ def check_input(inp: GenerationInput, context: int) -> None:
     """ValueError for a request the vllm engine does not serve: one whose logprobs vLLM would take against
     relayrl's convention, or one longer than the model's ``context`` length."""
     if inp.top_p < 1.0 or (inp.top_k > 0 and not greedy(inp)):
-        raise ValueError("the vllm engine does not sample with top_p/top_k truncation: its logprobs would be "
-                         "taken after truncation, against relayrl's convention (use the native engine)")
+        raise ValueError(
+            "the vllm engine does not sample with top_p/top_k truncation: its logprobs would be "
+            "taken after truncation, against relayrl's convention (use the native engine)"
+        )
     if greedy(inp) and inp.n > 1:
-        raise ValueError(f"the vllm engine decodes greedily one sample at a time (n=1, got n={inp.n}): vLLM "
-                         "refuses n > 1 at temperature 0")
+        raise ValueError(
+            f"the vllm engine decodes greedily one sample at a time (n=1, got n={inp.n}): vLLM "
+            "refuses n > 1 at temperature 0"
+        )
     if inp.prompt_logprobs is not None and inp.temperature != 1.0:
-        raise ValueError("the vllm engine scores prompts (prompt logprobs, echo) at temperature 1 only: vLLM "
-                         f"does not temper them, and this request samples at {inp.temperature}")
+        raise ValueError(
+            "the vllm engine scores prompts (prompt logprobs, echo) at temperature 1 only: vLLM "
+            f"does not temper them, and this request samples at {inp.temperature}"
+        )
     if len(inp.prompt_ids) + inp.max_new_tokens > context:
-        raise ValueError(f"prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) "
-                         f"exceeds the model's context length {context}")
+        raise ValueError(
+            f"prompt ({len(inp.prompt_ids)} tokens) + max_new_tokens ({inp.max_new_tokens}) "
+            f"exceeds the model's context length {context}"
+        )
 
 
 def add_output(seq: Seq, o: Any, version: int) -> None:
@@ -79,8 +88,7 @@ def add_output(seq: Seq, o: Any, version: int) -> None:
         for t, lp, top in zip(new, lps, tops, strict=True):
             req.inp.on_token(TokenEvent(index, t, lp, version, top))
     if o.finish_reason == "stop":
-        part.finish_reason = FINISH_REASON_STOP_STRING if isinstance(o.stop_reason, str) \
-            else FINISH_REASON_STOP
+        part.finish_reason = FINISH_REASON_STOP_STRING if isinstance(o.stop_reason, str) else FINISH_REASON_STOP
     elif o.finish_reason == "length":
         part.finish_reason = FINISH_REASON_LENGTH
     part.finished = part.finished or o.finish_reason is not None
@@ -88,7 +96,16 @@ def add_output(seq: Seq, o: Any, version: int) -> None:
 
 def sample_outputs(req: Request) -> list[SampleOutput]:
     """The request's samples, all finished, as the engine returns them."""
-    return [SampleOutput(
-        p.token_ids, p.logprobs, p.versions, p.finish_reason, p.text,
-        p.tops if req.inp.top_logprobs else [], list(req.prompt_logprobs), list(req.prompt_top))
-        for p in req.samples]
+    return [
+        SampleOutput(
+            p.token_ids,
+            p.logprobs,
+            p.versions,
+            p.finish_reason,
+            p.text,
+            p.tops if req.inp.top_logprobs else [],
+            list(req.prompt_logprobs),
+            list(req.prompt_top),
+        )
+        for p in req.samples
+    ]

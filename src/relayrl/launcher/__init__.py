@@ -12,5 +12,18 @@ from relayrl.launcher.local_config import SERVICE_ORDER, local, local_http, loca
 from relayrl.launcher.stack import CONTROL_TOKEN_FILE, RUN_FOLDERS, Child, Launcher
 from relayrl.launcher.stopping import SERVICE_STOP_S, STOP_MARGIN, STOP_STAGES, stop_deadline
 
-__all__ = ["CONTROL_TOKEN_FILE", "RUN_FOLDERS", "SERVICE_ORDER", "SERVICE_STOP_S", "STOP_MARGIN", "STOP_STAGES",
-           "Child", "Launcher", "local", "local_http", "local_publication", "stop_deadline", "with_thread_budget"]
+__all__ = [
+    "CONTROL_TOKEN_FILE",
+    "RUN_FOLDERS",
+    "SERVICE_ORDER",
+    "SERVICE_STOP_S",
+    "STOP_MARGIN",
+    "STOP_STAGES",
+    "Child",
+    "Launcher",
+    "local",
+    "local_http",
+    "local_publication",
+    "stop_deadline",
+    "with_thread_budget",
+]

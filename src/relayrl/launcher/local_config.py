@@ -43,12 +43,17 @@ def with_thread_budget(cfg: RunConfig, cores: Sequence[int]) -> RunConfig:
     ranks = cfg.trainer.distributed.world_size
     auto = automatic_division(len(cores), ranks)
     sections = {name: getattr(cfg, name) for name in SERVICE_ORDER}
-    divided = not any(sections[name].threads.intra_op for name in ("inference", "trainer")) \
-        and not any(section.threads.cpus for section in sections.values())
+    divided = not any(sections[name].threads.intra_op for name in ("inference", "trainer")) and not any(
+        section.threads.cpus for section in sections.values()
+    )
     cpus = automatic_cpus(cores, ranks) if divided else {name: s.threads.cpus for name, s in sections.items()}
     for name, section in sections.items():
-        threads = replace(section.threads, intra_op=section.threads.intra_op or auto[name],
-                          interop=section.threads.interop or 1, cpus=list(cpus[name]))
+        threads = replace(
+            section.threads,
+            intra_op=section.threads.intra_op or auto[name],
+            interop=section.threads.interop or 1,
+            cpus=list(cpus[name]),
+        )
         sections[name] = replace(section, threads=threads)
     return replace(cfg, **sections)
 
@@ -64,16 +69,27 @@ def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
     cfg = with_thread_budget(cfg, sorted(os.sched_getaffinity(0)))
     p = iter(free_ports(9))  # distinct: one per server of the stack
     return replace(
-        cfg, output_dir=out_dir, tls=cfg.tls.resolved(),
+        cfg,
+        output_dir=out_dir,
+        tls=cfg.tls.resolved(),
         model=replace(cfg.model, path=cfg.model.path.resolve()),
-        rollout=replace(cfg.rollout, dataset=cfg.rollout.dataset.resolve(),
-                        server=local(cfg.rollout.server, next(p)), http=local_http(cfg.rollout.http, next(p))),
-        inference=replace(cfg.inference, server=local(cfg.inference.server, next(p)),
-                          http=local_http(cfg.inference.http, next(p)),
-                          weights_server=local(cfg.inference.weights_server, next(p))),
-        reward=replace(cfg.reward, server=local(cfg.reward.server, next(p)),
-                       http=local_http(cfg.reward.http, next(p))),
-        trainer=replace(cfg.trainer, server=local(cfg.trainer.server, next(p)),
-                        http=local_http(cfg.trainer.http, next(p)),
-                        publication=local_publication(cfg.trainer.publication)),
+        rollout=replace(
+            cfg.rollout,
+            dataset=cfg.rollout.dataset.resolve(),
+            server=local(cfg.rollout.server, next(p)),
+            http=local_http(cfg.rollout.http, next(p)),
+        ),
+        inference=replace(
+            cfg.inference,
+            server=local(cfg.inference.server, next(p)),
+            http=local_http(cfg.inference.http, next(p)),
+            weights_server=local(cfg.inference.weights_server, next(p)),
+        ),
+        reward=replace(cfg.reward, server=local(cfg.reward.server, next(p)), http=local_http(cfg.reward.http, next(p))),
+        trainer=replace(
+            cfg.trainer,
+            server=local(cfg.trainer.server, next(p)),
+            http=local_http(cfg.trainer.http, next(p)),
+            publication=local_publication(cfg.trainer.publication),
+        ),
     )

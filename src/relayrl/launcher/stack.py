@@ -49,8 +49,14 @@ class Child:
 
 
 class Launcher:
-    def __init__(self, cfg: RunConfig, out_dir: Path, startup_timeout_s: float = 120.0,
-                 progress: IO[str] | None = None, fresh: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        out_dir: Path,
+        startup_timeout_s: float = 120.0,
+        progress: IO[str] | None = None,
+        fresh: bool = True,
+    ) -> None:
         self.fresh = fresh  # False (--resume auto): keep the run folder's Redis data, metrics and checkpoints
         self.out = out_dir
         self.startup_timeout_s = startup_timeout_s
@@ -69,9 +75,11 @@ class Launcher:
         world-readable file): the caller's own when set in the environment, else fresh random ones. The control
         token is also written, readable by its owner only, to ``<run>/control_token`` for `relayrl control`."""
         control = self.cfg.control
-        creds = {control.token_env: control.effective_token() or secrets.token_urlsafe(32),
-                 control.weights_token_env: control.effective_weights_token() or secrets.token_urlsafe(32),
-                 control.code_token_env: control.effective_code_token() or secrets.token_urlsafe(32)}
+        creds = {
+            control.token_env: control.effective_token() or secrets.token_urlsafe(32),
+            control.weights_token_env: control.effective_weights_token() or secrets.token_urlsafe(32),
+            control.code_token_env: control.effective_code_token() or secrets.token_urlsafe(32),
+        }
         write_private(self.out / CONTROL_TOKEN_FILE, creds[control.token_env] + "\n")
         if self.redis_password:
             creds[self.cfg.redis.password_env] = self.redis_password
@@ -83,8 +91,12 @@ class Launcher:
         or a fresh random one; config.yaml gets its URL, which holds no password. It runs on rollout's CPUs when
         those are set (the automatic division: beside generation, off the trainer's cores)."""
         self.redis_password = self.cfg.redis.effective_password() or secrets.token_urlsafe(32)
-        self.redis = RedisProcess(find_redis_server(self.cfg.redis.server_binary), self.out / "redis",
-                                  self.out / "logs" / "redis.log", self.redis_password)
+        self.redis = RedisProcess(
+            find_redis_server(self.cfg.redis.server_binary),
+            self.out / "redis",
+            self.out / "logs" / "redis.log",
+            self.redis_password,
+        )
         self.redis.wait_ready()
         pin_cpus(self.cfg.rollout.threads.cpus, "rollout.threads.cpus", self.redis.proc.pid)  # beside its writer
         self.cfg = replace(self.cfg, redis=replace(self.cfg.redis, url=self.redis.url))
@@ -92,18 +104,39 @@ class Launcher:
     def _start_child(self, name: str, config_path: Path) -> None:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
         # only the credentials this service holds (relayrl.common.credentials.HELD); the caller's others removed
-        env = {**service_environment(name, os.environ, self.credentials, self.cfg.control, self.cfg.redis,
-                                     in_run_eval=self.cfg.trainer.eval.every_steps > 0),
-               "PYTHONUNBUFFERED": "1", **thread_env(getattr(self.cfg, name).threads.intra_op)}
+        env = {
+            **service_environment(
+                name,
+                os.environ,
+                self.credentials,
+                self.cfg.control,
+                self.cfg.redis,
+                in_run_eval=self.cfg.trainer.eval.every_steps > 0,
+            ),
+            "PYTHONUNBUFFERED": "1",
+            **thread_env(getattr(self.cfg, name).threads.intra_op),
+        }
         command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
         world = self.cfg.trainer.distributed.world_size
         if name == "trainer" and world > 1:
             # torchrun SIGKILLs its ranks 30 s after SIGTERM by default: give them the longest graceful stop allowed
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                       f"--shutdown-timeout={int(self.cfg.trainer.stop_grace_max_s)}", *command[1:]]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={world}",
+                f"--shutdown-timeout={int(self.cfg.trainer.stop_grace_max_s)}",
+                *command[1:],
+            ]
         proc = subprocess.Popen(
             command,
-            stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent())
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
         self.children[name] = Child(name, proc, log_file)
 
     def _dead_child(self) -> Child | None:
@@ -117,8 +150,10 @@ class Launcher:
         print(text, file=self.progress, flush=True)
 
     def _fail(self, child: Child) -> int:
-        self._say(f"relayrl: service {child.name} died with exit code {child.proc.returncode}; "
-                  f"see {self.out / 'logs' / (child.name + '.log')}")
+        self._say(
+            f"relayrl: service {child.name} died with exit code {child.proc.returncode}; "
+            f"see {self.out / 'logs' / (child.name + '.log')}"
+        )
         tail = (self.out / "logs" / f"{child.name}.log").read_text(errors="replace").splitlines()[-15:]
         for line in tail:
             self._say(f"  {child.name}| {line}")
@@ -194,8 +229,7 @@ class Launcher:
             pending = [n for n in pending if not check_health(self._target(n), 1.0, tls=self.cfg.tls)]
             if pending:
                 time.sleep(0.2)
-        self._say("relayrl: all services healthy (" + ", ".join(
-            f"{n}={self._target(n)}" for n in SERVICE_ORDER) + ")")
+        self._say("relayrl: all services healthy (" + ", ".join(f"{n}={self._target(n)}" for n in SERVICE_ORDER) + ")")
         return None
 
     def _monitor(self) -> int:

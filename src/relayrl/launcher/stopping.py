@@ -21,7 +21,12 @@ def stop_deadline(rows: Sequence[MetricsRow], grace_s: float, max_s: float) -> t
     push = max((r.weight_sync_s or 0.0 for r in steps), default=0.0)
     checkpoint = max((r.time_checkpoint_s for r in steps), default=0.0)
     budget = graceful_stop_s(step, push, checkpoint, grace_s, max_s)
-    measured = (f"{STOP_MARGIN:g} x (longest step {step:.1f}s + push {push:.1f}s + checkpoint {checkpoint:.1f}s) = "
-                f"{budget.need_s:.1f}s over {len(steps)} steps in metrics.jsonl" if steps else "no step measured yet")
-    return budget.deadline_s, (f"{measured}; trainer.stop_grace_s {grace_s:g}s, trainer.stop_grace_max_s {max_s:g}s: "
-                               f"{budget.bound}")
+    measured = (
+        f"{STOP_MARGIN:g} x (longest step {step:.1f}s + push {push:.1f}s + checkpoint {checkpoint:.1f}s) = "
+        f"{budget.need_s:.1f}s over {len(steps)} steps in metrics.jsonl"
+        if steps
+        else "no step measured yet"
+    )
+    return budget.deadline_s, (
+        f"{measured}; trainer.stop_grace_s {grace_s:g}s, trainer.stop_grace_max_s {max_s:g}s: {budget.bound}"
+    )

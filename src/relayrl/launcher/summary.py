@@ -24,11 +24,16 @@ def write_summary(cfg: RunConfig, out: Path, redis_password: str, say: Callable[
 
     keys = RedisKeys.from_config(cfg.redis)
     try:
-        client = sync_client(cfg.redis, socket_timeout=5.0,
-                             **({"password": redis_password} if redis_password else {}))
+        client = sync_client(cfg.redis, socket_timeout=5.0, **({"password": redis_password} if redis_password else {}))
         length = int(client.xlen(keys.stream))
-        groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
-                  for g in client.xinfo_groups(keys.stream)} if length else {}
+        groups = (
+            {
+                g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
+                for g in client.xinfo_groups(keys.stream)
+            }
+            if length
+            else {}
+        )
         appended = int(client.hget(keys.rollout_progress, PROGRESS_APPENDED) or 0)
         invalid = [int(v) for v in client.hvals(keys.invalid)]  # type: ignore[union-attr]
         added = entries_added(client, keys.stream, appended)
@@ -40,12 +45,24 @@ def write_summary(cfg: RunConfig, out: Path, redis_password: str, say: Callable[
     rows = read_rows(cfg.metrics_path) if cfg.metrics_path.exists() else []
     pending = int(group.get("pending", 0)) + int(group.get("lag", length) or 0)
     latest = latest_checkpoint(out / "checkpoints")
-    summary = run_summary(rows, appended, length, pending, checkpoint_step(latest) if latest else 0,
-                          (len(invalid), sum(invalid)), added - appended)
+    summary = run_summary(
+        rows,
+        appended,
+        length,
+        pending,
+        checkpoint_step(latest) if latest else 0,
+        (len(invalid), sum(invalid)),
+        added - appended,
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     after = summary["groups_after_checkpoint"]
-    say(f"relayrl: {format_books(summary)}"
-        + (f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them "
-           "again)" if after else ""))
+    say(
+        f"relayrl: {format_books(summary)}"
+        + (
+            f" ({after} of them trained or dropped after the last checkpoint: a resumed run reads them again)"
+            if after
+            else ""
+        )
+    )
     if summary["trainer_time"]:
         say(f"relayrl: {format_time_shares(summary['trainer_time'])}")

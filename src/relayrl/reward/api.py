@@ -70,8 +70,9 @@ def bind_params(fn: RewardFn, params: Mapping[str, Any], field_name: str = "rewa
     try:
         inspect.signature(fn).bind(None, **params)
     except TypeError as exc:
-        raise ConfigError(field_name, dict(params), f"{getattr(fn, '__name__', fn)} does not accept them ({exc})") \
-            from None
+        raise ConfigError(
+            field_name, dict(params), f"{getattr(fn, '__name__', fn)} does not accept them ({exc})"
+        ) from None
     except ValueError:  # no signature (a builtin): let the call decide
         pass
     bound = functools.partial(fn, **params)

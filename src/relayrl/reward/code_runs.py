@@ -32,26 +32,38 @@ def check_request(request: pb.RunCodeRequest, cfg: RewardConfig) -> CodeRun:
     limits, exhausted = cfg.code_runs, grpc.StatusCode.RESOURCE_EXHAUSTED
     size = len(request.code.encode())
     if size > limits.max_code_bytes:
-        raise RefusedRun(exhausted, f"code of {size} bytes exceeds reward.code_runs.max_code_bytes="
-                                    f"{limits.max_code_bytes}")
+        raise RefusedRun(
+            exhausted, f"code of {size} bytes exceeds reward.code_runs.max_code_bytes={limits.max_code_bytes}"
+        )
     if len(request.stdin) > limits.max_stdin_bytes:
-        raise RefusedRun(exhausted, f"stdin of {len(request.stdin)} bytes exceeds reward.code_runs.max_stdin_bytes="
-                                    f"{limits.max_stdin_bytes}")
+        raise RefusedRun(
+            exhausted,
+            f"stdin of {len(request.stdin)} bytes exceeds reward.code_runs.max_stdin_bytes={limits.max_stdin_bytes}",
+        )
     if not math.isfinite(request.timeout_s) or request.timeout_s < 0:
-        raise RefusedRun(grpc.StatusCode.INVALID_ARGUMENT, f"timeout_s must be >= 0 (0: the default), got "
-                                                           f"{request.timeout_s}")
+        raise RefusedRun(
+            grpc.StatusCode.INVALID_ARGUMENT, f"timeout_s must be >= 0 (0: the default), got {request.timeout_s}"
+        )
     if request.timeout_s > limits.wall_timeout_s:
-        raise RefusedRun(exhausted, f"timeout_s={request.timeout_s:g} exceeds reward.code_runs.wall_timeout_s="
-                                    f"{limits.wall_timeout_s:g}")
+        raise RefusedRun(
+            exhausted,
+            f"timeout_s={request.timeout_s:g} exceeds reward.code_runs.wall_timeout_s={limits.wall_timeout_s:g}",
+        )
     if request.memory_mb > cfg.sandbox.memory_mb:
-        raise RefusedRun(exhausted, f"memory_mb={request.memory_mb} exceeds reward.sandbox.memory_mb="
-                                    f"{cfg.sandbox.memory_mb}")
+        raise RefusedRun(
+            exhausted, f"memory_mb={request.memory_mb} exceeds reward.sandbox.memory_mb={cfg.sandbox.memory_mb}"
+        )
     if 0 < request.memory_mb < MIN_MEMORY_MB:
-        raise RefusedRun(grpc.StatusCode.INVALID_ARGUMENT, f"memory_mb must be 0 (the default) or >= "
-                                                           f"{MIN_MEMORY_MB}, got {request.memory_mb}")
-    return CodeRun(code=request.code, stdin=bytes(request.stdin),
-                   wall_timeout_s=request.timeout_s or limits.wall_timeout_s,
-                   memory_mb=request.memory_mb or cfg.sandbox.memory_mb)
+        raise RefusedRun(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"memory_mb must be 0 (the default) or >= {MIN_MEMORY_MB}, got {request.memory_mb}",
+        )
+    return CodeRun(
+        code=request.code,
+        stdin=bytes(request.stdin),
+        wall_timeout_s=request.timeout_s or limits.wall_timeout_s,
+        memory_mb=request.memory_mb or cfg.sandbox.memory_mb,
+    )
 
 
 def to_response(outcome: Outcome) -> pb.RunCodeResponse:
@@ -60,16 +72,23 @@ def to_response(outcome: Outcome) -> pb.RunCodeResponse:
     if outcome.status is Status.TIMEOUT:
         return pb.RunCodeResponse(status=pb.CODE_RUN_STATUS_TIMEOUT, error=outcome.error, wall_s=outcome.seconds)
     if outcome.status is not Status.OK or ran is None:
-        return pb.RunCodeResponse(status=pb.CODE_RUN_STATUS_ERROR, error=outcome.error or "the program did not run",
-                                  wall_s=outcome.seconds)
+        return pb.RunCodeResponse(
+            status=pb.CODE_RUN_STATUS_ERROR, error=outcome.error or "the program did not run", wall_s=outcome.seconds
+        )
     if ran.timed_out:
         status = pb.CODE_RUN_STATUS_TIMEOUT
     elif ran.output_exceeded:
         status = pb.CODE_RUN_STATUS_OUTPUT_EXCEEDED
     else:
         status = pb.CODE_RUN_STATUS_EXITED
-    return pb.RunCodeResponse(status=status, exit_code=ran.exit_code or 0, stdout=ran.stdout, stderr=ran.stderr,
-                              wall_s=ran.wall_s, error="" if status == pb.CODE_RUN_STATUS_EXITED else ran.describe())
+    return pb.RunCodeResponse(
+        status=status,
+        exit_code=ran.exit_code or 0,
+        stdout=ran.stdout,
+        stderr=ran.stderr,
+        wall_s=ran.wall_s,
+        error="" if status == pb.CODE_RUN_STATUS_EXITED else ran.describe(),
+    )
 
 
 def status_label(response: pb.RunCodeResponse) -> str:

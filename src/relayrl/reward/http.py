@@ -77,8 +77,11 @@ def check_code_token(authorization: str | None, token: str, what: str = "run_cod
     if not token:
         raise HTTPException(status_code=403, detail=f"{what} is disabled: the service has no code token configured")
     if not authorized(authorization, token):
-        raise HTTPException(status_code=401, detail=f"{what} needs Authorization: Bearer <code token>",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status_code=401,
+            detail=f"{what} needs Authorization: Bearer <code token>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 def create_app(servicer: RewardServicer) -> FastAPI:
@@ -89,27 +92,41 @@ def create_app(servicer: RewardServicer) -> FastAPI:
     async def score(body: ScoreRequestBody, authorization: str | None = Header(default=None)) -> ScoreResponseBody:
         if servicer.runs_code:  # before anything runs
             check_code_token(authorization, servicer.code_token, SCORE_CALL)
-        inp = RewardInput(prompt=body.prompt, completion=body.completion, reference=body.reference,
-                          metadata=body.metadata)
+        inp = RewardInput(
+            prompt=body.prompt, completion=body.completion, reference=body.reference, metadata=body.metadata
+        )
         (outcome,) = await servicer.score([inp], [body.episode_id])
         r = outcome.result
-        return ScoreResponseBody(episode_id=body.episode_id, status=outcome.status,
-                                 score=r.score if r is not None else None,
-                                 components=dict(r.components) if r is not None else {}, error=outcome.error,
-                                 details=r.details if r is not None else "")
+        return ScoreResponseBody(
+            episode_id=body.episode_id,
+            status=outcome.status,
+            score=r.score if r is not None else None,
+            components=dict(r.components) if r is not None else {},
+            error=outcome.error,
+            details=r.details if r is not None else "",
+        )
 
     @app.post("/run_code", response_model=RunCodeResult)
     async def run_code(body: RunCodeBody, authorization: str | None = Header(default=None)) -> RunCodeResult:
         check_code_token(authorization, servicer.code_token)
-        request = pb.RunCodeRequest(code=body.code, stdin=body.stdin.encode(), timeout_s=body.timeout_s,
-                                    memory_mb=min(body.memory_mb, 2**32 - 1))
+        request = pb.RunCodeRequest(
+            code=body.code,
+            stdin=body.stdin.encode(),
+            timeout_s=body.timeout_s,
+            memory_mb=min(body.memory_mb, 2**32 - 1),
+        )
         try:
             ran = await servicer.run_code(request)
         except RefusedRun as exc:
             raise HTTPException(status_code=REFUSED_HTTP.get(exc.code, 400), detail=str(exc)) from None
-        return RunCodeResult(status=status_label(ran), exit_code=ran.exit_code,
-                             stdout=ran.stdout.decode(errors="replace"), stderr=ran.stderr.decode(errors="replace"),
-                             wall_s=ran.wall_s, error=ran.error)
+        return RunCodeResult(
+            status=status_label(ran),
+            exit_code=ran.exit_code,
+            stdout=ran.stdout.decode(errors="replace"),
+            stderr=ran.stderr.decode(errors="replace"),
+            wall_s=ran.wall_s,
+            error=ran.error,
+        )
 
     @app.get("/healthz")
     async def healthz(response: Response) -> dict[str, Any]:

@@ -44,9 +44,17 @@ class PoolStartError(RuntimeError):
 
 
 class VerifierPool:
-    def __init__(self, spec: ScorerSpec, sandbox: SandboxConfig, size: int, timeout_s: float, chunk_size: int = 32,
-                 start_method: str = "forkserver", memory_mb: int = 0,
-                 on_restart: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        spec: ScorerSpec,
+        sandbox: SandboxConfig,
+        size: int,
+        timeout_s: float,
+        chunk_size: int = 32,
+        start_method: str = "forkserver",
+        memory_mb: int = 0,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
         self.memory_mb = memory_mb
         self.spec = spec
         self.sandbox = sandbox
@@ -98,8 +106,9 @@ class VerifierPool:
             left = deadline - time.monotonic()
             if left <= 0:
                 await self.close()
-                raise PoolStartError(f"only {self.ready_workers} of {self.size} verifier workers ready after "
-                                     f"{timeout_s:.0f}s")
+                raise PoolStartError(
+                    f"only {self.ready_workers} of {self.size} verifier workers ready after {timeout_s:.0f}s"
+                )
             self._ready_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready_changed.wait(), timeout=min(left, 1.0))
@@ -110,8 +119,9 @@ class VerifierPool:
         if delay_s:
             await asyncio.sleep(delay_s)
         loop = asyncio.get_running_loop()
-        process, conn, progress = await loop.run_in_executor(None, spawn_verifier, self._ctx, self.spec,
-                                                             self.sandbox, self.memory_mb)
+        process, conn, progress = await loop.run_in_executor(
+            None, spawn_verifier, self._ctx, self.spec, self.sandbox, self.memory_mb
+        )
         if self._closed:
             kill_worker(process)
             conn.close()
@@ -136,7 +146,7 @@ class VerifierPool:
                 w.conn.close()
                 w.conn = None
             if w.job is not None:
-                for item in w.job[w.received:]:
+                for item in w.job[w.received :]:
                     if not item.future.done():
                         item.future.set_result(Outcome(Status.ERROR, error="the reward service is shutting down"))
                 w.job = None
@@ -254,12 +264,18 @@ class VerifierPool:
             return
         item = w.job[index]
         if not item.future.done():
-            item.future.set_result(Outcome(
-                Status.TIMEOUT, error=f"verifier did not finish within {self.timeout_s:g}s; its worker process was "
-                                      "killed and replaced", seconds=overrun))
+            item.future.set_result(
+                Outcome(
+                    Status.TIMEOUT,
+                    error=f"verifier did not finish within {self.timeout_s:g}s; its worker process was "
+                    "killed and replaced",
+                    seconds=overrun,
+                )
+            )
         self._requeue_rest(w, index)
-        log.warning("verifier timed out after %.1fs: killing worker pid %s", self.timeout_s,
-                    getattr(w.process, "pid", None))
+        log.warning(
+            "verifier timed out after %.1fs: killing worker pid %s", self.timeout_s, getattr(w.process, "pid", None)
+        )
         self._replace(w, "timeout")
 
     def _on_death(self, w: WorkerSlot, conn: Connection) -> None:
@@ -278,8 +294,11 @@ class VerifierPool:
         if w.conn is not conn or self._closed:  # close() failed its requests meanwhile
             return
         code = getattr(process, "exitcode", None)
-        why = (f"killed by signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
-               else f"exit code {code}")
+        why = (
+            f"killed by signal {signal.Signals(-code).name}"
+            if isinstance(code, int) and code < 0
+            else f"exit code {code}"
+        )
         if w.job is not None:
             index, _ = w.current()
             item = w.job[index]
@@ -299,7 +318,7 @@ class VerifierPool:
         """Requeue the job's requests without a result but the one at ``failed``: those after it, and those
         before it whose results were lost with the worker."""
         if w.job is not None:
-            self._queue.extendleft(reversed(w.job[w.received:failed] + w.job[failed + 1:]))
+            self._queue.extendleft(reversed(w.job[w.received : failed] + w.job[failed + 1 :]))
             w.job = None
 
     # -- replacing a worker ----------------------------------------------------------------------------------

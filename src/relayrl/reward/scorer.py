@@ -45,8 +45,10 @@ class ScorerSpec:
     @classmethod
     def from_config(cls, cfg: RewardConfig) -> ScorerSpec:
         if cfg.components:
-            return cls(components=tuple(ComponentSpec(c.name, c.function, c.weight, dict(c.params))
-                                        for c in cfg.components), code=cfg.code)
+            return cls(
+                components=tuple(ComponentSpec(c.name, c.function, c.weight, dict(c.params)) for c in cfg.components),
+                code=cfg.code,
+            )
         return cls(function=cfg.function, params=dict(cfg.params), code=cfg.code)
 
     def modules(self) -> list[str]:
@@ -61,8 +63,9 @@ class ScorerSpec:
         return " + ".join(f"{c.weight:g}*{c.name}({c.function})" for c in self.components)
 
 
-def _load(function: str, params: dict[str, Any], field_name: str, sandbox: Sandbox | None,
-          code: CodeVerifierConfig) -> tuple[RewardFn, bool]:
+def _load(
+    function: str, params: dict[str, Any], field_name: str, sandbox: Sandbox | None, code: CodeVerifierConfig
+) -> tuple[RewardFn, bool]:
     """The function of ``function`` with its ``params`` bound (and ``sandbox=``, ``code_config=`` when it takes
     them), and whether it runs code."""
     fn = load_reward_function(function, f"{field_name}.function")
@@ -75,8 +78,11 @@ def _load(function: str, params: dict[str, Any], field_name: str, sandbox: Sandb
         injected["sandbox"] = sandbox
     clash = sorted(set(injected) & set(params))
     if clash:
-        raise ConfigError(f"{field_name}.params", dict(params), f"`{clash[0]}` is not a parameter: the service "
-                                                                "gives it (reward.sandbox, reward.code)")
+        raise ConfigError(
+            f"{field_name}.params",
+            dict(params),
+            f"`{clash[0]}` is not a parameter: the service gives it (reward.sandbox, reward.code)",
+        )
     return bind_params(fn, {**params, **injected}, f"{field_name}.params"), executes_code(fn)
 
 
@@ -95,9 +101,14 @@ class Scorer:
         self.spec = spec
         self.sandbox = sandbox
         self._loop: asyncio.AbstractEventLoop | None = None
-        loaded = [(c.name, c.weight, _load(c.function, c.params, f"reward.components.{c.name}", sandbox, spec.code))
-                  for c in spec.components] if spec.components else \
-            [("", 1.0, _load(spec.function, spec.params, "reward", sandbox, spec.code))]
+        loaded = (
+            [
+                (c.name, c.weight, _load(c.function, c.params, f"reward.components.{c.name}", sandbox, spec.code))
+                for c in spec.components
+            ]
+            if spec.components
+            else [("", 1.0, _load(spec.function, spec.params, "reward", sandbox, spec.code))]
+        )
         self.parts: list[tuple[str, float, RewardFn]] = [(name, weight, fn) for name, weight, (fn, _) in loaded]
         self.runs_code = any(runs for _, _, (_, runs) in loaded)  # some part runs programs: calls need the code token
 

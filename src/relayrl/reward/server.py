@@ -27,32 +27,45 @@ from relayrl.reward.scorer import Scorer, ScorerSpec
 
 log = logging.getLogger(__name__)
 
+
 class RewardMetrics:
     """Prometheus metrics of one reward service (its own registry: several services may share a process)."""
 
     def __init__(self, pool: VerifierPool) -> None:
         self.registry = CollectorRegistry()
-        self.scores = Counter("relayrl_reward_scores", "Requests scored, by result status.", ["status"],
-                              registry=self.registry)
+        self.scores = Counter(
+            "relayrl_reward_scores", "Requests scored, by result status.", ["status"], registry=self.registry
+        )
         for status in Status:
             self.scores.labels(status.value)
-        self.restarts = Counter("relayrl_reward_worker_restarts", "Verifier workers killed and replaced.",
-                                ["reason"], registry=self.registry)
+        self.restarts = Counter(
+            "relayrl_reward_worker_restarts",
+            "Verifier workers killed and replaced.",
+            ["reason"],
+            registry=self.registry,
+        )
         for reason in ("timeout", "crash"):
             self.restarts.labels(reason)
-        self.seconds = Histogram("relayrl_reward_verify_seconds", "Time a verifier took on one request.",
-                                 buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
-                                 registry=self.registry)
-        self.code_runs = Counter("relayrl_reward_code_runs", "RunCode programs, by how they ended.", ["status"],
-                                 registry=self.registry)
+        self.seconds = Histogram(
+            "relayrl_reward_verify_seconds",
+            "Time a verifier took on one request.",
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.code_runs = Counter(
+            "relayrl_reward_code_runs", "RunCode programs, by how they ended.", ["status"], registry=self.registry
+        )
         for label in ("exited", "timeout", "output_exceeded", "error", "refused"):
             self.code_runs.labels(label)
-        Gauge("relayrl_reward_workers_ready", "Verifier workers alive and ready.",
-              registry=self.registry).set_function(lambda: pool.ready_workers)
-        Gauge("relayrl_reward_workers_busy", "Verifier workers scoring now.",
-              registry=self.registry).set_function(lambda: pool.busy_workers)
-        Gauge("relayrl_reward_queued", "Requests waiting for a worker.",
-              registry=self.registry).set_function(lambda: pool.queued)
+        Gauge("relayrl_reward_workers_ready", "Verifier workers alive and ready.", registry=self.registry).set_function(
+            lambda: pool.ready_workers
+        )
+        Gauge("relayrl_reward_workers_busy", "Verifier workers scoring now.", registry=self.registry).set_function(
+            lambda: pool.busy_workers
+        )
+        Gauge("relayrl_reward_queued", "Requests waiting for a worker.", registry=self.registry).set_function(
+            lambda: pool.queued
+        )
 
 
 SCORE_CALL = "scoring with a reward that runs code"
@@ -70,11 +83,22 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         # import and check the functions here (before serving): a bad config fails start-up naming the field
         self.runs_code = Scorer(self.spec, sandbox=Sandbox(cfg.sandbox)).runs_code
         if self.runs_code and not code_token:
-            log.warning("the reward (%s) runs code and no code token is configured (control.code_token_env): every "
-                        "Score, ScoreBatch and POST /score is refused", self.spec.describe())
+            log.warning(
+                "the reward (%s) runs code and no code token is configured (control.code_token_env): every "
+                "Score, ScoreBatch and POST /score is refused",
+                self.spec.describe(),
+            )
         self.header = StatusHeader("reward")
-        self.pool = VerifierPool(self.spec, cfg.sandbox, cfg.workers, cfg.timeout_s, cfg.chunk_size,
-                                 cfg.start_method, cfg.worker_memory_mb, on_restart=self._restarted)
+        self.pool = VerifierPool(
+            self.spec,
+            cfg.sandbox,
+            cfg.workers,
+            cfg.timeout_s,
+            cfg.chunk_size,
+            cfg.start_method,
+            cfg.worker_memory_mb,
+            on_restart=self._restarted,
+        )
         self.metrics = RewardMetrics(self.pool)
         self.scored = 0
         self.errors = 0
@@ -104,8 +128,7 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
             else:
                 self.errors += 1
             with log_context(episode_id=ids[i] if ids else None):
-                log.warning("verifier %s (episode %s): %s", outcome.status.value, ids[i] if ids else "-",
-                            outcome.error)
+                log.warning("verifier %s (episode %s): %s", outcome.status.value, ids[i] if ids else "-", outcome.error)
         return outcomes
 
     @staticmethod
@@ -113,13 +136,22 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         if outcome.status is not Status.OK or outcome.result is None:
             return pb.ScoreResponse(episode_id=episode_id, status=outcome.status.pb, error=outcome.error)
         r = outcome.result
-        return pb.ScoreResponse(episode_id=episode_id, status=outcome.status.pb, score=r.score,
-                                components=dict(r.components), details=r.details)
+        return pb.ScoreResponse(
+            episode_id=episode_id,
+            status=outcome.status.pb,
+            score=r.score,
+            components=dict(r.components),
+            details=r.details,
+        )
 
     @staticmethod
     def to_input(req: pb.ScoreRequest) -> RewardInput:
-        return RewardInput(prompt=req.prompt, completion=req.completion, reference=req.reference,
-                           metadata=decode_metadata(req.metadata))
+        return RewardInput(
+            prompt=req.prompt,
+            completion=req.completion,
+            reference=req.reference,
+            metadata=decode_metadata(req.metadata),
+        )
 
     async def require_code_token(self, context: grpc.aio.ServicerContext) -> None:
         """A reward that runs code scores only for holders of the code token, checked before any work."""
@@ -131,12 +163,15 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         (outcome,) = await self.score([self.to_input(request)], [request.episode_id])
         return self.to_pb(request.episode_id, outcome)
 
-    async def ScoreBatch(self, request: pb.ScoreBatchRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ScoreBatchResponse:
+    async def ScoreBatch(
+        self, request: pb.ScoreBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ScoreBatchResponse:
         await self.require_code_token(context)
         if len(request.requests) > self.cfg.max_batch:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"batch of {len(request.requests)} exceeds max_batch={self.cfg.max_batch}")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"batch of {len(request.requests)} exceeds max_batch={self.cfg.max_batch}",
+            )
         ids = [r.episode_id for r in request.requests]
         outcomes = await self.score([self.to_input(r) for r in request.requests], ids)
         return pb.ScoreBatchResponse(responses=[self.to_pb(i, o) for i, o in zip(ids, outcomes, strict=True)])
@@ -164,21 +199,32 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
             log.warning("RunCode did not run: %s", response.error)
         return response
 
-    async def GetStatus(self, request: pb.GetRewardStatusRequest,
-                        context: grpc.aio.ServicerContext) -> pb.RewardStatus:
-        return pb.RewardStatus(component=self.header.message(), reward_function=self.spec.describe(),
-                               scored=self.scored, errors=self.errors, timeouts=self.timeouts,
-                               worker_restarts=sum(self.pool.restarts.values()),
-                               workers_ready=self.pool.ready_workers)
+    async def GetStatus(self, request: pb.GetRewardStatusRequest, context: grpc.aio.ServicerContext) -> pb.RewardStatus:
+        return pb.RewardStatus(
+            component=self.header.message(),
+            reward_function=self.spec.describe(),
+            scored=self.scored,
+            errors=self.errors,
+            timeouts=self.timeouts,
+            worker_restarts=sum(self.pool.restarts.values()),
+            workers_ready=self.pool.ready_workers,
+        )
 
 
-def create_reward_server(cfg: RewardConfig, tls: TlsConfig | None = None,
-                         code_token: str = "") -> tuple[ServerHandle, RewardServicer]:
+def create_reward_server(
+    cfg: RewardConfig, tls: TlsConfig | None = None, code_token: str = ""
+) -> tuple[ServerHandle, RewardServicer]:
     """The gRPC server (TLS when ``tls`` is on) and its servicer; ``await servicer.start()`` starts the verifier
     workers. ``code_token``: what RunCode needs (control.code_token_env; empty: RunCode is refused), and scoring
     with a reward that runs code."""
     servicer = RewardServicer(cfg, code_token)
     name = pb.DESCRIPTOR.services_by_name["RewardService"].full_name
-    handle = create_server(cfg.server, [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)], [name],
-                           tls, tokens={method_path(name, "RunCode"): code_token}, section="reward.server")
+    handle = create_server(
+        cfg.server,
+        [lambda s: pb_grpc.add_RewardServiceServicer_to_server(servicer, s)],
+        [name],
+        tls,
+        tokens={method_path(name, "RunCode"): code_token},
+        section="reward.server",
+    )
     return handle, servicer

@@ -35,8 +35,9 @@ FLUSH_S = 0.002
 START, INDEX, JOB = 0, 1, 2  # slots of the progress array
 
 
-def verifier_main(conn: Connection, progress: Any, spec: ScorerSpec, sandbox_cfg: SandboxConfig,
-                  memory_mb: int = 0) -> None:
+def verifier_main(
+    conn: Connection, progress: Any, spec: ScorerSpec, sandbox_cfg: SandboxConfig, memory_mb: int = 0
+) -> None:
     os.setpgrp()  # the pool kills this process group: the verifier and anything a verifier started in it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the service shuts the pool down; Ctrl-C is not for us
     try:
@@ -68,8 +69,11 @@ def score_batch(conn: Connection, progress: Any, scorer: Scorer, batch: Batch) -
         t0 = time.monotonic()
         progress[START], progress[INDEX], progress[JOB] = t0, index, batch.job_id
         try:
-            outcome = run_code(scorer, inp, t0) if isinstance(inp, CodeRun) else \
-                Outcome(Status.OK, scorer(inp), "", time.monotonic() - t0)
+            outcome = (
+                run_code(scorer, inp, t0)
+                if isinstance(inp, CodeRun)
+                else Outcome(Status.OK, scorer(inp), "", time.monotonic() - t0)
+            )
         except BaseException as exc:  # a verifier that raises (even SystemExit) is an error
             outcome = Outcome(Status.ERROR, None, f"{type(exc).__name__}: {exc}"[:2000], time.monotonic() - t0)
         pending.append(Scored(index, outcome))
@@ -86,8 +90,9 @@ def run_code(scorer: Scorer, job: CodeRun, t0: float) -> Outcome:
     if scorer.sandbox is None:
         return Outcome(Status.ERROR, error="this verifier process has no sandbox")
     try:
-        ran = scorer.sandbox.run_python("main.py", {"main.py": job.code}, job.stdin, job.wall_timeout_s,
-                                        memory_mb=job.memory_mb)
+        ran = scorer.sandbox.run_python(
+            "main.py", {"main.py": job.code}, job.stdin, job.wall_timeout_s, memory_mb=job.memory_mb
+        )
     except SandboxUnavailable as exc:
         return Outcome(Status.ERROR, error=f"the code sandbox is unavailable: {exc}", seconds=time.monotonic() - t0)
     return Outcome(Status.OK, seconds=time.monotonic() - t0, ran=ran)

@@ -42,20 +42,23 @@ class WorkerSlot:
     def current(self) -> tuple[int, float]:
         """(index, start time) of the request the worker is on, from shared memory; before it started the job:
         the first request without a result, since the job was sent."""
-        if self.progress is not None and int(self.progress[JOB]) == self.job_id and \
-                int(self.progress[INDEX]) >= self.received:
+        if (
+            self.progress is not None
+            and int(self.progress[JOB]) == self.job_id
+            and int(self.progress[INDEX]) >= self.received
+        ):
             return int(self.progress[INDEX]), float(self.progress[START])
         return self.received, self.sent_at
 
 
-def spawn_verifier(ctx: Any, spec: ScorerSpec, sandbox: SandboxConfig, memory_mb: int
-                   ) -> tuple[Any, Connection, Any]:
+def spawn_verifier(ctx: Any, spec: ScorerSpec, sandbox: SandboxConfig, memory_mb: int) -> tuple[Any, Connection, Any]:
     """Start a verifier process (multiprocessing context ``ctx``): (process, the pool's end of its pipe, its
     shared progress array)."""
     parent, child = ctx.Pipe(duplex=True)
     progress = ctx.RawArray("d", 3)
-    process = ctx.Process(target=verifier_main, args=(child, progress, spec, sandbox, memory_mb), daemon=True,
-                          name="relayrl-verifier")
+    process = ctx.Process(
+        target=verifier_main, args=(child, progress, spec, sandbox, memory_mb), daemon=True, name="relayrl-verifier"
+    )
     process.start()
     child.close()
     return process, parent, progress

@@ -30,19 +30,36 @@ class RolloutClients:
     trainer: TrainerClient
 
     @classmethod
-    def connect(cls, inference: str, reward: str, trainer: str, tls: TlsConfig | None = None,
-                code_token: str = "", trainer_token: str = "") -> RolloutClients:
+    def connect(
+        cls,
+        inference: str,
+        reward: str,
+        trainer: str,
+        tls: TlsConfig | None = None,
+        code_token: str = "",
+        trainer_token: str = "",
+    ) -> RolloutClients:
         """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on; ``code_token``:
         what reward's RunCode and, for a reward that runs code, its Score/ScoreBatch need (control.code_token_env),
         sent on reward calls only; ``trainer_token`` (the control token), sent on every trainer call so that its
         status calls count in the trainer's budget of calls with a credential (callers without one cannot starve
         rollout's admission)."""
-        return cls(InferenceClient(inference, policies={"Generate": GENERATE_POLICY, "GenerateBatch": GENERATE_POLICY},
-                                   tls=tls),
-                   RewardClient(reward, token=code_token,
-                                policies={"ScoreBatch": SCORE_POLICY, "RunCode": RUN_CODE_POLICY}, tls=tls),
-                   TrainerClient(trainer, timeout_s=TRAINER_STATUS_TIMEOUT_S, token=trainer_token,
-                                 policies={"GetStatus": TRAINER_STATUS_POLICY}, tls=tls, authenticate_all=True))
+        return cls(
+            InferenceClient(
+                inference, policies={"Generate": GENERATE_POLICY, "GenerateBatch": GENERATE_POLICY}, tls=tls
+            ),
+            RewardClient(
+                reward, token=code_token, policies={"ScoreBatch": SCORE_POLICY, "RunCode": RUN_CODE_POLICY}, tls=tls
+            ),
+            TrainerClient(
+                trainer,
+                timeout_s=TRAINER_STATUS_TIMEOUT_S,
+                token=trainer_token,
+                policies={"GetStatus": TRAINER_STATUS_POLICY},
+                tls=tls,
+                authenticate_all=True,
+            ),
+        )
 
     async def close(self) -> None:
         await asyncio.gather(self.inference.close(), self.reward.close(), self.trainer.close())
@@ -50,6 +67,7 @@ class RolloutClients:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()

@@ -34,8 +34,9 @@ class AppendFailed(RuntimeError):
 
 
 class GroupCommit:
-    def __init__(self, stream: EpisodeStream, retry_s: float, on_oom: Callable[[], None],
-                 after_try: Callable[[], None]) -> None:
+    def __init__(
+        self, stream: EpisodeStream, retry_s: float, on_oom: Callable[[], None], after_try: Callable[[], None]
+    ) -> None:
         self.stream = stream
         self.retry_s = retry_s
         self.store = ProgressStore(stream.client, stream.keys)
@@ -73,6 +74,7 @@ class GroupCommit:
 
     async def _commit(self, batch: list[Record]) -> None:
         """One MULTI for ``batch``; then the records count as applied and their callers are released."""
+
         async def attempt() -> None:
             planned = Progress(self.progress.watermark, set(self.progress.done))  # each seq planned after the last
             async with self.stream.client.pipeline(transaction=True) as pipe:
@@ -95,9 +97,11 @@ class GroupCommit:
 
     def _fail(self, records: list[Record], exc: BaseException) -> None:
         if self.failure is None:
-            self.failure = AppendFailed(f"rollout stops: redis took no append within redis.retry_s = "
-                                        f"{self.retry_s:g}s ({type(exc).__name__}: {exc}); the groups not recorded "
-                                        "are generated again when it restarts")
+            self.failure = AppendFailed(
+                f"rollout stops: redis took no append within redis.retry_s = "
+                f"{self.retry_s:g}s ({type(exc).__name__}: {exc}); the groups not recorded "
+                "are generated again when it restarts"
+            )
             self.failure.__cause__ = exc
             log.error("%s", self.failure)
         for _, _, done in records:

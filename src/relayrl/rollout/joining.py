@@ -53,8 +53,13 @@ class CallJoiner(Generic[T, R]):
     item, in order. ``size`` weighs an item against ``max_items`` (1 each by default); ``max_callers``, when set,
     also bounds the items of one call."""
 
-    def __init__(self, send: Callable[[list[T], float], Awaitable[list[R | BaseException]]], max_items: int,
-                 size: Callable[[T], int] = lambda _: 1, max_callers: int | None = None) -> None:
+    def __init__(
+        self,
+        send: Callable[[list[T], float], Awaitable[list[R | BaseException]]],
+        max_items: int,
+        size: Callable[[T], int] = lambda _: 1,
+        max_callers: int | None = None,
+    ) -> None:
         if max_items < 1:
             raise ValueError(f"max_items {max_items} must be >= 1")
         self.send, self.max_items, self.size, self.max_callers = send, max_items, size, max_callers
@@ -80,8 +85,10 @@ class CallJoiner(Generic[T, R]):
             if caller.future.done():  # cancelled while it waited
                 self._waiting.pop(0)
                 continue
-            if taken and (items + self.size(caller.item) > self.max_items
-                          or (self.max_callers is not None and len(taken) >= self.max_callers)):
+            if taken and (
+                items + self.size(caller.item) > self.max_items
+                or (self.max_callers is not None and len(taken) >= self.max_callers)
+            ):
                 break
             taken.append(self._waiting.pop(0))
             items += self.size(caller.item)
@@ -122,30 +129,34 @@ class JoinedScorer:
     def __init__(self, client: Any, max_items: int) -> None:
         self.client = client
         self.joiner: CallJoiner[list[reward_pb2.ScoreRequest], reward_pb2.ScoreBatchResponse] = CallJoiner(
-            self._send, max_items, len)
+            self._send, max_items, len
+        )
 
     def __getattr__(self, name: str) -> Any:  # run_code, status, close, ...: the wrapped client's
         return getattr(self.client, name)
 
-    async def score_batch(self, requests: Sequence[reward_pb2.ScoreRequest],
-                          timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
+    async def score_batch(
+        self, requests: Sequence[reward_pb2.ScoreRequest], timeout_s: float = 60.0
+    ) -> reward_pb2.ScoreBatchResponse:
         """Score ``requests`` (responses in their order), in one call with whatever else is waiting."""
         if not requests:
             return reward_pb2.ScoreBatchResponse()
         return await self.joiner.call(list(requests), timeout_s)
 
-    async def _send(self, items: list[list[reward_pb2.ScoreRequest]],
-                    timeout_s: float) -> list[reward_pb2.ScoreBatchResponse | BaseException]:
+    async def _send(
+        self, items: list[list[reward_pb2.ScoreRequest]], timeout_s: float
+    ) -> list[reward_pb2.ScoreBatchResponse | BaseException]:
         requests = [r for item in items for r in item]
         got = list((await self.client.score_batch(requests, timeout_s=timeout_s)).responses)
         if len(got) != len(requests):  # each caller's workflow refuses a short answer (GroupFailed)
-            log.warning("reward returned %d scores for %d requests of %d joined calls", len(got), len(requests),
-                        len(items))
+            log.warning(
+                "reward returned %d scores for %d requests of %d joined calls", len(got), len(requests), len(items)
+            )
             return [reward_pb2.ScoreBatchResponse() for _ in items]
         out: list[reward_pb2.ScoreBatchResponse | BaseException] = []
         start = 0
         for item in items:
-            out.append(reward_pb2.ScoreBatchResponse(responses=got[start:start + len(item)]))
+            out.append(reward_pb2.ScoreBatchResponse(responses=got[start : start + len(item)]))
             start += len(item)
         return out
 
@@ -158,21 +169,29 @@ class JoinedInference:
     def __init__(self, client: Any, max_requests: int, max_samples: int | None = None) -> None:
         self.client = client
         self.batching = True  # False once inference answered UNIMPLEMENTED (a version without GenerateBatch)
-        self.joiner: CallJoiner[inference_pb2.GenerateRequest, inference_pb2.GenerateResponse] = CallJoiner(
-            self._send, max_requests) if max_samples is None else CallJoiner(
-            self._send, max_samples, lambda r: max(1, r.sampling.n), max_callers=max_requests)
+        self.joiner: CallJoiner[inference_pb2.GenerateRequest, inference_pb2.GenerateResponse] = (
+            CallJoiner(self._send, max_requests)
+            if max_samples is None
+            else CallJoiner(self._send, max_samples, lambda r: max(1, r.sampling.n), max_callers=max_requests)
+        )
 
     def __getattr__(self, name: str) -> Any:  # generate_stream, score, status, close, ...: the wrapped client's
         return getattr(self.client, name)
 
-    async def generate(self, prompt: str | list[int] | list[dict[str, str]], sampling: inference_pb2.SamplingParams,
-                       timeout_s: float = 120.0, request_id: str = "",
-                       suffix_text: str = "") -> inference_pb2.GenerateResponse:
+    async def generate(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> inference_pb2.GenerateResponse:
         """As InferenceClient.generate, in one call with whatever else is waiting."""
         return await self.joiner.call(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
 
-    async def _send(self, requests: list[inference_pb2.GenerateRequest],
-                    timeout_s: float) -> list[inference_pb2.GenerateResponse | BaseException]:
+    async def _send(
+        self, requests: list[inference_pb2.GenerateRequest], timeout_s: float
+    ) -> list[inference_pb2.GenerateResponse | BaseException]:
         if len(requests) > 1 and self.batching:
             try:
                 resp = await self.client.generate_batch(requests, timeout_s=timeout_s)
@@ -181,5 +200,6 @@ class JoinedInference:
                 if exc.code() not in _SEND_ALONE:
                     raise
                 self.batching = exc.code() != grpc.StatusCode.UNIMPLEMENTED
-        return list(await asyncio.gather(*(self.client.send_generate(r, timeout_s) for r in requests),
-                                         return_exceptions=True))
+        return list(
+            await asyncio.gather(*(self.client.send_generate(r, timeout_s) for r in requests), return_exceptions=True)
+        )

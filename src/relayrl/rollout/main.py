@@ -31,14 +31,24 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     rows = load_jsonl(rc.dataset)
     stop = stop_on_signals(stop)
     stream = EpisodeStream.from_config(cfg.redis)
-    async with RolloutClients.connect(cfg.inference.server.target, cfg.reward.server.target,
-                                      cfg.trainer.server.target, cfg.tls,
-                                      code_token=cfg.control.effective_code_token(),
-                                      trainer_token=cfg.control.effective_token()) as clients:
-        producer = RolloutProducer(rc, stream, PromptCursor(rows, rc.shuffle, rc.seed), clients,
-                                   redis_retry_s=cfg.redis.retry_s, model_path=cfg.model.path,
-                                   score_batch_max=min(rc.score_batch_max, cfg.reward.max_batch),
-                                   generate_batch_samples=cfg.inference.max_samples_per_request)
+    async with RolloutClients.connect(
+        cfg.inference.server.target,
+        cfg.reward.server.target,
+        cfg.trainer.server.target,
+        cfg.tls,
+        code_token=cfg.control.effective_code_token(),
+        trainer_token=cfg.control.effective_token(),
+    ) as clients:
+        producer = RolloutProducer(
+            rc,
+            stream,
+            PromptCursor(rows, rc.shuffle, rc.seed),
+            clients,
+            redis_retry_s=cfg.redis.retry_s,
+            model_path=cfg.model.path,
+            score_batch_max=min(rc.score_batch_max, cfg.reward.max_batch),
+            generate_batch_samples=cfg.inference.max_samples_per_request,
+        )
         handle, servicer = create_rollout_server(producer, cfg)
         http = HttpServer(servicer.http_app(), rc.http, "rollout") if rc.http.enabled else None
         await handle.start()

@@ -17,33 +17,55 @@ class _StatusCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._status()
-        yield CounterMetricFamily("relayrl_rollout_groups_produced", "Groups appended to the stream by this process.",
-                                  value=s.groups_produced)
-        yield CounterMetricFamily("relayrl_rollout_episodes_produced", "Episodes appended to the stream by this "
-                                  "process.", value=s.episodes_produced)
-        yield CounterMetricFamily("relayrl_rollout_group_failures", "Failed group attempts (retried or skipped).",
-                                  value=s.groups_failed)
-        yield GaugeMetricFamily("relayrl_rollout_groups_running", "Groups being generated or scored.",
-                                value=s.groups_running)
-        yield GaugeMetricFamily("relayrl_rollout_paused", "1 while generation is paused by an operator.",
-                                value=int(s.paused))
-        yield CounterMetricFamily("relayrl_rollout_redis_oom_retries", "Appends refused by a full Redis (maxmemory, "
-                                  "noeviction) and retried after a back-off.", value=s.redis_oom_retries)
-        yield GaugeMetricFamily("relayrl_rollout_append_blocked", "1 while an append waits for Redis memory (no new "
-                                "group is admitted).", value=int(s.append_blocked))
-        yield CounterMetricFamily("relayrl_rollout_episode_turns", "Model turns of the episodes produced.",
-                                  value=s.episode_turns)
-        yield CounterMetricFamily("relayrl_rollout_tool_calls", "Tool calls of the episodes produced.",
-                                  value=s.tool_calls)
-        yield CounterMetricFamily("relayrl_rollout_tool_errors", "Failed tool calls (unknown tool, bad arguments, "
-                                  "an error or a timeout) of the episodes produced.", value=s.tool_errors)
-        ends = CounterMetricFamily("relayrl_rollout_episode_ends", "Episodes produced, by how they ended.",
-                                   labels=["end"])
+        yield CounterMetricFamily(
+            "relayrl_rollout_groups_produced", "Groups appended to the stream by this process.", value=s.groups_produced
+        )
+        yield CounterMetricFamily(
+            "relayrl_rollout_episodes_produced",
+            "Episodes appended to the stream by this process.",
+            value=s.episodes_produced,
+        )
+        yield CounterMetricFamily(
+            "relayrl_rollout_group_failures", "Failed group attempts (retried or skipped).", value=s.groups_failed
+        )
+        yield GaugeMetricFamily(
+            "relayrl_rollout_groups_running", "Groups being generated or scored.", value=s.groups_running
+        )
+        yield GaugeMetricFamily(
+            "relayrl_rollout_paused", "1 while generation is paused by an operator.", value=int(s.paused)
+        )
+        yield CounterMetricFamily(
+            "relayrl_rollout_redis_oom_retries",
+            "Appends refused by a full Redis (maxmemory, noeviction) and retried after a back-off.",
+            value=s.redis_oom_retries,
+        )
+        yield GaugeMetricFamily(
+            "relayrl_rollout_append_blocked",
+            "1 while an append waits for Redis memory (no new group is admitted).",
+            value=int(s.append_blocked),
+        )
+        yield CounterMetricFamily(
+            "relayrl_rollout_episode_turns", "Model turns of the episodes produced.", value=s.episode_turns
+        )
+        yield CounterMetricFamily(
+            "relayrl_rollout_tool_calls", "Tool calls of the episodes produced.", value=s.tool_calls
+        )
+        yield CounterMetricFamily(
+            "relayrl_rollout_tool_errors",
+            "Failed tool calls (unknown tool, bad arguments, an error or a timeout) of the episodes produced.",
+            value=s.tool_errors,
+        )
+        ends = CounterMetricFamily(
+            "relayrl_rollout_episode_ends", "Episodes produced, by how they ended.", labels=["end"]
+        )
         for end, n in sorted(s.episode_ends.items()):
             ends.add_metric([end], n)
         yield ends
-        yield GaugeMetricFamily("relayrl_rollout_trainer_weight_version", "Trainer weight version the admission "
-                                "control last saw.", value=s.trainer_version)
+        yield GaugeMetricFamily(
+            "relayrl_rollout_trainer_weight_version",
+            "Trainer weight version the admission control last saw.",
+            value=s.trainer_version,
+        )
 
 
 def rollout_metrics(status: Callable[[], RolloutStatus]) -> CollectorRegistry:

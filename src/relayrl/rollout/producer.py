@@ -51,18 +51,28 @@ WATCH_DEADLINE_S = 60.0
 
 
 class RolloutProducer:
-    def __init__(self, cfg: RolloutConfig, stream: EpisodeStream, cursor: PromptCursor, clients: RolloutClients,
-                 redis_retry_s: float = 60.0,
-                 model_path: Path | None = None, score_batch_max: int | None = None,
-                 generate_batch_samples: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        stream: EpisodeStream,
+        cursor: PromptCursor,
+        clients: RolloutClients,
+        redis_retry_s: float = 60.0,
+        model_path: Path | None = None,
+        score_batch_max: int | None = None,
+        generate_batch_samples: int | None = None,
+    ) -> None:
         self.cfg = cfg
         joined = cfg.score_batch_max if score_batch_max is None else score_batch_max
         # the workflows' clients: concurrent groups' calls joined into one (rollout.score_batch_max,
         # rollout.generate_batch_max; relayrl.rollout.joining)
         self.reward = JoinedScorer(clients.reward, joined) if joined > 0 else clients.reward
         # (at most generate_batch_samples samples a GenerateBatch: inference.max_samples_per_request)
-        self.inference = (JoinedInference(clients.inference, cfg.generate_batch_max, generate_batch_samples)
-                          if cfg.generate_batch_max > 0 else clients.inference)
+        self.inference = (
+            JoinedInference(clients.inference, cfg.generate_batch_max, generate_batch_samples)
+            if cfg.generate_batch_max > 0
+            else clients.inference
+        )
         self.redis_retry_s = redis_retry_s
         self.stream = stream
         self.cursor = cursor
@@ -129,10 +139,15 @@ class RolloutProducer:
 
     def _see_trainer(self, st: trainer_pb2.TrainerStatus) -> None:
         self.trainer_view = TrainerView(
-            step=st.step, weight_version=st.weight_version, groups_per_step=st.groups_per_step,
-            finished=st.finished, reachable=True, publishing=st.publishing,
+            step=st.step,
+            weight_version=st.weight_version,
+            groups_per_step=st.groups_per_step,
+            finished=st.finished,
+            reachable=True,
+            publishing=st.publishing,
             groups_dropped=groups_left(st),
-            serving=st.component.state == ServingState.SERVING_STATE_SERVING)
+            serving=st.component.state == ServingState.SERVING_STATE_SERVING,
+        )
 
     async def _follow_trainer(self, stop: asyncio.Event) -> None:
         """Follow the trainer's WatchStatus stream (each change wakes admission at once), subscribing again when a
@@ -186,13 +201,18 @@ class RolloutProducer:
         self._next_seq = self.progress.next_seq()
         self._retry.extend((seq, 1) for seq in self.progress.missing())
         if self._next_seq:
-            log.info("resuming at prompt seq %d (%d groups appended before, %d to regenerate)", self._next_seq,
-                     self.progress.appended, len(self._retry))
+            log.info(
+                "resuming at prompt seq %d (%d groups appended before, %d to regenerate)",
+                self._next_seq,
+                self.progress.appended,
+                len(self._retry),
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         # XGROUP CREATE is refused by a full Redis even when the group exists: a restart waits like an append
-        await redis_retry(self.stream.ensure_group, "consumer group creation", self.redis_retry_s,
-                          on_oom=self._count_oom)
+        await redis_retry(
+            self.stream.ensure_group, "consumer group creation", self.redis_retry_s, on_oom=self._count_oom
+        )
         await self.resume()
         poller = asyncio.create_task(self._follow_trainer(stop))
         tasks: set[asyncio.Task[None]] = set()
@@ -233,8 +253,12 @@ class RolloutProducer:
             close = getattr(self.workflow, "close", None)
             if close is not None:  # a workflow that holds resources (the agent workflow's session endpoint)
                 await close()
-        log.info("rollout loop ended: %d groups produced, %d failed attempts, %d skipped",
-                 self.groups_produced, self.groups_failed, self.groups_skipped)
+        log.info(
+            "rollout loop ended: %d groups produced, %d failed attempts, %d skipped",
+            self.groups_produced,
+            self.groups_failed,
+            self.groups_skipped,
+        )
         if self.appends.failure is not None:
             raise self.appends.failure
 
@@ -252,8 +276,7 @@ class RolloutProducer:
             self.groups_failed += 1
             why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             if attempt < self.cfg.max_group_attempts:
-                log.warning("group for prompt %s failed (attempt %d): %s; will retry", prompt.prompt_id,
-                            attempt, why)
+                log.warning("group for prompt %s failed (attempt %d): %s; will retry", prompt.prompt_id, attempt, why)
                 self._retry.append((seq, attempt + 1))
             else:
                 self.groups_skipped += 1
@@ -305,13 +328,22 @@ class RolloutProducer:
     def state(self) -> dict[str, int]:
         """Counters and the dataset position, written to <output_dir>/rollout_state.json at shutdown."""
         epoch, index = self.cursor.position(self._next_seq)
-        return {"groups_produced": self.groups_produced, "episodes_produced": self.episodes_produced,
-                "groups_failed": self.groups_failed, "groups_skipped": self.groups_skipped,
-                "episodes_reward_errors": self.episodes_reward_errors, "redis_oom_retries": self.redis_oom_retries,
-                "groups_appended_total": self.progress.appended, "next_seq": self._next_seq,
-                "watermark": self.progress.watermark, "dataset_epoch": epoch, "dataset_index": index,
-                **self.turns.state(), **self._joined_calls(),
-                **{f"wait_ms_{reason}": round(s * 1000) for reason, s in sorted(self.wait_s.items())}}
+        return {
+            "groups_produced": self.groups_produced,
+            "episodes_produced": self.episodes_produced,
+            "groups_failed": self.groups_failed,
+            "groups_skipped": self.groups_skipped,
+            "episodes_reward_errors": self.episodes_reward_errors,
+            "redis_oom_retries": self.redis_oom_retries,
+            "groups_appended_total": self.progress.appended,
+            "next_seq": self._next_seq,
+            "watermark": self.progress.watermark,
+            "dataset_epoch": epoch,
+            "dataset_index": index,
+            **self.turns.state(),
+            **self._joined_calls(),
+            **{f"wait_ms_{reason}": round(s * 1000) for reason, s in sorted(self.wait_s.items())},
+        }
 
     def _joined_calls(self) -> dict[str, int]:
         """ScoreBatch and GenerateBatch calls made for the workflows, and the workflows' calls they carried."""
@@ -325,9 +357,16 @@ class RolloutProducer:
         """One group from the configured workflow (rollout.workflow), checked and counted."""
         group_id = uuid.uuid4().hex
         bind_log_context(group_id=group_id)  # the rest of this group's task (_group), its failure warnings too
-        ctx = WorkflowContext(inference=self.inference, reward=self.reward, group_id=group_id,
-                              group_size=self.cfg.group_size, producer_id=self.producer_id, created_at=time.time(),
-                              config=self.cfg, environment=self.environment)
+        ctx = WorkflowContext(
+            inference=self.inference,
+            reward=self.reward,
+            group_id=group_id,
+            group_size=self.cfg.group_size,
+            producer_id=self.producer_id,
+            created_at=time.time(),
+            config=self.cfg,
+            environment=self.environment,
+        )
         episodes = await self.workflow(prompt, ctx)
         # an agent's sessions give as many episodes as their call chains (relayrl.rollout.workflows.agent_session)
         expected = len(episodes) if self.cfg.workflow == "agent" and episodes else self.cfg.group_size
@@ -336,7 +375,13 @@ class RolloutProducer:
         bad = [e for e in episodes if reward_failed(e)]
         if bad:  # appended all the same, marked: the trainer excludes and counts them (trainer.on_reward_error)
             self.episodes_reward_errors += len(bad)
-            log.warning("reward failed for %d of %d episodes of prompt %s: %s %s", len(bad), len(episodes),
-                        prompt.prompt_id, reward_pb2.ScoreStatus.Name(bad[0].reward_status), bad[0].reward_error)
+            log.warning(
+                "reward failed for %d of %d episodes of prompt %s: %s %s",
+                len(bad),
+                len(episodes),
+                prompt.prompt_id,
+                reward_pb2.ScoreStatus.Name(bad[0].reward_status),
+                bad[0].reward_error,
+            )
         self.turns.count(episodes)
         return episodes

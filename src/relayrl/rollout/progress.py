@@ -59,8 +59,12 @@ class ProgressStore:
         raw: Any = await self._redis.hgetall(self.hash_key)
         values = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
         done: Any = await self._redis.smembers(self.set_key)
-        return Progress(watermark=values.get(PROGRESS_WATERMARK, 0), done={int(x) for x in done},
-                        appended=values.get(PROGRESS_APPENDED, 0), skipped=values.get(PROGRESS_SKIPPED, 0))
+        return Progress(
+            watermark=values.get(PROGRESS_WATERMARK, 0),
+            done={int(x) for x in done},
+            appended=values.get(PROGRESS_APPENDED, 0),
+            skipped=values.get(PROGRESS_SKIPPED, 0),
+        )
 
     def queue(self, pipe: Any, progress: Progress, seq: int, appended: bool) -> None:
         """Queue the commands that record ``seq`` into ``pipe`` (the caller's MULTI); ``progress`` is unchanged

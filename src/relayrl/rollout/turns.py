@@ -26,6 +26,10 @@ class TurnCounters:
             self.ends[end_name(ep.episode_end)] += 1
 
     def state(self) -> dict[str, int]:
-        return {"episode_turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
-                "env_errors": self.ends["env_error"],
-                **{f"episodes_end_{name}": n for name, n in sorted(self.ends.items())}}
+        return {
+            "episode_turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "env_errors": self.ends["env_error"],
+            **{f"episodes_end_{name}": n for name, n in sorted(self.ends.items())},
+        }

@@ -28,9 +28,12 @@ def reward(inp: RewardInput) -> RewardResult:
 def make_dataset(path: Path, max_operand: int = 9, seed: int = 0, max_sum: int | None = None) -> int:
     """Write every ``a+b=`` with 0 <= a, b <= max_operand (and a + b <= max_sum, if given) to ``path``
     (JSONL), shuffled; returns the count."""
-    rows = [{"id": f"{a}+{b}", "prompt": f"{a}+{b}=", "answer": str(a + b)}
-            for a in range(max_operand + 1) for b in range(max_operand + 1)
-            if max_sum is None or a + b <= max_sum]
+    rows = [
+        {"id": f"{a}+{b}", "prompt": f"{a}+{b}=", "answer": str(a + b)}
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+        if max_sum is None or a + b <= max_sum
+    ]
     random.Random(seed).shuffle(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:

@@ -51,10 +51,10 @@ def tool_output(transcript: str) -> str | None:
     end = transcript.find(close)
     if end < 0:
         return None
-    rest = transcript[end + len(close):]
+    rest = transcript[end + len(close) :]
     if not rest.startswith(TAGGED_OPEN) or TAGGED_CLOSE not in rest:
         return None
-    return rest[len(TAGGED_OPEN):rest.index(TAGGED_CLOSE)]
+    return rest[len(TAGGED_OPEN) : rest.index(TAGGED_CLOSE)]
 
 
 def reward(inp: RewardInput) -> RewardResult:
@@ -70,26 +70,33 @@ def reward(inp: RewardInput) -> RewardResult:
     transcript = str(inp.metadata.get("transcript", ""))
     call = ideal_call(inp.prompt)
     close = f"</{TOOL}>"
-    first_turn = transcript[:transcript.find(close) + len(close)] if close in transcript else transcript
+    first_turn = transcript[: transcript.find(close) + len(close)] if close in transcript else transcript
     final = inp.completion.strip()
     shown = tool_output(transcript)
-    parts = {"call": _match(first_turn, call), "ran": float(shown is not None and not shown.startswith("error")),
-             "copy": _match(final, shown) if shown is not None else 0.0,
-             "answer": _match(final, answer)}
+    parts = {
+        "call": _match(first_turn, call),
+        "ran": float(shown is not None and not shown.startswith("error")),
+        "copy": _match(final, shown) if shown is not None else 0.0,
+        "answer": _match(final, answer),
+    }
     score = sum(WEIGHTS[k] * v for k, v in parts.items())
-    return RewardResult(score=score, components={**parts, "exact": float(final == answer)},
-                        details=transcript[:64])
+    return RewardResult(score=score, components={**parts, "exact": float(final == answer)}, details=transcript[:64])
 
 
-def make_dataset(path: Path, low: int = 2, high: int = 9, rows: int = 2000, seed: int = 0, op: str = "*",
-                 width: int = 2) -> int:
+def make_dataset(
+    path: Path, low: int = 2, high: int = 9, rows: int = 2000, seed: int = 0, op: str = "*", width: int = 2
+) -> int:
     """Write ``rows`` distinct ``a<op>b=`` prompts (op ``+`` or ``*``) with ``low <= a, b <= high`` whose result has
     ``width`` digits (0: any) to ``path`` (JSONL); returns the count. The defaults (58 products of 2 to 9 from 10 to
     81) give every episode the same layout, so each copy the model learns is at a fixed offset."""
     rng = random.Random(seed)
     result = (lambda a, b: a + b) if op == "+" else (lambda a, b: a * b)
-    pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)
-             if not width or len(str(result(a, b))) == width]
+    pairs = [
+        (a, b)
+        for a in range(low, high + 1)
+        for b in range(low, high + 1)
+        if not width or len(str(result(a, b))) == width
+    ]
     rng.shuffle(pairs)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:

@@ -15,9 +15,15 @@ SYSTEM = "You are a calculator. Reply with the result only."
 
 
 def rows(lo: int = 10, hi: int = 99) -> list[dict[str, object]]:
-    return [{"id": f"{a}+{b}", "messages": [{"role": "system", "content": SYSTEM},
-                                           {"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)}
-            for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
+    return [
+        {
+            "id": f"{a}+{b}",
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {a} + {b}?"}],
+            "answer": str(a + b),
+        }
+        for a in range(lo, hi + 1)
+        for b in range(lo, hi + 1)
+    ]
 
 
 def make_chat_dataset(train: Path, heldout: Path, heldout_rows: int = 200, seed: int = 0) -> tuple[int, int]:

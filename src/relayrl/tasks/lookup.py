@@ -62,16 +62,19 @@ def reward(inp: RewardInput) -> RewardResult:
         raise ValueError("the dataset row has no reference answer")
     transcript = str(inp.metadata.get("transcript", ""))
     close = f"</{TOOL}>"
-    first_turn = transcript[:transcript.find(close) + len(close)] if close in transcript else transcript
+    first_turn = transcript[: transcript.find(close) + len(close)] if close in transcript else transcript
     final = inp.completion.strip()
     shown = tool_output(transcript)
     # a whole call whose result never came: the episode had no room left for it, since the model spelled the call
     # with tokens the text does not show (a special token such as <unk> decodes to nothing); no credit, or RL
     # settles on such a call (seen in CI: "<c><unk></c>" every episode, never a tool result)
     unanswered = first_turn == CALL and shown is None
-    parts = {"call": 0.0 if unanswered else _prefix(first_turn, CALL),
-             "ran": float(shown is not None and not shown.startswith("error")),
-             "copy": _match(final, shown) if shown is not None else 0.0, "answer": _match(final, answer)}
+    parts = {
+        "call": 0.0 if unanswered else _prefix(first_turn, CALL),
+        "ran": float(shown is not None and not shown.startswith("error")),
+        "copy": _match(final, shown) if shown is not None else 0.0,
+        "answer": _match(final, answer),
+    }
     score = sum(WEIGHTS[k] * v for k, v in parts.items())
     return RewardResult(score=score, components={**parts, "exact": float(final == answer)}, details=transcript[:64])
 
@@ -88,6 +91,7 @@ def make_dataset(path: Path, seed: int = 0, rows: int = 2000) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for a, b in pairs[:rows]:
-            f.write(json.dumps({"id": f"{a}*{b}", "prompt": f"{a}*{b}//10%10=", "answer": str(a * b // 10 % 10)})
-                    + "\n")
+            f.write(
+                json.dumps({"id": f"{a}*{b}", "prompt": f"{a}*{b}//10%10=", "answer": str(a * b // 10 % 10)}) + "\n"
+            )
     return min(rows, len(pairs))

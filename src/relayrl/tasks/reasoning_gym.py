@@ -94,8 +94,17 @@ def make_dataset(path: Path, dataset: str, size: int, seed: int = 0, config: Map
         for index in range(size):
             ref = TaskRef(dataset, seed, index, dict(config or {}))
             item = entry(ref)
-            f.write(json.dumps({"id": f"{dataset}-{seed}-{index}", "prompt": f"{item['question']}\n{INSTRUCTION}",
-                                "answer": str(item.get("answer") or ""), METADATA_KEY: ref.to_json()}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"{dataset}-{seed}-{index}",
+                        "prompt": f"{item['question']}\n{INSTRUCTION}",
+                        "answer": str(item.get("answer") or ""),
+                        METADATA_KEY: ref.to_json(),
+                    }
+                )
+                + "\n"
+            )
     return size
 
 

@@ -39,8 +39,12 @@ class ReasoningGymEnvironment:
         ref = self.ref
         value = await asyncio.to_thread(score, ref, action)
         self.done = True
-        return StepResult(observation="", reward=value, done=True,
-                          info={"answer": final_answer(action), "dataset": ref.dataset, "index": ref.index})
+        return StepResult(
+            observation="",
+            reward=value,
+            done=True,
+            info={"answer": final_answer(action), "dataset": ref.dataset, "index": ref.index},
+        )
 
     async def close(self) -> None:
         self.ref = None

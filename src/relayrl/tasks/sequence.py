@@ -40,8 +40,11 @@ def make_dataset(path: Path, length: int = 8, steps: tuple[int, ...] = (0,), see
     (JSONL), shuffled; returns the count."""
     if length < 1 or not steps:
         raise ValueError("length must be >= 1 and steps not empty")
-    rows = [{"id": f"{start}+{step}", "prompt": f"{start}+{step}=", "answer": sequence(start, step, length)}
-            for step in steps for start in range(10)]
+    rows = [
+        {"id": f"{start}+{step}", "prompt": f"{start}+{step}=", "answer": sequence(start, step, length)}
+        for step in steps
+        for start in range(10)
+    ]
     random.Random(seed).shuffle(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:

@@ -54,11 +54,17 @@ def create_tiny_model(out_dir: Path, cfg: TinyModelConfig | None = None) -> Path
     tokenizer = build_tokenizer(cfg.chars)
     vocab_size = len(tokenizer)
     model_cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
     )
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(model_cfg)
@@ -70,6 +76,10 @@ def create_tiny_model(out_dir: Path, cfg: TinyModelConfig | None = None) -> Path
     ids = loaded(probe, add_special_tokens=False)["input_ids"]
     if loaded.decode(ids) != probe or len(ids) != len(probe):
         raise RuntimeError(f"tokenizer round trip failed after save_pretrained: {probe!r} -> {loaded.decode(ids)!r}")
-    log.info("created tiny model in %s (%d params, vocab %d)", out_dir,
-             sum(p.numel() for p in model.parameters()), vocab_size)
+    log.info(
+        "created tiny model in %s (%d params, vocab %d)",
+        out_dir,
+        sum(p.numel() for p in model.parameters()),
+        vocab_size,
+    )
     return out_dir

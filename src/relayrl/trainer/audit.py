@@ -29,15 +29,23 @@ class TrainedAudit:
     def trained(self, step: int, entries: list[StreamEntry]) -> None:
         """``step`` trained ``entries``: one line, and the step's first ``dump_episodes`` episodes (the groups'
         first episodes, then their second ones, ...)."""
-        self._trained.write(json.dumps({
-            "incarnation": self.incarnation, "step": step, "resumed_from_step": self.resumed_from_step,
-            "groups": [[e.group.group_id, e.group.prompt_seq] for e in entries]}) + "\n")
+        self._trained.write(
+            json.dumps(
+                {
+                    "incarnation": self.incarnation,
+                    "step": step,
+                    "resumed_from_step": self.resumed_from_step,
+                    "groups": [[e.group.group_id, e.group.prompt_seq] for e in entries],
+                }
+            )
+            + "\n"
+        )
         self._trained.flush()
         if self._episodes is None:
             return
         groups = [e.group.episodes for e in entries]
         taken = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
-        for ep in taken[:self.dump_episodes]:
+        for ep in taken[: self.dump_episodes]:
             row = {"step": step, **MessageToDict(ep, preserving_proto_field_name=True)}
             self._episodes.write(json.dumps(row) + "\n")
         self._episodes.flush()

@@ -27,15 +27,15 @@ import torch
 from relayrl.trainer.logprobs import selected_logprobs
 
 
-def plan_micro_batches(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int = 0
-                       ) -> list[list[int]]:
+def plan_micro_batches(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int = 0) -> list[list[int]]:
     """Indices of the sequences of each micro-batch, in ascending length order; every index exactly once.
 
     ``lengths`` are the padded-row lengths of the sequences (prompt + completion - 1 positions).
     """
     if micro_batch_size < 1 or micro_batch_tokens < 0:
-        raise ValueError(f"micro_batch_size {micro_batch_size} must be >= 1 and micro_batch_tokens "
-                         f"{micro_batch_tokens} >= 0")
+        raise ValueError(
+            f"micro_batch_size {micro_batch_size} must be >= 1 and micro_batch_tokens {micro_batch_tokens} >= 0"
+        )
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     if micro_batch_tokens == 0:
         return [order[s : s + micro_batch_size] for s in range(0, len(order), micro_batch_size)]
@@ -132,9 +132,14 @@ class Positions:
     baseline: torch.Tensor | None = None  # [T] float32
 
     @classmethod
-    def of(cls, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-           behaviour: PerToken | None, loss_masks: Sequence[Sequence[int]] | None,
-           temperatures: Sequence[float]) -> Positions:
+    def of(
+        cls,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        behaviour: PerToken | None,
+        loss_masks: Sequence[Sequence[int]] | None,
+        temperatures: Sequence[float],
+    ) -> Positions:
         """One pass over the sequences, one tensor per column (behaviour logprobs 0 and every completion token in
         the loss where not given)."""
         ids: list[int] = []
@@ -144,10 +149,15 @@ class Positions:
         at: list[int] = []
         lengths: list[int] = []
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            if not p or (loss_masks is not None and len(loss_masks[i]) != len(c)) or \
-                    (behaviour is not None and len(behaviour[i]) != len(c)):
-                raise ValueError(f"sequence {i}: an empty prompt, or a loss mask or behaviour logprobs whose length "
-                                 f"is not the completion's ({len(c)})")
+            if (
+                not p
+                or (loss_masks is not None and len(loss_masks[i]) != len(c))
+                or (behaviour is not None and len(behaviour[i]) != len(c))
+            ):
+                raise ValueError(
+                    f"sequence {i}: an empty prompt, or a loss mask or behaviour logprobs whose length "
+                    f"is not the completion's ({len(c)})"
+                )
             full = [*p, *c]
             ids += full[:-1]
             targets += full[1:]
@@ -160,10 +170,17 @@ class Positions:
             at += [-1] * lead
             at += range(len(c))
         n = torch.tensor(lengths, dtype=torch.long)
-        return cls(input_ids=torch.tensor(ids, dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
-                   mask=torch.tensor(mask, dtype=torch.float32), behaviour=torch.tensor(old, dtype=torch.float32),
-                   temperature=torch.tensor(temperatures, dtype=torch.float32), lengths=n, sizes=tuple(lengths),
-                   starts=torch.cumsum(n, 0) - n, completion_at=torch.tensor(at, dtype=torch.long))
+        return cls(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            targets=torch.tensor(targets, dtype=torch.long),
+            mask=torch.tensor(mask, dtype=torch.float32),
+            behaviour=torch.tensor(old, dtype=torch.float32),
+            temperature=torch.tensor(temperatures, dtype=torch.float32),
+            lengths=n,
+            sizes=tuple(lengths),
+            starts=torch.cumsum(n, 0) - n,
+            completion_at=torch.tensor(at, dtype=torch.long),
+        )
 
     def completion_values(self, per_token: PerToken) -> torch.Tensor:
         """Values of each sequence's completion tokens (one list per sequence, one value per token: a teacher's or
@@ -191,10 +208,17 @@ class Positions:
         def maybe(col: torch.Tensor | None) -> torch.Tensor | None:
             return None if col is None else take(col)
 
-        return PackedBatch(input_ids=take(self.input_ids, pad_id), attention_mask=valid.long().to(device),
-                           targets=take(self.targets, pad_id), mask=take(self.mask),
-                           behaviour_logprobs=take(self.behaviour), temperature=self.temperature[index].to(device),
-                           teacher=maybe(self.teacher), reference=maybe(self.reference), baseline=maybe(self.baseline))
+        return PackedBatch(
+            input_ids=take(self.input_ids, pad_id),
+            attention_mask=valid.long().to(device),
+            targets=take(self.targets, pad_id),
+            mask=take(self.mask),
+            behaviour_logprobs=take(self.behaviour),
+            temperature=self.temperature[index].to(device),
+            teacher=maybe(self.teacher),
+            reference=maybe(self.reference),
+            baseline=maybe(self.baseline),
+        )
 
     def packed(self, rows: Sequence[int], device: torch.device) -> PackedBatch:
         """Sequences ``rows`` concatenated into one row ``[1, sum of their lengths]``, positions from 0 for each."""
@@ -213,27 +237,46 @@ class Positions:
         def maybe(col: torch.Tensor | None) -> torch.Tensor | None:
             return None if col is None else take(col)
 
-        return PackedBatch(input_ids=take(self.input_ids), attention_mask=None, targets=take(self.targets),
-                           mask=take(self.mask), behaviour_logprobs=take(self.behaviour),
-                           temperature=row(self.temperature[index][seq]),
-                           seq=row(seq), position_ids=row(pos), num_seqs=len(index), teacher=maybe(self.teacher),
-                           reference=maybe(self.reference), baseline=maybe(self.baseline))
+        return PackedBatch(
+            input_ids=take(self.input_ids),
+            attention_mask=None,
+            targets=take(self.targets),
+            mask=take(self.mask),
+            behaviour_logprobs=take(self.behaviour),
+            temperature=row(self.temperature[index][seq]),
+            seq=row(seq),
+            position_ids=row(pos),
+            num_seqs=len(index),
+            teacher=maybe(self.teacher),
+            reference=maybe(self.reference),
+            baseline=maybe(self.baseline),
+        )
 
 
-def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-         behaviour: PerToken | None, loss_masks: Sequence[Sequence[int]] | None,
-         temperatures: Sequence[float], pad_id: int, device: torch.device) -> PackedBatch:
+def pack(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    behaviour: PerToken | None,
+    loss_masks: Sequence[Sequence[int]] | None,
+    temperatures: Sequence[float],
+    pad_id: int,
+    device: torch.device,
+) -> PackedBatch:
     """All sequences, one per row, padded to the longest (:meth:`Positions.padded`)."""
     positions = Positions.of(prompts, completions, behaviour, loss_masks, temperatures)
     return positions.padded(range(len(prompts)), pad_id, device)
 
 
-def pack_row(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-             behaviour: PerToken | None, loss_masks: Sequence[Sequence[int]] | None,
-             temperatures: Sequence[float], device: torch.device) -> PackedBatch:
+def pack_row(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    behaviour: PerToken | None,
+    loss_masks: Sequence[Sequence[int]] | None,
+    temperatures: Sequence[float],
+    device: torch.device,
+) -> PackedBatch:
     """All sequences concatenated into one row (:meth:`Positions.packed`)."""
-    return Positions.of(prompts, completions, behaviour, loss_masks, temperatures).packed(range(len(prompts)),
-                                                                                          device)
+    return Positions.of(prompts, completions, behaviour, loss_masks, temperatures).packed(range(len(prompts)), device)
 
 
 def model_logprobs(model: Any, mb: PackedBatch, chunk: int = 0) -> torch.Tensor:
@@ -242,8 +285,17 @@ def model_logprobs(model: Any, mb: PackedBatch, chunk: int = 0) -> torch.Tensor:
     ``use_cache=False``, which a training forward never needs). ``chunk`` 0: at every position, from full
     ``[B, L, V]`` logits; ``chunk`` > 0: only where ``mb.mask`` is set, the log-softmax ``chunk`` positions at a
     time, the behaviour logprob elsewhere (relayrl.trainer.logprobs)."""
-    return selected_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.targets, mb.temperature,
-                             mb.mask, mb.behaviour_logprobs, chunk)
+    return selected_logprobs(
+        model,
+        mb.input_ids,
+        mb.attention_mask,
+        mb.position_ids,
+        mb.targets,
+        mb.temperature,
+        mb.mask,
+        mb.behaviour_logprobs,
+        chunk,
+    )
 
 
 def packing_error(model: Any, device: torch.device) -> float:
@@ -257,5 +309,7 @@ def packing_error(model: Any, device: torch.device) -> float:
         apart = model_logprobs(model, pack(prompts, completions, None, None, [1.0, 1.0], 0, device))
         packed = model_logprobs(model, pack_row(prompts, completions, None, None, [1.0, 1.0], device))[0]
     n0 = len(seqs[0]) - 1
-    return max(float((packed[:n0] - apart[0, :n0]).abs().max()),
-               float((packed[n0:] - apart[1, : len(seqs[1]) - 1]).abs().max()))
+    return max(
+        float((packed[:n0] - apart[0, :n0]).abs().max()),
+        float((packed[n0:] - apart[1, : len(seqs[1]) - 1]).abs().max()),
+    )

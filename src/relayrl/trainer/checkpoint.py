@@ -62,16 +62,27 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, tokenizer: Any,
-                    optimizer: torch.optim.Optimizer, keep: int, extra: dict[str, Any],
-                    coll: Collectives | None = None, consumed_ids: list[str] | None = None,
-                    export_model: Any | None = None) -> Path:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    weight_version: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    keep: int,
+    extra: dict[str, Any],
+    coll: Collectives | None = None,
+    consumed_ids: list[str] | None = None,
+    export_model: Any | None = None,
+) -> Path:
     """Collective over ``coll``'s ranks; returns the final path once the checkpoint is durable (on rank 0's
     filesystem). ``export_model``: rank 0's unsharded copy for the Hugging Face export of a sharded model."""
     coll = coll or Collectives(None, timeout_s=60.0)
     final = root / checkpoint_name(step)
-    part = {"consumed_ids": list(consumed_ids or []),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+    part = {
+        "consumed_ids": list(consumed_ids or []),
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+    }
     parts = coll.all_gather_object(part, "checkpoint_parts")
     export = model
     if is_sharded(model):
@@ -80,8 +91,7 @@ def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, toke
     durable = torch.zeros(1)
     if coll.rank == 0:
         try:
-            _write(root, final, parts, step, weight_version, export, tokenizer, optimizer, keep, extra,
-                   coll.world_size)
+            _write(root, final, parts, step, weight_version, export, tokenizer, optimizer, keep, extra, coll.world_size)
             durable[0] = 1
         except OSError:
             log.exception("checkpoint %s could not be written", final)
@@ -91,8 +101,9 @@ def save_checkpoint(root: Path, step: int, weight_version: int, model: Any, toke
     return final
 
 
-def _save_shards(tmp: Path, model: Any, optimizer: torch.optim.Optimizer, coll: Collectives,
-                 export_model: Any | None) -> Any:
+def _save_shards(
+    tmp: Path, model: Any, optimizer: torch.optim.Optimizer, coll: Collectives, export_model: Any | None
+) -> Any:
     """Every rank: its shards of model and optimizer into ``tmp/dcp`` and its part of the full state dict, which
     rank 0 loads into ``export_model`` (returned, for the Hugging Face export). Collectives in one order on every
     rank: rank 0 prepares ``tmp``, a barrier, the gather of the full state dict, DCP's save."""
@@ -120,9 +131,19 @@ def _save_shards(tmp: Path, model: Any, optimizer: torch.optim.Optimizer, coll: 
     return export_model
 
 
-def _write(root: Path, final: Path, parts: list[dict[str, Any]], step: int, weight_version: int, model: Any,
-           tokenizer: Any, optimizer: torch.optim.Optimizer | None, keep: int, extra: dict[str, Any],
-           world_size: int) -> None:
+def _write(
+    root: Path,
+    final: Path,
+    parts: list[dict[str, Any]],
+    step: int,
+    weight_version: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer | None,
+    keep: int,
+    extra: dict[str, Any],
+    world_size: int,
+) -> None:
     tmp = root / f"{final.name}.tmp"
     root.mkdir(parents=True, exist_ok=True)
     if optimizer is not None:  # sharded: rank 0 prepared tmp and every rank wrote its shards into it already
@@ -133,9 +154,16 @@ def _write(root: Path, final: Path, parts: list[dict[str, Any]], step: int, weig
     model.save_pretrained(str(tmp / "model"))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp / "model"))
-    torch.save({"step": step, "weight_version": weight_version,
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                "world_size": world_size, "extra": extra}, tmp / STATE_FILE)
+    torch.save(
+        {
+            "step": step,
+            "weight_version": weight_version,
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "world_size": world_size,
+            "extra": extra,
+        },
+        tmp / STATE_FILE,
+    )
     _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -169,8 +197,13 @@ def load_trainer_state(path: Path, optimizer: torch.optim.Optimizer, coll: Colle
             consumed.update(data["consumed_ids"])
             by_rank[int(part.stem.removeprefix("rank"))] = data["rng"]
         rngs = [by_rank.get(r) for r in range(coll.world_size)]
-        payload = {"step": int(state["step"]), "weight_version": int(state["weight_version"]),
-                   "extra": dict(state.get("extra", {})), "consumed": consumed, "optimizer": state["optimizer"]}
+        payload = {
+            "step": int(state["step"]),
+            "weight_version": int(state["weight_version"]),
+            "extra": dict(state.get("extra", {})),
+            "consumed": consumed,
+            "optimizer": state["optimizer"],
+        }
     payload = coll.broadcast_object(payload, 0, "resume_state")
     rng = coll.broadcast_object(rngs, 0, "resume_rng")[coll.rank]
     assert payload is not None
@@ -179,5 +212,9 @@ def load_trainer_state(path: Path, optimizer: torch.optim.Optimizer, coll: Colle
     if rng is not None:  # None: this rank did not exist when the checkpoint was taken
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
-    return CheckpointState(step=payload["step"], weight_version=payload["weight_version"],
-                           extra=payload["extra"], consumed_ids=payload["consumed"])
+    return CheckpointState(
+        step=payload["step"],
+        weight_version=payload["weight_version"],
+        extra=payload["extra"],
+        consumed_ids=payload["consumed"],
+    )

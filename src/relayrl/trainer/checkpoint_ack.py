@@ -31,10 +31,21 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointAck:
-    def __init__(self, root: Path, every: int, keep: int, model: Any, tokenizer: Any,
-                 optimizer: torch.optim.Optimizer, coll: Collectives, collector: GroupCollector,
-                 stream: EpisodeStream, retry_s: float, export_model: Any | None = None,
-                 backpressure: OomBackpressure | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        every: int,
+        keep: int,
+        model: Any,
+        tokenizer: Any,
+        optimizer: torch.optim.Optimizer,
+        coll: Collectives,
+        collector: GroupCollector,
+        stream: EpisodeStream,
+        retry_s: float,
+        export_model: Any | None = None,
+        backpressure: OomBackpressure | None = None,
+    ) -> None:
         self.root = root
         # XACK and XTRIM free memory and a full Redis runs them; should one be refused, it waits like any write
         self.backpressure = backpressure or OomBackpressure("trainer")
@@ -61,14 +72,24 @@ class CheckpointAck:
         """Save a checkpoint (atomic), and only once it is durable acknowledge the groups it holds."""
         collector = self.collector
         await asyncio.to_thread(
-            save_checkpoint, self.root, step, weight_version, self.model, self.tokenizer, self.optimizer, self.keep,
-            counters, self.coll, collector.consumed_ids, self.export_model)
+            save_checkpoint,
+            self.root,
+            step,
+            weight_version,
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.keep,
+            counters,
+            self.coll,
+            collector.consumed_ids,
+            self.export_model,
+        )
         ids = collector.unacked + collector.done_on_resume
         acked = await redis_retry(lambda: self.stream.ack(ids), "ack", self.retry_s, backpressure=self.backpressure)
         # bounded memory: what every consumer group has acknowledged goes (never an unread or pending entry)
         minid = await redis_retry(self.stream.trim_acked, "trim", self.retry_s, backpressure=self.backpressure)
-        log.info("checkpoint at step %d durable; acknowledged %d groups; stream trimmed below %s", step, acked,
-                 minid)
+        log.info("checkpoint at step %d durable; acknowledged %d groups; stream trimmed below %s", step, acked, minid)
         self.last_step = step
         if self.now:  # the operator's request (broadcast with this step's version) is served
             self.requested = self.now = False

@@ -50,12 +50,16 @@ class CollectiveCall:
     def from_record(cls, record: Mapping[str, Any]) -> CollectiveCall:
         """Build from one JSON record as :class:`Collectives` writes it; raises KeyError/TypeError/ValueError."""
         return cls(
-            index=int(record["index"]), op=str(record["op"]), name=str(record["name"]),
-            group=str(record["group"]), world_size=int(record["world_size"]),
+            index=int(record["index"]),
+            op=str(record["op"]),
+            name=str(record["name"]),
+            group=str(record["group"]),
+            world_size=int(record["world_size"]),
             shapes=tuple(tuple(int(d) for d in shape) for shape in record["shapes"]),
             dtypes=tuple(str(d) for d in record["dtypes"]),
             reduce_op=None if record.get("reduce_op") is None else str(record["reduce_op"]),
-            src=None if record.get("src") is None else int(record["src"]))
+            src=None if record.get("src") is None else int(record["src"]),
+        )
 
     def describe(self) -> str:
         """One line: ``all_reduce(grads) reduce_op=SUM shapes=[[4, 2]] dtypes=[float32] group=default``."""
@@ -116,8 +120,10 @@ def read_rank_file(path: Path) -> list[CollectiveCall]:
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"{path}:{lineno}: not a collective record ({exc!r})") from exc
         if call.index != len(calls):
-            raise RecordError(f"{path}:{lineno}: record index {call.index}, expected {len(calls)} "
-                              "(lines lost, or two runs wrote to this file)")
+            raise RecordError(
+                f"{path}:{lineno}: record index {call.index}, expected {len(calls)} "
+                "(lines lost, or two runs wrote to this file)"
+            )
         calls.append(call)
     return calls
 
@@ -161,10 +167,10 @@ def find_divergence(
     lengths = {rank: len(seq) for rank, seq in calls_by_rank.items()}
     for index in range(max(lengths.values(), default=0)):
         at_index: dict[int, CollectiveCall | None] = {
-            rank: seq[index] if index < len(seq) else None for rank, seq in calls_by_rank.items()}
+            rank: seq[index] if index < len(seq) else None for rank, seq in calls_by_rank.items()
+        }
         present = [call for call in at_index.values() if call is not None]
-        differing = tuple(name for name in COMPARED_FIELDS
-                          if len({getattr(call, name) for call in present}) > 1)
+        differing = tuple(name for name in COMPARED_FIELDS if len({getattr(call, name) for call in present}) > 1)
         if differing or len(present) < len(at_index):
             return Divergence(index=index, calls=at_index, lengths=lengths, differing_fields=differing)
     return None
@@ -195,9 +201,12 @@ def format_divergence(div: Divergence, previous: CollectiveCall | None = None) -
     lines = [f"ranks diverge at collective #{div.index} ({'; '.join(reasons)}):"]
     by_description: dict[str, list[int]] = {}
     for rank, call in div.calls.items():
-        key = (call.describe() if call is not None
-               else f"no call: its sequence ended after {div.lengths[rank]} collectives (it returned, crashed "
-                    "or is stuck outside a collective)")
+        key = (
+            call.describe()
+            if call is not None
+            else f"no call: its sequence ended after {div.lengths[rank]} collectives (it returned, crashed "
+            "or is stuck outside a collective)"
+        )
         by_description.setdefault(key, []).append(rank)
     for description, ranks in sorted(by_description.items(), key=lambda item: item[1][0]):
         lines.append(f"  {_rank_list(ranks)}: {description}")
@@ -208,8 +217,10 @@ def format_divergence(div: Divergence, previous: CollectiveCall | None = None) -
     lengths: dict[int, list[int]] = {}
     for rank, n in div.lengths.items():
         lengths.setdefault(n, []).append(rank)
-    lines.append("collectives recorded: " + "; ".join(
-        f"{_rank_list(ranks)}: {n}" for n, ranks in sorted(lengths.items(), key=lambda item: item[1][0])))
+    lines.append(
+        "collectives recorded: "
+        + "; ".join(f"{_rank_list(ranks)}: {n}" for n, ranks in sorted(lengths.items(), key=lambda item: item[1][0]))
+    )
     return "\n".join(lines)
 
 
@@ -218,17 +229,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="relayrl debug collectives",
         description="Compare the collective sequences recorded by every rank (RUN_DIR/collectives/rank<R>.jsonl) "
-                    "and name the first collective where they diverge.")
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
-                        help="the run folder (its collectives/ subfolder is read) or the records folder itself")
+        "and name the first collective where they diverge.",
+    )
+    parser.add_argument(
+        "run_dir",
+        type=Path,
+        metavar="RUN_DIR",
+        help="the run folder (its collectives/ subfolder is read) or the records folder itself",
+    )
     args = parser.parse_args(argv)
 
     folder = record_folder(args.run_dir)
     try:
         records: dict[int, list[CollectiveCall]] = load_records(args.run_dir)
     except FileNotFoundError:
-        print(f"no collective records: {folder} does not exist (run the trainer with collective recording on)",
-              file=sys.stderr)
+        print(
+            f"no collective records: {folder} does not exist (run the trainer with collective recording on)",
+            file=sys.stderr,
+        )
         return 2
     except (RecordError, OSError) as exc:
         print(f"cannot read the collective records: {exc}", file=sys.stderr)
@@ -239,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
 
     missing = missing_ranks(records)
     if missing:
-        print(f"note: {_rank_list(missing)} left no record file (the records say world_size "
-              f"{max(c[0].world_size for c in records.values() if c)}); counted as having called no collective")
+        print(
+            f"note: {_rank_list(missing)} left no record file (the records say world_size "
+            f"{max(c[0].world_size for c in records.values() if c)}); counted as having called no collective"
+        )
         records.update({rank: [] for rank in missing})
         records = dict(sorted(records.items()))
 
@@ -253,4 +273,3 @@ def main(argv: list[str] | None = None) -> int:
     previous = first[div.index - 1] if div.index > 0 else None
     print(format_divergence(div, previous))
     return 1
-

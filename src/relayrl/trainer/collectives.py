@@ -30,8 +30,13 @@ class CollectiveTimeout(RuntimeError):
 
 
 class Collectives:
-    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, record_dir: Path | None = None,
-                 group_name: str = "default") -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        timeout_s: float,
+        record_dir: Path | None = None,
+        group_name: str = "default",
+    ) -> None:
         self.group = group
         self.timeout = timedelta(seconds=timeout_s)
         self.group_name = group_name
@@ -48,15 +53,26 @@ class Collectives:
             self._record.close()
             self._record = None
 
-    def _log(self, op: str, name: str, tensors: list[torch.Tensor], reduce_op: str | None = None,
-             src: int | None = None) -> None:
+    def _log(
+        self, op: str, name: str, tensors: list[torch.Tensor], reduce_op: str | None = None, src: int | None = None
+    ) -> None:
         if self._record is not None:
-            self._record.write(json.dumps({
-                "index": self.index, "op": op, "name": name, "group": self.group_name,
-                "world_size": self.world_size, "shapes": [list(t.shape) for t in tensors],
-                "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors], "reduce_op": reduce_op,
-                "src": src,
-            }) + "\n")
+            self._record.write(
+                json.dumps(
+                    {
+                        "index": self.index,
+                        "op": op,
+                        "name": name,
+                        "group": self.group_name,
+                        "world_size": self.world_size,
+                        "shapes": [list(t.shape) for t in tensors],
+                        "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+                        "reduce_op": reduce_op,
+                        "src": src,
+                    }
+                )
+                + "\n"
+            )
             self._record.flush()
         self.index += 1
 
@@ -66,7 +82,8 @@ class Collectives:
         except RuntimeError as exc:
             raise CollectiveTimeout(
                 f"rank {self.rank}: collective #{self.index - 1} {op}({name}) did not complete within "
-                f"{self.timeout.total_seconds():.0f}s; another rank died, hangs or diverged ({exc})") from exc
+                f"{self.timeout.total_seconds():.0f}s; another rank died, hangs or diverged ({exc})"
+            ) from exc
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, name: str) -> torch.Tensor:
         """In-place all-reduce; ``op`` is chosen by the caller (SUM or MAX, never implicit)."""
@@ -75,8 +92,7 @@ class Collectives:
             self._wait(dist.all_reduce(tensor, op=op, group=self.group, async_op=True), "all_reduce", name)
         return tensor
 
-    def all_reduce_coalesced(self, tensors: list[torch.Tensor], op: dist.ReduceOp.RedOpType,
-                             name: str) -> None:
+    def all_reduce_coalesced(self, tensors: list[torch.Tensor], op: dist.ReduceOp.RedOpType, name: str) -> None:
         """All-reduce several tensors as one flat buffer (one collective), results written back in place."""
         if not tensors:
             return
@@ -110,8 +126,11 @@ class Collectives:
             return obj
         data = pickle.dumps(obj) if self.rank == src else b""
         size = self.broadcast(torch.tensor([len(data)], dtype=torch.int64), src, f"{name}/size")
-        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == src
-               else torch.empty(int(size[0]), dtype=torch.uint8))
+        buf = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if self.rank == src
+            else torch.empty(int(size[0]), dtype=torch.uint8)
+        )
         self.broadcast(buf, src, f"{name}/bytes")
         return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
 

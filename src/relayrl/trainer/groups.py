@@ -99,10 +99,19 @@ class GroupCollector:
     """Reads this rank's groups: pending ones first, skipping groups a checkpoint already holds, then new
     ones; drops (and counts) groups beyond the staleness bound."""
 
-    def __init__(self, stream: EpisodeStream, consumer: str, max_staleness: int, block_ms: int,
-                 already_done: set[str], checks: EntryChecks, retry_s: float = 60.0,
-                 on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP,
-                 zero_advantage_drop_ratio: float | None = None, backpressure: OomBackpressure | None = None) -> None:
+    def __init__(
+        self,
+        stream: EpisodeStream,
+        consumer: str,
+        max_staleness: int,
+        block_ms: int,
+        already_done: set[str],
+        checks: EntryChecks,
+        retry_s: float = 60.0,
+        on_reward_error: RewardErrorPolicy = RewardErrorPolicy.DROP,
+        zero_advantage_drop_ratio: float | None = None,
+        backpressure: OomBackpressure | None = None,
+    ) -> None:
         self.checks = checks
         # writes refused by a full Redis wait and retry (shared by the trainer's parts: relayrl.trainer.runtime)
         self.backpressure = backpressure or OomBackpressure("trainer")
@@ -141,9 +150,16 @@ class GroupCollector:
             # read only the shortfall: a rank that took more than its share could starve the others
             count, after = num_groups - len(self._ready), self._pending_after
             entries = await redis_retry(
-                lambda c=count, a=after: self.stream.read(self.consumer, count=c, block_ms=self.block_ms,  # type: ignore[misc]
-                                                          pending_after=a),
-                "read", self.retry_s, on_reconnect=self._rescan)
+                lambda c=count, a=after: self.stream.read(
+                    self.consumer,
+                    count=c,
+                    block_ms=self.block_ms,  # type: ignore[misc]
+                    pending_after=a,
+                ),
+                "read",
+                self.retry_s,
+                on_reconnect=self._rescan,
+            )
             if self._pending_after is not None and after == self._pending_after:
                 self._pending_after = entries[-1].entry_id if entries else None
             waiting = {r.group_id for r in self._ready}
@@ -177,8 +193,16 @@ class GroupCollector:
 
     async def dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str, episodes: int) -> None:
         """Move an entry to the dead-letter stream, count it and acknowledge it (one idempotent script)."""
-        await self._write(lambda: self.stream.dead_letter(entry_id, fields, reason, episodes,  # type: ignore[misc]
-                                                          self.checks.dead_letter_maxlen), "dead letter")
+        await self._write(
+            lambda: self.stream.dead_letter(
+                entry_id,
+                fields,
+                reason,
+                episodes,  # type: ignore[misc]
+                self.checks.dead_letter_maxlen,
+            ),
+            "dead letter",
+        )
         log.warning("moved stream entry %s to %s: %s", entry_id, self.stream.keys.dead_letter, reason)
 
     async def ensure_group(self) -> None:
@@ -215,11 +239,19 @@ class GroupCollector:
                 if verdict is Verdict.ZERO_ADVANTAGE:
                     self._zero_advantage_budget -= 1
                 with log_context(group_id=ing.group_id):
-                    await self._write(lambda e=entry, r=verdict.value: self.stream.record_dropped(  # type: ignore[misc]
-                        e.group.group_id, len(e.group.episodes), r), "record drop")
+                    await self._write(
+                        lambda e=entry, r=verdict.value: self.stream.record_dropped(  # type: ignore[misc]
+                            e.group.group_id, len(e.group.episodes), r
+                        ),
+                        "record drop",
+                    )
                     self.consumed(entry)
-                    log.log(logging.INFO if verdict is Verdict.ZERO_ADVANTAGE else logging.WARNING,
-                            "dropped group %s: %s", ing.group_id, why)
+                    log.log(
+                        logging.INFO if verdict is Verdict.ZERO_ADVANTAGE else logging.WARNING,
+                        "dropped group %s: %s",
+                        ing.group_id,
+                        why,
+                    )
         self._ready = keep
 
     @staticmethod
@@ -228,7 +260,8 @@ class GroupCollector:
         return RewardErrorStop(
             f"episode {ep.episode_id} of group {ing.group_id} has reward status "
             f"{reward_pb2.ScoreStatus.Name(ep.reward_status)}: {ep.reward_error} "
-            f"({len(ing.failed)} of {ing.size} failed; trainer.on_reward_error is fail)")
+            f"({len(ing.failed)} of {ing.size} failed; trainer.on_reward_error is fail)"
+        )
 
     def consumed(self, entry: StreamEntry) -> None:
         self.consumed_ids.append(entry.group.group_id)

@@ -35,8 +35,13 @@ class InRunEval:
         self.cfg = cfg
         self.every = ec.every_steps
         self.write = write
-        self.settings = EvalSettings(k=ec.k, samples=ec.samples, correct_threshold=ec.correct_threshold,
-                                     concurrency=ec.concurrency, limit=ec.limit)
+        self.settings = EvalSettings(
+            k=ec.k,
+            samples=ec.samples,
+            correct_threshold=ec.correct_threshold,
+            concurrency=ec.concurrency,
+            limit=ec.limit,
+        )
         assert ec.dataset is not None  # validated: every_steps > 0 needs a dataset
         rows = load_jsonl(ec.dataset, "trainer.eval.dataset")
         self.rows: list[Prompt] = rows[: ec.limit] if ec.limit else rows
@@ -90,23 +95,42 @@ class InRunEval:
         self.done += 1
         row = self.row(step, version, result)
         self.write(row, step)
-        log.info("evaluation after step %d (version %d): greedy accuracy %.3f over %d rows in %.1fs", step, version,
-                 row.greedy_accuracy, row.rows, row.seconds)
+        log.info(
+            "evaluation after step %d (version %d): greedy accuracy %.3f over %d rows in %.1fs",
+            step,
+            version,
+            row.greedy_accuracy,
+            row.rows,
+            row.seconds,
+        )
 
     async def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
-        async with InferenceClient(cfg.inference.server.target, tls=cfg.tls) as inference, \
-                RewardClient(cfg.reward.server.target, token=cfg.control.effective_code_token(),  # a code reward's
-                             tls=cfg.tls) as reward:
+        async with (
+            InferenceClient(cfg.inference.server.target, tls=cfg.tls) as inference,
+            RewardClient(
+                cfg.reward.server.target,
+                token=cfg.control.effective_code_token(),  # a code reward's
+                tls=cfg.tls,
+            ) as reward,
+        ):
             return await evaluate(cfg, self.settings, self.rows, inference, reward)
 
     def row(self, step: int, version: int, result: dict[str, Any]) -> EvalRow:
         k = self.settings.k
         return EvalRow(
-            eval_step=step, weight_version=version, weight_version_min=int(result.get("weight_version_min", 0)),
+            eval_step=step,
+            weight_version=version,
+            weight_version_min=int(result.get("weight_version_min", 0)),
             weight_version_max=int(result.get("weight_version_max", 0)),
-            greedy_accuracy=float(result["greedy_accuracy"]), mean_reward=float(result["mean_reward"]),
+            greedy_accuracy=float(result["greedy_accuracy"]),
+            mean_reward=float(result["mean_reward"]),
             sampled_mean_reward=float(result.get("sampled_mean_reward", 0.0)),
-            pass_at_k=float(result.get(f"pass@{k}", 0.0)) if k else 0.0, k=k, rows=int(result["rows"]),
-            reward_errors=int(result["reward_errors"]), seconds=float(result["seconds"]), skipped=self.skipped,
-            time_s=time.monotonic() - self.t0)
+            pass_at_k=float(result.get(f"pass@{k}", 0.0)) if k else 0.0,
+            k=k,
+            rows=int(result["rows"]),
+            reward_errors=int(result["reward_errors"]),
+            seconds=float(result["seconds"]),
+            skipped=self.skipped,
+            time_s=time.monotonic() - self.t0,
+        )

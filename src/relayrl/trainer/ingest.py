@@ -57,9 +57,15 @@ class Ingested:
         lists = tuple(TokenLists.of(ep) for ep in episodes)
         failed = tuple(i for i, ep in enumerate(episodes) if reward_failed(ep))
         rewards = {ep.reward for i, ep in enumerate(episodes) if i not in failed}
-        return cls(entry, lists, tuple(min(t.versions, default=0) for t in lists),
-                   tuple(max(t.versions, default=0) for t in lists),
-                   tuple(len(set(t.versions)) > 1 for t in lists), failed, len(rewards) <= 1)
+        return cls(
+            entry,
+            lists,
+            tuple(min(t.versions, default=0) for t in lists),
+            tuple(max(t.versions, default=0) for t in lists),
+            tuple(len(set(t.versions)) > 1 for t in lists),
+            failed,
+            len(rewards) <= 1,
+        )
 
     @property
     def group_id(self) -> str:
@@ -85,8 +91,9 @@ def judge(ing: Ingested, lag: int, ahead: int, max_staleness: int, drop_zero_adv
         return Verdict.REWARD_ERROR, "every episode failed scoring"
     if min(lag, ahead) < 0:  # never a negative staleness: a version the lineage places after the trainer's weights
         version = ing.newest if ahead < 0 else ing.oldest
-        return Verdict.INVALID, (f"token_weight_versions: version {version} is ahead of the trainer's weights "
-                                 f"(staleness {min(lag, ahead)})")
+        return Verdict.INVALID, (
+            f"token_weight_versions: version {version} is ahead of the trainer's weights (staleness {min(lag, ahead)})"
+        )
     if lag > max_staleness:
         return Verdict.STALE, f"staleness {lag} > max_staleness {max_staleness}"
     if drop_zero_advantage and ing.same_rewards:
@@ -139,16 +146,31 @@ class StepBatch:
                     newest.append(ing.newest_each[i])
                     mixed.append(ing.mixed_each[i])
         excluded = sum(len(ing.failed) for ing in ingested)
-        return _columns([ing.entry for ing in ingested], episodes, lists, (oldest, newest, mixed),
-                        [lags[v] for v in oldest], excluded)
+        return _columns(
+            [ing.entry for ing in ingested],
+            episodes,
+            lists,
+            (oldest, newest, mixed),
+            [lags[v] for v in oldest],
+            excluded,
+        )
 
     @classmethod
-    def of(cls, episodes: Sequence[Episode], staleness: Sequence[float] | None = None, teacher: PerToken | None = None,
-           reference: PerToken | None = None, excluded: int = 0) -> StepBatch:
+    def of(
+        cls,
+        episodes: Sequence[Episode],
+        staleness: Sequence[float] | None = None,
+        teacher: PerToken | None = None,
+        reference: PerToken | None = None,
+        excluded: int = 0,
+    ) -> StepBatch:
         """Episodes as they are (every one trained; no stream entries): for tests, benchmarks and tools."""
         lists = [TokenLists.of(ep) for ep in episodes]
-        versions = ([min(t.versions, default=0) for t in lists], [max(t.versions, default=0) for t in lists],
-                    [len(set(t.versions)) > 1 for t in lists])
+        versions = (
+            [min(t.versions, default=0) for t in lists],
+            [max(t.versions, default=0) for t in lists],
+            [len(set(t.versions)) > 1 for t in lists],
+        )
         lags = list(staleness) if staleness is not None else [0.0] * len(episodes)
         return _columns([], list(episodes), lists, versions, lags, excluded).scored(teacher, reference)
 
@@ -162,28 +184,51 @@ class StepBatch:
         if teacher is None and reference is None:
             return self
         p = self.positions
-        return replace(self, positions=replace(
-            p, teacher=None if teacher is None else p.completion_values(teacher),
-            reference=None if reference is None else p.completion_values(reference)))
+        return replace(
+            self,
+            positions=replace(
+                p,
+                teacher=None if teacher is None else p.completion_values(teacher),
+                reference=None if reference is None else p.completion_values(reference),
+            ),
+        )
 
 
-def _columns(entries: list[StreamEntry], episodes: list[Episode], lists: Sequence[TokenLists],
-             versions: tuple[list[int], list[int], list[bool]], lags: Sequence[float], excluded: int) -> StepBatch:
+def _columns(
+    entries: list[StreamEntry],
+    episodes: list[Episode],
+    lists: Sequence[TokenLists],
+    versions: tuple[list[int], list[int], list[bool]],
+    lags: Sequence[float],
+    excluded: int,
+) -> StepBatch:
     """One pass over the valid episodes, one tensor per column."""
     oldest, newest, mixed = versions
     groups = {g: i for i, g in enumerate(dict.fromkeys(ep.group_id for ep in episodes))}
-    positions = Positions.of([t.prompt for t in lists], [t.completion for t in lists], [t.behaviour for t in lists],
-                             [t.loss_mask for t in lists], [ep.sampling_temperature or 1.0 for ep in episodes])
-    counts = [(ep.episode_end, max(ep.turns, 1), ep.tool_calls, ep.tool_errors, m)
-              for ep, m in zip(episodes, mixed, strict=True)]
+    positions = Positions.of(
+        [t.prompt for t in lists],
+        [t.completion for t in lists],
+        [t.behaviour for t in lists],
+        [t.loss_mask for t in lists],
+        [ep.sampling_temperature or 1.0 for ep in episodes],
+    )
+    counts = [
+        (ep.episode_end, max(ep.turns, 1), ep.tool_calls, ep.tool_errors, m)
+        for ep, m in zip(episodes, mixed, strict=True)
+    ]
     return StepBatch(
-        entries=entries, episodes=episodes, positions=positions,
+        entries=entries,
+        episodes=episodes,
+        positions=positions,
         reward=torch.tensor([ep.reward for ep in episodes], dtype=torch.float64),
         group_index=torch.tensor([groups[ep.group_id] for ep in episodes], dtype=torch.long),
         num_groups=len(groups),
         completion_len=torch.tensor([len(t.completion) for t in lists], dtype=torch.float64),
-        staleness=torch.tensor(list(lags), dtype=torch.float32), oldest=torch.tensor(oldest, dtype=torch.long),
+        staleness=torch.tensor(list(lags), dtype=torch.float32),
+        oldest=torch.tensor(oldest, dtype=torch.long),
         newest=torch.tensor(newest, dtype=torch.long),
         counts=torch.tensor(counts, dtype=torch.float64).reshape(len(episodes), len(COUNTS)),
-        loss_tokens=float(sum(sum(t.loss_mask) for t in lists)), excluded=excluded,
-        reward_components=[dict(ep.reward_components) for ep in episodes])
+        loss_tokens=float(sum(sum(t.loss_mask) for t in lists)),
+        excluded=excluded,
+        reward_components=[dict(ep.reward_components) for ep in episodes],
+    )

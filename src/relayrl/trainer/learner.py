@@ -93,9 +93,16 @@ def agreed_micro_batches(coll: Collectives, episodes: int, micro_batch_size: int
 class Learner:
     """Owns the model and optimizer; computes advantages and the loss and steps the optimizer."""
 
-    def __init__(self, model: Any, cfg: TrainerConfig, pad_id: int, device: torch.device,
-                 max_completion_tokens: int = 1, collectives: Collectives | None = None,
-                 reference: Reference | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        cfg: TrainerConfig,
+        pad_id: int,
+        device: torch.device,
+        max_completion_tokens: int = 1,
+        collectives: Collectives | None = None,
+        reference: Reference | None = None,
+    ) -> None:
         self.model = model
         # the frozen model of the KL term (relayrl.trainer.reference); or None, and the reference's logprobs come
         # with the batch from an endpoint (trainer.loss.reference_address)
@@ -136,8 +143,9 @@ class Learner:
         assert self.reference is not None
         return self.reference.logprobs(mb, self.cfg.logprob_chunk_positions)
 
-    def _loss_terms(self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor,
-                    ref: torch.Tensor | None = None) -> LossTerms:
+    def _loss_terms(
+        self, logp: torch.Tensor, mb: PackedBatch, adv: torch.Tensor, ref: torch.Tensor | None = None
+    ) -> LossTerms:
         """The configured loss (relayrl.trainer.losses) over one micro-batch; ``adv`` one per sequence; ``ref``
         the reference's logprob of each token (KL in the loss), laid out like ``mb``."""
         prox = logp.detach()  # one optimizer step per batch: the proximal policy is the current one
@@ -146,9 +154,17 @@ class Learner:
         def flat(values: torch.Tensor | None) -> torch.Tensor | None:
             return None if values is None else values.to(logp.dtype).reshape(-1)
 
-        tokens = Tokens(logp.reshape(-1), prox.reshape(-1), mb.behaviour_logprobs.reshape(-1),
-                        adv.to(logp.dtype)[seq], mb.mask.to(logp.dtype).reshape(-1), seq, mb.sequences(),
-                        flat(mb.teacher), flat(mb.baseline))
+        tokens = Tokens(
+            logp.reshape(-1),
+            prox.reshape(-1),
+            mb.behaviour_logprobs.reshape(-1),
+            adv.to(logp.dtype)[seq],
+            mb.mask.to(logp.dtype).reshape(-1),
+            seq,
+            mb.sequences(),
+            flat(mb.teacher),
+            flat(mb.baseline),
+        )
         return loss_terms(self.cfg.loss, tokens, None if ref is None else ref.reshape(-1))
 
     def rl_step(self, batch: StepBatch) -> StepStats:
@@ -163,8 +179,9 @@ class Learner:
     def _advantages(self, batch: StepBatch, micro: Sequence[tuple[Sequence[int], PackedBatch]]) -> torch.Tensor:
         """Per-episode advantages after the reward shaping (overlong penalty, KL penalty) the config asks for."""
         lc = self.cfg.loss
-        rewards = batch.reward + overlong_penalty(batch.completion_len, self.max_completion_tokens,
-                                                  lc.overlong_buffer_tokens, lc.overlong_penalty)
+        rewards = batch.reward + overlong_penalty(
+            batch.completion_len, self.max_completion_tokens, lc.overlong_buffer_tokens, lc.overlong_penalty
+        )
         rewards = rewards.to(self.device)
         if self._has_reference(batch.positions) and lc.kl_use is KlUse.REWARD and lc.kl_coef > 0:
             rewards -= self._reference_penalty(len(batch), micro)
@@ -182,9 +199,15 @@ class Learner:
         out = torch.zeros(n, dtype=torch.float64, device=self.device)
         for rows, mb in micro:
             ref = self._reference_logprobs(mb)
-            penalty = kl_reward_penalty(lc.kl_estimator, lc.kl_coef, mb.behaviour_logprobs.reshape(-1),
-                                        ref.reshape(-1), mb.mask.reshape(-1), mb.sequence_index().reshape(-1),
-                                        mb.sequences())
+            penalty = kl_reward_penalty(
+                lc.kl_estimator,
+                lc.kl_coef,
+                mb.behaviour_logprobs.reshape(-1),
+                ref.reshape(-1),
+                mb.mask.reshape(-1),
+                mb.sequence_index().reshape(-1),
+                mb.sequences(),
+            )
             out[torch.tensor(list(rows), dtype=torch.long, device=self.device)] = penalty
         return out
 
@@ -206,8 +229,13 @@ class Learner:
         if positions.teacher is None:
             return positions
         group = torch.repeat_interleave(batch.group_index, positions.lengths)
-        baseline = distill_baselines(self.cfg.loss.distill_baseline, positions.behaviour - positions.teacher, group,
-                                     positions.completion_at, positions.mask)
+        baseline = distill_baselines(
+            self.cfg.loss.distill_baseline,
+            positions.behaviour - positions.teacher,
+            group,
+            positions.completion_at,
+            positions.mask,
+        )
         return replace(positions, baseline=baseline)
 
     def _padding_micro_batch(self, like: Positions) -> tuple[PackedBatch, torch.Tensor]:
@@ -271,14 +299,25 @@ class Learner:
         coll.all_reduce(importance_max, dist.ReduceOp.MAX, "importance_max")
         values = torch.cat([sums, importance_max]).tolist()  # the step's one host read of its statistics
         n = global_tokens
-        return StepStats(loss=values[0] / norm, grad_norm=0.0, clip_frac=values[1] / n,
-                         ratio_mean=values[2] / n, kl=values[3] / n, tokens=int(n), lr=0.0,
-                         importance_mean=values[4] / n, importance_max=values[9],
-                         logprob_diff_mean=values[5] / n, mismatch_masked_frac=values[6] / n, ref_kl=values[7] / n,
-                         teacher_kl=values[8] / n)
+        return StepStats(
+            loss=values[0] / norm,
+            grad_norm=0.0,
+            clip_frac=values[1] / n,
+            ratio_mean=values[2] / n,
+            kl=values[3] / n,
+            tokens=int(n),
+            lr=0.0,
+            importance_mean=values[4] / n,
+            importance_max=values[9],
+            logprob_diff_mean=values[5] / n,
+            mismatch_masked_frac=values[6] / n,
+            ref_kl=values[7] / n,
+            teacher_kl=values[8] / n,
+        )
 
-    def _backward(self, mb: PackedBatch, adv: torch.Tensor, ref: torch.Tensor | None, norm: float
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _backward(
+        self, mb: PackedBatch, adv: torch.Tensor, ref: torch.Tensor | None, norm: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One micro-batch's forward, loss (divided by the global normaliser) and backward; its statistics as
         device tensors (float64): the sums of :meth:`rl_gradients` and the largest importance weight."""
         logp = model_logprobs(self.model, mb, self.cfg.logprob_chunk_positions)
@@ -287,9 +326,19 @@ class Learner:
         with torch.no_grad():
             diff = (logp.detach() - mb.behaviour_logprobs) * mb.mask
             weight = torch.exp(diff) * mb.mask
-            sums = torch.stack([terms.loss_sum.detach(), terms.clipped_tokens, terms.ratio_sum, terms.kl_sum,
-                                weight.sum(), diff.abs().sum(), terms.masked_tokens.to(weight.device),
-                                terms.ref_kl_sum.to(weight.device), terms.teacher_kl_sum.to(weight.device)])
+            sums = torch.stack(
+                [
+                    terms.loss_sum.detach(),
+                    terms.clipped_tokens,
+                    terms.ratio_sum,
+                    terms.kl_sum,
+                    weight.sum(),
+                    diff.abs().sum(),
+                    terms.masked_tokens.to(weight.device),
+                    terms.ref_kl_sum.to(weight.device),
+                    terms.teacher_kl_sum.to(weight.device),
+                ]
+            )
             return sums.to(torch.float64), weight.max().to(torch.float64).reshape(1)
 
     def sft_step(self, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> StepStats:
@@ -309,5 +358,12 @@ class Learner:
         sync_gradients(self.model, self.collectives, "sft_gradients")
         self.collectives.all_reduce(loss_sum, dist.ReduceOp.SUM, "sft_loss")
         grad_norm, lr = self._optimizer_step()
-        return StepStats(loss=float(loss_sum / total_tokens), grad_norm=grad_norm, clip_frac=0.0, ratio_mean=1.0,
-                         kl=0.0, tokens=int(total_tokens.item()), lr=lr)
+        return StepStats(
+            loss=float(loss_sum / total_tokens),
+            grad_norm=grad_norm,
+            clip_frac=0.0,
+            ratio_mean=1.0,
+            kl=0.0,
+            tokens=int(total_tokens.item()),
+            lr=lr,
+        )

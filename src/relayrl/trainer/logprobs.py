@@ -45,8 +45,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor,
-                chunk: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor, chunk: int
+    ) -> torch.Tensor:
         n = logits.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(out)
@@ -76,8 +77,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         return grad, None, None, None
 
 
-def chunked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor,
-                           chunk: int) -> torch.Tensor:
+def chunked_token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor, chunk: int
+) -> torch.Tensor:
     """:class:`ChunkedTokenLogprobs` of flat ``[N, V]`` logits."""
     if chunk < 1:
         raise ValueError(f"chunk {chunk} must be >= 1")
@@ -94,8 +96,10 @@ def output_positions(model: Any, keep: torch.Tensor) -> Iterator[None]:
     def select(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden = args[0]
         if tuple(hidden.shape[:2]) != tuple(keep.shape):
-            raise RuntimeError(f"the output layer got hidden states {tuple(hidden.shape)}, expected "
-                               f"{tuple(keep.shape)} positions: set trainer.logprob_chunk_positions to 0")
+            raise RuntimeError(
+                f"the output layer got hidden states {tuple(hidden.shape)}, expected "
+                f"{tuple(keep.shape)} positions: set trainer.logprob_chunk_positions to 0"
+            )
         return (hidden[keep].unsqueeze(0), *args[1:])
 
     handle = head.register_forward_pre_hook(select)
@@ -105,20 +109,30 @@ def output_positions(model: Any, keep: torch.Tensor) -> Iterator[None]:
         handle.remove()
 
 
-def selected_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                      position_ids: torch.Tensor | None, targets: torch.Tensor, temperature: torch.Tensor,
-                      mask: torch.Tensor, filler: torch.Tensor, chunk: int) -> torch.Tensor:
+def selected_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: torch.Tensor,
+    mask: torch.Tensor,
+    filler: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
     """log pi(target) ``[B, L]`` at the positions where ``mask != 0`` (both cuts above), ``filler`` elsewhere;
     ``temperature`` ``[B]`` (one per row) or ``[B, L]``. ``chunk < 1`` or a model without output embeddings:
     the plain way, every position."""
     if chunk < 1 or model.get_output_embeddings() is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).logits
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
         return token_logprobs(logits, targets, temperature)
     keep = mask != 0
     with output_positions(model, keep):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).logits
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
     temp = temperature if temperature.dim() == 2 else temperature[:, None].expand(targets.shape)
     lp = chunked_token_logprobs(logits.reshape(-1, logits.shape[-1]), targets[keep], temp[keep], chunk)
     return filler.detach().to(lp.dtype).masked_scatter(keep, lp)

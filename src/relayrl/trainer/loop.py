@@ -32,6 +32,7 @@ from relayrl.trainer.steptime import Longest, StepClock
 
 log = logging.getLogger(__name__)
 
+
 def generation_wait(entries: list[StreamEntry], start: float, end: float) -> float | None:
     """Of a wait for a batch from ``start`` to ``end`` (wall clock), the seconds before its last group left
     rollout's workflow (the newest ``enqueued_at`` of its episodes: generated and scored); the rest of the wait
@@ -59,8 +60,9 @@ class TrainingLoop:
         self.longest = Longest()  # this rank's longest step, push and checkpoint: its graceful stop's deadline
         self.audit = TrainedAudit(cfg.output_dir, coll.rank, cfg.trainer.dump_episodes, parts.resumed_from)
         # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
-        self.evals = InRunEval(cfg, self._write_metrics, self._t0) \
-            if self.is_main and cfg.trainer.eval.every_steps else None
+        self.evals = (
+            InRunEval(cfg, self._write_metrics, self._t0) if self.is_main and cfg.trainer.eval.every_steps else None
+        )
         self.stop = parts.learner.stop
         parts.collector.stop_requested = self.stop.is_set
 
@@ -73,8 +75,9 @@ class TrainingLoop:
         """How long this rank's graceful stop may take: the launcher's rule (``graceful_stop_s``) over the longest
         step, push and checkpoint this rank measured."""
         tc, longest = self.cfg.trainer, self.longest
-        return graceful_stop_s(longest.step_s, longest.push_s, longest.checkpoint_s, tc.stop_grace_s,
-                               tc.stop_grace_max_s)
+        return graceful_stop_s(
+            longest.step_s, longest.push_s, longest.checkpoint_s, tc.stop_grace_s, tc.stop_grace_max_s
+        )
 
     def request_stop(self) -> None:
         """Stop at the next safe point, then write a final checkpoint and acknowledge what it holds. Safe points:
@@ -86,8 +89,7 @@ class TrainingLoop:
         """Publish the current weights; every rank learns the version and whether to checkpoint after this step.
         ``wait`` false: the push runs on while the loop reads its next batch (settled before the next publication
         and every checkpoint)."""
-        version, self.checkpoints.now = await self.publication.publish(policy_step, self.checkpoints.requested,
-                                                                        wait)
+        version, self.checkpoints.now = await self.publication.publish(policy_step, self.checkpoints.requested, wait)
         return version
 
     async def staleness(self, token_version: int) -> int:
@@ -106,8 +108,9 @@ class TrainingLoop:
             await self.stream.claim_from_gone_consumers(self.collector.consumer, live)
         if not is_sharded(self.learner.model):  # sharded: broadcast before sharding (relayrl.trainer.runtime)
             # identical starting weights on every rank, whatever each loaded
-            await asyncio.to_thread(self.coll.broadcast_coalesced, list(self.learner.model.parameters()), 0,
-                                    "initial_weights")
+            await asyncio.to_thread(
+                self.coll.broadcast_coalesced, list(self.learner.model.parameters()), 0, "initial_weights"
+            )
         # The weights we start from get a fresh version too: inference and trainer agree on what is served,
         # and a restarted trainer never reuses a version.
         await self.publish(self.progress.step)
@@ -146,9 +149,13 @@ class TrainingLoop:
 
     def _log_abandoned(self, stopped: StepAbandoned) -> None:
         if stopped.total:
-            log.info("stop: step %d abandoned at a micro-batch boundary after %d of %d micro-batches (partial "
-                     "gradients discarded, no optimizer step); its groups stay pending and are read again on resume",
-                     self.progress.step + 1, stopped.done, stopped.total)
+            log.info(
+                "stop: step %d abandoned at a micro-batch boundary after %d of %d micro-batches (partial "
+                "gradients discarded, no optimizer step); its groups stay pending and are read again on resume",
+                self.progress.step + 1,
+                stopped.done,
+                stopped.total,
+            )
         else:
             log.info("stop: before step %d (nothing of it computed)", self.progress.step + 1)
 
@@ -201,8 +208,12 @@ class TrainingLoop:
                 self.collector.consumed(entry)
                 if log.isEnabledFor(logging.DEBUG):
                     with log_context(group_id=entry.group.group_id):
-                        log.debug("trained group at step %d (%d episodes: %s)", progress.step + 1,
-                                  len(entry.group.episodes), ", ".join(ep.episode_id for ep in entry.group.episodes))
+                        log.debug(
+                            "trained group at step %d (%d episodes: %s)",
+                            progress.step + 1,
+                            len(entry.group.episodes),
+                            ", ".join(ep.episode_id for ep in entry.group.episodes),
+                        )
             self.audit.trained(progress.step + 1, batch.entries)
         with clock.part("publish"):
             await self.publish(progress.step + 1, wait=not tc.publication.overlap)
@@ -228,8 +239,7 @@ class TrainingLoop:
     async def _collect(self) -> StepBatch:
         """This rank's share of the next batch. No collective: it may run beside the previous step's metrics."""
         tc = self.cfg.trainer
-        taken = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size),
-                                             self.staleness)
+        taken = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size), self.staleness)
         # each episode's staleness (of its oldest token): one lineage look-up per distinct version, not per episode
         lags = {v: await self.staleness(v) for v in dict.fromkeys(v for ing in taken for v in ing.oldest_each)}
         batch = StepBatch.take(taken, lags)  # errored episodes left out: their groups train on the valid ones
@@ -254,24 +264,35 @@ class TrainingLoop:
         sft = self.cfg.trainer.sft
         rows = load_jsonl(self.cfg.rollout.dataset)
         eos = int(self.tokenizer.eos_token_id)
-        enc = [(chat_token_ids(self.tokenizer, r.chat()) if r.messages  # as inference renders it
+        enc = [
+            (
+                chat_token_ids(self.tokenizer, r.chat())
+                if r.messages  # as inference renders it
                 else self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"],
-                [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos]) for r in rows]
+                [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos],
+            )
+            for r in rows
+        ]
         gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.coll.rank)
         per_rank = max(1, sft.batch_size // self.coll.world_size)
         for i in range(1, sft.warmup_steps + 1):
             idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
-            stats = await asyncio.to_thread(self.publication.locked, self.learner.sft_step,
-                                            [enc[j][0] for j in idx], [enc[j][1] for j in idx])
-            self._write_metrics(SftRow(sft_step=i, loss=stats.loss, grad_norm=stats.grad_norm,
-                                       time_s=time.monotonic() - self._t0), i)
+            stats = await asyncio.to_thread(
+                self.publication.locked, self.learner.sft_step, [enc[j][0] for j in idx], [enc[j][1] for j in idx]
+            )
+            self._write_metrics(
+                SftRow(sft_step=i, loss=stats.loss, grad_norm=stats.grad_norm, time_s=time.monotonic() - self._t0), i
+            )
         log.info("supervised warm-up done (%d steps)", sft.warmup_steps)
         await self.publish(self.progress.step)
 
     async def checkpoint_and_ack(self) -> None:
         await self.publication.settle()  # a checkpoint never records a version whose push may still fail
-        saving = asyncio.ensure_future(self.checkpoints.save_and_ack(
-            self.progress.step, self.publication.weight_version, self.progress.checkpoint_counters()))
+        saving = asyncio.ensure_future(
+            self.checkpoints.save_and_ack(
+                self.progress.step, self.publication.weight_version, self.progress.checkpoint_counters()
+            )
+        )
         try:
             await asyncio.shield(saving)
         except asyncio.CancelledError:
@@ -299,12 +320,18 @@ class TrainingLoop:
         times = self.clock.close(now)
         p.last_reward_mean = summary.reward_mean
         row = RlRow(
-            step=p.step, weight_version=self.publication.weight_version,
+            step=p.step,
+            weight_version=self.publication.weight_version,
             reward_components={k: sum(v) / len(v) for k, v in sorted(components.items())},
             episodes_per_s=summary.episodes / max(now - self._last_step_t, 1e-9),
-            step_time_s=step_s, time_s=now - self._t0, world_size=self.coll.world_size,
-            queue_lag=queue_lag, queue_pending=queue_pending,
-            **row_fields(summary), **row_fields(stats))  # the step's and the learner's figures, by name
+            step_time_s=step_s,
+            time_s=now - self._t0,
+            world_size=self.coll.world_size,
+            queue_lag=queue_lag,
+            queue_pending=queue_pending,
+            **row_fields(summary),
+            **row_fields(stats),
+        )  # the step's and the learner's figures, by name
         for name, value in books.values(p).items():  # the run's totals (relayrl.common.books)
             setattr(row, name, value)
         if last_push is not None:
@@ -320,8 +347,14 @@ class TrainingLoop:
                 p.staleness_counts[int(lag)] = p.staleness_counts.get(int(lag), 0) + count
             self._write_metrics(row, p.step)
             with log_context(weight_version=self.publication.weight_version):
-                log.info("step %d version %d reward %.3f staleness max %d loss %.4f", p.step,
-                         self.publication.weight_version, row.reward_mean, row.staleness_max, stats.loss)
+                log.info(
+                    "step %d version %d reward %.3f staleness max %d loss %.4f",
+                    p.step,
+                    self.publication.weight_version,
+                    row.reward_mean,
+                    row.staleness_max,
+                    stats.loss,
+                )
 
     def close(self) -> None:
         if self.evals is not None:

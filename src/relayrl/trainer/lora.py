@@ -19,6 +19,8 @@ def load_policy(cfg: ModelConfig, checkpoint_model: Path | None = None) -> Any:
         return load_model(cfg, checkpoint_model)
     adapter = checkpoint_model if checkpoint_model is not None and is_adapter_dir(checkpoint_model) else None
     if checkpoint_model is not None and adapter is None:
-        raise RuntimeError(f"{checkpoint_model} holds full weights, not a LoRA adapter: resume it with "
-                           "model.lora.enabled=false, or start a new run")
+        raise RuntimeError(
+            f"{checkpoint_model} holds full weights, not a LoRA adapter: resume it with "
+            "model.lora.enabled=false, or start a new run"
+        )
     return with_lora(load_model(cfg), cfg.lora, adapter, trainable=True)

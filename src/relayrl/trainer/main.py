@@ -33,8 +33,11 @@ def init_collectives(cfg: RunConfig) -> Collectives:
     if world != tc.distributed.world_size:
         from relayrl.config.typed import ConfigError
 
-        raise ConfigError("trainer.distributed.world_size", tc.distributed.world_size,
-                          f"must equal the number of processes started (WORLD_SIZE={world}); use torchrun")
+        raise ConfigError(
+            "trainer.distributed.world_size",
+            tc.distributed.world_size,
+            f"must equal the number of processes started (WORLD_SIZE={world}); use torchrun",
+        )
     if world == 1:
         return Collectives(None, tc.distributed.collective_timeout_s, record)
     backend = "gloo"
@@ -58,8 +61,13 @@ async def _stop_training(trainer: Trainer, train: asyncio.Task[None], force: asy
     step = trainer.progress.step
     if trainer.loop.stepping:
         budget = trainer.loop.stop_budget()
-        log.info("stop requested at step %d: stopping at the next micro-batch boundary, then a final checkpoint, "
-                 "within %.1fs (%s; a second signal stops at once)", step, budget.deadline_s, budget.bound)
+        log.info(
+            "stop requested at step %d: stopping at the next micro-batch boundary, then a final checkpoint, "
+            "within %.1fs (%s; a second signal stops at once)",
+            step,
+            budget.deadline_s,
+            budget.bound,
+        )
         trainer.loop.request_stop()
         forced = asyncio.create_task(force.wait())
         await asyncio.wait({train, forced}, timeout=budget.deadline_s, return_when=asyncio.FIRST_COMPLETED)
@@ -67,9 +75,13 @@ async def _stop_training(trainer: Trainer, train: asyncio.Task[None], force: asy
         if train.done():
             train.result()  # a failure of the final checkpoint is loud
             return
-        log.warning("%s: stopping at once, without a final checkpoint (step %d)",
-                    "second stop signal" if force.is_set() else
-                    f"the graceful stop did not end within {budget.deadline_s:.1f}s", trainer.progress.step)
+        log.warning(
+            "%s: stopping at once, without a final checkpoint (step %d)",
+            "second stop signal"
+            if force.is_set()
+            else f"the graceful stop did not end within {budget.deadline_s:.1f}s",
+            trainer.progress.step,
+        )
     else:
         log.info("stopping before the end of training (step %d)", step)
     train.cancel()
@@ -86,8 +98,11 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     hosts = {"trainer.server.host": tc.server.host, **({"trainer.http.host": tc.http.host} if tc.http.enabled else {})}
     require_credential(cfg.control.effective_token(), hosts, "a control token (control.token_env)")
     if not cfg.control.effective_weights_token():
-        raise ConfigError(cfg.control.weights_token_env, "", "the trainer needs the weights token: inference accepts "
-                                                            "weight updates only with it")
+        raise ConfigError(
+            cfg.control.weights_token_env,
+            "",
+            "the trainer needs the weights token: inference accepts weight updates only with it",
+        )
     stop, force = stop or asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # the first asks for a graceful stop, a second one stops at once
@@ -105,8 +120,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     watchdog = asyncio.create_task(trainer.watch_inference()) if coll.rank == 0 else None
     stopper = asyncio.create_task(stop.wait())
     try:
-        await asyncio.wait({train, stopper} | ({watchdog} if watchdog else set()),
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({train, stopper} | ({watchdog} if watchdog else set()), return_when=asyncio.FIRST_COMPLETED)
         if watchdog is not None and watchdog.done() and not train.done():
             train.cancel()
             await asyncio.gather(train, return_exceptions=True)

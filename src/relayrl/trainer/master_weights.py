@@ -59,8 +59,11 @@ class MasterWeights(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["master_weights"] = {i: m.detach().clone() for i, (p, m) in
-                                   enumerate(zip(self.model_params, self.masters, strict=True)) if m is not p}
+        state["master_weights"] = {
+            i: m.detach().clone()
+            for i, (p, m) in enumerate(zip(self.model_params, self.masters, strict=True))
+            if m is not p
+        }
         return state
 
     @torch.no_grad()

@@ -44,9 +44,12 @@ class ParallelDims:
             if getattr(self, name) != 1:
                 raise ConfigError(f"trainer.distributed.{name}", getattr(self, name), "must be 1 (not supported yet)")
         if self.dp_replicate * self.dp_shard * self.tp * self.cp != self.world_size:
-            raise ConfigError("trainer.distributed.world_size", self.world_size,
-                              f"must equal dp_replicate ({self.dp_replicate}) x dp_shard ({self.dp_shard}) x tp "
-                              f"({self.tp}) x cp ({self.cp})")
+            raise ConfigError(
+                "trainer.distributed.world_size",
+                self.world_size,
+                f"must equal dp_replicate ({self.dp_replicate}) x dp_shard ({self.dp_shard}) x tp "
+                f"({self.tp}) x cp ({self.cp})",
+            )
 
     @staticmethod
     def from_config(cfg: DistributedConfig, world_size: int) -> ParallelDims:

@@ -38,8 +38,11 @@ class TrainerProgress:
 
     def checkpoint_counters(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the step (``extra`` of relayrl.trainer.checkpoint)."""
-        return {"episodes_trained": self.episodes_trained, "groups_trained": self.groups_trained,
-                "episodes_excluded_reward_error": self.episodes_excluded_reward_error}
+        return {
+            "episodes_trained": self.episodes_trained,
+            "groups_trained": self.groups_trained,
+            "episodes_excluded_reward_error": self.episodes_excluded_reward_error,
+        }
 
     def restore(self, step: int, counters: dict[str, Any]) -> None:
         self.step = step

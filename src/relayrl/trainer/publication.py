@@ -40,10 +40,20 @@ VERIFY_ATTEMPTS = 3  # fresh versions tried when a push landed but its answer (t
 class VersionPublication:
     """The current weight version, its lineage, and publishing new ones (narrow: what the loop and watchdog use)."""
 
-    def __init__(self, publisher: WeightPublisher, versions: VersionSource, lineage: VersionLineage,
-                 coll: Collectives, inference_target: str, retry_s: float, resumed_version: int = 0,
-                 tls: TlsConfig | None = None, sharded: bool = False, inference_wait_s: float = 0.0,
-                 backpressure: OomBackpressure | None = None) -> None:
+    def __init__(
+        self,
+        publisher: WeightPublisher,
+        versions: VersionSource,
+        lineage: VersionLineage,
+        coll: Collectives,
+        inference_target: str,
+        retry_s: float,
+        resumed_version: int = 0,
+        tls: TlsConfig | None = None,
+        sharded: bool = False,
+        inference_wait_s: float = 0.0,
+        backpressure: OomBackpressure | None = None,
+    ) -> None:
         self.publisher = publisher
         self.backpressure = backpressure or OomBackpressure("trainer")  # a full Redis: allocation waits, retries
         self.inference_wait_s = inference_wait_s  # the first publication's wait for an inference still loading
@@ -167,15 +177,13 @@ class VersionPublication:
         self._pending = asyncio.create_task(push(), name=f"publish-v{version}")
         return version
 
-    async def _snapshot_and_allocate(self, policy_step: int,
-                                     floor: int) -> tuple[Weights, int, float]:
+    async def _snapshot_and_allocate(self, policy_step: int, floor: int) -> tuple[Weights, int, float]:
         t0 = time.perf_counter()
         params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
         snapshot_s, self._gather_s = time.perf_counter() - t0 + self._gather_s, 0.0  # a re-push gathers nothing
         return params, await self._allocate(policy_step, floor), snapshot_s
 
-    async def _push_verified(self, params: Weights, version: int, policy_step: int,
-                             snapshot_s: float) -> int:
+    async def _push_verified(self, params: Weights, version: int, policy_step: int, snapshot_s: float) -> int:
         for _ in range(VERIFY_ATTEMPTS):
             with log_context(weight_version=version):
                 result = await self.publisher.push(params, version)
@@ -186,24 +194,38 @@ class VersionPublication:
             version = await self._allocate(policy_step, version)
             log.info("verifying the landed weights by a push as version %d", version)
         else:
-            raise RuntimeError(f"weight version {version}: the push landed {VERIFY_ATTEMPTS} times without an "
-                               "answer; the served weights are unverified")
+            raise RuntimeError(
+                f"weight version {version}: the push landed {VERIFY_ATTEMPTS} times without an "
+                "answer; the served weights are unverified"
+            )
         pushed = result.timings  # the snapshot is part of serialising
-        self.last_push = replace(result, timings=replace(pushed, serialise_s=pushed.serialise_s + snapshot_s,
-                                                         total_s=pushed.total_s + snapshot_s))
+        self.last_push = replace(
+            result,
+            timings=replace(pushed, serialise_s=pushed.serialise_s + snapshot_s, total_s=pushed.total_s + snapshot_s),
+        )
         if result.probe_max_diff is not None:
             self.last_probe = self.last_push
         self.served_step = policy_step
         t = self.last_push.timings
         checks = ("served weights confirmed" if result.served_verified else "") + (
             f"{'; ' if result.served_verified else ''}probe max |Δ logprob| {result.probe_max_diff:.2e}"
-            if result.probe_max_diff is not None else "")
+            if result.probe_max_diff is not None
+            else ""
+        )
         # every step publishes: a line each at DEBUG (the metrics row has the same figures), at INFO where the probe
         # checked the served weights
-        log.log(logging.INFO if result.probe_max_diff is not None else logging.DEBUG,
-                "published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; "
-                "%s)", version, result.bytes_sent, t.total_s, t.serialise_s, t.transfer_s, t.swap_s, t.probe_s,
-                checks)
+        log.log(
+            logging.INFO if result.probe_max_diff is not None else logging.DEBUG,
+            "published weight version %d (%d bytes, %.3fs: serialise %.3f transfer %.3f swap %.3f probe %.3f; %s)",
+            version,
+            result.bytes_sent,
+            t.total_s,
+            t.serialise_s,
+            t.transfer_s,
+            t.swap_s,
+            t.probe_s,
+            checks,
+        )
         return version
 
     def admission_step(self, step: int) -> int:
@@ -218,11 +240,19 @@ class VersionPublication:
         refused allocation script applied nothing (the counter is not raised, no version is consumed), and a
         registration is retried for the version already allocated, never under a new one. A reply lost in an
         outage can only skip a version, never hand one out twice."""
-        version = await redis_retry(lambda: self.versions.allocate(floor=floor), "version allocation", self.retry_s,
-                                    backpressure=self.backpressure)
+        version = await redis_retry(
+            lambda: self.versions.allocate(floor=floor),
+            "version allocation",
+            self.retry_s,
+            backpressure=self.backpressure,
+        )
         with log_context(weight_version=version):
-            await redis_retry(lambda: self._register(version, policy_step), "version registration", self.retry_s,
-                              backpressure=self.backpressure)
+            await redis_retry(
+                lambda: self._register(version, policy_step),
+                "version registration",
+                self.retry_s,
+                backpressure=self.backpressure,
+            )
         return version
 
     async def _register(self, version: int, policy_step: int) -> None:
@@ -240,8 +270,9 @@ class VersionPublication:
 
     async def staleness(self, token_version: int) -> int:
         """Optimizer steps between the current weights and those that produced ``token_version``."""
-        return await redis_retry(lambda: self.lineage_db.distance(self.weight_version, token_version), "staleness",
-                                 self.retry_s)
+        return await redis_retry(
+            lambda: self.lineage_db.distance(self.weight_version, token_version), "staleness", self.retry_s
+        )
 
     async def served_version(self, wait_s: float = 0.0) -> int:
         """The version inference serves now (a floor for the first allocation after a restart); see
@@ -262,13 +293,21 @@ async def served_version(target: str, tls: TlsConfig | None, wait_s: float = 0.0
                 code = exc.code()
                 if code not in UNREACHABLE or time.monotonic() >= deadline:
                     raise RuntimeError(f"inference status unavailable: {code.name}") from exc
-        log.info("inference at %s not reachable yet (%s): asking again, for up to %.0fs more", target, code.name,
-                 deadline - time.monotonic())
+        log.info(
+            "inference at %s not reachable yet (%s): asking again, for up to %.0fs more",
+            target,
+            code.name,
+            deadline - time.monotonic(),
+        )
         await asyncio.sleep(1.0)
 
 
-async def watch_inference(publication: VersionPublication, current_step: Callable[[], int],
-                          finished: Callable[[], bool], interval_s: float = 2.0) -> None:
+async def watch_inference(
+    publication: VersionPublication,
+    current_step: Callable[[], int],
+    finished: Callable[[], bool],
+    interval_s: float = 2.0,
+) -> None:
     """Rank 0: if inference serves an older version than the trainer's (it restarted from disk), push the current
     weights again under a fresh version of the same policy step, so it never serves old weights for long.
     Rank-local (no collective): other ranks measure staleness through the lineage, where the re-pushed version
@@ -283,8 +322,11 @@ async def watch_inference(publication: VersionPublication, current_step: Callabl
             continue
         if served >= publication.weight_version or finished():
             continue
-        log.warning("inference serves version %d, older than %d: pushing the current weights again",
-                    served, publication.weight_version)
+        log.warning(
+            "inference serves version %d, older than %d: pushing the current weights again",
+            served,
+            publication.weight_version,
+        )
         try:
             await publication.allocate_and_push(current_step(), publication.weight_version)
         except RuntimeError as exc:  # inference went away again: try at the next tick

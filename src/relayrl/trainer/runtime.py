@@ -58,11 +58,17 @@ def check_packing(model: object, device: torch.device) -> None:
     """Refuse packed micro-batches for a model that would let packed sequences attend to each other."""
     error = packing_error(model, device)
     if error > PACKING_TOLERANCE:
-        raise ConfigError("trainer.micro_batch_layout", "packed",
-                          f"{type(model).__name__} does not keep sequences packed in one row apart (logprobs move by "
-                          f"{error:.3g} when packed); use padded")
-    log.info("packed micro-batches: %s keeps packed sequences apart (max logprob difference %.2g)",
-             type(model).__name__, error)
+        raise ConfigError(
+            "trainer.micro_batch_layout",
+            "packed",
+            f"{type(model).__name__} does not keep sequences packed in one row apart (logprobs move by "
+            f"{error:.3g} when packed); use padded",
+        )
+    log.info(
+        "packed micro-batches: %s keeps packed sequences apart (max logprob difference %.2g)",
+        type(model).__name__,
+        error,
+    )
 
 
 class Trainer:
@@ -73,16 +79,22 @@ class Trainer:
         self.rank = self.coll.rank
         self.device = torch.device(cfg.model.device)
         self.tokenizer = load_tokenizer(cfg.model.path)
-        self.resumed_from: Path | None = resume_point(cfg.checkpoint_dir, self.coll) \
-            if tc.checkpoint.resume == "auto" else None
+        self.resumed_from: Path | None = (
+            resume_point(cfg.checkpoint_dir, self.coll) if tc.checkpoint.resume == "auto" else None
+        )
         dims = ParallelDims.from_config(tc.distributed, self.coll.world_size)
         self.model, self.plain_model = self._load_models(dims)
         # the KL term's frozen reference: the initial weights from model.path on every rank (also after a resume)
-        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 and not tc.loss.reference_address \
-            else None
-        self.learner = Learner(self.model, tc, int(self.tokenizer.pad_token_id), self.device,
-                               max_completion_tokens=cfg.rollout.episode_token_cap(), collectives=self.coll,
-                               reference=reference)
+        reference = Reference(load_model(cfg.model)) if tc.loss.kl_coef > 0 and not tc.loss.reference_address else None
+        self.learner = Learner(
+            self.model,
+            tc,
+            int(self.tokenizer.pad_token_id),
+            self.device,
+            max_completion_tokens=cfg.rollout.episode_token_cap(),
+            collectives=self.coll,
+            reference=reference,
+        )
         if tc.micro_batch_layout is MicroBatchLayout.PACKED:
             check_packing(self.model, self.device)
         self.header = StatusHeader("trainer")
@@ -92,27 +104,75 @@ class Trainer:
         # every write of this rank to a full Redis waits and retries (up to redis.retry_s), counted here
         self.redis_backpressure = OomBackpressure("trainer")
         self.collector = self._collector(already_done)
-        self.publication = VersionPublication(
-            self._publisher(), VersionSource(self.stream.client, self.stream.keys),
-            VersionLineage(self.stream.client, self.stream.keys), self.coll, cfg.inference.server.target,
-            cfg.redis.retry_s, resumed_version, cfg.tls, sharded=dims.fsdp,
-            inference_wait_s=tc.publication.inference_wait_s, backpressure=self.redis_backpressure)
+        self.publication = self._publication(dims, resumed_version)
         self.publication.on_change = self.progress.changed.notify
-        self.checkpoints = CheckpointAck(cfg.checkpoint_dir, tc.checkpoint.every, tc.checkpoint.keep, self.model,
-                                         self.tokenizer, self.learner.optimizer, self.coll, self.collector,
-                                         self.stream, cfg.redis.retry_s, self.plain_model, self.redis_backpressure)
+        self.checkpoints = CheckpointAck(
+            cfg.checkpoint_dir,
+            tc.checkpoint.every,
+            tc.checkpoint.keep,
+            self.model,
+            self.tokenizer,
+            self.learner.optimizer,
+            self.coll,
+            self.collector,
+            self.stream,
+            cfg.redis.retry_s,
+            self.plain_model,
+            self.redis_backpressure,
+        )
         self.checkpoints.last_step = self.progress.step  # the checkpoint resumed from (0: none)
         # rank 0: metrics.jsonl and the configured tracking backends (a backend that cannot start fails here)
-        self.tracker: Tracker | None = open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) \
-            if self.rank == 0 else None
-        self.teacher = Teacher(tc.teacher, cfg.tls) if tc.teacher.address else None
-        # the reference served by an endpoint: the same scoring call as the teacher's
-        self.reference_scorer = Teacher(replace(tc.teacher, address=tc.loss.reference_address), cfg.tls) \
-            if tc.loss.kl_coef > 0 and tc.loss.reference_address else None
-        self.loop = TrainingLoop(LoopParts(
-            cfg, self.learner, self.tokenizer, self.coll, self.stream, self.collector, self.publication,
-            self.checkpoints, self.progress, self.header, self.tracker, self.resumed_from, self.teacher,
-            self.reference_scorer))
+        self.tracker: Tracker | None = (
+            open_tracker(cfg.tracking, cfg.output_dir, cfg.name, redacted(cfg)) if self.rank == 0 else None
+        )
+        self.teacher, self.reference_scorer = self._scorers()
+        self.loop = TrainingLoop(
+            LoopParts(
+                cfg,
+                self.learner,
+                self.tokenizer,
+                self.coll,
+                self.stream,
+                self.collector,
+                self.publication,
+                self.checkpoints,
+                self.progress,
+                self.header,
+                self.tracker,
+                self.resumed_from,
+                self.teacher,
+                self.reference_scorer,
+            )
+        )
+
+    def _publication(self, dims: ParallelDims, resumed_version: int) -> VersionPublication:
+        """Allocating, pushing and verifying weight versions (relayrl.trainer.publication)."""
+        cfg = self.cfg
+        return VersionPublication(
+            self._publisher(),
+            VersionSource(self.stream.client, self.stream.keys),
+            VersionLineage(self.stream.client, self.stream.keys),
+            self.coll,
+            cfg.inference.server.target,
+            cfg.redis.retry_s,
+            resumed_version,
+            cfg.tls,
+            sharded=dims.fsdp,
+            inference_wait_s=cfg.trainer.publication.inference_wait_s,
+            backpressure=self.redis_backpressure,
+        )
+
+    def _scorers(self) -> tuple[Teacher | None, Teacher | None]:
+        """The teacher of on-policy distillation, and the reference served by an endpoint (the same scoring call as
+        the teacher's), where configured."""
+        cfg, tc = self.cfg, self.cfg.trainer
+        teacher = Teacher(tc.teacher, cfg.tls) if tc.teacher.address else None
+        reference = (
+            Teacher(replace(tc.teacher, address=tc.loss.reference_address), cfg.tls)
+            if tc.loss.kl_coef > 0 and tc.loss.reference_address
+            else None
+        )
+        return teacher, reference
 
     def _load_models(self, dims: ParallelDims) -> tuple[Any, Any]:
         """The policy (base + LoRA adapter when model.lora.enabled; sharded under FSDP2) and, on rank 0 of a
@@ -131,41 +191,65 @@ class Trainer:
     def _collector(self, already_done: set[str]) -> GroupCollector:
         """This rank's reader of its groups (relayrl.trainer.groups), checking entries against the model."""
         cfg, tc = self.cfg, self.cfg.trainer
-        checks = EntryChecks(int(self.model.get_input_embeddings().num_embeddings), cfg.rollout.episode_token_cap(),
-                             VersionSource(self.stream.client, self.stream.keys).latest, tc.stream.dead_letter_maxlen)
-        return GroupCollector(self.stream, consumer_name(tc.stream.consumer, self.rank), cfg.rollout.max_staleness,
-                              tc.stream.read_block_ms, already_done, checks, cfg.redis.retry_s, tc.on_reward_error,
-                              tc.dynamic_sampling.max_drop_ratio if tc.dynamic_sampling.enabled else None,
-                              self.redis_backpressure)
+        checks = EntryChecks(
+            int(self.model.get_input_embeddings().num_embeddings),
+            cfg.rollout.episode_token_cap(),
+            VersionSource(self.stream.client, self.stream.keys).latest,
+            tc.stream.dead_letter_maxlen,
+        )
+        return GroupCollector(
+            self.stream,
+            consumer_name(tc.stream.consumer, self.rank),
+            cfg.rollout.max_staleness,
+            tc.stream.read_block_ms,
+            already_done,
+            checks,
+            cfg.redis.retry_s,
+            tc.on_reward_error,
+            tc.dynamic_sampling.max_drop_ratio if tc.dynamic_sampling.enabled else None,
+            self.redis_backpressure,
+        )
 
     def _restore(self) -> tuple[set[str], int]:
         """Counters, optimizer and step from the checkpoint resumed from: (groups it holds, its weight version)."""
         if self.resumed_from is None:
             return set(), 0
         # rank 0 tells whether the checkpoint is sharded: every rank then takes the same path (and collectives)
-        dcp = self.coll.broadcast_object((self.resumed_from / "dcp").is_dir() if self.rank == 0 else None, 0,
-                                         "resume_dcp")
+        dcp = self.coll.broadcast_object(
+            (self.resumed_from / "dcp").is_dir() if self.rank == 0 else None, 0, "resume_dcp"
+        )
         if is_sharded(self.model) or dcp:
             # a sharded checkpoint: every rank reads its part of model and optimizer (any sharding, any world size)
             if not dcp:
-                raise RuntimeError(f"{self.resumed_from} has no dcp/ folder: a sharded trainer (dp_shard > 1) resumes "
-                                   "only from checkpoints of a sharded one")
+                raise RuntimeError(
+                    f"{self.resumed_from} has no dcp/ folder: a sharded trainer (dp_shard > 1) resumes "
+                    "only from checkpoints of a sharded one"
+                )
             load_state(self.resumed_from / "dcp", self.model, self.learner.optimizer)
         state = load_trainer_state(self.resumed_from, self.learner.optimizer, self.coll)
         self.progress.restore(state.step, state.extra)
         self.learner.steps_done = state.step
-        log.info("resumed from %s at step %d (%d groups held by it)", self.resumed_from, state.step,
-                 len(state.consumed_ids))
+        log.info(
+            "resumed from %s at step %d (%d groups held by it)", self.resumed_from, state.step, len(state.consumed_ids)
+        )
         return state.consumed_ids, state.weight_version
 
     def _publisher(self) -> WeightPublisher:
         pc, cfg = self.cfg.trainer.publication, self.cfg
-        probe = WeightPublisher.default_probe(self.model, self.tokenizer, pc.probe_sequences, pc.probe_tokens,
-                                              cfg.seed)
-        return WeightPublisher(self.model, self.device, cfg.inference.weights_server.target,
-                               make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir), pc.push_timeout_s,
-                               probe, pc.probe_tolerance or None, token=cfg.control.effective_weights_token(),
-                               tls=cfg.tls, plain_model=self.plain_model, probe_every=pc.probe_every)
+        probe = WeightPublisher.default_probe(self.model, self.tokenizer, pc.probe_sequences, pc.probe_tokens, cfg.seed)
+        return WeightPublisher(
+            self.model,
+            self.device,
+            cfg.inference.weights_server.target,
+            make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir),
+            pc.push_timeout_s,
+            probe,
+            pc.probe_tolerance or None,
+            token=cfg.control.effective_weights_token(),
+            tls=cfg.tls,
+            plain_model=self.plain_model,
+            probe_every=pc.probe_every,
+        )
 
     async def train(self) -> None:
         await self.loop.train()
@@ -175,8 +259,7 @@ class Trainer:
 
     async def watch_inference(self, interval_s: float = 2.0) -> None:
         """Rank 0: re-push the current weights to an inference that serves older ones (see publication)."""
-        await watch_inference(self.publication, lambda: self.progress.step, lambda: self.progress.finished,
-                              interval_s)
+        await watch_inference(self.publication, lambda: self.progress.step, lambda: self.progress.finished, interval_s)
 
     def request_checkpoint(self) -> int:
         """Rank 0: checkpoint after the next step (every rank learns it with that step's version)."""
@@ -189,12 +272,16 @@ class Trainer:
     def status(self) -> trainer_pb2.TrainerStatus:
         p = self.progress
         return trainer_pb2.TrainerStatus(
-            component=self.header.message(), step=self.publication.admission_step(p.step),
+            component=self.header.message(),
+            step=self.publication.admission_step(p.step),
             weight_version=self.publication.weight_version,
             **books.values(p),  # every counter of the run's books (relayrl.common.books)
-            groups_per_step=self.cfg.trainer.groups_per_step, finished=p.finished,
-            publishing=self.publication.publishing, checkpoint_pending=self.checkpoints.requested,
-            last_checkpoint_step=self.checkpoints.last_step)
+            groups_per_step=self.cfg.trainer.groups_per_step,
+            finished=p.finished,
+            publishing=self.publication.publishing,
+            checkpoint_pending=self.checkpoints.requested,
+            last_checkpoint_step=self.checkpoints.last_step,
+        )
 
     async def close(self) -> None:
         await self.publication.abandon()  # a push still in flight after an error or a stop

@@ -30,12 +30,14 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def request_checkpoint(self, reason: str = "") -> trainer_pb2.CheckpointReply:
         trainer = self.trainer
         if not trainer.checkpoints.requested:
-            log.info("checkpoint requested after step %d%s", trainer.progress.step + 1,
-                     f" ({reason})" if reason else "")
+            log.info(
+                "checkpoint requested after step %d%s", trainer.progress.step + 1, f" ({reason})" if reason else ""
+            )
         return trainer_pb2.CheckpointReply(after_step=trainer.request_checkpoint())
 
-    async def RequestCheckpoint(self, request: trainer_pb2.CheckpointRequest,
-                                context: grpc.aio.ServicerContext) -> trainer_pb2.CheckpointReply:
+    async def RequestCheckpoint(
+        self, request: trainer_pb2.CheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.CheckpointReply:
         await require_token(context, self.token)
         return await self.request_checkpoint(request.reason)
 
@@ -44,20 +46,29 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     def http_app(self) -> FastAPI:
         trainer = self.trainer
-        return control_app("trainer", trainer.status, lambda: redacted_yaml(trainer.cfg), self.token,
-                           trainer_metrics(trainer), {"/checkpoint": self.request_checkpoint})
+        return control_app(
+            "trainer",
+            trainer.status,
+            lambda: redacted_yaml(trainer.cfg),
+            self.token,
+            trainer_metrics(trainer),
+            {"/checkpoint": self.request_checkpoint},
+        )
 
-    async def GetStatus(self, request: trainer_pb2.GetTrainerStatusRequest,
-                        context: grpc.aio.ServicerContext) -> trainer_pb2.TrainerStatus:
+    async def GetStatus(
+        self, request: trainer_pb2.GetTrainerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.TrainerStatus:
         # drops are read live: a group dropped by any rank releases rollout's admission at once
         await self.trainer.refresh_drops()
         return self.trainer.status()
 
-    async def WatchStatus(self, request: trainer_pb2.WatchTrainerStatusRequest,
-                          context: grpc.aio.ServicerContext) -> AsyncIterator[trainer_pb2.TrainerStatus]:
+    async def WatchStatus(
+        self, request: trainer_pb2.WatchTrainerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[trainer_pb2.TrainerStatus]:
         if self.watchers >= MAX_WATCHERS:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"the trainer already serves {MAX_WATCHERS} status watchers")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"the trainer already serves {MAX_WATCHERS} status watchers"
+            )
         self.watchers += 1
         try:
             trainer = self.trainer
@@ -71,7 +82,11 @@ def create_trainer_server(trainer: Trainer) -> tuple[ServerHandle, TrainerServic
     servicer = TrainerServicer(trainer)
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
     handle = create_server(
-        trainer.cfg.trainer.server, [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
-        [name], trainer.cfg.tls, tokens={method_path(name, "RequestCheckpoint"): servicer.token},
-        section="trainer.server")
+        trainer.cfg.trainer.server,
+        [lambda s: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
+        [name],
+        trainer.cfg.tls,
+        tokens={method_path(name, "RequestCheckpoint"): servicer.token},
+        section="trainer.server",
+    )
     return handle, servicer

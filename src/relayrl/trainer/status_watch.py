@@ -51,9 +51,12 @@ def _comparable(status: trainer_pb2.TrainerStatus) -> bytes:
     return copy.SerializeToString(deterministic=True)
 
 
-async def status_changes(pulse: StatusPulse, status: Callable[[], trainer_pb2.TrainerStatus],
-                         refresh_books: Callable[[], Awaitable[None]],
-                         refresh_s: float = WATCH_REFRESH_S) -> AsyncIterator[trainer_pb2.TrainerStatus]:
+async def status_changes(
+    pulse: StatusPulse,
+    status: Callable[[], trainer_pb2.TrainerStatus],
+    refresh_books: Callable[[], Awaitable[None]],
+    refresh_s: float = WATCH_REFRESH_S,
+) -> AsyncIterator[trainer_pb2.TrainerStatus]:
     """The status now, then each change of it, until the run has finished (the caller's deadline ends it
     earlier)."""
     await refresh_books()

@@ -20,8 +20,18 @@ EPISODE_ENDS = tuple(end_name(v) for v in range(max(EpisodeEnd.values()) + 1))
 
 
 # what each rank sums over its episodes, in this order: one fixed-size vector, one SUM all-reduce
-_TOTALS = ("episodes", "reward", "reward_sq", "staleness", "completion_tokens", "excluded", "turns", "tool_calls",
-           "tool_errors", "multi_version")
+_TOTALS = (
+    "episodes",
+    "reward",
+    "reward_sq",
+    "staleness",
+    "completion_tokens",
+    "excluded",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "multi_version",
+)
 
 
 @dataclass(frozen=True)
@@ -51,28 +61,44 @@ def global_summary(coll: Collectives, max_staleness: int, batch: StepBatch) -> S
     end = counts[:, COUNTS.index("episode_end")].long()
     ends = torch.bincount(torch.where((end >= 0) & (end < len(EPISODE_ENDS)), end, 0), minlength=len(EPISODE_ENDS))
     column = {name: counts[:, i].sum() for i, name in enumerate(COUNTS)}
-    totals = torch.stack([
-        torch.tensor(float(len(batch)), dtype=torch.float64), batch.reward.sum(), (batch.reward ** 2).sum(),
-        staleness.sum().to(torch.float64), batch.completion_len.sum(), torch.tensor(float(batch.excluded),
-        dtype=torch.float64), column["turns"], column["tool_calls"], column["tool_errors"],
-        column["multi_version"]])
+    totals = torch.stack(
+        [
+            torch.tensor(float(len(batch)), dtype=torch.float64),
+            batch.reward.sum(),
+            (batch.reward**2).sum(),
+            staleness.sum().to(torch.float64),
+            batch.completion_len.sum(),
+            torch.tensor(float(batch.excluded), dtype=torch.float64),
+            column["turns"],
+            column["tool_calls"],
+            column["tool_errors"],
+            column["multi_version"],
+        ]
+    )
     sums = torch.cat([totals, hist.to(torch.float64), ends.to(torch.float64)])
     coll.all_reduce(sums, dist.ReduceOp.SUM, "step_stats")
     maxima = torch.tensor([float(staleness.max()) if len(staleness) else 0.0], dtype=torch.float64)
     coll.all_reduce(maxima, dist.ReduceOp.MAX, "step_stats_max")
     values = sums.tolist()  # the summary's one host read
     t = dict(zip(_TOTALS, values, strict=False))
-    lags, by_end = values[len(_TOTALS):len(_TOTALS) + len(hist)], values[len(_TOTALS) + len(hist):]
+    lags, by_end = values[len(_TOTALS) : len(_TOTALS) + len(hist)], values[len(_TOTALS) + len(hist) :]
     n = max(t["episodes"], 1.0)
     mean = t["reward"] / n
     return StepSummary(
-        episodes=int(t["episodes"]), reward_mean=mean, reward_std=max(t["reward_sq"] / n - mean * mean, 0.0) ** 0.5,
-        staleness_mean=t["staleness"] / n, staleness_max=int(maxima[0]),
-        completion_len_mean=t["completion_tokens"] / n, reward_errors=int(t["excluded"]), turns_mean=t["turns"] / n,
-        tool_calls_mean=t["tool_calls"] / n, tool_errors=int(t["tool_errors"]),
+        episodes=int(t["episodes"]),
+        reward_mean=mean,
+        reward_std=max(t["reward_sq"] / n - mean * mean, 0.0) ** 0.5,
+        staleness_mean=t["staleness"] / n,
+        staleness_max=int(maxima[0]),
+        completion_len_mean=t["completion_tokens"] / n,
+        reward_errors=int(t["excluded"]),
+        turns_mean=t["turns"] / n,
+        tool_calls_mean=t["tool_calls"] / n,
+        tool_errors=int(t["tool_errors"]),
         episodes_multi_version=int(t["multi_version"]),
         staleness_hist={str(lag): int(c) for lag, c in enumerate(lags) if c},
-        episode_ends={EPISODE_ENDS[i]: int(c) for i, c in enumerate(by_end) if c})
+        episode_ends={EPISODE_ENDS[i]: int(c) for i, c in enumerate(by_end) if c},
+    )
 
 
 def set_times(row: RlRow, times: StepTimes, publication: VersionPublication) -> None:

@@ -34,17 +34,24 @@ class Teacher:
 
     def __init__(self, cfg: TeacherConfig, tls: TlsConfig | None = None) -> None:
         self.cfg = cfg
-        self.client = InferenceClient(cfg.address, timeout_s=cfg.timeout_s, policies={"ScoreTokens": SCORE_POLICY},
-                                      tls=tls)
+        self.client = InferenceClient(
+            cfg.address, timeout_s=cfg.timeout_s, policies={"ScoreTokens": SCORE_POLICY}, tls=tls
+        )
         self.last_version = 0  # the teacher's weight version of the last answer (it may be trained meanwhile)
 
     async def logprobs(self, episodes: Sequence[Episode]) -> list[list[float]]:
         """The teacher's logprob of every completion token of each episode (at the episode's temperature)."""
         n = self.cfg.sequences_per_call
-        chunks = [episodes[i:i + n] for i in range(0, len(episodes), n)]
-        replies = await asyncio.gather(*(self.client.score(
-            [(e.prompt_token_ids, e.completion_token_ids, e.sampling_temperature or 1.0) for e in chunk],
-            self.cfg.timeout_s) for chunk in chunks))
+        chunks = [episodes[i : i + n] for i in range(0, len(episodes), n)]
+        replies = await asyncio.gather(
+            *(
+                self.client.score(
+                    [(e.prompt_token_ids, e.completion_token_ids, e.sampling_temperature or 1.0) for e in chunk],
+                    self.cfg.timeout_s,
+                )
+                for chunk in chunks
+            )
+        )
         out: list[list[float]] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             if len(reply.scores) != len(chunk):
@@ -52,8 +59,10 @@ class Teacher:
             for ep, score in zip(chunk, reply.scores, strict=True):
                 lps = list(score.logprobs)
                 if len(lps) != len(ep.completion_token_ids) or not all(math.isfinite(v) for v in lps):
-                    raise TeacherError(f"the teacher's logprobs of episode {ep.episode_id} are malformed "
-                                       f"({len(lps)} for {len(ep.completion_token_ids)} tokens, or not finite)")
+                    raise TeacherError(
+                        f"the teacher's logprobs of episode {ep.episode_id} are malformed "
+                        f"({len(lps)} for {len(ep.completion_token_ids)} tokens, or not finite)"
+                    )
                 out.append(lps)
             self.last_version = max(self.last_version, reply.weight_version)
         return out

@@ -106,8 +106,9 @@ class TensorBoardTracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise ConfigError("tracking.tensorboard", True,
-                              f"needs the tensorboard package (pip install tensorboard): {exc}") from exc
+            raise ConfigError(
+                "tracking.tensorboard", True, f"needs the tensorboard package (pip install tensorboard): {exc}"
+            ) from exc
         try:
             self.writer = SummaryWriter(log_dir=str(log_dir), flush_secs=flush_s)
         except OSError as exc:
@@ -138,18 +139,28 @@ class WandbTracker:
         try:
             import wandb
         except ImportError as exc:
-            raise ConfigError("tracking.wandb.enabled", True,
-                              f"needs the wandb package: pip install 'relayrl[wandb]' ({exc})") from exc
+            raise ConfigError(
+                "tracking.wandb.enabled", True, f"needs the wandb package: pip install 'relayrl[wandb]' ({exc})"
+            ) from exc
         output_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.run = wandb.init(
-                project=cfg.project, entity=cfg.entity or None, name=cfg.run_name or run_name,
-                group=cfg.group or None, tags=list(cfg.tags) or None, mode=cfg.mode,
-                dir=None if os.environ.get("WANDB_DIR") else str(output_dir), config=dict(redacted(run_config)),
-                settings=wandb.Settings(silent=True))  # no banner or summary on stderr: one log line instead
+                project=cfg.project,
+                entity=cfg.entity or None,
+                name=cfg.run_name or run_name,
+                group=cfg.group or None,
+                tags=list(cfg.tags) or None,
+                mode=cfg.mode,
+                dir=None if os.environ.get("WANDB_DIR") else str(output_dir),
+                config=dict(redacted(run_config)),
+                settings=wandb.Settings(silent=True),
+            )  # no banner or summary on stderr: one log line instead
         except Exception as exc:  # wandb raises its own error types (UsageError, CommError, ...)
-            raise ConfigError("tracking.wandb", f"mode={cfg.mode} project={cfg.project}",
-                              f"the W&B run did not start: {type(exc).__name__}: {exc}") from exc
+            raise ConfigError(
+                "tracking.wandb",
+                f"mode={cfg.mode} project={cfg.project}",
+                f"the W&B run did not start: {type(exc).__name__}: {exc}",
+            ) from exc
         log.info("W&B run %s (%s): %s", self.run.id, cfg.mode, self.run.url if cfg.mode == "online" else self.run.dir)
         self._defined: set[str] = set()
 
@@ -181,8 +192,9 @@ class MlflowTracker:
             from mlflow.entities import Param
             from mlflow.tracking import MlflowClient
         except ImportError as exc:
-            raise ConfigError("tracking.mlflow.enabled", True,
-                              f"needs the mlflow package: pip install 'relayrl[mlflow]' ({exc})") from exc
+            raise ConfigError(
+                "tracking.mlflow.enabled", True, f"needs the mlflow package: pip install 'relayrl[mlflow]' ({exc})"
+            ) from exc
         mlflow_log = logging.getLogger("mlflow")  # MLflow's own stderr handler would bypass our format
         for handler in list(mlflow_log.handlers):
             mlflow_log.removeHandler(handler)
@@ -197,16 +209,23 @@ class MlflowTracker:
         try:
             self.client = MlflowClient(tracking_uri=uri)
             experiment = self.client.get_experiment_by_name(cfg.experiment)
-            experiment_id = experiment.experiment_id if experiment is not None else \
-                self.client.create_experiment(cfg.experiment, artifact_location=artifacts)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self.client.create_experiment(cfg.experiment, artifact_location=artifacts)
+            )
             self.run_id: str = self.client.create_run(experiment_id, run_name=cfg.run_name or run_name).info.run_id
-            params = [Param(_MLFLOW_KEY.sub("_", k), str(v)[:6000])
-                      for k, v in _flat_params(redacted(run_config)).items()]
+            params = [
+                Param(_MLFLOW_KEY.sub("_", k), str(v)[:6000]) for k, v in _flat_params(redacted(run_config)).items()
+            ]
             for i in range(0, len(params), 100):  # MLflow's limit of params per batch
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
+                self.client.log_batch(self.run_id, params=params[i : i + 100])
         except Exception as exc:  # MlflowException, SQLAlchemy and connection errors
-            raise ConfigError("tracking.mlflow", f"tracking_uri={uri} experiment={cfg.experiment}",
-                              f"the MLflow run did not start: {type(exc).__name__}: {exc}") from exc
+            raise ConfigError(
+                "tracking.mlflow",
+                f"tracking_uri={uri} experiment={cfg.experiment}",
+                f"the MLflow run did not start: {type(exc).__name__}: {exc}",
+            ) from exc
         log.info("MLflow run %s in experiment %s at %s", self.run_id, cfg.experiment, uri)
 
     def log(self, row: Mapping[str, Any], step: int) -> None:
@@ -216,7 +235,7 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         metrics = [Metric(_MLFLOW_KEY.sub("_", k), v, now, step) for k, v in values.items()]
         for i in range(0, len(metrics), 1000):  # MLflow's limit of metrics per batch
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -261,8 +280,9 @@ class CompositeTracker:
         self.jsonl.close()
 
 
-def open_tracker(cfg: TrackingConfig, output_dir: Path, run_name: str,
-                 run_config: Mapping[str, Any] | None = None) -> CompositeTracker:
+def open_tracker(
+    cfg: TrackingConfig, output_dir: Path, run_name: str, run_config: Mapping[str, Any] | None = None
+) -> CompositeTracker:
     """Start every configured backend; raises ConfigError naming the one that cannot start (after closing the
     ones already started)."""
     run_config = run_config or {}

@@ -48,8 +48,7 @@ class Transport(Protocol):
     # the manifests' checksum_algorithm; a sharded gather hashes its spool file by it
     checksum_algorithm: int
 
-    def prepare(self, params: Weights, version: int,
-                probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
+    def prepare(self, params: Weights, version: int, probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
         """The UpdateWeights stream for ``params`` as ``version`` (blocking: run it off the event loop)."""
         ...
 
@@ -98,8 +97,7 @@ class GrpcStreamTransport:
         self.chunk_bytes = chunk_bytes
         self.spool = Spool(weights_dir) if weights_dir is not None else None
 
-    def prepare(self, params: Weights, version: int,
-                probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
+    def prepare(self, params: Weights, version: int, probe: Sequence[Sequence[int]]) -> Sequence[WeightUpdateMessage]:
         if isinstance(params, MappedWeights):
             _check_algorithm(params, self.checksum_algorithm)
             return FileUpdateMessages(params, version, self.chunk_bytes, probe)
@@ -122,8 +120,7 @@ class SharedPathTransport:
         self.keep = keep
         self.spool = Spool(weights_dir)
 
-    def prepare(self, params: Weights, version: int,
-                probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
+    def prepare(self, params: Weights, version: int, probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
         path = self.weights_dir / f"v{version:09d}.safetensors"
         if isinstance(params, MappedWeights):  # the gather wrote it: on disk (fsync), then under the version's name
             _check_algorithm(params, self.checksum_algorithm)
@@ -138,7 +135,7 @@ class SharedPathTransport:
 
     def after_success(self, version: int) -> None:
         files = sorted(self.weights_dir.glob("v" + "[0-9]" * 9 + ".safetensors"))
-        for old in files[:-self.keep]:
+        for old in files[: -self.keep]:
             old.unlink(missing_ok=True)
 
 
@@ -150,7 +147,6 @@ class SharedMemoryTransport:
 
     PATTERN = "v*.shm.safetensors"
     checksum_algorithm = CHECKSUM_ALGORITHM_XXH3_128  # integrity only: no one else can write the file
-
 
     def __init__(self, weights_dir: Path) -> None:
         self.weights_dir = weights_dir
@@ -166,16 +162,18 @@ class SharedMemoryTransport:
     def path(self, version: int) -> Path:
         return self.weights_dir / f"v{version:09d}.shm.safetensors"
 
-    def prepare(self, params: Weights, version: int,
-                probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
+    def prepare(self, params: Weights, version: int, probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
         if not self._swept:
             self._sweep()
         if isinstance(params, MappedWeights):  # the gather wrote and hashed it already: the version's name only
             _check_algorithm(params, self.checksum_algorithm)
             params.link(self.path(version))
             return [WeightUpdateMessage(manifest=params.manifest(version, probe, self.path(version)))]
-        return [WeightUpdateMessage(manifest=write_mapped(params, version, probe, self.path(version),
-                                                          self.checksum_algorithm))]
+        return [
+            WeightUpdateMessage(
+                manifest=write_mapped(params, version, probe, self.path(version), self.checksum_algorithm)
+            )
+        ]
 
     def spool_path(self) -> Path:
         return self.spool.path()
@@ -189,8 +187,9 @@ class SharedMemoryTransport:
 def _check_algorithm(params: MappedWeights, algorithm: int) -> None:
     """A gathered file is sent with the checksum it was written with: it must be the transport's own."""
     if params.algorithm != algorithm:
-        raise ValueError(f"{params.path} was hashed with checksum algorithm {params.algorithm}; this transport "
-                         f"sends {algorithm}")
+        raise ValueError(
+            f"{params.path} was hashed with checksum algorithm {params.algorithm}; this transport sends {algorithm}"
+        )
 
 
 TRANSPORTS: dict[WeightTransport, Callable[[TransportSettings], Transport]] = {

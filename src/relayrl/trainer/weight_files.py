@@ -53,8 +53,7 @@ class StreamedWriter:
     tensor at a time in name order, hashed in the same pass by ``algorithm`` (a manifest's checksum_algorithm);
     :meth:`finish` renames it into place."""
 
-    def __init__(self, path: Path, specs: Mapping[str, TensorSpec],
-                 algorithm: int = CHECKSUM_ALGORITHM_SHA256) -> None:
+    def __init__(self, path: Path, specs: Mapping[str, TensorSpec], algorithm: int = CHECKSUM_ALGORITHM_SHA256) -> None:
         self.path = path
         self.algorithm = algorithm
         self.specs = dict(specs)
@@ -63,8 +62,11 @@ class StreamedWriter:
         offset = 0
         for name in self.names:
             spec = specs[name]
-            header[name] = {"dtype": SAFETENSORS_DTYPES[spec.dtype], "shape": list(spec.shape),
-                            "data_offsets": [offset, offset + spec.nbytes]}
+            header[name] = {
+                "dtype": SAFETENSORS_DTYPES[spec.dtype],
+                "shape": list(spec.shape),
+                "data_offsets": [offset, offset + spec.nbytes],
+            }
             offset += spec.nbytes
         self.total_bytes = offset
         head = json.dumps(header, separators=(",", ":")).encode()
@@ -89,7 +91,7 @@ class StreamedWriter:
     def add_all(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Write and hash every remaining tensor at once (a whole snapshot): bytes cut per storage, not per tensor,
         and a few gathered writes rather than one system call per tensor."""
-        names = self.names[self._next:]
+        names = self.names[self._next :]
         if len(tensors) != len(names):
             raise ValueError(f"{len(tensors)} tensors given, {len(names)} remain to be written")
         for i, name in enumerate(names, self._next):
@@ -104,8 +106,9 @@ class StreamedWriter:
             raise ValueError(f"tensor {name!r} out of order: {expected!r} comes next")
         spec = self.specs[name]
         if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
-            raise ValueError(f"{name}: {dtype_name(tensor.dtype)}{list(tensor.shape)} != "
-                             f"{dtype_name(spec.dtype)}{list(spec.shape)}")
+            raise ValueError(
+                f"{name}: {dtype_name(tensor.dtype)}{list(tensor.shape)} != {dtype_name(spec.dtype)}{list(spec.shape)}"
+            )
 
     def _put(self, views: Sequence[tuple[str, memoryview]]) -> None:
         """Hash and write ``views`` (the next tensors' names and bytes, in order, already checked)."""
@@ -122,12 +125,14 @@ class StreamedWriter:
         """Every tensor written: the file under its name, kept open."""
         if self._next != len(self.names):
             self.abort()
-            raise ValueError(f"{len(self.names) - self._next} tensors were never written, e.g. "
-                             f"{self.names[self._next]}")
+            raise ValueError(
+                f"{len(self.names) - self._next} tensors were never written, e.g. {self.names[self._next]}"
+            )
         self._close()
         os.replace(self._tmp, self.path)
-        return MappedWeights(self.path, self.specs, self.data_start, self.total_bytes, self._hash.hexdigest(),
-                             self.algorithm)
+        return MappedWeights(
+            self.path, self.specs, self.data_start, self.total_bytes, self._hash.hexdigest(), self.algorithm
+        )
 
     def abort(self) -> None:
         self._close()
@@ -151,17 +156,21 @@ def write_all(fd: int, buffers: Sequence[bytes | memoryview], batch: int = 512) 
                 continue
             rest, skip = memoryview(buf)[skip:], 0
             while rest:
-                rest = rest[os.write(fd, rest):]
+                rest = rest[os.write(fd, rest) :]
 
 
-def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]],
-                 path: Path, algorithm: int = CHECKSUM_ALGORITHM_XXH3_128) -> WeightManifest:
+def write_mapped(
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    probe: Sequence[Sequence[int]],
+    path: Path,
+    algorithm: int = CHECKSUM_ALGORITHM_XXH3_128,
+) -> WeightManifest:
     """Shared-memory transport, sender side: one pass over the tensors writes them into a safetensors file
     (created 0600, never followed through a symlink, no fsync: it lives in the page cache or a tmpfs for the
     seconds until inference has copied it) and hashes the same bytes (XXH3-128 by default: see
     relayrl.common.weights); returns the manifest naming the file and the algorithm."""
-    writer = StreamedWriter(path, {name: TensorSpec(t.dtype, tuple(t.shape)) for name, t in tensors.items()},
-                            algorithm)
+    writer = StreamedWriter(path, {name: TensorSpec(t.dtype, tuple(t.shape)) for name, t in tensors.items()}, algorithm)
     try:
         writer.add_all(tensors)
     except BaseException:
@@ -173,8 +182,15 @@ def write_mapped(tensors: Mapping[str, torch.Tensor], version: int, probe: Seque
 class MappedWeights:
     """A finished weight file, held open (the descriptor lives as long as this object)."""
 
-    def __init__(self, path: Path, specs: Mapping[str, TensorSpec], data_start: int, total_bytes: int,
-                 sha256: str, algorithm: int = CHECKSUM_ALGORITHM_SHA256) -> None:
+    def __init__(
+        self,
+        path: Path,
+        specs: Mapping[str, TensorSpec],
+        data_start: int,
+        total_bytes: int,
+        sha256: str,
+        algorithm: int = CHECKSUM_ALGORITHM_SHA256,
+    ) -> None:
         self.path = path
         self.specs = dict(specs)
         self.data_start = data_start
@@ -190,9 +206,15 @@ class MappedWeights:
 
     def manifest(self, version: int, probe: Sequence[Sequence[int]], path: Path | None = None) -> WeightManifest:
         """The manifest of this file as ``version``; ``path``: the name inference reads (file transports)."""
-        return WeightManifest(version=version, num_tensors=self.num_tensors, total_bytes=self.total_bytes,
-                              sha256=self.sha256, path=str(path.resolve()) if path is not None else "",
-                              probe=[TokenIds(ids=list(seq)) for seq in probe], checksum_algorithm=self.algorithm)
+        return WeightManifest(
+            version=version,
+            num_tensors=self.num_tensors,
+            total_bytes=self.total_bytes,
+            sha256=self.sha256,
+            path=str(path.resolve()) if path is not None else "",
+            probe=[TokenIds(ids=list(seq)) for seq in probe],
+            checksum_algorithm=self.algorithm,
+        )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors as views of a private, copy-on-write map of the file (never written: the pages stay the
@@ -234,8 +256,7 @@ class FileUpdateMessages(Sequence[WeightUpdateMessage]):
 
     reads_file = True
 
-    def __init__(self, weights: MappedWeights, version: int, chunk_bytes: int,
-                 probe: Sequence[Sequence[int]]) -> None:
+    def __init__(self, weights: MappedWeights, version: int, chunk_bytes: int, probe: Sequence[Sequence[int]]) -> None:
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be > 0")
         self.weights = weights
@@ -272,8 +293,16 @@ class FileUpdateMessages(Sequence[WeightUpdateMessage]):
         data = os.pread(self.weights.fd, size, base + start) if size else b""
         if len(data) != size:
             raise OSError(f"weight file {self.weights.path} is shorter than its header says")
-        return WeightUpdateMessage(chunk=TensorChunk(name=name, dtype=dtype_name(spec.dtype), shape=list(spec.shape),
-                                                     offset=start, total_bytes=spec.nbytes, data=data))
+        return WeightUpdateMessage(
+            chunk=TensorChunk(
+                name=name,
+                dtype=dtype_name(spec.dtype),
+                shape=list(spec.shape),
+                offset=start,
+                total_bytes=spec.nbytes,
+                data=data,
+            )
+        )
 
     def __iter__(self) -> Iterator[WeightUpdateMessage]:
         for i in range(len(self)):

@@ -48,6 +48,7 @@ from relayrl.trainer.weight_files import MappedWeights, StreamedWriter
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class PublishTimings:
     """Where one publication's seconds went (rank 0; the last push of a publication).
@@ -97,9 +98,20 @@ class _Snapshot:
 
 
 class WeightPublisher:
-    def __init__(self, model: Any, device: torch.device, target: str, transport: Transport, timeout_s: float,
-                 probe: list[list[int]], probe_tolerance: float | None, token: str = "",
-                 tls: TlsConfig | None = None, plain_model: Any | None = None, probe_every: int = 1) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: torch.device,
+        target: str,
+        transport: Transport,
+        timeout_s: float,
+        probe: list[list[int]],
+        probe_tolerance: float | None,
+        token: str = "",
+        tls: TlsConfig | None = None,
+        plain_model: Any | None = None,
+        probe_every: int = 1,
+    ) -> None:
         self.model = model
         # FSDP2 (trainer.distributed.dp_shard > 1): the parameters are shards; every rank gathers them (gather) and
         # rank 0 streams the full tensors into a file, scoring the probe with ``plain_model`` (an unsharded copy of
@@ -222,8 +234,11 @@ class WeightPublisher:
         self.answered += 1
         served = check_served(resp, messages[-1].manifest.sha256, version)
         self.engine_confirms = served
-        diff = None if expected is None else compare_probe(expected, resp.probe_logprobs, self.dtype, version,
-                                                           self.probe_tolerance)
+        diff = (
+            None
+            if expected is None
+            else compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
+        )
         if diff is None and not served:
             log.warning("weight version %d landed unverified: no probe and no served-weights check", version)
             return PushResult(version, int(resp.bytes_received), time.perf_counter() - t0, None)
@@ -233,19 +248,23 @@ class WeightPublisher:
         inference_s = resp.assemble_s + resp.swap_s + resp.probe_s
         timings = PublishTimings(  # the phases add up to total_s (the trainer's probe overlaps the transfer)
             serialise_s=(t_prepared - t0) + (total - (t_compared - t0)),
-            transfer_s=max(t_answered - t_prepared - inference_s, 0.0), swap_s=resp.assemble_s + resp.swap_s,
-            probe_s=resp.probe_s + (t_compared - t_answered), total_s=total, bytes=int(resp.bytes_received))
+            transfer_s=max(t_answered - t_prepared - inference_s, 0.0),
+            swap_s=resp.assemble_s + resp.swap_s,
+            probe_s=resp.probe_s + (t_compared - t_answered),
+            total_s=total,
+            bytes=int(resp.bytes_received),
+        )
         return PushResult(version, int(resp.bytes_received), total, diff, timings, served)
 
     async def _send(self, messages: Sequence[Any], version: int) -> Any:
         if self._client is None:  # one channel for every push (it reconnects by itself after a restart)
-            self._client = InferenceClient(self.target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token,
-                                           tls=self.tls)
+            self._client = InferenceClient(
+                self.target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token, tls=self.tls
+            )
         try:
             return await self._client.update_weights(messages, version, self.timeout_s, on_retry=self._count_retry)
         except grpc.aio.AioRpcError as exc:
-            raise RuntimeError(f"weight push of version {version} failed: "
-                               f"{exc.code().name}: {exc.details()}") from exc
+            raise RuntimeError(f"weight push of version {version} failed: {exc.code().name}: {exc.details()}") from exc
 
     def _count_retry(self, code: grpc.StatusCode) -> None:
         self.push_retries += 1
@@ -261,9 +280,13 @@ def check_served(resp: Any, sent_sha256: str, version: int) -> bool:
     """True when inference confirmed that its modules read exactly the tensors that hash to what was sent; raises
     WeightVerificationError when it found a module reading other weights, or confirmed another checksum."""
     if resp.served_mismatch:
-        raise WeightVerificationError(f"inference serves weights that disagree with the trainer's at version "
-                                      f"{version}: {resp.served_mismatch} does not read the update's tensors")
+        raise WeightVerificationError(
+            f"inference serves weights that disagree with the trainer's at version "
+            f"{version}: {resp.served_mismatch} does not read the update's tensors"
+        )
     if resp.served_sha256 and resp.served_sha256 != sent_sha256:
-        raise WeightVerificationError(f"inference serves weights that disagree with the trainer's at version "
-                                      f"{version}: checksum {resp.served_sha256[:12]} served, {sent_sha256[:12]} sent")
+        raise WeightVerificationError(
+            f"inference serves weights that disagree with the trainer's at version "
+            f"{version}: checksum {resp.served_sha256[:12]} served, {sent_sha256[:12]} sent"
+        )
     return bool(resp.served_sha256)

@@ -13,14 +13,33 @@ from tests.conftest import load_bench
 def test_trl_scores_and_relayrl_dump_give_the_same_summary_for_the_same_samples(tmp_path: Path) -> None:
     acc = load_bench("prompt_accuracy")
     # two steps of two groups of 4: "0+0=" stuck wrong at step 2, "1+1=" right 3 times of 4 each step
-    steps = [[("0+0=", [1.0, 0.0, 0.0, 0.0]), ("1+1=", [1.0, 1.0, 1.0, 0.0])],
-             [("0+0=", [0.0, 0.0, 0.0, 0.0]), ("1+1=", [0.0, 1.0, 1.0, 1.0])]]
+    steps = [
+        [("0+0=", [1.0, 0.0, 0.0, 0.0]), ("1+1=", [1.0, 1.0, 1.0, 0.0])],
+        [("0+0=", [0.0, 0.0, 0.0, 0.0]), ("1+1=", [0.0, 1.0, 1.0, 1.0])],
+    ]
     trl = tmp_path / "scores.jsonl"
-    trl.write_text("".join(json.dumps({"prompts": [p for p, s in step for _ in s], "completions": ["x"] * 8,
-                                       "scores": [v for _, s in step for v in s]}) + "\n" for step in steps))
+    trl.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompts": [p for p, s in step for _ in s],
+                    "completions": ["x"] * 8,
+                    "scores": [v for _, s in step for v in s],
+                }
+            )
+            + "\n"
+            for step in steps
+        )
+    )
     dump = tmp_path / "rank0.jsonl"
-    dump.write_text("".join(json.dumps({"step": i + 1, "group_id": f"g{i}-{p}", "prompt_text": p, "reward": v}) + "\n"
-                            for i, step in enumerate(steps) for p, s in step for v in s))
+    dump.write_text(
+        "".join(
+            json.dumps({"step": i + 1, "group_id": f"g{i}-{p}", "prompt_text": p, "reward": v}) + "\n"
+            for i, step in enumerate(steps)
+            for p, s in step
+            for v in s
+        )
+    )
 
     from_trl = acc.summarise(acc.trl_groups(trl, 4), last=2)
     from_relayrl = acc.summarise(acc.relayrl_groups(dump), last=2)

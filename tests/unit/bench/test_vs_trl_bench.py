@@ -98,8 +98,10 @@ def test_mean_result_leaves_a_threshold_one_seed_never_reached_unset() -> None:
 
 def test_relayrl_clock_starts_at_the_first_trainer_steps_start(tmp_path: Path) -> None:
     # row 1 ends 7.0 s after the trainer started and its step took 0.25 s: the clock's zero is at 6.75 s
-    rows = [RlRow(step=1, time_s=7.0, step_time_s=0.25, reward_mean=0.1, episodes=128, completion_len_mean=2.0),
-            RlRow(step=2, time_s=7.5, step_time_s=0.2, reward_mean=0.3, episodes=128, completion_len_mean=1.5)]
+    rows = [
+        RlRow(step=1, time_s=7.0, step_time_s=0.25, reward_mean=0.1, episodes=128, completion_len_mean=2.0),
+        RlRow(step=2, time_s=7.5, step_time_s=0.2, reward_mean=0.3, episodes=128, completion_len_mean=1.5),
+    ]
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
 
@@ -127,7 +129,12 @@ def test_trl_arguments_equal_the_relayrl_config_of_each_task(task: str, tmp_path
     assert (kw["temperature"], kw["top_p"], kw["top_k"]) == (rc.temperature, rc.top_p, rc.top_k)
     opt = tc.optimizer
     assert (kw["learning_rate"], kw["adam_beta1"], kw["adam_beta2"], kw["weight_decay"], kw["max_grad_norm"]) == (
-        opt.lr, opt.beta1, opt.beta2, opt.weight_decay, opt.grad_clip)
+        opt.lr,
+        opt.beta1,
+        opt.beta2,
+        opt.weight_decay,
+        opt.grad_clip,
+    )
     assert kw["lr_scheduler_type"] == "constant" and kw["warmup_steps"] == 0
     assert kw["epsilon"] == tc.loss.clip_eps
     assert (kw["beta"], kw["num_iterations"], kw["loss_type"], kw["scale_rewards"]) == (0.0, 1, "dapo", "group")
@@ -136,8 +143,13 @@ def test_trl_arguments_equal_the_relayrl_config_of_each_task(task: str, tmp_path
 
 def test_user_overrides_of_shared_settings_reach_trl(tmp_path: Path) -> None:
     spec = vs.TASKS["quickstart"]
-    user = ["rollout.group_size=4", "trainer.optimizer.lr=0.001", "rollout.max_new_tokens=3",
-            "trainer.loss.advantage=dr_grpo", "trainer.loss.loss_aggregation=constant"]
+    user = [
+        "rollout.group_size=4",
+        "trainer.optimizer.lr=0.001",
+        "rollout.max_new_tokens=3",
+        "trainer.loss.advantage=dr_grpo",
+        "trainer.loss.loss_aggregation=constant",
+    ]
     cfg = load_run_config(REPO / spec.config, vs.run_overrides(spec, tmp_path, 10, user))
 
     kw = vs.trl_kwargs(cfg, 10, tmp_path)
@@ -147,8 +159,15 @@ def test_user_overrides_of_shared_settings_reach_trl(tmp_path: Path) -> None:
     assert (kw["scale_rewards"], kw["loss_type"]) == ("none", "dr_grpo")
 
 
-@pytest.mark.parametrize("override", ["trainer.loss.advantage=rloo", "trainer.loss.off_policy=tis",
-                                      "trainer.loss.policy_loss=gspo", "trainer.loss.mismatch_mask=token"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "trainer.loss.advantage=rloo",
+        "trainer.loss.off_policy=tis",
+        "trainer.loss.policy_loss=gspo",
+        "trainer.loss.mismatch_mask=token",
+    ],
+)
 def test_settings_trl_cannot_express_are_refused(override: str, tmp_path: Path) -> None:
     spec = vs.TASKS["quickstart"]
     cfg = load_run_config(REPO / spec.config, vs.run_overrides(spec, tmp_path, 10, [override]))
@@ -177,8 +196,9 @@ def test_sequence_committed_datasets_match_their_generators(tmp_path: Path) -> N
     assert all(len(json.loads(line)["answer"]) == 32 for line in (tmp_path / "seq32.jsonl").read_text().splitlines())
 
 
-@pytest.mark.parametrize(("completion", "score"), [("35791357", 1.0), ("35791300", 0.75), ("357913579", 8 / 9),
-                                                   ("", 0.0)])
+@pytest.mark.parametrize(
+    ("completion", "score"), [("35791357", 1.0), ("35791300", 0.75), ("357913579", 8 / 9), ("", 0.0)]
+)
 def test_sequence_reward_gives_credit_per_matching_position(completion: str, score: float) -> None:
     res = sequence.reward(RewardInput(prompt="3+2=", completion=completion, reference="35791357"))
 
@@ -200,12 +220,14 @@ def test_sequence_task_model_is_at_least_four_million_parameters(tmp_path: Path,
 
 
 def test_without_trl_installed_the_harness_stops_with_the_install_command(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     spec = vs.TASKS["quickstart"]
     cfg = load_run_config(REPO / spec.config, vs.run_overrides(spec, tmp_path, 10, []))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(vs.importlib.util, "find_spec", lambda name, *a: None if name == "trl" else
-                        real_find_spec(name, *a))
+    monkeypatch.setattr(
+        vs.importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real_find_spec(name, *a)
+    )
 
     with pytest.raises(SystemExit, match=r"TRL is not installed: pip install -e '\.\[bench\]'"):
         vs.run_trl(cfg, 10, tmp_path / "model", tmp_path / "trl", 1.0)

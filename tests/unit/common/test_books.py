@@ -29,8 +29,9 @@ def test_every_drop_reason_names_its_own_record_in_redis() -> None:
     records = [keys.dropped(reason) for reason in books.DROP_REASONS]
 
     assert books.DROP_REASONS == ("stale", "reward_error", "zero_advantage")
-    assert len(set(records)) == len(records) and all(reason in r for reason, r in zip(books.DROP_REASONS, records,
-                                                                                        strict=True))
+    assert len(set(records)) == len(records) and all(
+        reason in r for reason, r in zip(books.DROP_REASONS, records, strict=True)
+    )
 
 
 def test_the_books_line_lists_every_outcome_then_pending() -> None:
@@ -38,8 +39,14 @@ def test_the_books_line_lists_every_outcome_then_pending() -> None:
 
 
 def test_a_summary_counts_every_outcome_and_adds_up() -> None:
-    row = RlRow(step=3, groups_trained=12, groups_dropped_stale=2, groups_dropped_reward_error=1,
-                groups_dropped_zero_advantage=3, episodes_trained=96)
+    row = RlRow(
+        step=3,
+        groups_trained=12,
+        groups_dropped_stale=2,
+        groups_dropped_reward_error=1,
+        groups_dropped_zero_advantage=3,
+        episodes_trained=96,
+    )
 
     summary = run_summary([row], produced=25, stream_length=5, pending=5, durable_step=3, invalid=(2, 16))
 

@@ -22,8 +22,10 @@ def _write(path: Path, rows: list[object]) -> Path:
 
 
 def test_messages_rows_load_with_the_last_user_turn_as_the_verifier_prompt(tmp_path: Path) -> None:
-    path = _write(tmp_path / "d.jsonl", [{"id": "a", "messages": CHAT, "answer": 42, "level": 2},
-                                         {"prompt": "1+1=", "answer": "2"}])
+    path = _write(
+        tmp_path / "d.jsonl",
+        [{"id": "a", "messages": CHAT, "answer": 42, "level": 2}, {"prompt": "1+1=", "answer": "2"}],
+    )
 
     chat, text = load_jsonl(path)
 
@@ -32,14 +34,17 @@ def test_messages_rows_load_with_the_last_user_turn_as_the_verifier_prompt(tmp_p
     assert text.messages == () and text.chat() == [] and text.prompt == "1+1="
 
 
-@pytest.mark.parametrize("row", [
-    {"messages": [], "answer": "1"},
-    {"messages": [{"role": "user"}], "answer": "1"},
-    {"messages": [{"role": "", "content": "x"}], "answer": "1"},
-    {"messages": "hello", "answer": "1"},
-    {"prompt": "x", "messages": [{"role": "user", "content": "x"}], "answer": "1"},
-    {"messages": [{"role": "user", "content": "x"}]},
-])
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"messages": [], "answer": "1"},
+        {"messages": [{"role": "user"}], "answer": "1"},
+        {"messages": [{"role": "", "content": "x"}], "answer": "1"},
+        {"messages": "hello", "answer": "1"},
+        {"prompt": "x", "messages": [{"role": "user", "content": "x"}], "answer": "1"},
+        {"messages": [{"role": "user", "content": "x"}]},
+    ],
+)
 def test_malformed_messages_rows_are_config_errors_naming_the_line(tmp_path: Path, row: dict[str, object]) -> None:
     path = _write(tmp_path / "d.jsonl", [{"prompt": "ok", "answer": "1"}, row])
 
@@ -53,8 +58,10 @@ def test_rendering_holds_one_bos_the_turn_markers_and_ends_with_the_generation_p
     ids = chat_token_ids(tok, CHAT)
 
     assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id  # the template's BOS, not doubled
-    assert tok.decode(ids) == ("<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
-                               f"{CHAT[1]['content']}<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(ids) == (
+        "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+        f"{CHAT[1]['content']}<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert ids[-3:] == tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"][-3:]
     assert tok.convert_tokens_to_ids(IM_START) in ids and tok.convert_tokens_to_ids(IM_END) in ids
 

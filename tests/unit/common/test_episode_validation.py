@@ -24,11 +24,26 @@ LIMITS = Limits(vocab_size=32, max_completion_tokens=4, newest_version=5)
 
 
 def _group(n: int = 2, tokens: int = 3, gid: str = "g") -> EpisodeGroup:
-    return EpisodeGroup(group_id=gid, episodes=[Episode(
-        episode_id=f"{gid}-{i}", group_id=gid, sample_index=i, group_size=n, prompt_token_ids=[1, 2],
-        completion_token_ids=[3] * tokens, behaviour_logprobs=[-0.5] * tokens, token_weight_versions=[5] * tokens,
-        loss_mask=[1] * tokens, reward=1.0, reward_components={"exact": 1.0}, sampling_temperature=1.0)
-        for i in range(n)])
+    return EpisodeGroup(
+        group_id=gid,
+        episodes=[
+            Episode(
+                episode_id=f"{gid}-{i}",
+                group_id=gid,
+                sample_index=i,
+                group_size=n,
+                prompt_token_ids=[1, 2],
+                completion_token_ids=[3] * tokens,
+                behaviour_logprobs=[-0.5] * tokens,
+                token_weight_versions=[5] * tokens,
+                loss_mask=[1] * tokens,
+                reward=1.0,
+                reward_components={"exact": 1.0},
+                sampling_temperature=1.0,
+            )
+            for i in range(n)
+        ],
+    )
 
 
 def test_a_well_formed_group_is_accepted() -> None:
@@ -108,16 +123,29 @@ def _subnormal_temperature(g: EpisodeGroup) -> None:
     g.episodes[0].sampling_temperature = 1e-40
 
 
-@pytest.mark.parametrize(("mutate", "field"), [
-    (_short_logprobs, "behaviour_logprobs"), (_token_outside_vocab, "completion_token_ids"),
-    (_negative_token, "prompt_token_ids"), (_version_from_the_future, "token_weight_versions"),
-    (_negative_version, "token_weight_versions"), (_nan_reward, "reward"), (_inf_component, "reward_components"),
-    (_nan_logprob, "behaviour_logprobs"), (_huge_negative_logprob, "behaviour_logprobs"),
-    (_empty_completion, "completion_token_ids"), (_empty_prompt, "prompt_token_ids"),
-    (_loss_mask_two, "loss_mask"), (_group_size_lies, "group_size"), (_repeated_sample_index, "sample_index"),
-    (_foreign_group_id, "group_id"), (_no_episodes, "episodes"), (_negative_temperature, "sampling_temperature"),
-    (_subnormal_temperature, "sampling_temperature"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (_short_logprobs, "behaviour_logprobs"),
+        (_token_outside_vocab, "completion_token_ids"),
+        (_negative_token, "prompt_token_ids"),
+        (_version_from_the_future, "token_weight_versions"),
+        (_negative_version, "token_weight_versions"),
+        (_nan_reward, "reward"),
+        (_inf_component, "reward_components"),
+        (_nan_logprob, "behaviour_logprobs"),
+        (_huge_negative_logprob, "behaviour_logprobs"),
+        (_empty_completion, "completion_token_ids"),
+        (_empty_prompt, "prompt_token_ids"),
+        (_loss_mask_two, "loss_mask"),
+        (_group_size_lies, "group_size"),
+        (_repeated_sample_index, "sample_index"),
+        (_foreign_group_id, "group_id"),
+        (_no_episodes, "episodes"),
+        (_negative_temperature, "sampling_temperature"),
+        (_subnormal_temperature, "sampling_temperature"),
+    ],
+)
 def test_a_malformed_group_is_refused_with_a_reason_naming_the_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
     group = _group()
     mutate(group)
@@ -131,8 +159,9 @@ def test_a_completion_longer_than_max_new_tokens_is_refused() -> None:
     assert "max_new_tokens" in str(validate_group(_group(tokens=5), LIMITS))
 
 
-@pytest.mark.parametrize("fields", [None, {}, {b"other": b"x"}, {STREAM_FIELD: "text"},
-                                    {STREAM_FIELD: b"\xff\xff\xff"}])
+@pytest.mark.parametrize(
+    "fields", [None, {}, {b"other": b"x"}, {STREAM_FIELD: "text"}, {STREAM_FIELD: b"\xff\xff\xff"}]
+)
 def test_entries_without_a_decodable_group_raise_the_decoders_own_error(fields) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(EpisodeDecodeError):
         decode_group(fields)
@@ -146,14 +175,20 @@ def _invariants_hold(group: EpisodeGroup, limits: Limits) -> bool:
     for ep in group.episodes:
         k = len(ep.completion_token_ids)
         ids = [*ep.prompt_token_ids, *ep.completion_token_ids]
-        if not (ep.group_id == group.group_id and ep.group_size == n and ep.prompt_token_ids and 1 <= k
-                <= limits.max_completion_tokens and all(0 <= t < limits.vocab_size for t in ids)
-                and len(ep.behaviour_logprobs) == len(ep.token_weight_versions) == len(ep.loss_mask) == k
-                and all(math.isfinite(x) and LOGPROB_MIN <= x <= LOGPROB_MAX for x in ep.behaviour_logprobs)
-                and all(0 <= v <= limits.newest_version for v in ep.token_weight_versions)
-                and set(ep.loss_mask) <= {0, 1} and math.isfinite(ep.reward)
-                and all(math.isfinite(x) for x in ep.reward_components.values())
-                and (ep.sampling_temperature == 0 or TEMPERATURE_MIN <= ep.sampling_temperature < math.inf)):
+        if not (
+            ep.group_id == group.group_id
+            and ep.group_size == n
+            and ep.prompt_token_ids
+            and 1 <= k <= limits.max_completion_tokens
+            and all(0 <= t < limits.vocab_size for t in ids)
+            and len(ep.behaviour_logprobs) == len(ep.token_weight_versions) == len(ep.loss_mask) == k
+            and all(math.isfinite(x) and LOGPROB_MIN <= x <= LOGPROB_MAX for x in ep.behaviour_logprobs)
+            and all(0 <= v <= limits.newest_version for v in ep.token_weight_versions)
+            and set(ep.loss_mask) <= {0, 1}
+            and math.isfinite(ep.reward)
+            and all(math.isfinite(x) for x in ep.reward_components.values())
+            and (ep.sampling_temperature == 0 or TEMPERATURE_MIN <= ep.sampling_temperature < math.inf)
+        ):
             return False
     return True
 
@@ -171,9 +206,19 @@ def test_arbitrary_bytes_or_fields_decode_or_raise_only_the_decoder_error(data: 
     assert (reason is None) == _invariants_hold(group, LIMITS)
 
 
-_FIELDS = ["group_id", "sample_index", "group_size", "prompt_token_ids", "completion_token_ids",
-           "behaviour_logprobs", "token_weight_versions", "loss_mask", "reward", "reward_components",
-           "sampling_temperature"]
+_FIELDS = [
+    "group_id",
+    "sample_index",
+    "group_size",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "behaviour_logprobs",
+    "token_weight_versions",
+    "loss_mask",
+    "reward",
+    "reward_components",
+    "sampling_temperature",
+]
 _f32 = st.floats(width=32)
 _ints = st.integers(min_value=-3, max_value=40)
 
@@ -182,11 +227,15 @@ def _arbitrary(field: str, k: int) -> st.SearchStrategy:  # type: ignore[type-ar
     """Any value of the field's protobuf type (often invalid, sometimes valid), length around ``k``."""
     sized = {"min_size": max(k - 1, 0), "max_size": k + 1}
     return {
-        "group_id": st.sampled_from(["g", "x", ""]), "sample_index": st.integers(0, 4),
-        "group_size": st.integers(0, 4), "prompt_token_ids": st.lists(_ints, max_size=3),
-        "completion_token_ids": st.lists(_ints, **sized), "behaviour_logprobs": st.lists(_f32, **sized),
+        "group_id": st.sampled_from(["g", "x", ""]),
+        "sample_index": st.integers(0, 4),
+        "group_size": st.integers(0, 4),
+        "prompt_token_ids": st.lists(_ints, max_size=3),
+        "completion_token_ids": st.lists(_ints, **sized),
+        "behaviour_logprobs": st.lists(_f32, **sized),
         "token_weight_versions": st.lists(st.integers(-2, 8), **sized),
-        "loss_mask": st.lists(st.integers(0, 2), **sized), "reward": st.floats(),
+        "loss_mask": st.lists(st.integers(0, 2), **sized),
+        "reward": st.floats(),
         "reward_components": st.dictionaries(st.sampled_from(["a", "b"]), st.floats(), max_size=2),
         "sampling_temperature": _f32,
     }[field]

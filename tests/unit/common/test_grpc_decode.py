@@ -27,8 +27,11 @@ def test_health_check_and_watch_work_through_the_interceptor_and_bad_bytes_are_i
                 watch.cancel()
                 codes = []
                 for method in ("Check", "Watch"):
-                    call = ch.unary_unary(f"/grpc.health.v1.Health/{method}") if method == "Check" \
+                    call = (
+                        ch.unary_unary(f"/grpc.health.v1.Health/{method}")
+                        if method == "Check"
                         else ch.unary_stream(f"/grpc.health.v1.Health/{method}")
+                    )
                     try:
                         result = call(BAD, timeout=10)
                         if method == "Check":

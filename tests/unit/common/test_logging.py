@@ -17,8 +17,10 @@ from relayrl.config.typed import ConfigError
 
 log = logging.getLogger("relayrl.test")
 
-TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) \[reward rank=3\] relayrl\.test: "
-                       r"(?P<rest>.*)$")
+TEXT_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) \[reward rank=3\] relayrl\.test: "
+    r"(?P<rest>.*)$"
+)
 
 
 Configure = Callable[[LogFormat], Callable[[], list[str]]]
@@ -39,6 +41,7 @@ def log_lines(tmp_path: Path) -> Iterator[Configure]:
             for handler in logging.getLogger().handlers:
                 handler.flush()
             return path.read_text().splitlines()
+
         return read
 
     yield configure
@@ -70,7 +73,8 @@ def test_text_lines_are_unchanged_without_context_and_end_with_the_context_when_
 
 
 def test_json_lines_parse_and_carry_component_rank_level_message_and_context_only_when_set(
-        log_lines: Configure) -> None:
+    log_lines: Configure,
+) -> None:
     read = log_lines("json")
     log.info("plain")
     with log_context(group_id="g1", episode_id="e1", weight_version=7):
@@ -109,7 +113,11 @@ def test_context_follows_tasks_and_threads_and_a_task_binding_stays_in_its_task(
 
     rows = [json.loads(line) for line in read()]
     assert [(r["message"], r.get("episode_id"), r.get("weight_version")) for r in rows] == [
-        ("scored b", "b", 5), ("scored a", "a", 5), ("in a thread", None, 5), ("outside", None, None)]
+        ("scored b", "b", 5),
+        ("scored a", "a", 5),
+        ("in a thread", None, 5),
+        ("outside", None, None),
+    ]
 
 
 def test_records_held_while_loading_the_config_are_written_in_the_chosen_format(log_lines: Configure) -> None:
@@ -120,7 +128,9 @@ def test_records_held_while_loading_the_config_are_written_in_the_chosen_format(
     log.info("started")
 
     assert [(r["message"], r["component"]) for r in map(json.loads, read())] == [
-        ("deprecated field", "reward"), ("started", "reward")]
+        ("deprecated field", "reward"),
+        ("started", "reward"),
+    ]
 
 
 def test_records_held_are_written_to_stderr_at_once_when_loading_fails(capsys: pytest.CaptureFixture[str]) -> None:

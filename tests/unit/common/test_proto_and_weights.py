@@ -21,11 +21,25 @@ from relayrl.trainer.weight_files import write_mapped
 
 def test_episode_round_trip_preserves_every_field() -> None:
     ep = episode_pb2.Episode(
-        episode_id="e1", prompt_id="p1", group_id="g1", sample_index=3, group_size=8,
-        prompt_token_ids=[1, 2], completion_token_ids=[3, 4, 5], behaviour_logprobs=[-0.5, -1.0, -0.25],
-        token_weight_versions=[7, 7, 8], loss_mask=[1, 1, 0], reward=0.75, reward_components={"exact": 1.0},
-        finish_reason=1, producer_id="r0", created_at=1.5, enqueued_at=2.5, prompt_text="1+1=",
-        completion_text="2", sampling_temperature=0.7,
+        episode_id="e1",
+        prompt_id="p1",
+        group_id="g1",
+        sample_index=3,
+        group_size=8,
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3, 4, 5],
+        behaviour_logprobs=[-0.5, -1.0, -0.25],
+        token_weight_versions=[7, 7, 8],
+        loss_mask=[1, 1, 0],
+        reward=0.75,
+        reward_components={"exact": 1.0},
+        finish_reason=1,
+        producer_id="r0",
+        created_at=1.5,
+        enqueued_at=2.5,
+        prompt_text="1+1=",
+        completion_text="2",
+        sampling_temperature=0.7,
     )
 
     back = episode_pb2.Episode.FromString(ep.SerializeToString())
@@ -35,8 +49,10 @@ def test_episode_round_trip_preserves_every_field() -> None:
 
 
 def test_generate_request_oneof_and_optional_seed_round_trip() -> None:
-    req = inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=[4, 5]),
-                                        sampling=inference_pb2.SamplingParams(n=2, max_new_tokens=3, seed=0))
+    req = inference_pb2.GenerateRequest(
+        prompt_token_ids=inference_pb2.TokenIds(ids=[4, 5]),
+        sampling=inference_pb2.SamplingParams(n=2, max_new_tokens=3, seed=0),
+    )
 
     back = inference_pb2.GenerateRequest.FromString(req.SerializeToString())
 

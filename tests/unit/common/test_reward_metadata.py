@@ -7,8 +7,15 @@ from relayrl.common.reward_metadata import decode_metadata, encode_metadata
 
 
 def test_values_of_every_json_type_decode_to_what_was_encoded() -> None:
-    values = {"answer": "42", "n": 3, "ratio": 0.5, "ok": True, "none": None, "tests": ["assert f(1) == 1"],
-              "task": {"dataset": "basic_arithmetic", "seed": 0, "index": 7}}
+    values = {
+        "answer": "42",
+        "n": 3,
+        "ratio": 0.5,
+        "ok": True,
+        "none": None,
+        "tests": ["assert f(1) == 1"],
+        "task": {"dataset": "basic_arithmetic", "seed": 0, "index": 7},
+    }
 
     encoded = encode_metadata(values)
 

@@ -8,8 +8,10 @@ from relayrl.common.tool_calls import parse_tool_calls, render_tool_call
 
 
 def test_calls_in_tags_are_parsed_in_order_and_removed_from_the_text() -> None:
-    text = ('Let me check. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n'
-            '<tool_call>\n{"name": "mul", "arguments": "{\\"b\\": 2}"}\n</tool_call>')
+    text = (
+        'Let me check. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n'
+        '<tool_call>\n{"name": "mul", "arguments": "{\\"b\\": 2}"}\n</tool_call>'
+    )
 
     rest, calls = parse_tool_calls(text)
 

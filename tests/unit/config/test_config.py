@@ -62,27 +62,60 @@ def test_cli_invalid_config_exits_2_with_message(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("trainer:\n  total_steps: 0\n")
 
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(config), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "run", str(config), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
     assert proc.returncode == 2
     assert "trainer.total_steps = 0" in proc.stderr and ">= 1" in proc.stderr
 
 
 def test_cli_missing_model_path_exits_2_naming_the_field(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml",
-                           "--set", f"model.path={tmp_path / 'nope'}", "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            "examples/quickstart.yaml",
+            "--set",
+            f"model.path={tmp_path / 'nope'}",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[3],
+    )
 
     assert proc.returncode == 2
     assert "model.path" in proc.stderr and "config.json" in proc.stderr
 
 
 def test_cli_missing_dataset_exits_2_naming_the_field(tmp_path: Path, tiny_model_dir: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "examples/quickstart.yaml",
-                           "--set", f"model.path={tiny_model_dir}", "--set", f"rollout.dataset={tmp_path / 'x.jsonl'}",
-                           "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "run",
+            "examples/quickstart.yaml",
+            "--set",
+            f"model.path={tiny_model_dir}",
+            "--set",
+            f"rollout.dataset={tmp_path / 'x.jsonl'}",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[3],
+    )
 
     assert proc.returncode == 2
     assert "rollout.dataset" in proc.stderr and "does not exist" in proc.stderr
@@ -97,8 +130,10 @@ def test_tis_without_a_cap_is_rejected() -> None:
 
 def test_partial_server_section_keeps_its_services_defaults(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text("inference:\n  server: {reflection: false}\n  weights_server: {reflection: false}\n"
-                    "reward:\n  server: {port: 6000}\n")
+    path.write_text(
+        "inference:\n  server: {reflection: false}\n  weights_server: {reflection: false}\n"
+        "reward:\n  server: {port: 6000}\n"
+    )
 
     cfg, defaults = load_run_config(path), load_run_config(None)
 
@@ -113,7 +148,8 @@ def test_partial_server_section_keeps_its_services_defaults(tmp_path: Path) -> N
 
 
 def test_deprecated_max_concurrent_rpcs_still_loads_with_a_warning_and_leaves_the_admission_budgets(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("inference:\n  weights_server: {max_concurrent_rpcs: 2}\n")
 

@@ -21,8 +21,7 @@ from relayrl.config.typed import ConfigError, from_dict
 from tests.conftest import REPO
 
 
-def test_deprecated_field_loads_with_a_warning_naming_replacement_and_release(caplog: pytest.LogCaptureFixture
-                                                                              ) -> None:
+def test_deprecated_field_loads_with_a_warning_naming_replacement_and_release(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         cfg = load_run_config(None, ["inference.batch_wait_ms=2"])
 
@@ -83,21 +82,29 @@ def test_compatibility_check_flags_removal_retyping_narrowing_and_tightening() -
 
     problems = incompatible_changes(OLD, new)
 
-    assert problems == ["a.bounded: bound tightened to >= 1", "a.gone: removed",
-                        "a.mode: choices narrowed, ['y'] no longer accepted", "a.retyped: type changed from int to str"]
+    assert problems == [
+        "a.bounded: bound tightened to >= 1",
+        "a.gone: removed",
+        "a.mode: choices narrowed, ['y'] no longer accepted",
+        "a.retyped: type changed from int to str",
+    ]
 
 
 def test_compatibility_check_accepts_additions_widening_and_new_defaults() -> None:
-    new = {**OLD, "a.kept": {"type": "int", "default": 9, "help": "x"}, "a.added": {"type": "int", "default": 0,
-                                                                                  "help": ""},
-           "a.mode": {"type": "choice", "choices": ["x", "y", "z"], "default": "x", "help": ""}}
+    new = {
+        **OLD,
+        "a.kept": {"type": "int", "default": 9, "help": "x"},
+        "a.added": {"type": "int", "default": 0, "help": ""},
+        "a.mode": {"type": "choice", "choices": ["x", "y", "z"], "default": "x", "help": ""},
+    }
 
     assert incompatible_changes(OLD, new) == []
 
 
 def test_committed_reference_and_schema_snapshot_match_the_code() -> None:
-    proc = subprocess.run([sys.executable, "scripts/gen_reference.py", "--check"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/gen_reference.py", "--check"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
     assert proc.returncode == 0, proc.stderr
 
@@ -116,6 +123,7 @@ def test_deprecated_reward_max_workers_still_sets_the_worker_count(caplog: pytes
 
 
 # -- trainer keys that moved into sections (schema 1's flat spelling keeps loading) ----------------------------
+
 
 def _flat_trainer(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with every moved trainer field written in its former flat spelling."""
@@ -143,7 +151,8 @@ def test_every_committed_config_in_the_former_flat_spelling_loads_the_same(path:
 
 
 def test_a_flat_trainer_key_loads_onto_its_section_with_a_warning_naming_the_new_key(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "old.yaml"
     path.write_text("trainer:\n  lr: 0.25\n  checkpoint_every: 3\n  weight_transport: shared_path\n")
 
@@ -153,8 +162,11 @@ def test_a_flat_trainer_key_loads_onto_its_section_with_a_warning_naming_the_new
     assert cfg.trainer.optimizer.lr == 0.25 and cfg.trainer.checkpoint.every == 3
     assert cfg.trainer.checkpoint.keep == 4 and cfg.trainer.publication.transport.value == "shared_path"
     messages = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
-    for old, new in (("trainer.lr", "trainer.optimizer.lr"), ("trainer.checkpoint_every", "trainer.checkpoint.every"),
-                     ("trainer.keep_checkpoints", "trainer.checkpoint.keep")):
+    for old, new in (
+        ("trainer.lr", "trainer.optimizer.lr"),
+        ("trainer.checkpoint_every", "trainer.checkpoint.every"),
+        ("trainer.keep_checkpoints", "trainer.checkpoint.keep"),
+    ):
         assert any(old in m and new in m for m in messages), (old, messages)
 
 
@@ -185,8 +197,10 @@ def test_moved_keys_are_in_the_schema_and_moving_a_key_is_compatible() -> None:
     assert fields["trainer.lr"]["moved_to"] == "trainer.optimizer.lr"
     assert fields["trainer.lr"]["type"] == fields["trainer.optimizer.lr"]["type"]
     old = {"t.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0}}
-    moved = {"t.opt.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0},
-             "t.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0, "moved_to": "t.opt.lr"}}
+    moved = {
+        "t.opt.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0},
+        "t.lr": {"type": "float", "default": 0.1, "help": "", "gt": 0, "moved_to": "t.opt.lr"},
+    }
     assert incompatible_changes(old, moved) == []
     assert incompatible_changes(old, {"t.lr": moved["t.lr"]}) == ["t.lr: moved to t.opt.lr, which does not exist"]
     assert incompatible_changes(old, {"t.opt.lr": moved["t.opt.lr"]}) == ["t.lr: removed"]

@@ -33,7 +33,8 @@ def test_without_the_variable_nothing_is_checked(tmp_path: Path, monkeypatch: py
 
 
 def test_a_changed_config_stops_serve_naming_the_variable_and_both_digests(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "relayrl.yaml"
     path.write_text(TEXT.replace("4", "5"))  # the ConfigMap after `helm upgrade`
     monkeypatch.setenv(CONFIG_DIGEST_ENV, _digest(TEXT))

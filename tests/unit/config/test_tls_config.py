@@ -38,8 +38,10 @@ def test_default_run_config_has_tls_off() -> None:
 
 def test_run_config_with_cert_key_and_ca_turns_tls_on(tmp_path: Path, ca: CertificateAuthority) -> None:
     pem = ca.issue("svc")
-    path = _config(tmp_path, f"  cert_file: {pem.cert}\n  key_file: {pem.key}\n  ca_file: {ca.ca_file}\n"
-                             "  require_client_cert: true")
+    path = _config(
+        tmp_path,
+        f"  cert_file: {pem.cert}\n  key_file: {pem.key}\n  ca_file: {ca.ca_file}\n  require_client_cert: true",
+    )
 
     tls = load_run_config(path).tls
 
@@ -49,17 +51,21 @@ def test_run_config_with_cert_key_and_ca_turns_tls_on(tmp_path: Path, ca: Certif
     assert files.ca == ca.ca_file.read_bytes() and files.client_cert is None
 
 
-@pytest.mark.parametrize(("fields", "named"), [
-    ({"key_file": "k.pem"}, "tls.key_file"),
-    ({"cert_file": "c.pem"}, "tls.key_file"),
-    ({"client_key_file": "k.pem", "ca_file": "ca.pem"}, "tls.client_key_file"),
-    ({"client_cert_file": "c.pem"}, "tls.client_key_file"),
-    ({"cert_file": "c.pem", "key_file": "k.pem", "require_client_cert": True}, "tls.ca_file"),
-    ({"ca_file": "ca.pem", "require_client_cert": True}, "tls.cert_file"),
-    ({"server_name": "inference.internal"}, "tls.server_name"),
-])
-def test_inconsistent_tls_section_is_refused_naming_the_field(tmp_path: Path, fields: dict[str, object],
-                                                               named: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"key_file": "k.pem"}, "tls.key_file"),
+        ({"cert_file": "c.pem"}, "tls.key_file"),
+        ({"client_key_file": "k.pem", "ca_file": "ca.pem"}, "tls.client_key_file"),
+        ({"client_cert_file": "c.pem"}, "tls.client_key_file"),
+        ({"cert_file": "c.pem", "key_file": "k.pem", "require_client_cert": True}, "tls.ca_file"),
+        ({"ca_file": "ca.pem", "require_client_cert": True}, "tls.cert_file"),
+        ({"server_name": "inference.internal"}, "tls.server_name"),
+    ],
+)
+def test_inconsistent_tls_section_is_refused_naming_the_field(
+    tmp_path: Path, fields: dict[str, object], named: str
+) -> None:
     body = "\n".join(f"  {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in fields.items())
 
     with pytest.raises(ConfigError) as err:
@@ -69,8 +75,9 @@ def test_inconsistent_tls_section_is_refused_naming_the_field(tmp_path: Path, fi
 
 
 def test_missing_file_is_a_config_error_naming_the_field(tmp_path: Path, ca: CertificateAuthority) -> None:
-    tls = TlsConfig(ca_file=str(ca.ca_file), client_cert_file=str(ca.ca_file),
-                    client_key_file=str(tmp_path / "gone.pem"))
+    tls = TlsConfig(
+        ca_file=str(ca.ca_file), client_cert_file=str(ca.ca_file), client_key_file=str(tmp_path / "gone.pem")
+    )
 
     with pytest.raises(ConfigError, match="no such file") as err:
         tls.read()
@@ -124,7 +131,8 @@ def test_world_readable_key_is_read_with_a_warning(ca: CertificateAuthority, cap
 
     assert files.key is not None
     assert [r.getMessage() for r in caplog.records] == [
-        f"tls.key_file ({pem.key}) is readable by every user on this machine; make it 0600"]
+        f"tls.key_file ({pem.key}) is readable by every user on this machine; make it 0600"
+    ]
 
 
 def test_resolved_section_holds_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,14 +140,14 @@ def test_resolved_section_holds_absolute_paths(tmp_path: Path, monkeypatch: pyte
 
     tls = TlsConfig(cert_file="c.pem", key_file="k.pem", ca_file="ca.pem").resolved()
 
-    assert (tls.cert_file, tls.key_file, tls.ca_file) == tuple(str(tmp_path / n) for n in ("c.pem", "k.pem",
-                                                                                             "ca.pem"))
+    assert (tls.cert_file, tls.key_file, tls.ca_file) == tuple(str(tmp_path / n) for n in ("c.pem", "k.pem", "ca.pem"))
     assert tls.client_cert_file == "" and tls.client_key_file == ""
 
 
 @given(set_fields=st.sets(st.sampled_from(FILE_FIELDS)), mutual=st.booleans(), named=st.booleans())
-def test_any_tls_section_is_accepted_or_refused_naming_one_of_its_fields(set_fields: set[str], mutual: bool,
-                                                                         named: bool) -> None:
+def test_any_tls_section_is_accepted_or_refused_naming_one_of_its_fields(
+    set_fields: set[str], mutual: bool, named: bool
+) -> None:
     data: dict[str, object] = {f: f"{f}.pem" for f in set_fields}
     data.update(require_client_cert=mutual, server_name="svc" if named else "")
 

@@ -16,8 +16,9 @@ from relayrl.inference.native import NativeEngine
 
 
 def _engine(model_dir: Path, **kwargs: int) -> NativeEngine:
-    return NativeEngine(load_model(ModelConfig(path=model_dir)), load_tokenizer(model_dir), torch.device("cpu"),
-                        **kwargs)  # type: ignore[arg-type]
+    return NativeEngine(
+        load_model(ModelConfig(path=model_dir)), load_tokenizer(model_dir), torch.device("cpu"), **kwargs
+    )  # type: ignore[arg-type]
 
 
 def _reference(model: torch.nn.Module, prompt: list[int], sample: SampleOutput, temp: float) -> torch.Tensor:
@@ -53,8 +54,11 @@ def test_logprobs_stay_exact_while_rows_join_and_leave(tiny_model_dir: Path) -> 
     prompts = [[3, 4, 5, 6, 7, 8], [9], [10, 11, 12], [5, 5], [7, 8, 9, 10]]
     futures = []
     for i, p in enumerate(prompts):  # staggered arrivals, different prompt and output lengths
-        futures.append(engine.submit(GenerationInput(prompt_ids=p, n=2, temperature=0.9,
-                                                     max_new_tokens=4 + 7 * i, ignore_eos=True)))
+        futures.append(
+            engine.submit(
+                GenerationInput(prompt_ids=p, n=2, temperature=0.9, max_new_tokens=4 + 7 * i, ignore_eos=True)
+            )
+        )
         _wait_for(lambda i=i: engine.decode_steps >= 3 * (i + 1))
 
     results = [f.result(timeout=60) for f in futures]
@@ -62,8 +66,9 @@ def test_logprobs_stay_exact_while_rows_join_and_leave(tiny_model_dir: Path) -> 
     for prompt, samples in zip(prompts, results, strict=True):
         for s in samples:
             # float32 decode over a left-padded, re-aligned KV cache vs one full forward: accumulation order only
-            torch.testing.assert_close(torch.tensor(s.logprobs), _reference(engine.model, prompt, s, 0.9),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                torch.tensor(s.logprobs), _reference(engine.model, prompt, s, 0.9), rtol=1e-4, atol=1e-4
+            )
     engine.close()
 
 
@@ -90,8 +95,10 @@ def test_running_sequences_never_exceed_the_batch_limit_and_all_requests_finish(
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    futures = [engine.submit(GenerationInput(prompt_ids=[3 + i % 5], n=3, max_new_tokens=10 + i, ignore_eos=True))
-               for i in range(10)]
+    futures = [
+        engine.submit(GenerationInput(prompt_ids=[3 + i % 5], n=3, max_new_tokens=10 + i, ignore_eos=True))
+        for i in range(10)
+    ]
     results = [f.result(timeout=120) for f in futures]
     stop.set()
     watcher.join()
@@ -120,8 +127,9 @@ def test_seeded_request_is_reproducible_while_other_requests_run(tiny_model_dir:
     seeded = GenerationInput(prompt_ids=[3, 4], n=3, max_new_tokens=8, seed=7, ignore_eos=True)
     alone = generate(engine, [seeded])[0]
 
-    noise = [engine.submit(GenerationInput(prompt_ids=[5, 6, 7], n=4, max_new_tokens=30, ignore_eos=True))
-             for _ in range(3)]
+    noise = [
+        engine.submit(GenerationInput(prompt_ids=[5, 6, 7], n=4, max_new_tokens=30, ignore_eos=True)) for _ in range(3)
+    ]
     crowded = engine.submit(seeded)
     more_noise = engine.submit(GenerationInput(prompt_ids=[8], n=2, max_new_tokens=12))
 

@@ -21,11 +21,20 @@ def test_joining_request_gets_its_alternatives_and_streams_exactly_its_final_tok
     started = threading.Event()
     events: list[TokenEvent] = []
     try:
-        plain = engine.submit(GenerationInput(prompt_ids=[3, 4, 5], max_new_tokens=40, ignore_eos=True,
-                                              on_token=lambda _: started.set()))
+        plain = engine.submit(
+            GenerationInput(prompt_ids=[3, 4, 5], max_new_tokens=40, ignore_eos=True, on_token=lambda _: started.set())
+        )
         assert started.wait(30)  # the plain request is decoding: the next one joins by concat
-        asked = engine.submit(GenerationInput(prompt_ids=[6, 7], max_new_tokens=8, ignore_eos=True,
-                                              temperature=0.8, top_logprobs=3, on_token=events.append))
+        asked = engine.submit(
+            GenerationInput(
+                prompt_ids=[6, 7],
+                max_new_tokens=8,
+                ignore_eos=True,
+                temperature=0.8,
+                top_logprobs=3,
+                on_token=events.append,
+            )
+        )
         [a], [b] = plain.result(60), asked.result(60)
     finally:
         engine.close()
@@ -66,13 +75,16 @@ def _lone_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
 
 
 def test_prompt_scoring_requests_prefill_together_apart_from_plain_ones_with_the_logprobs_of_lone_prefills(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     model, engine, prefills = _recording_engine(tiny_model_dir)
     try:
         # a seeded request runs alone: the four after it wait in the queue and are admitted when it ends
         first = engine.submit(GenerationInput(prompt_ids=[3, 4], max_new_tokens=30, ignore_eos=True, seed=1))
-        rest = [engine.submit(GenerationInput(prompt_ids=ids, max_new_tokens=2, prompt_logprobs=lp))
-                for ids, lp in (([5, 6, 7], None), ([8, 9, 10, 11], 2), ([4, 4, 5], 0), ([6, 5], None))]
+        rest = [
+            engine.submit(GenerationInput(prompt_ids=ids, max_new_tokens=2, prompt_logprobs=lp))
+            for ids, lp in (([5, 6, 7], None), ([8, 9, 10, 11], 2), ([4, 4, 5], 0), ([6, 5], None))
+        ]
         first.result(60)
         outs = [f.result(60) for f in rest]
     finally:
@@ -92,8 +104,10 @@ def test_scored_prompts_share_a_prefill_only_within_max_prefill_tokens_padding_i
     try:
         first = engine.submit(GenerationInput(prompt_ids=[3, 4], max_new_tokens=30, ignore_eos=True, seed=1))
         # rows x longest: 2 x 3 = 6 fits; a third row of 4 tokens would make 3 x 4 = 12 (7 tokens unpadded)
-        rest = [engine.submit(GenerationInput(prompt_ids=ids, max_new_tokens=1, prompt_logprobs=0))
-                for ids in ([5, 6, 7], [8, 9], [4, 4, 5, 6])]
+        rest = [
+            engine.submit(GenerationInput(prompt_ids=ids, max_new_tokens=1, prompt_logprobs=0))
+            for ids in ([5, 6, 7], [8, 9], [4, 4, 5, 6])
+        ]
         first.result(60)
         [f.result(60) for f in rest]
     finally:

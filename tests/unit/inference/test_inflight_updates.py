@@ -20,8 +20,9 @@ PROMPT = [3, 4, 5]
 
 
 def _engine(model_dir: Path, policy: KvOnUpdate) -> NativeEngine:
-    return NativeEngine(load_model(ModelConfig(path=model_dir)), load_tokenizer(model_dir), torch.device("cpu"),
-                        kv_on_update=policy)
+    return NativeEngine(
+        load_model(ModelConfig(path=model_dir)), load_tokenizer(model_dir), torch.device("cpu"), kv_on_update=policy
+    )
 
 
 def _perturbed(engine: NativeEngine, seed: int) -> dict[str, torch.Tensor]:
@@ -29,8 +30,9 @@ def _perturbed(engine: NativeEngine, seed: int) -> dict[str, torch.Tensor]:
     return {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in model_tensors(engine.model).items()}
 
 
-def _generate_with_swaps(engine: NativeEngine, updates: list[dict[str, torch.Tensor]], at_steps: list[int],
-                         max_new_tokens: int) -> SampleOutput:
+def _generate_with_swaps(
+    engine: NativeEngine, updates: list[dict[str, torch.Tensor]], at_steps: list[int], max_new_tokens: int
+) -> SampleOutput:
     """Generate one long sample in a thread and swap weights when the engine reaches the given steps."""
     out: list[list[list[SampleOutput]]] = []
     inp = GenerationInput(prompt_ids=PROMPT, n=1, max_new_tokens=max_new_tokens, ignore_eos=True, seed=0)
@@ -63,8 +65,9 @@ def _reference(model_dir: Path, weights: dict[int, dict[str, torch.Tensor]], sam
 
 
 @pytest.mark.parametrize("policy", [KvOnUpdate.RECOMPUTE, KvOnUpdate.KEEP])
-def test_long_generation_spans_two_updates_with_non_decreasing_versions(tiny_model_dir: Path,
-                                                                       policy: KvOnUpdate) -> None:
+def test_long_generation_spans_two_updates_with_non_decreasing_versions(
+    tiny_model_dir: Path, policy: KvOnUpdate
+) -> None:
     engine = _engine(tiny_model_dir, policy)
     updates = [_perturbed(engine, 1), _perturbed(engine, 2)]
 
@@ -84,8 +87,9 @@ def test_recompute_policy_gives_exact_logprobs_of_the_stamped_version(tiny_model
 
     assert set(sample.weight_versions) == {0, 1, 2}
     # float32 KV-cache decode vs one full forward: accumulation order only
-    torch.testing.assert_close(torch.tensor(sample.logprobs), _reference(tiny_model_dir, weights, sample),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        torch.tensor(sample.logprobs), _reference(tiny_model_dir, weights, sample), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_keep_policy_reuses_old_keys_and_values_after_a_swap(tiny_model_dir: Path) -> None:

@@ -38,7 +38,8 @@ def service(tiny_model_dir: Path) -> tuple[InferenceService, CountingTokenizer]:
 
 
 def test_a_repeated_prompt_gets_the_same_ids_without_tokenising_again(
-        service: tuple[InferenceService, CountingTokenizer]) -> None:
+    service: tuple[InferenceService, CountingTokenizer],
+) -> None:
     svc, counting = service
 
     first = asyncio.run(svc.tokenize_cached("3+4="))
@@ -53,7 +54,8 @@ def test_a_repeated_prompt_gets_the_same_ids_without_tokenising_again(
 
 
 def test_the_cache_keeps_at_most_its_size_dropping_the_oldest_first(
-        service: tuple[InferenceService, CountingTokenizer], monkeypatch: pytest.MonkeyPatch) -> None:
+    service: tuple[InferenceService, CountingTokenizer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     svc, counting = service
     monkeypatch.setattr(serving, "TOKEN_CACHE_SIZE", 2)
 

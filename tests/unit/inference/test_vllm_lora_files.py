@@ -74,7 +74,13 @@ def test_vllm_limits_are_refused_naming_the_field_value_and_rule() -> None:
     assert (max_lora_rank(1), max_lora_rank(4), max_lora_rank(16), max_lora_rank(300)) == (1, 8, 16, 320)
     with pytest.raises(ConfigError, match=r"model\.lora\.rank = 1000: must be <= 512"):
         max_lora_rank(1000)
-    with pytest.raises(ConfigError, match=r"model\.lora\.target_modules = \['q_proj', 'embed_tokens'\]: .*"
-                                          r"not on \['embed_tokens'\]"):
-        check_targets(["embed_tokens", "q_proj"], ["k_proj", "q_proj"],
-                      LoraConfig(enabled=True, target_modules=["q_proj", "embed_tokens"]))
+    with pytest.raises(
+        ConfigError,
+        match=r"model\.lora\.target_modules = \['q_proj', 'embed_tokens'\]: .*"
+        r"not on \['embed_tokens'\]",
+    ):
+        check_targets(
+            ["embed_tokens", "q_proj"],
+            ["k_proj", "q_proj"],
+            LoraConfig(enabled=True, target_modules=["q_proj", "embed_tokens"]),
+        )

@@ -29,8 +29,9 @@ def test_bwrap_on_path_comes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert find_bwrap("bwrap") == str(fake)
 
 
-def test_without_bwrap_on_path_the_packaged_one_runs_the_sandbox(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_bwrap_on_path_the_packaged_one_runs_the_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH directory: no bwrap there
     assert find_bwrap("bwrap") == packaged_bwrap() is not None
 

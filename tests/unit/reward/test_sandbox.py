@@ -25,11 +25,14 @@ def _leftover_dirs() -> set[str]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_program_gets_a_scrubbed_environment_and_a_private_writable_directory(
-        backend: SandboxBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend: SandboxBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RELAYRL_SECRET_TOKEN", "hunter2")
     before = _leftover_dirs()
-    program = ("import os\nopen('scratch.txt', 'w').write('x')\nprint(sorted(os.environ))\n"
-               "print(os.getuid() != 0, os.path.exists('scratch.txt'))\nos.write(3, b'result')\n")
+    program = (
+        "import os\nopen('scratch.txt', 'w').write('x')\nprint(sorted(os.environ))\n"
+        "print(os.getuid() != 0, os.path.exists('scratch.txt'))\nos.write(3, b'result')\n"
+    )
 
     run = _sandbox(backend).run_python("main.py", {"main.py": program})
 
@@ -43,9 +46,11 @@ def test_program_gets_a_scrubbed_environment_and_a_private_writable_directory(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_file_size_and_open_file_limits_apply(backend: SandboxBackend) -> None:
-    program = ("import os\ntry:\n    open('big', 'wb').write(b'x' * (3 * 1024 * 1024))\n    print('wrote')\n"
-               "except OSError as e:\n    print('fsize', e.errno)\nfiles = []\ntry:\n    for i in range(100):\n"
-               "        files.append(open('f%d' % i, 'w'))\nexcept OSError as e:\n    print('nofile', len(files))\n")
+    program = (
+        "import os\ntry:\n    open('big', 'wb').write(b'x' * (3 * 1024 * 1024))\n    print('wrote')\n"
+        "except OSError as e:\n    print('fsize', e.errno)\nfiles = []\ntry:\n    for i in range(100):\n"
+        "        files.append(open('f%d' % i, 'w'))\nexcept OSError as e:\n    print('nofile', len(files))\n"
+    )
 
     run = _sandbox(backend, max_file_mb=1, max_open_files=16).run_python("main.py", {"main.py": program})
 
@@ -83,8 +88,15 @@ def test_a_failed_sandbox_probe_is_believed_for_a_while_then_run_again(monkeypat
         if "print(6 * 7)" in argv:
             probes.append(now[0])
             if len(probes) == 1:  # a probe killed at its wall-clock limit, as on a machine under heavy load
-                return SandboxRun(exit_code=None, stdout=b"", stderr=b"", channel=b"", timed_out=True,
-                                  output_exceeded=False, wall_s=10.0)
+                return SandboxRun(
+                    exit_code=None,
+                    stdout=b"",
+                    stderr=b"",
+                    channel=b"",
+                    timed_out=True,
+                    output_exceeded=False,
+                    wall_s=10.0,
+                )
         return real_run(argv, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sandbox, "_run", first_probe_times_out)

@@ -21,8 +21,14 @@ from relayrl.reward.scorer import ScorerSpec
 KILL_MARGIN_S = 3.0
 
 
-def _score(function: str, completions: list[str], workers: int = 1, timeout_s: float = 1.0, chunk_size: int = 32,
-           metadata: dict[str, object] | None = None) -> tuple[list[Outcome], dict[str, int]]:
+def _score(
+    function: str,
+    completions: list[str],
+    workers: int = 1,
+    timeout_s: float = 1.0,
+    chunk_size: int = 32,
+    metadata: dict[str, object] | None = None,
+) -> tuple[list[Outcome], dict[str, int]]:
     async def go() -> tuple[list[Outcome], dict[str, int]]:
         pool = VerifierPool(ScorerSpec(function=function), SandboxConfig(), workers, timeout_s, chunk_size)
         await pool.start()
@@ -66,8 +72,13 @@ def test_requests_spread_over_the_workers() -> None:
 
 
 def test_workers_score_at_the_same_time(tmp_path: Path) -> None:
-    out, _ = _score("tests.reward_fns:rendezvous", ["x"] * 3, workers=3,
-                    timeout_s=10.0, metadata={"dir": str(tmp_path), "expect": 3, "wait_s": 5.0})
+    out, _ = _score(
+        "tests.reward_fns:rendezvous",
+        ["x"] * 3,
+        workers=3,
+        timeout_s=10.0,
+        metadata={"dir": str(tmp_path), "expect": 3, "wait_s": 5.0},
+    )
 
     # each verifier saw all three started while it was running: three ran at once (serially, the first sees 1)
     assert [(o.status, o.result.details if o.result else "") for o in out] == [(Status.OK, "3")] * 3

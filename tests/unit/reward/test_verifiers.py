@@ -52,8 +52,9 @@ def test_math_verifier_scores_equivalent_answers_one(reference: str, completion:
     assert result.score == 1.0, result.details
 
 
-@pytest.mark.parametrize(("reference", "completion"), [("7", "\\boxed{8}"), ("\\frac{1}{2}", "$\\frac{1}{3}$"),
-                                                         ("x^2", "$x^3$")])
+@pytest.mark.parametrize(
+    ("reference", "completion"), [("7", "\\boxed{8}"), ("\\frac{1}{2}", "$\\frac{1}{3}$"), ("x^2", "$x^3$")]
+)
 def test_math_verifier_scores_wrong_answers_zero(reference: str, completion: str) -> None:
     assert math_reward(_inp(completion, reference)).score == 0.0
 
@@ -69,15 +70,19 @@ def test_math_verifier_with_an_unparsable_reference_raises() -> None:
         math_reward(_inp("\\boxed{1}", ""))
 
 
-@pytest.mark.parametrize(("completion", "reference", "normalize", "expected"), [
-    ("  Paris. ", "paris", True, 1.0),
-    ("\"PARIS\"", "paris", True, 1.0),
-    ("Paris", "paris", False, 0.0),
-    ("Paris", "Paris", False, 1.0),
-    ("Lyon", "paris", True, 0.0),
-])
-def test_exact_match_compares_raw_or_normalised_text(completion: str, reference: str, normalize: bool,
-                                                     expected: float) -> None:
+@pytest.mark.parametrize(
+    ("completion", "reference", "normalize", "expected"),
+    [
+        ("  Paris. ", "paris", True, 1.0),
+        ('"PARIS"', "paris", True, 1.0),
+        ("Paris", "paris", False, 0.0),
+        ("Paris", "Paris", False, 1.0),
+        ("Lyon", "paris", True, 0.0),
+    ],
+)
+def test_exact_match_compares_raw_or_normalised_text(
+    completion: str, reference: str, normalize: bool, expected: float
+) -> None:
     assert exact_match(_inp(completion, reference), normalize=normalize).score == expected
 
 
@@ -172,8 +177,14 @@ def test_normalize_result_rejects_non_scores(value: object) -> None:
 
 
 def test_composite_total_is_the_weighted_sum_and_a_failing_component_fails_it() -> None:
-    scorer = Scorer(ScorerSpec(components=(
-        ComponentSpec("fmt", "format", 0.2), ComponentSpec("answer", "exact_match", 0.8, {"tag": "answer"}))))
+    scorer = Scorer(
+        ScorerSpec(
+            components=(
+                ComponentSpec("fmt", "format", 0.2),
+                ComponentSpec("answer", "exact_match", 0.8, {"tag": "answer"}),
+            )
+        )
+    )
 
     result = scorer(_inp("<answer>42</answer>", "42"))
     wrong = scorer(_inp("<answer>41</answer>", "42"))
@@ -189,17 +200,28 @@ def test_reward_config_timeout_must_exceed_the_code_budget_and_names_must_be_uni
     with pytest.raises(ConfigError, match=r"reward\.timeout_s"):
         load_run_config(None, ["reward.timeout_s=5", "reward.sandbox.total_timeout_s=8"])
     with pytest.raises(ConfigError, match=r"reward\.components"):
-        load_run_config(None, ['reward.components=[{name: a, function: math}, {name: a, function: format}]'])
-    cfg = load_run_config(None, ["reward.components=[{name: a, function: math, weight: 0.5, params: {strict: false}}]",
-                                 "reward.sandbox.backend=process"])
+        load_run_config(None, ["reward.components=[{name: a, function: math}, {name: a, function: format}]"])
+    cfg = load_run_config(
+        None,
+        [
+            "reward.components=[{name: a, function: math, weight: 0.5, params: {strict: false}}]",
+            "reward.sandbox.backend=process",
+        ],
+    )
     assert cfg.reward.components[0].params == {"strict": False}
 
 
 def test_the_scorer_gives_its_sandbox_to_verifiers_that_take_one_and_only_to_them() -> None:
     sandbox = Sandbox(SandboxConfig(backend=SandboxBackend.PROCESS))
-    scorer = Scorer(ScorerSpec(components=(
-        ComponentSpec("sandboxed", "tests.reward_fns:sandbox_backend"),
-        ComponentSpec("plugin", "tests.reward_fns:keywords", params={"scale": 2.0}))), sandbox=sandbox)
+    scorer = Scorer(
+        ScorerSpec(
+            components=(
+                ComponentSpec("sandboxed", "tests.reward_fns:sandbox_backend"),
+                ComponentSpec("plugin", "tests.reward_fns:keywords", params={"scale": 2.0}),
+            )
+        ),
+        sandbox=sandbox,
+    )
 
     result = scorer(_inp("x"))
 
@@ -215,6 +237,8 @@ def test_sandbox_is_not_a_parameter_and_a_sandboxed_verifier_needs_a_scorer_with
 
 
 def test_one_status_maps_to_the_grpc_status_and_the_rest_string() -> None:
-    assert {s: (s.pb, s.value) for s in Status} == {Status.OK: (pb.SCORE_STATUS_OK, "ok"),
-                                                     Status.ERROR: (pb.SCORE_STATUS_ERROR, "error"),
-                                                     Status.TIMEOUT: (pb.SCORE_STATUS_TIMEOUT, "timeout")}
+    assert {s: (s.pb, s.value) for s in Status} == {
+        Status.OK: (pb.SCORE_STATUS_OK, "ok"),
+        Status.ERROR: (pb.SCORE_STATUS_ERROR, "error"),
+        Status.TIMEOUT: (pb.SCORE_STATUS_TIMEOUT, "timeout"),
+    }

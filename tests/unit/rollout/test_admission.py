@@ -50,8 +50,15 @@ class Sim:
 
     def view(self) -> TrainerView:
         step = self.served_step if self.pending else self.step  # what the trainer reports while it publishes
-        return TrainerView(step=step, weight_version=self.version, groups_per_step=self.batch,
-                           reachable=True, serving=True, groups_dropped=self.dropped, publishing=self.pending)
+        return TrainerView(
+            step=step,
+            weight_version=self.version,
+            groups_per_step=self.batch,
+            reachable=True,
+            serving=True,
+            groups_dropped=self.dropped,
+            publishing=self.pending,
+        )
 
     def rollout_view(self) -> TrainerView:
         assert self.polled is not None
@@ -101,15 +108,16 @@ class Sim:
             self.served, self.served_step, self.pending = self.version, self.step, False
 
 
-actions = st.lists(st.tuples(st.sampled_from([0, 1, 2, 3, LAND]), st.integers(0, 1000)), min_size=1,
-                   max_size=400)
+actions = st.lists(st.tuples(st.sampled_from([0, 1, 2, 3, LAND]), st.integers(0, 1000)), min_size=1, max_size=400)
 
 
 @settings(max_examples=150, deadline=None)
-@given(s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions,
-       overlap=st.booleans())
-def test_bound_holds_and_no_group_is_lost_under_any_timing(s: int, batch: int, max_running: int,
-                                                           steps: list[tuple[int, int]], overlap: bool) -> None:
+@given(
+    s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions, overlap=st.booleans()
+)
+def test_bound_holds_and_no_group_is_lost_under_any_timing(
+    s: int, batch: int, max_running: int, steps: list[tuple[int, int]], overlap: bool
+) -> None:
     sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False, overlap=overlap)
 
     for action, pick in steps:
@@ -123,10 +131,12 @@ def test_bound_holds_and_no_group_is_lost_under_any_timing(s: int, batch: int, m
 
 
 @settings(max_examples=150, deadline=None)
-@given(s=st.integers(0, 2), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions,
-       overlap=st.booleans())
-def test_drops_never_starve_the_trainer(s: int, batch: int, max_running: int, steps: list[tuple[int, int]],
-                                        overlap: bool) -> None:
+@given(
+    s=st.integers(0, 2), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions, overlap=st.booleans()
+)
+def test_drops_never_starve_the_trainer(
+    s: int, batch: int, max_running: int, steps: list[tuple[int, int]], overlap: bool
+) -> None:
     sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False, overlap=overlap)
     for action, pick in steps:
         sim.act(action, pick)
@@ -141,10 +151,12 @@ def test_drops_never_starve_the_trainer(s: int, batch: int, max_running: int, st
 
 
 @settings(max_examples=150, deadline=None)
-@given(s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions,
-       overlap=st.booleans())
-def test_groups_completing_in_admission_order_are_never_dropped(s: int, batch: int, max_running: int,
-                                                               steps: list[tuple[int, int]], overlap: bool) -> None:
+@given(
+    s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions, overlap=st.booleans()
+)
+def test_groups_completing_in_admission_order_are_never_dropped(
+    s: int, batch: int, max_running: int, steps: list[tuple[int, int]], overlap: bool
+) -> None:
     sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=True, overlap=overlap)
 
     for action, pick in steps:
@@ -157,8 +169,9 @@ def test_groups_completing_in_admission_order_are_never_dropped(s: int, batch: i
 
 @settings(max_examples=150, deadline=None)
 @given(s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=actions)
-def test_generation_never_waits_while_less_than_the_bound_is_outstanding(s: int, batch: int, max_running: int,
-                                                                         steps: list[tuple[int, int]]) -> None:
+def test_generation_never_waits_while_less_than_the_bound_is_outstanding(
+    s: int, batch: int, max_running: int, steps: list[tuple[int, int]]
+) -> None:
     """Work conservation: with a current view the window closes exactly when (s + 1) * B groups are in flight or
     waiting in the stream, never earlier, whatever the timings, failures and drops."""
     sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False)
@@ -173,14 +186,19 @@ polled_actions = st.lists(st.tuples(st.integers(0, LAND), st.integers(0, 1000)),
 
 
 @settings(max_examples=150, deadline=None)
-@given(s=st.integers(0, 3), batch=st.integers(1, 4), max_running=st.integers(1, 8), steps=polled_actions,
-       overlap=st.booleans())
+@given(
+    s=st.integers(0, 3),
+    batch=st.integers(1, 4),
+    max_running=st.integers(1, 8),
+    steps=polled_actions,
+    overlap=st.booleans(),
+)
 def test_a_view_that_lags_the_trainer_only_admits_less_and_a_poll_reopens_the_window(
-        s: int, batch: int, max_running: int, steps: list[tuple[int, int]], overlap: bool) -> None:
+    s: int, batch: int, max_running: int, steps: list[tuple[int, int]], overlap: bool
+) -> None:
     """Rollout learns the trainer's step by polling (more often while the window is closed): a lagging view never
     breaks the bound, and the window it shows is the current one minus what the poll has not seen yet."""
-    sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False, stale_view=True,
-              overlap=overlap)
+    sim = Sim(max_staleness=s, batch=batch, max_running=max_running, in_order=False, stale_view=True, overlap=overlap)
 
     for action, pick in steps:
         sim.act(action, pick)

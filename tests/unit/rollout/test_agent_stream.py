@@ -26,20 +26,27 @@ def _chunks(events: list[str]) -> list[dict[str, Any]]:
 
 
 TOKENS = [*"hé!x".encode()]  # h, é (two bytes), the stop string "!", one more byte in the same step
-SAMPLE = inference_pb2.Sample(token_ids=TOKENS, logprobs=[-0.1, -0.2, -0.3, -0.4, -0.5],
-                              weight_versions=[3, 3, 4, 4, 4], finish_reason=FINISH_REASON_STOP_STRING, text="hé!")
+SAMPLE = inference_pb2.Sample(
+    token_ids=TOKENS,
+    logprobs=[-0.1, -0.2, -0.3, -0.4, -0.5],
+    weight_versions=[3, 3, 4, 4, 4],
+    finish_reason=FINISH_REASON_STOP_STRING,
+    text="hé!",
+)
 
 
 def test_chat_chunks_leave_as_tokens_add_text_and_add_up_to_the_recorded_answer() -> None:
-    req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
-                                      "stream": True})
+    req = ChatRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "stream": True}
+    )
     writer = SseWriter(req, True, "m", _text_of, _piece, ["!"])
 
     start = _chunks(writer.start())
-    per_token = [_chunks(writer.add([t], [lp], [v])) for t, lp, v in
-                 zip(SAMPLE.token_ids[:3], SAMPLE.logprobs[:3], SAMPLE.weight_versions[:3], strict=True)]
-    stop = _chunks(writer.add(list(SAMPLE.token_ids[3:]), list(SAMPLE.logprobs[3:]),
-                              list(SAMPLE.weight_versions[3:])))
+    per_token = [
+        _chunks(writer.add([t], [lp], [v]))
+        for t, lp, v in zip(SAMPLE.token_ids[:3], SAMPLE.logprobs[:3], SAMPLE.weight_versions[:3], strict=True)
+    ]
+    stop = _chunks(writer.add(list(SAMPLE.token_ids[3:]), list(SAMPLE.logprobs[3:]), list(SAMPLE.weight_versions[3:])))
     recorded = answer(req, SAMPLE, "m", 2, [_piece(t) for t in SAMPLE.token_ids])
     last = writer.finish(recorded, SAMPLE, usage=True)
 
@@ -59,8 +66,13 @@ def test_chat_chunks_leave_as_tokens_add_text_and_add_up_to_the_recorded_answer(
 
 def test_completion_chunks_carry_their_text_offsets_and_the_last_the_finish_reason() -> None:
     req = CompletionRequest.model_validate({"prompt": "p", "logprobs": 0, "stream": True})
-    sample = inference_pb2.Sample(token_ids=[104, 105], logprobs=[-0.1, -0.2], weight_versions=[3, 3], text="hi",
-                                  finish_reason=FINISH_REASON_LENGTH)
+    sample = inference_pb2.Sample(
+        token_ids=[104, 105],
+        logprobs=[-0.1, -0.2],
+        weight_versions=[3, 3],
+        text="hi",
+        finish_reason=FINISH_REASON_LENGTH,
+    )
     writer = SseWriter(req, False, "m", _text_of, _piece, [])
 
     events = [*writer.start(), *writer.add([104], [-0.1], [3]), *writer.add([105], [-0.2], [3])]

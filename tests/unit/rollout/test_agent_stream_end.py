@@ -24,8 +24,9 @@ class FakeCall:
 
 
 def planned() -> tuple[Session, StreamEnd, FakeCall]:
-    session = Session(SessionLimits(max_calls=4, max_call_tokens=16, max_session_tokens=64, max_episode_tokens=64),
-                      timeout_s=60)
+    session = Session(
+        SessionLimits(max_calls=4, max_call_tokens=16, max_session_tokens=64, max_episode_tokens=64), timeout_s=60
+    )
     call = FakeCall()
     return session, StreamEnd(session, session.plan([1, 2, 3], 16), call), call
 

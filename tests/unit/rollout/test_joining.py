@@ -21,15 +21,20 @@ class GatedReward:
         self.gate = asyncio.Event()
         self.fail, self.short = fail, short
 
-    async def score_batch(self, requests: Sequence[reward_pb2.ScoreRequest],
-                          timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
+    async def score_batch(
+        self, requests: Sequence[reward_pb2.ScoreRequest], timeout_s: float = 60.0
+    ) -> reward_pb2.ScoreBatchResponse:
         self.batches.append([r.episode_id for r in requests])
         self.timeouts.append(timeout_s)
         await self.gate.wait()
         if self.fail is not None:
             raise self.fail
-        scored = [reward_pb2.ScoreResponse(episode_id=r.episode_id, score=float(len(r.completion)),
-                                           status=reward_pb2.SCORE_STATUS_OK) for r in requests]
+        scored = [
+            reward_pb2.ScoreResponse(
+                episode_id=r.episode_id, score=float(len(r.completion)), status=reward_pb2.SCORE_STATUS_OK
+            )
+            for r in requests
+        ]
         return reward_pb2.ScoreBatchResponse(responses=scored[:-1] if self.short else scored)
 
     async def run_code(self, code: str) -> str:
@@ -51,8 +56,9 @@ def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_get
         scorer = JoinedScorer(reward, max_items=1024)
         first = asyncio.create_task(scorer.score_batch(requests("a", 2)))
         await settle()  # a's call is on the wire
-        rest = [asyncio.create_task(scorer.score_batch(requests(g, 3), timeout_s=t)) for g, t in (("b", 7.0),
-                                                                                                   ("c", 5.0))]
+        rest = [
+            asyncio.create_task(scorer.score_batch(requests(g, 3), timeout_s=t)) for g, t in (("b", 7.0), ("c", 5.0))
+        ]
         await settle()
         reward.gate.set()
         return reward, scorer, await asyncio.gather(first, *rest)
@@ -83,8 +89,12 @@ def test_a_joined_call_holds_at_most_max_items_but_a_larger_caller_still_goes_al
         reward = GatedReward()
         reward.gate.set()
         scorer = JoinedScorer(reward, max_items=5)
-        await asyncio.gather(scorer.score_batch(requests("a", 3)), scorer.score_batch(requests("b", 3)),
-                             scorer.score_batch(requests("c", 7)), scorer.score_batch(requests("d", 2)))
+        await asyncio.gather(
+            scorer.score_batch(requests("a", 3)),
+            scorer.score_batch(requests("b", 3)),
+            scorer.score_batch(requests("c", 7)),
+            scorer.score_batch(requests("d", 2)),
+        )
         return reward
 
     assert [len(b) for b in asyncio.run(go()).batches] == [3, 3, 7, 2]
@@ -95,8 +105,9 @@ def test_a_failed_call_fails_every_caller_in_it_and_the_next_call_still_goes_out
         reward = GatedReward(fail=RuntimeError("reward is down"))
         reward.gate.set()
         scorer = JoinedScorer(reward, max_items=1024)
-        failed = await asyncio.gather(scorer.score_batch(requests("a", 1)), scorer.score_batch(requests("b", 1)),
-                                      return_exceptions=True)
+        failed = await asyncio.gather(
+            scorer.score_batch(requests("a", 1)), scorer.score_batch(requests("b", 1)), return_exceptions=True
+        )
         reward.fail = None
         return failed, await scorer.score_batch(requests("c", 1))
 
@@ -160,25 +171,29 @@ class FakeInference:
         self.batches: list[list[str]] = []
         self.alone: list[str] = []
 
-    async def generate_batch(self, requests: list[inference_pb2.GenerateRequest],
-                             timeout_s: float = 120.0) -> inference_pb2.GenerateBatchResponse:
+    async def generate_batch(
+        self, requests: list[inference_pb2.GenerateRequest], timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateBatchResponse:
         self.batches.append([r.prompt_text for r in requests])
         if self.code is not None:
             raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(), "refused")
         return inference_pb2.GenerateBatchResponse(responses=[self.answer(r) for r in requests])
 
-    async def send_generate(self, request: inference_pb2.GenerateRequest,
-                            timeout_s: float = 120.0) -> inference_pb2.GenerateResponse:
+    async def send_generate(
+        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateResponse:
         self.alone.append(request.prompt_text)
         if request.prompt_text == "bad":
-            raise grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                       "prompt too long")
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(), "prompt too long"
+            )
         return self.answer(request)
 
     @staticmethod
     def answer(r: inference_pb2.GenerateRequest) -> inference_pb2.GenerateResponse:
-        return inference_pb2.GenerateResponse(request_id=r.request_id,
-                                              samples=[inference_pb2.Sample(text=r.prompt_text[::-1])])
+        return inference_pb2.GenerateResponse(
+            request_id=r.request_id, samples=[inference_pb2.Sample(text=r.prompt_text[::-1])]
+        )
 
 
 SAMPLING = inference_pb2.SamplingParams(n=2, max_new_tokens=4)

@@ -57,8 +57,14 @@ class TokenizingModel:
     def __init__(self, tokenizer: Any, turns: list[str]) -> None:
         self.tok, self.turns, self.prompts = tokenizer, turns, []  # type: ignore[var-annotated]
 
-    async def generate(self, prompt: Any, sampling: inference_pb2.SamplingParams, timeout_s: float = 120.0,
-                       request_id: str = "", suffix_text: str = "") -> inference_pb2.GenerateResponse:
+    async def generate(
+        self,
+        prompt: Any,
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> inference_pb2.GenerateResponse:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             ids = chat_token_ids(self.tok, prompt)  # what inference does with a conversation
         elif isinstance(prompt, str):
@@ -69,15 +75,28 @@ class TokenizingModel:
         self.prompts.append(ids)
         text = self.turns[int(request_id.rsplit("-", 1)[1])]
         out = self.tok.encode(text, add_special_tokens=False)
-        return inference_pb2.GenerateResponse(prompt_token_ids=ids, samples=[inference_pb2.Sample(
-            token_ids=out, logprobs=[-0.25] * len(out), weight_versions=[3] * len(out), text=text,
-            finish_reason=1)])
+        return inference_pb2.GenerateResponse(
+            prompt_token_ids=ids,
+            samples=[
+                inference_pb2.Sample(
+                    token_ids=out,
+                    logprobs=[-0.25] * len(out),
+                    weight_versions=[3] * len(out),
+                    text=text,
+                    finish_reason=1,
+                )
+            ],
+        )
 
 
 class Ok:
     async def score_batch(self, requests: Any, timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
-        return reward_pb2.ScoreBatchResponse(responses=[reward_pb2.ScoreResponse(
-            episode_id=r.episode_id, score=1.0, status=reward_pb2.SCORE_STATUS_OK) for r in requests])
+        return reward_pb2.ScoreBatchResponse(
+            responses=[
+                reward_pb2.ScoreResponse(episode_id=r.episode_id, score=1.0, status=reward_pb2.SCORE_STATUS_OK)
+                for r in requests
+            ]
+        )
 
 
 def test_tool_turn_text_is_what_the_template_writes_between_two_assistant_turns(tokenizer: Any) -> None:
@@ -85,8 +104,10 @@ def test_tool_turn_text_is_what_the_template_writes_between_two_assistant_turns(
     two = tool_turn_text(tokenizer.apply_chat_template, ["3", "x"])
 
     assert one == WANT
-    assert two == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response>\n<tool_response>\nx\n"
-                   "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert two == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response>\n<tool_response>\nx\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_template_without_tool_messages_falls_back_to_plain_tool_response_blocks(tokenizer: Any) -> None:
@@ -99,16 +120,24 @@ def test_template_without_tool_messages_falls_back_to_plain_tool_response_blocks
 
 
 def test_chat_episode_appends_the_templated_tool_turn_as_masked_token_ids(tokenizer: Any) -> None:
-    cfg = RolloutConfig(workflow="tools", tools=["tests.unit.rollout.test_tool_turns:add"],
-                        tool_format=ToolFormat.HERMES, max_new_tokens=64, max_episode_tokens=256, max_turns=3,
-                        group_size=1)
+    cfg = RolloutConfig(
+        workflow="tools",
+        tools=["tests.unit.rollout.test_tool_turns:add"],
+        tool_format=ToolFormat.HERMES,
+        max_new_tokens=64,
+        max_episode_tokens=256,
+        max_turns=3,
+        group_size=1,
+    )
     tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, tokenizer=tokenizer)
-    workflow = MultiTurnWorkflow(lambda row: ToolEnvironment(tools, cfg.max_tool_calls), score=True,
-                                 stop=tools.stops(), answer=tools.answer)
+    workflow = MultiTurnWorkflow(
+        lambda row: ToolEnvironment(tools, cfg.max_tool_calls), score=True, stop=tools.stops(), answer=tools.answer
+    )
     model = TokenizingModel(tokenizer, [CALL, "It is 3." + IM_END])
     row = Prompt("r", "What is 1+2?", "3", messages=(("user", "What is 1+2?"),))
-    ctx = WorkflowContext(inference=model, reward=Ok(), group_id="g", group_size=1, producer_id="t",
-                          created_at=time.time(), config=cfg)
+    ctx = WorkflowContext(
+        inference=model, reward=Ok(), group_id="g", group_size=1, producer_id="t", created_at=time.time(), config=cfg
+    )
 
     (ep,) = asyncio.run(workflow(row, ctx))  # type: ignore[arg-type]
 
@@ -126,22 +155,33 @@ def test_chat_episode_appends_the_templated_tool_turn_as_masked_token_ids(tokeni
 
 
 # a Qwen2.5-style system block listing the tools (a template that reads `tools`), then the turns above
-TOOLS_TEMPLATE = ("{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
-                  "{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}"
-                  "{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}" + QWEN_TOOLS_TEMPLATE)
+TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
+    "{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}" + QWEN_TOOLS_TEMPLATE
+)
 QUESTION = Prompt("r", "What is 1+2?", "3", messages=(("user", "What is 1+2?"),))
 
 
 def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]:
     """The prompt ids of the first turn of a tools episode (one scripted answer, no call)."""
-    cfg = RolloutConfig(workflow="tools", tools=["tests.unit.rollout.test_tool_turns:add"], tool_format=fmt,
-                        max_new_tokens=64, max_episode_tokens=256, max_turns=3, group_size=1)
+    cfg = RolloutConfig(
+        workflow="tools",
+        tools=["tests.unit.rollout.test_tool_turns:add"],
+        tool_format=fmt,
+        max_new_tokens=64,
+        max_episode_tokens=256,
+        max_turns=3,
+        group_size=1,
+    )
     tools = ToolSet.from_specs(cfg.tools, cfg.tool_format, cfg.tool_timeout_s, tokenizer=tokenizer)
-    workflow = MultiTurnWorkflow(lambda row: ToolEnvironment(tools, cfg.max_tool_calls), score=True,
-                                 stop=tools.stops(), answer=tools.answer)
+    workflow = MultiTurnWorkflow(
+        lambda row: ToolEnvironment(tools, cfg.max_tool_calls), score=True, stop=tools.stops(), answer=tools.answer
+    )
     model = TokenizingModel(tokenizer, ["It is 3." + IM_END])
-    ctx = WorkflowContext(inference=model, reward=Ok(), group_id="g", group_size=1, producer_id="t",
-                          created_at=time.time(), config=cfg)
+    ctx = WorkflowContext(
+        inference=model, reward=Ok(), group_id="g", group_size=1, producer_id="t", created_at=time.time(), config=cfg
+    )
     (ep,) = asyncio.run(workflow(row, ctx))  # type: ignore[arg-type]
     assert list(ep.prompt_token_ids) == model.prompts[0]
     return model.prompts[0]
@@ -150,8 +190,9 @@ def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]
 def test_chat_prompt_shows_the_tools_schemas_once_when_the_template_renders_tools() -> None:
     tok = build_chat_tokenizer()
     tok.chat_template = TOOLS_TEMPLATE
-    schema = json.dumps(ToolSet.from_specs(["tests.unit.rollout.test_tool_turns:add"], ToolFormat.HERMES, 5.0)
-                        .tools["add"].schema)
+    schema = json.dumps(
+        ToolSet.from_specs(["tests.unit.rollout.test_tool_turns:add"], ToolFormat.HERMES, 5.0).tools["add"].schema
+    )
 
     ids = _first_prompt_ids(tok, ToolFormat.HERMES, QUESTION)
 
@@ -173,7 +214,10 @@ def test_prompt_without_a_tool_rendering_is_unchanged(case: str) -> None:
 
     ids = _first_prompt_ids(tok, fmt, row)
 
-    want = tok.encode(row.prompt, add_special_tokens=False) if case == "text prompt" else chat_token_ids(
-        tok, list(row.chat()))  # the text as written / the conversation as inference renders it, no tools
+    want = (
+        tok.encode(row.prompt, add_special_tokens=False)
+        if case == "text prompt"
+        else chat_token_ids(tok, list(row.chat()))
+    )  # the text as written / the conversation as inference renders it, no tools
     assert ids == want
     assert "<tools>" not in tok.decode(ids)

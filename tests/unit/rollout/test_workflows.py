@@ -42,8 +42,14 @@ class ScriptedModel:
     prompts: list[list[int]] = field(default_factory=list)
     on_call: Any = None
 
-    async def generate(self, prompt: Any, sampling: inference_pb2.SamplingParams, timeout_s: float = 120.0,
-                       request_id: str = "", suffix_text: str = "") -> inference_pb2.GenerateResponse:
+    async def generate(
+        self,
+        prompt: Any,
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> inference_pb2.GenerateResponse:
         prompt_ids = ids(prompt) if isinstance(prompt, str) else list(prompt)
         prompt_ids += ids(suffix_text)
         self.prompts.append(prompt_ids)
@@ -51,11 +57,20 @@ class ScriptedModel:
         text = self.turns[min(turn, len(self.turns) - 1)]
         for stop in sampling.stop:  # the server cuts a completion after its first stop string
             if stop in text:
-                text = text[:text.index(stop) + len(stop)]
-        token_ids = ids(text)[:sampling.max_new_tokens]
-        response = inference_pb2.GenerateResponse(prompt_token_ids=prompt_ids, samples=[inference_pb2.Sample(
-            token_ids=token_ids, logprobs=[-0.5] * len(token_ids), weight_versions=[self.version] * len(token_ids),
-            text="".join(VOCAB[i - 3] for i in token_ids), finish_reason=1)])
+                text = text[: text.index(stop) + len(stop)]
+        token_ids = ids(text)[: sampling.max_new_tokens]
+        response = inference_pb2.GenerateResponse(
+            prompt_token_ids=prompt_ids,
+            samples=[
+                inference_pb2.Sample(
+                    token_ids=token_ids,
+                    logprobs=[-0.5] * len(token_ids),
+                    weight_versions=[self.version] * len(token_ids),
+                    text="".join(VOCAB[i - 3] for i in token_ids),
+                    finish_reason=1,
+                )
+            ],
+        )
         if self.on_call is not None:
             self.on_call(self)
         return response
@@ -67,14 +82,21 @@ class InProcessReward:
     def __init__(self) -> None:
         self.requests: list[reward_pb2.ScoreRequest] = []
 
-    async def score_batch(self, requests: Sequence[reward_pb2.ScoreRequest],
-                          timeout_s: float = 60.0) -> reward_pb2.ScoreBatchResponse:
+    async def score_batch(
+        self, requests: Sequence[reward_pb2.ScoreRequest], timeout_s: float = 60.0
+    ) -> reward_pb2.ScoreBatchResponse:
         self.requests += requests
         out = []
         for r in requests:
             res = calculator_reward(RewardInput(r.prompt, r.completion, r.reference, decode_metadata(r.metadata)))
-            out.append(reward_pb2.ScoreResponse(episode_id=r.episode_id, score=res.score,
-                                                components=dict(res.components), status=reward_pb2.SCORE_STATUS_OK))
+            out.append(
+                reward_pb2.ScoreResponse(
+                    episode_id=r.episode_id,
+                    score=res.score,
+                    components=dict(res.components),
+                    status=reward_pb2.SCORE_STATUS_OK,
+                )
+            )
         return reward_pb2.ScoreBatchResponse(responses=out)
 
 
@@ -82,19 +104,34 @@ ROW = Prompt("12+35", "12+35=", "47")
 
 
 def _cfg(**kw: Any) -> RolloutConfig:
-    base: dict[str, Any] = {"workflow": "tools", "tools": ["relayrl.tasks.calculator:c"],
-                            "tool_format": ToolFormat.TAGGED, "max_new_tokens": 14, "max_episode_tokens": 48,
-                            "max_turns": 3, "group_size": 2}
+    base: dict[str, Any] = {
+        "workflow": "tools",
+        "tools": ["relayrl.tasks.calculator:c"],
+        "tool_format": ToolFormat.TAGGED,
+        "max_new_tokens": 14,
+        "max_episode_tokens": 48,
+        "max_turns": 3,
+        "group_size": 2,
+    }
     cfg = RolloutConfig(**{**base, **kw})
     cfg.validate()
     return cfg
 
 
-def _run(cfg: RolloutConfig, model: ScriptedModel, row: Prompt = ROW,
-         reward: InProcessReward | None = None) -> list[episode_pb2.Episode]:
+def _run(
+    cfg: RolloutConfig, model: ScriptedModel, row: Prompt = ROW, reward: InProcessReward | None = None
+) -> list[episode_pb2.Episode]:
     workflow, env = build_workflow(cfg)
-    ctx = WorkflowContext(inference=model, reward=reward or InProcessReward(), group_id="g", group_size=cfg.group_size,
-                          producer_id="test", created_at=time.time(), config=cfg, environment=env)
+    ctx = WorkflowContext(
+        inference=model,
+        reward=reward or InProcessReward(),
+        group_id="g",
+        group_size=cfg.group_size,
+        producer_id="test",
+        created_at=time.time(),
+        config=cfg,
+        environment=env,
+    )
     return asyncio.run(workflow(row, ctx))  # type: ignore[arg-type]
 
 
@@ -147,8 +184,9 @@ def test_calls_beyond_max_tool_calls_end_the_episode_without_running() -> None:
 
 def test_episode_never_exceeds_max_episode_tokens() -> None:
     # 12 tokens of call, then the 9 of "<r>22</r>" leave no room for another turn within 21
-    ep = _run(_cfg(max_turns=10, max_tool_calls=10, max_new_tokens=14, max_episode_tokens=21),
-              ScriptedModel(["<c>11+11</c>"]))[0]
+    ep = _run(
+        _cfg(max_turns=10, max_tool_calls=10, max_new_tokens=14, max_episode_tokens=21), ScriptedModel(["<c>11+11</c>"])
+    )[0]
 
     assert ep.episode_end == END.EPISODE_END_MAX_TOKENS
     assert len(ep.completion_token_ids) <= 21 and ep.turns == 1
@@ -192,10 +230,23 @@ class CountdownEnv:
 
 
 def _env_run(env: CountdownEnv, **kw: Any) -> episode_pb2.Episode:
-    cfg = RolloutConfig(workflow="multi_turn", environment="tests.unit.rollout.test_workflows:CountdownEnv",
-                        group_size=1, max_new_tokens=2, max_turns=5, **kw)
-    ctx = WorkflowContext(inference=ScriptedModel(["a"]), reward=None, group_id="g", group_size=1, producer_id="t",
-                          created_at=time.time(), config=cfg)
+    cfg = RolloutConfig(
+        workflow="multi_turn",
+        environment="tests.unit.rollout.test_workflows:CountdownEnv",
+        group_size=1,
+        max_new_tokens=2,
+        max_turns=5,
+        **kw,
+    )
+    ctx = WorkflowContext(
+        inference=ScriptedModel(["a"]),
+        reward=None,
+        group_id="g",
+        group_size=1,
+        producer_id="t",
+        created_at=time.time(),
+        config=cfg,
+    )
     return asyncio.run(MultiTurnWorkflow(lambda row: env)(Prompt("p", "go", ""), ctx))[0]  # type: ignore[arg-type]
 
 
@@ -233,8 +284,10 @@ def test_environment_that_cannot_reset_fails_the_group() -> None:
 
 
 async def scripted_user_workflow(row: Prompt, ctx: WorkflowContext) -> list[episode_pb2.Episode]:
-    return [episode_pb2.Episode(group_id=ctx.group_id, prompt_id=row.prompt_id, sample_index=i)
-            for i in range(ctx.group_size)]
+    return [
+        episode_pb2.Episode(group_id=ctx.group_id, prompt_id=row.prompt_id, sample_index=i)
+        for i in range(ctx.group_size)
+    ]
 
 
 def test_user_workflow_loads_from_module_function() -> None:
@@ -243,13 +296,16 @@ def test_user_workflow_loads_from_module_function() -> None:
     assert workflow is scripted_user_workflow
 
 
-@pytest.mark.parametrize(("kw", "field_name"), [
-    ({"workflow": "multi_turn"}, "environment"),
-    ({"workflow": "tools"}, "tools"),
-    ({"workflow": "tools", "tools": ["x:y"], "max_episode_tokens": 4, "max_new_tokens": 8}, "max_episode_tokens"),
-    ({"workflow": " "}, "workflow"),
-    ({"workflow": "agent"}, "agent.function"),
-])
+@pytest.mark.parametrize(
+    ("kw", "field_name"),
+    [
+        ({"workflow": "multi_turn"}, "environment"),
+        ({"workflow": "tools"}, "tools"),
+        ({"workflow": "tools", "tools": ["x:y"], "max_episode_tokens": 4, "max_new_tokens": 8}, "max_episode_tokens"),
+        ({"workflow": " "}, "workflow"),
+        ({"workflow": "agent"}, "agent.function"),
+    ],
+)
 def test_incomplete_workflow_config_is_refused_naming_the_field(kw: dict[str, Any], field_name: str) -> None:
     with pytest.raises(ConfigError) as err:
         RolloutConfig(**kw).validate()
@@ -267,8 +323,7 @@ def test_unloadable_tool_is_refused_naming_the_field() -> None:
 def test_hermes_tool_calls_run_with_json_arguments() -> None:
     model = ScriptedModel(['<tool_call>{"name": "c", "arguments": {"expression": "12+35"}}</tool_call>', "47"])
 
-    ep = _run(_cfg(tool_format=ToolFormat.HERMES, max_new_tokens=80, max_episode_tokens=200, group_size=1),
-              model)[0]
+    ep = _run(_cfg(tool_format=ToolFormat.HERMES, max_new_tokens=80, max_episode_tokens=200, group_size=1), model)[0]
 
     assert ep.tool_calls == 1 and ep.tool_errors == 0
     assert "<tool_response>\n47\n</tool_response>" in ep.completion_text

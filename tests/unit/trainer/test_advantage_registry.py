@@ -77,8 +77,9 @@ def test_overlong_penalty_is_zero_before_the_buffer_linear_inside_and_full_beyon
     penalty = overlong_penalty(lengths, max_tokens=10, buffer_tokens=4, factor=1.0)
 
     # buffer starts after 10 - 4 = 6 tokens: 8 -> (6 - 8) / 4 = -0.5; 10 -> -1; beyond 10 -> -1
-    torch.testing.assert_close(penalty, torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0], dtype=torch.float64),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        penalty, torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0], dtype=torch.float64), rtol=0, atol=1e-12
+    )
 
 
 def test_overlong_penalty_off_when_the_buffer_is_zero() -> None:
@@ -88,7 +89,8 @@ def test_overlong_penalty_off_when_the_buffer_is_zero() -> None:
 
 
 def test_deprecated_off_policy_still_selects_its_loss_and_a_contradiction_is_refused(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from relayrl.config import load_run_config
     from relayrl.config.loss import PolicyLoss
     from relayrl.config.typed import ConfigError

@@ -15,8 +15,9 @@ lengths_st = st.lists(st.integers(1, 64), min_size=0, max_size=80)
 
 @settings(max_examples=300, deadline=None)
 @given(lengths=lengths_st, size=st.integers(1, 16), budget=st.integers(0, 512))
-def test_every_sequence_is_in_exactly_one_micro_batch_in_ascending_length(lengths: list[int], size: int,
-                                                                          budget: int) -> None:
+def test_every_sequence_is_in_exactly_one_micro_batch_in_ascending_length(
+    lengths: list[int], size: int, budget: int
+) -> None:
     plan = plan_micro_batches(lengths, size, budget)
 
     flat = [i for mb in plan for i in mb]
@@ -27,8 +28,7 @@ def test_every_sequence_is_in_exactly_one_micro_batch_in_ascending_length(length
 
 @settings(max_examples=300, deadline=None)
 @given(lengths=lengths_st, budget=st.integers(1, 512))
-def test_a_token_budget_bounds_each_micro_batch_unless_one_sequence_exceeds_it(lengths: list[int],
-                                                                               budget: int) -> None:
+def test_a_token_budget_bounds_each_micro_batch_unless_one_sequence_exceeds_it(lengths: list[int], budget: int) -> None:
     plan = plan_micro_batches(lengths, micro_batch_size=1, micro_batch_tokens=budget)
 
     for mb in plan:
@@ -40,8 +40,9 @@ def test_a_token_budget_bounds_each_micro_batch_unless_one_sequence_exceeds_it(l
 
 @settings(max_examples=300, deadline=None)
 @given(lengths=lengths_st, size=st.integers(1, 16), budget=st.integers(0, 512))
-def test_sorted_micro_batches_never_compute_more_positions_than_one_padded_batch(lengths: list[int], size: int,
-                                                                                 budget: int) -> None:
+def test_sorted_micro_batches_never_compute_more_positions_than_one_padded_batch(
+    lengths: list[int], size: int, budget: int
+) -> None:
     plan = plan_micro_batches(lengths, size, budget)
 
     assert padded_tokens(lengths, plan) <= len(lengths) * max(lengths, default=0)

@@ -32,8 +32,15 @@ TEMPERATURES = [1.0, 0.7, 1.3]
 
 def _model(dtype: torch.dtype = torch.float32) -> Any:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(cfg).to(dtype)
 
 
@@ -98,8 +105,13 @@ class _VocabTensors(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == VOCAB and t.is_floating_point() \
-                    and tuple(t.shape) != (HIDDEN, VOCAB):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.dim() >= 2
+                and t.shape[-1] == VOCAB
+                and t.is_floating_point()
+                and tuple(t.shape) != (HIDDEN, VOCAB)
+            ):
                 self.rows[t.dtype] = max(self.rows.get(t.dtype, 0), t.numel() // VOCAB)
         return out
 
@@ -142,8 +154,13 @@ def test_learner_step_with_chunked_logprobs_has_the_full_logits_loss_and_gradien
     for chunk in (0, 3):
         torch.manual_seed(0)
         model = load_model(ModelConfig(path=tiny_model_dir))
-        learner = Learner(model, TrainerConfig(micro_batch_size=5, logprob_chunk_positions=chunk), 0,
-                          torch.device("cpu"), max_completion_tokens=7)
+        learner = Learner(
+            model,
+            TrainerConfig(micro_batch_size=5, logprob_chunk_positions=chunk),
+            0,
+            torch.device("cpu"),
+            max_completion_tokens=7,
+        )
         stats = learner.rl_gradients(StepBatch.of(_episodes()))
         results.append((stats, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (full, full_grads), (chunked, chunked_grads) = results

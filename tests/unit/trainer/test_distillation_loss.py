@@ -31,8 +31,16 @@ ATOL = 1e-6
 def _tokens(logp: list[float], behaviour: list[float], adv: list[float], teacher: list[float] | None) -> Tokens:
     lp = torch.tensor(logp, requires_grad=True)
     n = len(logp)
-    return Tokens(lp, lp.detach(), torch.tensor(behaviour), torch.tensor(adv), torch.ones(n), torch.arange(n), n,
-                  None if teacher is None else torch.tensor(teacher))
+    return Tokens(
+        lp,
+        lp.detach(),
+        torch.tensor(behaviour),
+        torch.tensor(adv),
+        torch.ones(n),
+        torch.arange(n),
+        n,
+        None if teacher is None else torch.tensor(teacher),
+    )
 
 
 def test_reverse_kl_penalises_each_token_by_its_student_minus_teacher_logprob() -> None:
@@ -72,8 +80,9 @@ def test_reverse_kl_clips_the_behaviour_ratio_like_ppo() -> None:
 def test_reverse_kl_subtracts_the_baseline_from_each_tokens_sample() -> None:
     # samples behaviour - teacher = 0.5, -1.0; minus baselines 0.25, 0.5 = 0.25, -1.5; advantages 2 x -0.25 + 1 and
     # 2 x 1.5 + 0 (distill_coef 2, reward advantages 1 and 0); on-policy the loss is -A
-    t = replace(_tokens([-1.0, -2.0], [-1.0, -2.0], [1.0, 0.0], [-1.5, -1.0]),
-                distill_baseline=torch.tensor([0.25, 0.5]))
+    t = replace(
+        _tokens([-1.0, -2.0], [-1.0, -2.0], [1.0, 0.0], [-1.5, -1.0]), distill_baseline=torch.tensor([0.25, 0.5])
+    )
 
     terms = policy_loss(PolicyLoss.REVERSE_KL, t, PolicyParams(distill_coef=2.0))
 
@@ -105,8 +114,17 @@ def test_reverse_kl_expected_gradient_is_the_gradient_of_the_exact_reverse_kl(ba
     log_q = torch.log_softmax(torch.tensor([1.0, 0.2, -0.5, 0.4, 0.0], dtype=torch.float64), 0)
     logp = torch.log_softmax(theta, 0)
     f64 = torch.float64
-    t = Tokens(logp, logp.detach(), logp.detach(), torch.zeros(5, dtype=f64), torch.ones(5, dtype=f64),
-               torch.arange(5), 5, log_q, torch.full((5,), baseline, dtype=f64))
+    t = Tokens(
+        logp,
+        logp.detach(),
+        logp.detach(),
+        torch.zeros(5, dtype=f64),
+        torch.ones(5, dtype=f64),
+        torch.arange(5),
+        5,
+        log_q,
+        torch.full((5,), baseline, dtype=f64),
+    )
 
     terms = policy_loss(PolicyLoss.REVERSE_KL, t, PolicyParams())
     (terms.per_token * logp.detach().exp()).sum().backward()
@@ -135,8 +153,9 @@ def test_loss_terms_report_the_summed_teacher_kl_sample() -> None:
     torch.testing.assert_close(terms.loss_sum, torch.tensor(0.5 - 1.0), rtol=0, atol=ATOL)
 
 
-@pytest.mark.parametrize("overrides", [["trainer.loss.policy_loss=reverse_kl"],
-                                       ["trainer.teacher.address=127.0.0.1:1"]])
+@pytest.mark.parametrize(
+    "overrides", [["trainer.loss.policy_loss=reverse_kl"], ["trainer.teacher.address=127.0.0.1:1"]]
+)
 def test_a_teacher_and_the_reverse_kl_loss_are_configured_together_or_not_at_all(overrides: list[str]) -> None:
     with pytest.raises(ConfigError, match=r"teacher\.address"):
         load_run_config(None, overrides)
@@ -145,8 +164,9 @@ def test_a_teacher_and_the_reverse_kl_loss_are_configured_together_or_not_at_all
 def _distill_gradients(model_dir: Path, baseline: DistillBaseline, micro_batch_size: int) -> torch.Tensor:
     torch.manual_seed(0)
     model = load_model(ModelConfig(path=model_dir))
-    cfg = TrainerConfig(loss=LossConfig(policy_loss=PolicyLoss.REVERSE_KL, distill_baseline=baseline),
-                        micro_batch_size=micro_batch_size)
+    cfg = TrainerConfig(
+        loss=LossConfig(policy_loss=PolicyLoss.REVERSE_KL, distill_baseline=baseline), micro_batch_size=micro_batch_size
+    )
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=3)
     episodes = _episodes(model, shift=0.0)
     teacher = [[-0.5 * (i + 1) - 0.1 * t for t in range(len(e.completion_token_ids))] for i, e in enumerate(episodes)]
@@ -155,7 +175,8 @@ def _distill_gradients(model_dir: Path, baseline: DistillBaseline, micro_batch_s
 
 
 def test_group_baselines_reach_the_loss_and_give_the_same_gradient_for_any_micro_batch_split(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     whole = _distill_gradients(tiny_model_dir, DistillBaseline.GROUP, micro_batch_size=4)
     split = _distill_gradients(tiny_model_dir, DistillBaseline.GROUP, micro_batch_size=1)
     raw = _distill_gradients(tiny_model_dir, DistillBaseline.NONE, micro_batch_size=4)

@@ -27,15 +27,28 @@ def _episodes(model: torch.nn.Module, shift: float) -> list[Episode]:
     prompts, completions = [[3, 4], [3, 4], [5, 6], [5, 6]], [[7, 8, 1], [9, 1], [7, 1], [8, 9, 1]]
     batch = pack(prompts, completions, None, None, [1.0] * 4, pad_id=0, device=torch.device("cpu"))
     with torch.no_grad():
-        logp = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-                              batch.targets, batch.temperature)
+        logp = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+            batch.targets,
+            batch.temperature,
+        )
     eps = []
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         own = logp[i, len(p) - 1 : len(p) - 1 + len(c)]
-        eps.append(Episode(episode_id=str(i), group_id=f"g{i // 2}", group_size=2, prompt_token_ids=p,
-                           completion_token_ids=c, behaviour_logprobs=(own + shift).tolist(),
-                           token_weight_versions=[1] * len(c), loss_mask=[1] * len(c),
-                           reward=float(i % 2), sampling_temperature=1.0))
+        eps.append(
+            Episode(
+                episode_id=str(i),
+                group_id=f"g{i // 2}",
+                group_size=2,
+                prompt_token_ids=p,
+                completion_token_ids=c,
+                behaviour_logprobs=(own + shift).tolist(),
+                token_weight_versions=[1] * len(c),
+                loss_mask=[1] * len(c),
+                reward=float(i % 2),
+                sampling_temperature=1.0,
+            )
+        )
     return eps
 
 
@@ -51,8 +64,9 @@ def _update(model_dir: Path, correction: OffPolicyCorrection, shift: float) -> d
 
 
 @pytest.mark.parametrize("correction", [OffPolicyCorrection.DECOUPLED_PPO, OffPolicyCorrection.TIS])
-def test_corrections_equal_plain_ppo_when_behaviour_is_on_policy(tiny_model_dir: Path,
-                                                                 correction: OffPolicyCorrection) -> None:
+def test_corrections_equal_plain_ppo_when_behaviour_is_on_policy(
+    tiny_model_dir: Path, correction: OffPolicyCorrection
+) -> None:
     plain = _update(tiny_model_dir, OffPolicyCorrection.NONE, shift=0.0)
     corrected = _update(tiny_model_dir, correction, shift=0.0)
 
@@ -68,8 +82,9 @@ def test_decoupled_ppo_differs_from_plain_ppo_when_behaviour_is_stale(tiny_model
     assert any(not torch.allclose(corrected[n], plain[n], rtol=1e-3, atol=1e-6) for n in plain)
 
 
-def _gradients(model_dir: Path, cfg: TrainerConfig, episodes: list[Episode],
-               collectives: Collectives | None = None) -> tuple[dict[str, torch.Tensor], StepStats]:
+def _gradients(
+    model_dir: Path, cfg: TrainerConfig, episodes: list[Episode], collectives: Collectives | None = None
+) -> tuple[dict[str, torch.Tensor], StepStats]:
     model = load_model(ModelConfig(path=model_dir))
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=8, collectives=collectives)
     stats = learner.rl_gradients(StepBatch.of(episodes))
@@ -79,12 +94,15 @@ def _gradients(model_dir: Path, cfg: TrainerConfig, episodes: list[Episode],
 @pytest.mark.parametrize("aggregation", list(LossAggregation))
 @pytest.mark.parametrize("correction", list(OffPolicyCorrection))
 def test_small_token_micro_batches_give_the_gradient_of_one_big_batch(
-        tiny_model_dir: Path, correction: OffPolicyCorrection, aggregation: LossAggregation) -> None:
+    tiny_model_dir: Path, correction: OffPolicyCorrection, aggregation: LossAggregation
+) -> None:
     loss = LossConfig(off_policy=correction, loss_aggregation=aggregation)
-    one_batch, whole = _gradients(tiny_model_dir, TrainerConfig(micro_batch_size=64, loss=loss),
-                                  varied_episodes(seed=3))
-    by_tokens, split = _gradients(tiny_model_dir, TrainerConfig(micro_batch_tokens=12, loss=loss),
-                                  varied_episodes(seed=3))
+    one_batch, whole = _gradients(
+        tiny_model_dir, TrainerConfig(micro_batch_size=64, loss=loss), varied_episodes(seed=3)
+    )
+    by_tokens, split = _gradients(
+        tiny_model_dir, TrainerConfig(micro_batch_tokens=12, loss=loss), varied_episodes(seed=3)
+    )
 
     assert split.tokens == whole.tokens == sum(1 + (i * 5) % 7 for i in range(12))
     for name, grad in one_batch.items():
@@ -120,8 +138,9 @@ def test_padding_micro_batches_contribute_exactly_zero(tiny_model_dir: Path) -> 
     assert padded_stats == stats
 
 
-def test_the_micro_batch_loop_reads_no_tensor_on_the_host(tiny_model_dir: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_micro_batch_loop_reads_no_tensor_on_the_host(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Host reads (.item(), .tolist(), float(t), int(t)) from the trainer's own code: as many with 12
     micro-batches as with one, so none happens per micro-batch (the model's own code is not counted)."""
     reads: list[str] = []

@@ -19,16 +19,18 @@ def grpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_groups: int
     return advantages(AdvantageEstimator.GRPO, rewards, groups, num_groups, eps)
 
 
-def ppo_clip_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  clip_eps: float) -> LossTerms:
+def ppo_clip_loss(
+    logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_eps: float
+) -> LossTerms:
     """PPO-clip against the behaviour logprobs ``old`` (rows ``[B, T]``, one advantage per row), summed over the
     masked tokens as the learner sums a micro-batch (token_mean: no per-token weight)."""
     lc = LossConfig(policy_loss=PolicyLoss.PPO_CLIP, clip_eps=clip_eps, loss_aggregation=LossAggregation.TOKEN_MEAN)
     return loss_terms(lc, Tokens.from_rows(logp, old.detach(), old, adv, mask))
 
 
-def tis_loss(logp: torch.Tensor, prox: torch.Tensor, behav: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-             cap: float) -> LossTerms:
+def tis_loss(
+    logp: torch.Tensor, prox: torch.Tensor, behav: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cap: float
+) -> LossTerms:
     lc = LossConfig(policy_loss=PolicyLoss.TIS, importance_cap=cap, loss_aggregation=LossAggregation.TOKEN_MEAN)
     return loss_terms(lc, Tokens.from_rows(logp, prox, behav, adv, mask))
 
@@ -94,8 +96,15 @@ def test_token_logprobs_with_temperature_equal_log_softmax_of_scaled_logits() ->
 
 
 def test_pack_aligns_completion_targets_and_mask() -> None:
-    batch = pack([[5, 6], [7]], [[8, 9], [10, 11, 12]], [[-0.1, -0.2], [-0.3, -0.4, -0.5]], None,
-                 [1.0, 1.0], pad_id=0, device=torch.device("cpu"))
+    batch = pack(
+        [[5, 6], [7]],
+        [[8, 9], [10, 11, 12]],
+        [[-0.1, -0.2], [-0.3, -0.4, -0.5]],
+        None,
+        [1.0, 1.0],
+        pad_id=0,
+        device=torch.device("cpu"),
+    )
 
     # row 0: tokens 5 6 8 9 -> inputs 5 6 8, targets 6 8 9, completion targets at positions 1, 2
     assert batch.input_ids.tolist() == [[5, 6, 8], [7, 10, 11]]

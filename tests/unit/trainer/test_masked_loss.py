@@ -25,7 +25,7 @@ REWARDS = [1.0, 0.0]
 def _own_logprobs(model: torch.nn.Module, completion: list[int]) -> torch.Tensor:
     """log pi(token | everything before it) of each completion token, at temperature 1."""
     ids = torch.tensor([PROMPT + completion])
-    logits = model(input_ids=ids).logits[0, len(PROMPT) - 1:-1].float()
+    logits = model(input_ids=ids).logits[0, len(PROMPT) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
@@ -37,17 +37,30 @@ def _episodes(model: torch.nn.Module, observation_logprob: float) -> list[Episod
         for i, (c, r) in enumerate(zip(COMPLETIONS, REWARDS, strict=True)):
             own = _own_logprobs(model, c).tolist()
             behaviour = [lp if m else observation_logprob for lp, m in zip(own, MASK, strict=True)]
-            eps.append(Episode(episode_id=str(i), group_id="g", group_size=2, sample_index=i, prompt_token_ids=PROMPT,
-                               completion_token_ids=c, behaviour_logprobs=behaviour,
-                               token_weight_versions=[1] * len(c), loss_mask=MASK, reward=r,
-                               sampling_temperature=1.0))
+            eps.append(
+                Episode(
+                    episode_id=str(i),
+                    group_id="g",
+                    group_size=2,
+                    sample_index=i,
+                    prompt_token_ids=PROMPT,
+                    completion_token_ids=c,
+                    behaviour_logprobs=behaviour,
+                    token_weight_versions=[1] * len(c),
+                    loss_mask=MASK,
+                    reward=r,
+                    sampling_temperature=1.0,
+                )
+            )
     return eps
 
 
 def _learner_gradients(model_dir: Path, observation_logprob: float) -> tuple[dict[str, torch.Tensor], float]:
     model = load_model(ModelConfig(path=model_dir))
-    cfg = TrainerConfig(loss=LossConfig(policy_loss=PolicyLoss.PPO_CLIP, loss_aggregation=LossAggregation.TOKEN_MEAN),
-                        optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.0))
+    cfg = TrainerConfig(
+        loss=LossConfig(policy_loss=PolicyLoss.PPO_CLIP, loss_aggregation=LossAggregation.TOKEN_MEAN),
+        optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.0),
+    )
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=16)
     stats = learner.rl_gradients(StepBatch.of(_episodes(model, observation_logprob)))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats.loss

@@ -70,8 +70,13 @@ def test_learner_in_bfloat16_keeps_updates_below_the_rounding_in_float32_masters
     torch.manual_seed(0)
     model = load_model(ModelConfig(path=tiny_model_dir, dtype="bfloat16"))
     before = [p.detach().float().clone() for p in model.parameters()]
-    learner = Learner(model, TrainerConfig(optimizer=OptimizerConfig(lr=1e-5, grad_clip=0.0)), 0,
-                      torch.device("cpu"), max_completion_tokens=7)
+    learner = Learner(
+        model,
+        TrainerConfig(optimizer=OptimizerConfig(lr=1e-5, grad_clip=0.0)),
+        0,
+        torch.device("cpu"),
+        max_completion_tokens=7,
+    )
     for _ in range(2):
         learner.rl_step(StepBatch.of(varied_episodes()))
 
@@ -81,8 +86,9 @@ def test_learner_in_bfloat16_keeps_updates_below_the_rounding_in_float32_masters
     assert all(p.dtype == torch.bfloat16 for p in params)  # the forward and what is published stay bfloat16
     assert all(torch.equal(p.detach(), m.to(torch.bfloat16)) for p, m in zip(params, opt.masters, strict=True))
     # ~2e-5 of movement: most bfloat16 weights do not change, but their masters hold the update
-    kept = sum(int(((m != b) & (p.detach().float() == b)).sum()) for p, m, b in zip(params, opt.masters, before,
-                                                                                      strict=True))
+    kept = sum(
+        int(((m != b) & (p.detach().float() == b)).sum()) for p, m, b in zip(params, opt.masters, before, strict=True)
+    )
     assert kept > 0.1 * sum(b.numel() for b in before)
 
 

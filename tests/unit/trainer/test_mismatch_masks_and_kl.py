@@ -18,8 +18,15 @@ ATOL = 1e-6  # float32 of logs and exps of simple fractions
 def _tokens(ratios: list[float], seq: list[int], mask: list[float] | None = None) -> Tokens:
     """Tokens whose pi_prox / pi_behav are ``ratios`` (prox = 0, behaviour = -log ratio)."""
     n = len(ratios)
-    return Tokens(torch.zeros(n, requires_grad=True), torch.zeros(n), -torch.tensor(ratios).log(), torch.ones(n),
-                  torch.tensor(mask) if mask is not None else torch.ones(n), torch.tensor(seq), max(seq) + 1)
+    return Tokens(
+        torch.zeros(n, requires_grad=True),
+        torch.zeros(n),
+        -torch.tensor(ratios).log(),
+        torch.ones(n),
+        torch.tensor(mask) if mask is not None else torch.ones(n),
+        torch.tensor(seq),
+        max(seq) + 1,
+    )
 
 
 def test_every_mismatch_mask_of_the_config_enum_is_registered() -> None:
@@ -72,16 +79,21 @@ def test_kl_reward_penalty_sums_the_masked_tokens_of_each_sequence() -> None:
     penalty = kl_reward_penalty(KlEstimator.K1, 0.1, behaviour, ref, mask, torch.tensor([0, 0, 1, 1]), 2)
 
     # sequence 0: k1 = log 2 + 0; sequence 1: 0 (its second token is masked)
-    torch.testing.assert_close(penalty, torch.tensor([0.1 * math.log(2), 0.0], dtype=torch.float64), rtol=0,
-                               atol=ATOL)
+    torch.testing.assert_close(penalty, torch.tensor([0.1 * math.log(2), 0.0], dtype=torch.float64), rtol=0, atol=ATOL)
 
 
 def test_loss_terms_mask_then_aggregate_per_sequence_and_add_the_kl_term() -> None:
     # seq 0: ratios 1, 4 (token 1 masked by IcePop); seq 1: one token ratio 1. advantages +1 everywhere.
     t = _tokens([1.0, 4.0, 1.0], [0, 0, 1])
-    lc = LossConfig(policy_loss=PolicyLoss.TIS, importance_cap=10.0, mismatch_mask=MismatchMask.TOKEN,
-                    loss_aggregation=LossAggregation.SEQUENCE_MEAN, kl_coef=0.5, kl_estimator=KlEstimator.K1,
-                    kl_use=KlUse.LOSS)
+    lc = LossConfig(
+        policy_loss=PolicyLoss.TIS,
+        importance_cap=10.0,
+        mismatch_mask=MismatchMask.TOKEN,
+        loss_aggregation=LossAggregation.SEQUENCE_MEAN,
+        kl_coef=0.5,
+        kl_estimator=KlEstimator.K1,
+        kl_use=KlUse.LOSS,
+    )
     ref = torch.tensor([0.0, 0.0, -1.0])  # k1 = logp - ref = 0, 0, 1
 
     terms = loss_terms(lc, t, ref)

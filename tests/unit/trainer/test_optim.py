@@ -22,8 +22,11 @@ from relayrl.trainer.master_weights import MasterWeights
 from relayrl.trainer.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 from tests.synthetic import varied_episodes
 
-EXPECTED = {OptimizerName.ADAMW: torch.optim.AdamW, OptimizerName.ADAFACTOR: torch.optim.Adafactor,
-            OptimizerName.SGD: torch.optim.SGD}
+EXPECTED = {
+    OptimizerName.ADAMW: torch.optim.AdamW,
+    OptimizerName.ADAFACTOR: torch.optim.Adafactor,
+    OptimizerName.SGD: torch.optim.SGD,
+}
 
 
 def test_every_name_and_schedule_of_the_config_has_an_implementation() -> None:
@@ -37,7 +40,7 @@ def test_each_optimizer_is_the_torch_class_named_and_its_steps_lower_a_quadratic
     optimizer = build_optimizer([w], OptimizerConfig(name=name, lr=0.05, momentum=0.5))
     start = float((w.detach() ** 2).sum())
     for _ in range(20):
-        (w ** 2).sum().backward()
+        (w**2).sum().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -65,7 +68,8 @@ def test_warm_up_then_a_constant_rate_matches_the_old_warm_up() -> None:
 
 @pytest.mark.parametrize("schedule", [LrSchedule.LINEAR, LrSchedule.COSINE])
 def test_decaying_schedules_start_at_lr_after_warm_up_and_end_at_the_floor_on_the_last_step(
-        schedule: LrSchedule) -> None:
+    schedule: LrSchedule,
+) -> None:
     cfg = OptimizerConfig(lr=1e-3, warmup_steps=2, schedule=schedule, min_lr_ratio=0.1)
     total = 12  # steps 0-1 warm up, 2..11 decay: step 2 is the peak, step 11 the floor
 
@@ -98,8 +102,9 @@ def test_the_learner_steps_with_the_scheduled_rate(tiny_model_dir: Path) -> None
     torch.manual_seed(0)
     model = load_model(ModelConfig(path=tiny_model_dir))
     opt = OptimizerConfig(name=OptimizerName.ADAFACTOR, lr=1e-3, schedule=LrSchedule.COSINE, warmup_steps=1)
-    learner = Learner(model, TrainerConfig(total_steps=3, optimizer=opt), 0, torch.device("cpu"),
-                      max_completion_tokens=7)
+    learner = Learner(
+        model, TrainerConfig(total_steps=3, optimizer=opt), 0, torch.device("cpu"), max_completion_tokens=7
+    )
 
     rates = [learner.rl_step(StepBatch.of(varied_episodes())).lr for _ in range(3)]
 

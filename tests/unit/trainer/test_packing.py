@@ -34,8 +34,7 @@ def test_plan_packed_puts_a_sequence_longer_than_the_budget_alone() -> None:
 
 
 def test_pack_row_restarts_positions_and_aligns_targets_per_sequence() -> None:
-    mb = pack_row([[3, 4], [5]], [[6, 7], [8, 9]], [[-0.1, -0.2], [-0.3, -0.4]], None, [1.0, 0.5],
-                  torch.device("cpu"))
+    mb = pack_row([[3, 4], [5]], [[6, 7], [8, 9]], [[-0.1, -0.2], [-0.3, -0.4]], None, [1.0, 0.5], torch.device("cpu"))
 
     # sequence 0: 3 4 6 7 -> inputs 3 4 6, targets 4 6 7; sequence 1: 5 8 9 -> inputs 5 8, targets 8 9
     assert mb.input_ids.tolist() == [[3, 4, 6, 5, 8]]
@@ -73,19 +72,28 @@ def _gradients(model_dir: Path, cfg: TrainerConfig) -> tuple[dict[str, torch.Ten
     episodes = varied_episodes(seed=3)
     # reverse_kl needs the teacher's logprobs of each completion: a fixed shift of the behaviour's, laid out by the
     # learner like them (packed rows or padded ones)
-    teacher = ([[lp - 0.1 * (i % 3) for i, lp in enumerate(ep.behaviour_logprobs)] for ep in episodes]
-               if cfg.loss.policy_loss is PolicyLoss.REVERSE_KL else None)
+    teacher = (
+        [[lp - 0.1 * (i % 3) for i, lp in enumerate(ep.behaviour_logprobs)] for ep in episodes]
+        if cfg.loss.policy_loss is PolicyLoss.REVERSE_KL
+        else None
+    )
     stats = learner.rl_gradients(StepBatch.of(episodes, teacher=teacher))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats.loss
 
 
 @pytest.mark.parametrize("policy", list(PolicyLoss))
 def test_packed_micro_batches_give_the_gradient_of_padded_ones(tiny_model_dir: Path, policy: PolicyLoss) -> None:
-    loss = LossConfig(policy_loss=policy, loss_aggregation=LossAggregation.SEQUENCE_MEAN,
-                      mismatch_mask=MismatchMask.GEOMETRIC, mismatch_low=0.2, mismatch_high=5.0)
+    loss = LossConfig(
+        policy_loss=policy,
+        loss_aggregation=LossAggregation.SEQUENCE_MEAN,
+        mismatch_mask=MismatchMask.GEOMETRIC,
+        mismatch_low=0.2,
+        mismatch_high=5.0,
+    )
     padded, padded_loss = _gradients(tiny_model_dir, TrainerConfig(micro_batch_size=64, loss=loss))
-    packed, packed_loss = _gradients(tiny_model_dir, TrainerConfig(
-        micro_batch_tokens=24, micro_batch_layout=MicroBatchLayout.PACKED, loss=loss))
+    packed, packed_loss = _gradients(
+        tiny_model_dir, TrainerConfig(micro_batch_tokens=24, micro_batch_layout=MicroBatchLayout.PACKED, loss=loss)
+    )
 
     for name, grad in padded.items():
         # the same per-token terms; only float32 summation order and matmul shapes differ
@@ -109,7 +117,8 @@ class _IgnoresPositions(torch.nn.Module):
 
 
 def test_the_start_up_check_accepts_a_model_that_keeps_packed_sequences_apart_and_refuses_one_that_does_not(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     from relayrl.config.typed import ConfigError
     from relayrl.trainer.batching import packing_error
     from relayrl.trainer.runtime import check_packing

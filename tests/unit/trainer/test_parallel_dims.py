@@ -33,7 +33,9 @@ def test_tensor_and_context_parallelism_are_refused_until_supported() -> None:
 
 def test_the_run_config_checks_the_product_at_start_up() -> None:
     with pytest.raises(ConfigError) as info:
-        load_run_config(None, ["trainer.distributed.world_size=3", "trainer.distributed.dp_replicate=2",
-                               "trainer.groups_per_step=6"])
+        load_run_config(
+            None,
+            ["trainer.distributed.world_size=3", "trainer.distributed.dp_replicate=2", "trainer.groups_per_step=6"],
+        )
 
     assert info.value.field == "trainer.distributed.world_size"

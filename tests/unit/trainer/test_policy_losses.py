@@ -14,11 +14,19 @@ from relayrl.trainer.losses.tokens import Tokens, aggregation_weights
 ATOL = 1e-6
 
 
-def _tokens(logp: list[float], behaviour: list[float], adv: list[float], seq: list[int],
-            prox: list[float] | None = None) -> Tokens:
+def _tokens(
+    logp: list[float], behaviour: list[float], adv: list[float], seq: list[int], prox: list[float] | None = None
+) -> Tokens:
     lp = torch.tensor(logp, requires_grad=True)
-    return Tokens(lp, torch.tensor(prox) if prox is not None else lp.detach(), torch.tensor(behaviour),
-                  torch.tensor(adv), torch.ones(len(logp)), torch.tensor(seq), max(seq) + 1)
+    return Tokens(
+        lp,
+        torch.tensor(prox) if prox is not None else lp.detach(),
+        torch.tensor(behaviour),
+        torch.tensor(adv),
+        torch.ones(len(logp)),
+        torch.tensor(seq),
+        max(seq) + 1,
+    )
 
 
 def _grad(t: Tokens, loss: torch.Tensor) -> torch.Tensor:

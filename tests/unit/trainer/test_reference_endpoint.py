@@ -34,14 +34,23 @@ def _scores(model: torch.nn.Module, episodes: list[Episode]) -> list[list[float]
 
 @pytest.mark.parametrize("use", [KlUse.LOSS, KlUse.REWARD])
 def test_reference_logprobs_from_an_endpoint_give_the_same_step_as_the_frozen_copy(
-        tmp_path: Path, tiny_model_dir: Path, use: KlUse) -> None:
-    ref_dir = create_tiny_model(tmp_path / "ref", TinyModelConfig(hidden_size=64, intermediate_size=128, num_layers=2,
-                                                                  seed=5))
-    cfg = TrainerConfig(micro_batch_size=4, optimizer=OptimizerConfig(grad_clip=0.0),
-                        loss=LossConfig(kl_coef=0.5, kl_use=use))
+    tmp_path: Path, tiny_model_dir: Path, use: KlUse
+) -> None:
+    ref_dir = create_tiny_model(
+        tmp_path / "ref", TinyModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, seed=5)
+    )
+    cfg = TrainerConfig(
+        micro_batch_size=4, optimizer=OptimizerConfig(grad_clip=0.0), loss=LossConfig(kl_coef=0.5, kl_use=use)
+    )
     episodes = varied_episodes()
-    local = Learner(load_model(ModelConfig(path=tiny_model_dir)), cfg, 0, torch.device("cpu"), 8,
-                    reference=Reference(load_model(ModelConfig(path=ref_dir))))
+    local = Learner(
+        load_model(ModelConfig(path=tiny_model_dir)),
+        cfg,
+        0,
+        torch.device("cpu"),
+        8,
+        reference=Reference(load_model(ModelConfig(path=ref_dir))),
+    )
     remote = Learner(load_model(ModelConfig(path=tiny_model_dir)), cfg, 0, torch.device("cpu"), 8)
 
     want = local.rl_step(StepBatch.of(episodes))

@@ -56,11 +56,21 @@ def test_k3_loss_against_a_different_reference_is_positive_and_moves_the_gradien
 
 
 def test_kl_reward_penalty_subtracts_the_summed_k1_from_each_reward(tiny_model_dir: Path) -> None:
-    learner = _learner(tiny_model_dir, LossConfig(kl_coef=0.1, kl_estimator=KlEstimator.K1, kl_use=KlUse.REWARD,
-                                                  advantage=AdvantageEstimator.DR_GRPO), 0.0)
+    learner = _learner(
+        tiny_model_dir,
+        LossConfig(kl_coef=0.1, kl_estimator=KlEstimator.K1, kl_use=KlUse.REWARD, advantage=AdvantageEstimator.DR_GRPO),
+        0.0,
+    )
     eps = varied_episodes(6, seed=5)
-    batch = pack([e.prompt_token_ids for e in eps], [e.completion_token_ids for e in eps], None, None, [1.0] * 6,
-                 0, torch.device("cpu"))
+    batch = pack(
+        [e.prompt_token_ids for e in eps],
+        [e.completion_token_ids for e in eps],
+        None,
+        None,
+        [1.0] * 6,
+        0,
+        torch.device("cpu"),
+    )
     with torch.no_grad():
         own = model_logprobs(learner.model, batch)
     for i, e in enumerate(eps):  # behaviour = the reference's logprobs + 0.25 per token: k1 = 0.25 per token

@@ -27,8 +27,9 @@ class _Books:
 
     def status(self) -> trainer_pb2.TrainerStatus:
         self.uptime += 1.0  # the header's uptime differs on every read
-        return trainer_pb2.TrainerStatus(component=common_pb2.ComponentStatus(uptime_s=self.uptime),
-                                         step=self.step, finished=self.finished)
+        return trainer_pb2.TrainerStatus(
+            component=common_pb2.ComponentStatus(uptime_s=self.uptime), step=self.step, finished=self.finished
+        )
 
     async def refresh(self) -> None:
         self.reads += 1
@@ -89,8 +90,12 @@ def test_status_pulse_wait_returns_at_once_for_a_change_it_missed() -> None:
 
 def _fake_trainer(books: _Books, pulse: StatusPulse) -> Any:
     control = SimpleNamespace(effective_token=lambda: "")
-    return SimpleNamespace(cfg=SimpleNamespace(control=control), progress=SimpleNamespace(changed=pulse),
-                           status=books.status, refresh_drops=books.refresh)
+    return SimpleNamespace(
+        cfg=SimpleNamespace(control=control),
+        progress=SimpleNamespace(changed=pulse),
+        status=books.status,
+        refresh_drops=books.refresh,
+    )
 
 
 def test_watch_status_over_the_limit_of_watchers_is_refused_with_resource_exhausted() -> None:

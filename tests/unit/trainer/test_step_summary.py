@@ -12,11 +12,27 @@ from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.step_summary import global_summary
 
 
-def _episode(reward: float, tokens: int, versions: list[int], end: int = 0, turns: int = 0, tool_calls: int = 0,
-             tool_errors: int = 0) -> Episode:
-    return Episode(reward=reward, prompt_token_ids=[2], completion_token_ids=[1] * tokens,
-                   behaviour_logprobs=[-1.0] * tokens, loss_mask=[1] * tokens, token_weight_versions=versions,
-                   episode_end=end, turns=turns, tool_calls=tool_calls, tool_errors=tool_errors)
+def _episode(
+    reward: float,
+    tokens: int,
+    versions: list[int],
+    end: int = 0,
+    turns: int = 0,
+    tool_calls: int = 0,
+    tool_errors: int = 0,
+) -> Episode:
+    return Episode(
+        reward=reward,
+        prompt_token_ids=[2],
+        completion_token_ids=[1] * tokens,
+        behaviour_logprobs=[-1.0] * tokens,
+        loss_mask=[1] * tokens,
+        token_weight_versions=versions,
+        episode_end=end,
+        turns=turns,
+        tool_calls=tool_calls,
+        tool_errors=tool_errors,
+    )
 
 
 def test_summary_of_mixed_episodes_counts_each_figure_once() -> None:

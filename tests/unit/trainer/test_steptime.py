@@ -39,8 +39,16 @@ def test_a_part_that_raises_is_still_counted() -> None:
 
 def _timed(step: int, wall: float, fwd: float, opt: float, publish: float, generating: float = 0.0) -> RlRow:
     other = wall - fwd - opt - publish - generating
-    return RlRow(step=step, time_wall_s=wall, time_fwd_bwd_s=fwd, time_optimizer_s=opt, time_publish_s=publish,
-                 time_data_s=generating, time_data_generating_s=generating, time_other_s=other)
+    return RlRow(
+        step=step,
+        time_wall_s=wall,
+        time_fwd_bwd_s=fwd,
+        time_optimizer_s=opt,
+        time_publish_s=publish,
+        time_data_s=generating,
+        time_data_generating_s=generating,
+        time_other_s=other,
+    )
 
 
 def test_shares_are_over_the_whole_run_and_plumbing_is_all_but_compute_and_the_wait_for_generation() -> None:

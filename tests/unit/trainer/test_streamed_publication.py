@@ -76,20 +76,34 @@ def sharded(tiny_model_dir: Path) -> Iterator[tuple[Any, Any]]:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         mesh = ParallelDims(1, 2, 1, 1, 2).build_mesh("cpu")
-        yield (apply_fsdp(load_model(ModelConfig(path=tiny_model_dir)), mesh),
-               load_model(ModelConfig(path=tiny_model_dir)))
+        yield (
+            apply_fsdp(load_model(ModelConfig(path=tiny_model_dir)), mesh),
+            load_model(ModelConfig(path=tiny_model_dir)),
+        )
     finally:
         dist.destroy_process_group()
 
 
 def _publisher(model: Any, plain: Any, transport: WeightTransport, weights_dir: Path) -> WeightPublisher:
     vocab = int(plain.get_input_embeddings().num_embeddings)
-    return WeightPublisher(model, torch.device("cpu"), "unused:0", make_transport(transport, 4096, weights_dir), 5.0,
-                           probe_sequences(vocab, 2, 6, seed=0), None, plain_model=plain)
+    return WeightPublisher(
+        model,
+        torch.device("cpu"),
+        "unused:0",
+        make_transport(transport, 4096, weights_dir),
+        5.0,
+        probe_sequences(vocab, 2, 6, seed=0),
+        None,
+        plain_model=plain,
+    )
 
 
-def _counted(monkeypatch: pytest.MonkeyPatch, model: Any, hashed: bool = False,
-             algorithm: int = inference_pb2.CHECKSUM_ALGORITHM_SHA256) -> FullTensorCount:
+def _counted(
+    monkeypatch: pytest.MonkeyPatch,
+    model: Any,
+    hashed: bool = False,
+    algorithm: int = inference_pb2.CHECKSUM_ALGORITHM_SHA256,
+) -> FullTensorCount:
     """Count (and, ``hashed``, checksum by ``algorithm``) every full tensor gathered from ``model``'s parameters."""
     count = FullTensorCount(DTensor.full_tensor, algorithm)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -104,14 +118,21 @@ def _counted(monkeypatch: pytest.MonkeyPatch, model: Any, hashed: bool = False,
     return count
 
 
-@pytest.mark.parametrize(("transport", "algorithm"), [
-    (WeightTransport.SHARED_MEMORY, inference_pb2.CHECKSUM_ALGORITHM_XXH3_128),  # same host, integrity only
-    (WeightTransport.SHARED_PATH, inference_pb2.CHECKSUM_ALGORITHM_SHA256),
-    (WeightTransport.GRPC_STREAM, inference_pb2.CHECKSUM_ALGORITHM_SHA256),
-])
+@pytest.mark.parametrize(
+    ("transport", "algorithm"),
+    [
+        (WeightTransport.SHARED_MEMORY, inference_pb2.CHECKSUM_ALGORITHM_XXH3_128),  # same host, integrity only
+        (WeightTransport.SHARED_PATH, inference_pb2.CHECKSUM_ALGORITHM_SHA256),
+        (WeightTransport.GRPC_STREAM, inference_pb2.CHECKSUM_ALGORITHM_SHA256),
+    ],
+)
 def test_sharded_publication_holds_one_full_tensor_at_a_time_and_sends_exactly_what_was_gathered(
-        sharded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: WeightTransport,
-        algorithm: int) -> None:
+    sharded: tuple[Any, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    transport: WeightTransport,
+    algorithm: int,
+) -> None:
     model, plain = sharded
     pub = _publisher(model, plain, transport, tmp_path / "weights")
     count = _counted(monkeypatch, model, hashed=True, algorithm=algorithm)
@@ -145,7 +166,8 @@ def test_sharded_publication_holds_one_full_tensor_at_a_time_and_sends_exactly_w
 
 
 def test_the_probe_of_a_gathered_file_equals_the_probe_of_the_same_tensors_in_memory(
-        sharded: tuple[Any, Any], tmp_path: Path) -> None:
+    sharded: tuple[Any, Any], tmp_path: Path
+) -> None:
     model, plain = sharded
     pub = _publisher(model, plain, WeightTransport.SHARED_MEMORY, tmp_path)
     pub.gather(keep=True)
@@ -160,7 +182,8 @@ def test_the_probe_of_a_gathered_file_equals_the_probe_of_the_same_tensors_in_me
 
 
 def test_a_write_that_fails_on_rank_0_still_runs_every_gather_then_raises_and_leaves_no_file(
-        sharded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sharded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, plain = sharded
     pub = _publisher(model, plain, WeightTransport.SHARED_MEMORY, tmp_path)
     count = _counted(monkeypatch, model)
@@ -186,7 +209,8 @@ def test_a_write_that_fails_on_rank_0_still_runs_every_gather_then_raises_and_le
 
 
 def test_a_new_gather_removes_the_previous_file_while_its_push_still_reads_it(
-        sharded: tuple[Any, Any], tmp_path: Path) -> None:
+    sharded: tuple[Any, Any], tmp_path: Path
+) -> None:
     model, plain = sharded
     pub = _publisher(model, plain, WeightTransport.GRPC_STREAM, tmp_path)
     pub.gather(keep=True)
@@ -202,18 +226,33 @@ def test_a_new_gather_removes_the_previous_file_while_its_push_still_reads_it(
     replay = [m.SerializeToString() for m in in_flight]  # the open file is still read, in full
     assert replay == [m.SerializeToString() for m in pub.transport.prepare(first, 1, [])]
     first.link(tmp_path / "copy.safetensors")  # its name is gone: a copy through the open file
-    assert checksum(MappedWeights(tmp_path / "copy.safetensors", first.specs, first.data_start, first.total_bytes,
-                                  first.sha256, first.algorithm).tensors(), first.algorithm) == first.sha256
+    assert (
+        checksum(
+            MappedWeights(
+                tmp_path / "copy.safetensors",
+                first.specs,
+                first.data_start,
+                first.total_bytes,
+                first.sha256,
+                first.algorithm,
+            ).tensors(),
+            first.algorithm,
+        )
+        == first.sha256
+    )
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 100, 4096, 1 << 20])
-def test_chunks_read_from_a_file_are_the_chunks_of_the_same_tensors_in_memory(tmp_path: Path,
-                                                                              chunk_bytes: int) -> None:
+def test_chunks_read_from_a_file_are_the_chunks_of_the_same_tensors_in_memory(tmp_path: Path, chunk_bytes: int) -> None:
     g = torch.Generator().manual_seed(0)
-    tensors = {"b.weight": torch.randn(30, 50, generator=g), "a.bias": torch.randn(7, generator=g).to(torch.bfloat16),
-               "empty": torch.zeros(0, 4)}
-    writer = StreamedWriter(tmp_path / "w.safetensors", {n: TensorSpec(t.dtype, tuple(t.shape))
-                                                         for n, t in tensors.items()})
+    tensors = {
+        "b.weight": torch.randn(30, 50, generator=g),
+        "a.bias": torch.randn(7, generator=g).to(torch.bfloat16),
+        "empty": torch.zeros(0, 4),
+    }
+    writer = StreamedWriter(
+        tmp_path / "w.safetensors", {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in tensors.items()}
+    )
     for name in writer.names:
         writer.add(name, tensors[name])
     weights = writer.finish()
@@ -228,8 +267,9 @@ def test_chunks_read_from_a_file_are_the_chunks_of_the_same_tensors_in_memory(tm
 
 
 def test_tensors_out_of_name_order_or_of_another_shape_are_refused_by_the_writer(tmp_path: Path) -> None:
-    writer = StreamedWriter(tmp_path / "w.safetensors", {"a": TensorSpec(torch.float32, (2,)),
-                                                         "b": TensorSpec(torch.float32, (3,))})
+    writer = StreamedWriter(
+        tmp_path / "w.safetensors", {"a": TensorSpec(torch.float32, (2,)), "b": TensorSpec(torch.float32, (3,))}
+    )
     with pytest.raises(ValueError, match="out of order"):
         writer.add("b", torch.zeros(3))
     with pytest.raises(ValueError, match=r"float32\[3\] != float32\[2\]"):
@@ -241,13 +281,20 @@ def test_tensors_out_of_name_order_or_of_another_shape_are_refused_by_the_writer
 
 
 def test_a_file_written_at_once_equals_the_same_tensors_streamed_one_by_one_and_names_its_algorithm(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     g = torch.Generator().manual_seed(0)
-    packed = packed_copy({"b.weight": torch.randn(30, 50, generator=g), "a.bias": torch.randn(7, generator=g),
-                          "empty": torch.zeros(0, 4)})  # one storage: write_mapped cuts every tensor's bytes from it
+    packed = packed_copy(
+        {
+            "b.weight": torch.randn(30, 50, generator=g),
+            "a.bias": torch.randn(7, generator=g),
+            "empty": torch.zeros(0, 4),
+        }
+    )  # one storage: write_mapped cuts every tensor's bytes from it
     xxh3 = inference_pb2.CHECKSUM_ALGORITHM_XXH3_128
-    writer = StreamedWriter(tmp_path / "streamed.safetensors",
-                            {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in packed.items()}, xxh3)
+    writer = StreamedWriter(
+        tmp_path / "streamed.safetensors", {n: TensorSpec(t.dtype, tuple(t.shape)) for n, t in packed.items()}, xxh3
+    )
     for name in writer.names:
         writer.add(name, packed[name].clone())  # each tensor alone, in its own storage
     streamed = writer.finish()
@@ -261,8 +308,9 @@ def test_a_file_written_at_once_equals_the_same_tensors_streamed_one_by_one_and_
 
 def test_a_transport_refuses_a_gathered_file_hashed_by_another_algorithm(tmp_path: Path) -> None:
     t = {"w": torch.ones(4)}
-    writer = StreamedWriter(tmp_path / "g.safetensors", {"w": TensorSpec(torch.float32, (4,))},
-                            inference_pb2.CHECKSUM_ALGORITHM_XXH3_128)
+    writer = StreamedWriter(
+        tmp_path / "g.safetensors", {"w": TensorSpec(torch.float32, (4,))}, inference_pb2.CHECKSUM_ALGORITHM_XXH3_128
+    )
     writer.add("w", t["w"])
     gathered = writer.finish()
 

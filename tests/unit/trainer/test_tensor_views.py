@@ -15,9 +15,14 @@ from relayrl.trainer.weight_files import write_mapped
 
 def _mixed() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"a": torch.randn(3, 5, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),
-            "c": torch.randn(2, 2, 2, generator=g), "d": torch.zeros(0, 4), "e": torch.randn(4, generator=g),
-            "f": torch.tensor(2.5)}
+    return {
+        "a": torch.randn(3, 5, generator=g),
+        "b": torch.randn(7, generator=g).to(torch.bfloat16),
+        "c": torch.randn(2, 2, 2, generator=g),
+        "d": torch.zeros(0, 4),
+        "e": torch.randn(4, generator=g),
+        "f": torch.tensor(2.5),
+    }
 
 
 def test_packed_copy_equals_a_clone_shares_one_buffer_per_dtype_and_is_independent_of_its_source() -> None:
@@ -43,8 +48,9 @@ def test_byte_views_of_a_shared_storage_equal_each_tensors_own_bytes() -> None:
 
     views = byte_views({**packed, **strided})
 
-    assert {k: bytes(v) for k, v in views.items()} == \
-        {k: bytes(tensor_bytes(t)) for k, t in {**packed, **strided}.items()}
+    assert {k: bytes(v) for k, v in views.items()} == {
+        k: bytes(tensor_bytes(t)) for k, t in {**packed, **strided}.items()
+    }
 
 
 def test_spans_join_adjacent_tensors_and_keep_gaps_and_strided_tensors_apart() -> None:
@@ -54,14 +60,16 @@ def test_spans_join_adjacent_tensors_and_keep_gaps_and_strided_tensors_apart() -
 
     out = spans([c, b, a, strided])
 
-    assert sorted(t.tolist() if t.dim() == 1 else [-1.0] for t in out) == \
-        sorted([[float(i) for i in range(10)], [12.0, 13.0, 14.0], [-1.0]])
+    assert sorted(t.tolist() if t.dim() == 1 else [-1.0] for t in out) == sorted(
+        [[float(i) for i in range(10)], [12.0, 13.0, 14.0], [-1.0]]
+    )
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("where", ["b", "e"])
 def test_check_finite_over_a_file_read_at_once_names_the_tensor_holding_the_bad_value(
-        tmp_path: Path, bad: float, where: str) -> None:
+    tmp_path: Path, bad: float, where: str
+) -> None:
     tensors = {k: v for k, v in _mixed().items() if k != "f"}
     tensors[where] = tensors[where].clone()
     tensors[where][1] = bad

@@ -15,11 +15,20 @@ from relayrl.config.typed import ConfigError
 from relayrl.trainer.tracking import flatten_scalars, open_tracker, redacted, scalars_of
 
 # two warm-up rows, then three RL rows shaped like the trainer's (a nested histogram, a reward component)
-SFT_ROWS = [{"phase": "sft", "sft_step": i, "loss": 2.0 / i, "grad_norm": 0.5 * i, "time_s": 0.1 * i}
-            for i in (1, 2)]
-RL_ROWS = [{"step": s, "weight_version": s + 2, "reward_mean": 0.25 * s, "reward/exact": 0.1 * s,
-            "staleness_hist": {"0": 10 - s, "1": s}, "staleness_max": 1, "loss": -0.01 * s, "world_size": 1}
-           for s in (1, 2, 3)]
+SFT_ROWS = [{"phase": "sft", "sft_step": i, "loss": 2.0 / i, "grad_norm": 0.5 * i, "time_s": 0.1 * i} for i in (1, 2)]
+RL_ROWS = [
+    {
+        "step": s,
+        "weight_version": s + 2,
+        "reward_mean": 0.25 * s,
+        "reward/exact": 0.1 * s,
+        "staleness_hist": {"0": 10 - s, "1": s},
+        "staleness_max": 1,
+        "loss": -0.01 * s,
+        "world_size": 1,
+    }
+    for s in (1, 2, 3)
+]
 RUN_CONFIG = {"name": "t", "trainer": {"lr": 0.001}, "redis": {"url": "redis://:hunter2@redis:6379/0"}}
 
 
@@ -41,8 +50,16 @@ def _expected(key: str) -> list[tuple[int, float]]:
     return [(r["step"], float(r[key])) for r in RL_ROWS]
 
 
-CHECKED = ["reward_mean", "weight_version", "reward/exact", "staleness_hist/0", "staleness_hist/1", "loss",
-           "sft/loss", "sft/grad_norm"]
+CHECKED = [
+    "reward_mean",
+    "weight_version",
+    "reward/exact",
+    "staleness_hist/0",
+    "staleness_hist/1",
+    "loss",
+    "sft/loss",
+    "sft/grad_norm",
+]
 
 
 def test_scalars_of_flattens_mappings_prefixes_other_phases_and_skips_strings_and_the_step() -> None:
@@ -57,10 +74,15 @@ def test_scalars_of_flattens_mappings_prefixes_other_phases_and_skips_strings_an
 
 
 def test_redacted_hides_url_passwords_and_keeps_everything_else() -> None:
-    assert redacted(RUN_CONFIG) == {"name": "t", "trainer": {"lr": 0.001},
-                                    "redis": {"url": "redis://:***@redis:6379/0"}}
-    assert redacted({"u": "redis://user:pw@h:1/0", "v": "http://h:5000"}) == {"u": "redis://user:***@h:1/0",
-                                                                             "v": "http://h:5000"}
+    assert redacted(RUN_CONFIG) == {
+        "name": "t",
+        "trainer": {"lr": 0.001},
+        "redis": {"url": "redis://:***@redis:6379/0"},
+    }
+    assert redacted({"u": "redis://user:pw@h:1/0", "v": "http://h:5000"}) == {
+        "u": "redis://user:***@h:1/0",
+        "v": "http://h:5000",
+    }
 
 
 def test_metrics_jsonl_always_holds_every_row_unchanged(tmp_path: Path) -> None:
@@ -98,8 +120,8 @@ def _wandb_records(path: Path) -> list[Any]:
         if block - pos % block < 7:  # no room for a chunk header: the rest of the block is padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk = data[pos + 7:pos + 7 + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
             continue
@@ -126,22 +148,28 @@ def _wandb_history(path: Path, expected: int, timeout_s: float = 60.0) -> list[d
     deadline = time.monotonic() + timeout_s
     while True:
         records = _wandb_records(path) if path.stat().st_size > 7 else []
-        history = [{(i.key or "/".join(i.nested_key)): _history_value(i) for i in r.history.item}
-                   for r in records if r.WhichOneof("record_type") == "history"]
+        history = [
+            {(i.key or "/".join(i.nested_key)): _history_value(i) for i in r.history.item}
+            for r in records
+            if r.WhichOneof("record_type") == "history"
+        ]
         if len(history) >= expected or time.monotonic() > deadline:
             return history
         time.sleep(0.1)
 
 
-def test_wandb_offline_run_holds_each_scalar_against_its_step_metric(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_offline_run_holds_each_scalar_against_its_step_metric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wandb-dir").mkdir()
 
-    _log_all(TrackingConfig(tensorboard=False, wandb=WandbConfig(enabled=True, mode="offline", project="test")),
-             tmp_path / "run")
+    _log_all(
+        TrackingConfig(tensorboard=False, wandb=WandbConfig(enabled=True, mode="offline", project="test")),
+        tmp_path / "run",
+    )
 
     files = list((tmp_path / "wandb-dir").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, files

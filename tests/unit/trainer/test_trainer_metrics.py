@@ -14,10 +14,15 @@ from relayrl.trainer.weight_sync import PushResult
 
 
 def _scrape(last_push: PushResult | None, last_probe: PushResult | None) -> dict[str, float]:
-    publication = SimpleNamespace(weight_version=7, last_push=last_push, last_probe=last_probe,
-                                  publisher=SimpleNamespace(push_retries=2))
-    trainer: Any = SimpleNamespace(progress=TrainerProgress(step=3), publication=publication,
-                                   checkpoints=SimpleNamespace(last_step=0), redis_backpressure=OomBackpressure("t"))
+    publication = SimpleNamespace(
+        weight_version=7, last_push=last_push, last_probe=last_probe, publisher=SimpleNamespace(push_retries=2)
+    )
+    trainer: Any = SimpleNamespace(
+        progress=TrainerProgress(step=3),
+        publication=publication,
+        checkpoints=SimpleNamespace(last_step=0),
+        redis_backpressure=OomBackpressure("t"),
+    )
     text = generate_latest(trainer_metrics(trainer)).decode()
     samples = (line.split(" ") for line in text.splitlines() if line and not line.startswith("#"))
     return {name: float(value) for name, value in samples}

@@ -64,8 +64,9 @@ def test_rank_and_world_size_come_from_the_group(rank: int) -> None:
 
 
 @pytest.mark.parametrize(("episodes", "micro", "local"), [(6, 2, 3), (6, 5, 2), (0, 4, 0), (1, 64, 1)])
-def test_micro_batch_count_is_agreed_by_one_max_all_reduce(tmp_path: Path, episodes: int, micro: int,
-                                                          local: int) -> None:
+def test_micro_batch_count_is_agreed_by_one_max_all_reduce(
+    tmp_path: Path, episodes: int, micro: int, local: int
+) -> None:
     with fake_rank(1, record_dir=tmp_path) as coll:
         n = agreed_micro_batches(coll, episodes, micro)
 
@@ -79,12 +80,20 @@ def _episodes(n: int, seed: int) -> list[Episode]:
     eps = []
     for i in range(n):
         n_c = 1 + (i * 5 + seed) % 7
-        eps.append(Episode(
-            episode_id=f"{seed}-{i}", group_id=f"g{seed}-{i // 3}", group_size=3,
-            prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
-            completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
-            behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(), token_weight_versions=[1] * n_c,
-            loss_mask=[1] * n_c, reward=float(torch.rand(1, generator=g)), sampling_temperature=1.0))
+        eps.append(
+            Episode(
+                episode_id=f"{seed}-{i}",
+                group_id=f"g{seed}-{i // 3}",
+                group_size=3,
+                prompt_token_ids=torch.randint(3, 17, (2 + i % 3,), generator=g).tolist(),
+                completion_token_ids=torch.randint(3, 18, (n_c,), generator=g).tolist(),
+                behaviour_logprobs=(-torch.rand(n_c, generator=g) * 3).tolist(),
+                token_weight_versions=[1] * n_c,
+                loss_mask=[1] * n_c,
+                reward=float(torch.rand(1, generator=g)),
+                sampling_temperature=1.0,
+            )
+        )
     return eps
 
 
@@ -101,27 +110,41 @@ def _max_of(monkeypatch: pytest.MonkeyPatch, counts: list[int]) -> None:
 
 
 def test_ranks_with_different_shares_and_micro_batches_issue_the_same_collectives(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The invariant that keeps real ranks from hanging: whatever a rank's data, the same collective sequence."""
     shares = {0: (_episodes(6, 0), 2), 1: (_episodes(3, 1), 5)}  # 3 vs 1 local micro-batches, other token counts
     _max_of(monkeypatch, [3, 1])
     for rank, (episodes, micro) in shares.items():
         model = load_model(ModelConfig(path=tiny_model_dir))
         with fake_rank(rank, record_dir=tmp_path) as coll:
-            Learner(model, TrainerConfig(micro_batch_size=micro), 0, torch.device("cpu"), max_completion_tokens=8,
-                    collectives=coll).rl_step(StepBatch.of(episodes))
+            Learner(
+                model,
+                TrainerConfig(micro_batch_size=micro),
+                0,
+                torch.device("cpu"),
+                max_completion_tokens=8,
+                collectives=coll,
+            ).rl_step(StepBatch.of(episodes))
             global_summary(coll, 1, StepBatch.of(episodes))
 
     records = load_records(tmp_path)
     assert find_divergence(records) is None
-    assert [c.name for c in records[0]] == ["global_tokens_and_episodes", "micro_batch_count",
-                                            *["stop_requested"] * 3,  # one agreement before each micro-batch
-                                            "gradients", "loss_stats", "importance_max", "step_stats",
-                                            "step_stats_max"]
+    assert [c.name for c in records[0]] == [
+        "global_tokens_and_episodes",
+        "micro_batch_count",
+        *["stop_requested"] * 3,  # one agreement before each micro-batch
+        "gradients",
+        "loss_stats",
+        "importance_max",
+        "step_stats",
+        "step_stats_max",
+    ]
 
 
 def test_ranks_splitting_by_token_budget_into_different_counts_issue_the_same_collectives(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With micro-batches by tokens the count depends on each rank's lengths: agreed by the MAX all-reduce."""
     shares = {0: (_episodes(6, 0), 8), 1: (_episodes(3, 1), 64)}
     local: dict[int, int] = {}
@@ -132,25 +155,38 @@ def test_ranks_splitting_by_token_budget_into_different_counts_issue_the_same_co
     for rank, (episodes, budget) in shares.items():
         model = load_model(ModelConfig(path=tiny_model_dir))
         with fake_rank(rank, record_dir=tmp_path) as coll:
-            Learner(model, TrainerConfig(micro_batch_tokens=budget), 0, torch.device("cpu"),
-                    max_completion_tokens=8, collectives=coll).rl_step(StepBatch.of(episodes))
+            Learner(
+                model,
+                TrainerConfig(micro_batch_tokens=budget),
+                0,
+                torch.device("cpu"),
+                max_completion_tokens=8,
+                collectives=coll,
+            ).rl_step(StepBatch.of(episodes))
 
     records = load_records(tmp_path)
     assert local[0] > local[1]  # the ranks' own splits differ ...
     assert find_divergence(records) is None  # ... and their collective sequences do not
-    assert [c.name for c in records[1]] == ["global_tokens_and_episodes", "micro_batch_count",
-                                            *["stop_requested"] * local[0], "gradients", "loss_stats",
-                                            "importance_max"]
+    assert [c.name for c in records[1]] == [
+        "global_tokens_and_episodes",
+        "micro_batch_count",
+        *["stop_requested"] * local[0],
+        "gradients",
+        "loss_stats",
+        "importance_max",
+    ]
 
 
 def test_a_rank_asked_to_stop_abandons_the_step_at_the_boundary_where_the_ranks_agree(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The stop is agreed by one MAX all-reduce of the flag before each micro-batch (with the fake group a rank
     sees its own flag: a real one gives every rank the MAX); the step's partial gradients go, no optimizer step."""
     model = load_model(ModelConfig(path=tiny_model_dir))
     with fake_rank(1, record_dir=tmp_path) as coll:
-        learner = Learner(model, TrainerConfig(micro_batch_size=2), 0, torch.device("cpu"), max_completion_tokens=8,
-                          collectives=coll)
+        learner = Learner(
+            model, TrainerConfig(micro_batch_size=2), 0, torch.device("cpu"), max_completion_tokens=8, collectives=coll
+        )
         before = [p.detach().clone() for p in model.parameters()]
         learner.stop.set()
         with pytest.raises(StepAbandoned) as abandoned:
@@ -166,8 +202,14 @@ def test_a_rank_asked_to_stop_abandons_the_step_at_the_boundary_where_the_ranks_
 
 def test_one_rank_checks_its_stop_flag_without_a_collective(tiny_model_dir: Path, tmp_path: Path) -> None:
     coll = Collectives(None, timeout_s=10, record_dir=tmp_path)
-    Learner(load_model(ModelConfig(path=tiny_model_dir)), TrainerConfig(micro_batch_size=2), 0, torch.device("cpu"),
-            max_completion_tokens=8, collectives=coll).rl_step(StepBatch.of(_episodes(6, 0)))
+    Learner(
+        load_model(ModelConfig(path=tiny_model_dir)),
+        TrainerConfig(micro_batch_size=2),
+        0,
+        torch.device("cpu"),
+        max_completion_tokens=8,
+        collectives=coll,
+    ).rl_step(StepBatch.of(_episodes(6, 0)))
     coll.close()
 
     assert "stop_requested" not in [c.name for c in load_records(tmp_path)[0]]
@@ -206,8 +248,14 @@ class _NoPublisher:
 
 def test_only_rank_0_publishes_the_others_learn_the_version_by_one_broadcast(tmp_path: Path) -> None:
     with fake_rank(1, record_dir=tmp_path) as coll:
-        publication = VersionPublication(_NoPublisher(), _NoPublisher(), _NoPublisher(), coll,  # type: ignore[arg-type]
-                                         "unused:0", retry_s=1.0)
+        publication = VersionPublication(
+            _NoPublisher(),
+            _NoPublisher(),
+            _NoPublisher(),
+            coll,  # type: ignore[arg-type]
+            "unused:0",
+            retry_s=1.0,
+        )
         version, flag = asyncio.run(publication.publish(3, flag=True))
 
     # with the fake group rank 1 keeps its zeros: a real broadcast brings rank 0's version and flag

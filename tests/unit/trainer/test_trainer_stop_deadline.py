@@ -24,13 +24,15 @@ from tests.conftest import free_port
 def _trainer(deadline_s: float) -> tuple[SimpleNamespace, list[bool]]:
     """A stand-in for relayrl.trainer.runtime.Trainer as _stop_training sees it: stepping, with a stop budget."""
     requested: list[bool] = []
-    loop = SimpleNamespace(stepping=True, request_stop=lambda: requested.append(True),
-                           stop_budget=lambda: graceful_stop_s(0.0, 0.0, 0.0, deadline_s, 600.0))
+    loop = SimpleNamespace(
+        stepping=True,
+        request_stop=lambda: requested.append(True),
+        stop_budget=lambda: graceful_stop_s(0.0, 0.0, 0.0, deadline_s, 600.0),
+    )
     return SimpleNamespace(loop=loop, progress=SimpleNamespace(step=7)), requested
 
 
-def test_a_graceful_stop_that_outlasts_its_deadline_is_cancelled_and_says_why(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_graceful_stop_that_outlasts_its_deadline_is_cancelled_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> tuple[bool, list[bool]]:
         trainer, requested = _trainer(0.2)
         stuck = asyncio.create_task(asyncio.Event().wait())  # a final push or ack that never ends

@@ -34,11 +34,15 @@ def test_auto_left_unresolved_by_a_service_started_on_its_own_streams_over_grpc(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_mapped_file_loads_as_safetensors_with_the_checksum_inference_recomputes(tmp_path: Path,
-                                                                                 dtype: torch.dtype) -> None:
+def test_mapped_file_loads_as_safetensors_with_the_checksum_inference_recomputes(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
     g = torch.Generator().manual_seed(0)
-    tensors = {"b.weight": torch.randn(3, 5, generator=g).to(dtype), "a.bias": torch.randn(7, generator=g).to(dtype),
-               "empty": torch.zeros(0, 4, dtype=dtype)}
+    tensors = {
+        "b.weight": torch.randn(3, 5, generator=g).to(dtype),
+        "a.bias": torch.randn(7, generator=g).to(dtype),
+        "empty": torch.zeros(0, 4, dtype=dtype),
+    }
     path = tmp_path / "v000000001.shm.safetensors"
 
     m = write_mapped(tensors, 1, [[1, 2, 3]], path)

@@ -64,22 +64,23 @@ def _refuse_self_reported(tests: list[Test]) -> None:
         raise SelfReportedRefused(
             f"test {i} {statement[:120]!r}{others} is self-reported: only the harness inside the sandbox can report "
             "its verdict, and the program it runs with can forge that. Write it as `assert <expr> == <literal>` (its "
-            "answer is then checked outside the sandbox), use io_tests, or set reward.code.self_reported: trust")
+            "answer is then checked outside the sandbox), use io_tests, or set reward.code.self_reported: trust"
+        )
 
 
-def _assert_tests(sandbox: Sandbox, program: str, statements: list[str],
-                  policy: SelfReported) -> tuple[int, str, int]:
+def _assert_tests(sandbox: Sandbox, program: str, statements: list[str], policy: SelfReported) -> tuple[int, str, int]:
     """(passed, first error, self-reported tests)."""
     tests = [split_test(s) for s in statements]
     if policy is not SelfReported.TRUST:
         _refuse_self_reported(tests)  # before anything runs
-    run = sandbox.run_python("harness.py", {"harness.py": HARNESS, "program.py": program,
-                                            "tests.json": json.dumps([t.payload for t in tests])})
+    run = sandbox.run_python(
+        "harness.py",
+        {"harness.py": HARNESS, "program.py": program, "tests.json": json.dumps([t.payload for t in tests])},
+    )
     verdicts = judge_channel(run.channel, tests, trust_self_reported=policy is SelfReported.TRUST)
     first_error = f"program failed: {verdicts.load_error}" if verdicts.load_error else ""
     if not first_error:
-        first_error = next((f"test {i}: {why}" for i, why in enumerate(verdicts.why) if why and why != "no result"),
-                           "")
+        first_error = next((f"test {i}: {why}" for i, why in enumerate(verdicts.why) if why and why != "no result"), "")
     if not run.ok and not first_error:
         first_error = f"program {run.describe()}: {run.stderr.decode(errors='replace').strip()[-200:]}"
     return verdicts.passed, first_error, sum(not t.hidden for t in tests)
@@ -100,15 +101,22 @@ def _io_tests(sandbox: Sandbox, program: str, cases: list[dict[str, Any]]) -> tu
         if left < 0.2:
             first_error = first_error or f"time budget of {budget}s spent before case {i}"
             break
-        run = sandbox.run_python("program.py", {"program.py": program}, stdin=str(case.get("input", "")).encode(),
-                                 wall_timeout_s=min(sandbox.cfg.wall_timeout_s, left))
+        run = sandbox.run_python(
+            "program.py",
+            {"program.py": program},
+            stdin=str(case.get("input", "")).encode(),
+            wall_timeout_s=min(sandbox.cfg.wall_timeout_s, left),
+        )
         expected = str(case.get("output", ""))
         got = _normalize_output(run.stdout.decode(errors="replace"))
         if io_case_passes(run, expected):
             passed += 1
         elif not first_error:
-            first_error = f"case {i}: " + (f"output {got[:60]!r} != {_normalize_output(expected)[:60]!r}" if run.ok
-                                           else f"{run.describe()}: {run.stderr.decode(errors='replace')[-160:]}")
+            first_error = f"case {i}: " + (
+                f"output {got[:60]!r} != {_normalize_output(expected)[:60]!r}"
+                if run.ok
+                else f"{run.describe()}: {run.stderr.decode(errors='replace')[-160:]}"
+            )
     return passed, first_error
 
 
@@ -120,8 +128,9 @@ def code_reward(inp: RewardInput, *, sandbox: Sandbox, code_config: CodeVerifier
     tests = inp.metadata.get("tests")
     cases = inp.metadata.get("io_tests")
     if tests is None and cases is None:
-        raise ValueError("code_reward needs `tests` (Python statements) or `io_tests` (input/output pairs) "
-                         "in the row's metadata")
+        raise ValueError(
+            "code_reward needs `tests` (Python statements) or `io_tests` (input/output pairs) in the row's metadata"
+        )
     program = extract_program(inp.completion)
     if tests is not None:
         if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
@@ -137,5 +146,8 @@ def code_reward(inp: RewardInput, *, sandbox: Sandbox, code_config: CodeVerifier
         passed, why = _io_tests(sandbox, program, cases)
         total = len(cases)
     score = passed / total
-    return RewardResult(score=score, components={"passed": score},
-                        details=f"{passed}/{total} tests passed" + (f"; {why}" if why else ""))
+    return RewardResult(
+        score=score,
+        components={"passed": score},
+        details=f"{passed}/{total} tests passed" + (f"; {why}" if why else ""),
+    )

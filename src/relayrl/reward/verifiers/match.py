@@ -35,14 +35,18 @@ def exact_match(inp: RewardInput, normalize: bool = True, tag: str | None = None
         return RewardResult(score=0.0, components={"match": 0.0}, details=f"no <{tag}> answer")
     if not inp.reference.strip():
         raise ValueError("the dataset row has no reference answer")
-    same = (normalize_answer(answer) == normalize_answer(inp.reference)) if normalize \
+    same = (
+        (normalize_answer(answer) == normalize_answer(inp.reference))
+        if normalize
         else answer.strip() == inp.reference.strip()
+    )
     score = 1.0 if same else 0.0
     return RewardResult(score=score, components={"match": score}, details=answer.strip()[:80])
 
 
-def regex_match(inp: RewardInput, pattern: str | None = None, compare_reference: bool = False,
-                fullmatch: bool = False) -> RewardResult:
+def regex_match(
+    inp: RewardInput, pattern: str | None = None, compare_reference: bool = False, fullmatch: bool = False
+) -> RewardResult:
     """With ``compare_reference`` false: 1.0 when ``pattern`` (or the row's ``pattern`` metadata) matches the
     completion. With it true: 1.0 when the pattern's first group (or whole match) in the completion equals the
     reference after normalisation."""
@@ -69,5 +73,8 @@ def format_reward(inp: RewardInput, tag: str = "answer", require_think: bool = F
         think = re.search(r"<think>.+?</think>", inp.completion, flags=re.S)
         ok = think is not None and think.end() <= inp.completion.rfind(f"<{tag}>")
     score = 1.0 if ok else 0.0
-    return RewardResult(score=score, components={"format": score},
-                        details="formatted" if ok else f"missing <{tag}>" + (" or <think>" if require_think else ""))
+    return RewardResult(
+        score=score,
+        components={"format": score},
+        details="formatted" if ok else f"missing <{tag}>" + (" or <think>" if require_think else ""),
+    )

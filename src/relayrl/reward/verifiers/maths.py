@@ -35,8 +35,9 @@ def parse_reference(reference: str) -> list[object]:
     return list(gold)
 
 
-def math_reward(inp: RewardInput, float_rounding: int = 6, numeric_precision: int = 15,
-                strict: bool = True) -> RewardResult:
+def math_reward(
+    inp: RewardInput, float_rounding: int = 6, numeric_precision: int = 15, strict: bool = True
+) -> RewardResult:
     """1.0 when the completion's answer (the last ``\\boxed{}`` or LaTeX/plain expression math-verify finds)
     equals the reference, else 0.0. A completion with no answer scores 0 (the model's failure); an unparsable
     reference or an exception inside the comparison is an error (the verifier's failure)."""
@@ -44,8 +45,15 @@ def math_reward(inp: RewardInput, float_rounding: int = 6, numeric_precision: in
     answer = parse(inp.completion, parsing_timeout=None)  # type: ignore[arg-type]
     if not answer:
         return RewardResult(score=0.0, components={"correct": 0.0}, details="no answer found")
-    correct = verify(gold, answer, float_rounding=float_rounding, numeric_precision=numeric_precision,
-                     strict=strict, timeout_seconds=None, raise_on_error=True)
+    correct = verify(
+        gold,
+        answer,
+        float_rounding=float_rounding,
+        numeric_precision=numeric_precision,
+        strict=strict,
+        timeout_seconds=None,
+        raise_on_error=True,
+    )
     score = 1.0 if correct else 0.0
     shown = answer[-1] if isinstance(answer[-1], str) else str(answer[0])
     return RewardResult(score=score, components={"correct": score}, details=f"answer {shown[:80]}")

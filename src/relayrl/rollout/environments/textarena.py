@@ -31,8 +31,11 @@ def _text(observation: Any, player: int) -> str:
 
     if isinstance(observation, str):
         return observation
-    return "\n".join(str(msg) for sender, msg, kind in observation
-                     if not (sender == player and kind == ObservationType.PLAYER_ACTION))
+    return "\n".join(
+        str(msg)
+        for sender, msg, kind in observation
+        if not (sender == player and kind == ObservationType.PLAYER_ACTION)
+    )
 
 
 class TextArenaEnvironment:
@@ -70,8 +73,13 @@ class TextArenaEnvironment:
             rewards, game_info = self.env.close()
         player_info = dict((game_info or {}).get(self.player, {}))
         truncated = "turn limit" in str(player_info.get("reason", "")).lower()  # TextArena's games all say so
-        return StepResult(observation="", reward=float((rewards or {}).get(self.player, 0.0)), done=True,
-                          truncated=truncated, info=player_info)
+        return StepResult(
+            observation="",
+            reward=float((rewards or {}).get(self.player, 0.0)),
+            done=True,
+            truncated=truncated,
+            info=player_info,
+        )
 
     async def step(self, action: str) -> StepResult:
         if self.env is None or self.done:

@@ -76,16 +76,24 @@ class AgentWorkflow:
     render conversations; ``max_episode_tokens``: the longest completion sequence the trainer accepts
     (``rollout.episode_token_cap()``). Call :meth:`close` when done (it stops the proxy)."""
 
-    def __init__(self, cfg: AgentConfig, tokenizer: Any, sampling: Sampling, max_episode_tokens: int,
-                 score_timeout_s: float = 60.0, agent: AgentFn | None = None) -> None:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        tokenizer: Any,
+        sampling: Sampling,
+        max_episode_tokens: int,
+        score_timeout_s: float = 60.0,
+        agent: AgentFn | None = None,
+    ) -> None:
         cfg.validate()
         if agent is None and not cfg.function:
             raise ConfigError("rollout.agent.function", cfg.function, "an agent workflow needs an agent function")
         self.cfg = cfg
         self.agent = agent or load_agent(cfg.function)
         self.sampling = sampling
-        self.limits = SessionLimits(cfg.max_calls, min(cfg.max_call_tokens, max_episode_tokens),
-                                    cfg.max_session_tokens, max_episode_tokens)
+        self.limits = SessionLimits(
+            cfg.max_calls, min(cfg.max_call_tokens, max_episode_tokens), cfg.max_session_tokens, max_episode_tokens
+        )
         self.score_timeout_s = score_timeout_s
         self.proxy = SessionProxy(cfg, Renderer(tokenizer), sampling)
         self.sessions_run = 0
@@ -99,8 +107,9 @@ class AgentWorkflow:
         limit)."""
         from relayrl.common.model import load_tokenizer
 
-        sampling = Sampling(rollout.temperature, rollout.top_p, rollout.top_k, tuple(rollout.stop),
-                            rollout.generate_timeout_s)
+        sampling = Sampling(
+            rollout.temperature, rollout.top_p, rollout.top_k, tuple(rollout.stop), rollout.generate_timeout_s
+        )
         return cls(cfg, load_tokenizer(model_path), sampling, rollout.episode_token_cap(), rollout.score_timeout_s)
 
     async def close(self) -> None:
@@ -121,8 +130,10 @@ class AgentWorkflow:
             value = await asyncio.wait_for(self.agent(url, row), self.cfg.session_timeout_s)
         except TimeoutError:
             self.sessions_timed_out += 1
-            out.status, out.error = reward_pb2.SCORE_STATUS_TIMEOUT, (
-                f"the agent ran past session_timeout_s={self.cfg.session_timeout_s}")
+            out.status, out.error = (
+                reward_pb2.SCORE_STATUS_TIMEOUT,
+                (f"the agent ran past session_timeout_s={self.cfg.session_timeout_s}"),
+            )
             return out
         except Exception as exc:  # the agent's failure marks its episodes; it never fails the group
             self.sessions_failed += 1
@@ -143,8 +154,10 @@ class AgentWorkflow:
             out.status, out.error = reward_pb2.SCORE_STATUS_ERROR, "the agent returned no reward (reward: agent)"
         elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             self.sessions_failed += 1
-            out.status, out.error = reward_pb2.SCORE_STATUS_ERROR, (
-                f"the agent returned {type(value).__name__}, not a finite number")
+            out.status, out.error = (
+                reward_pb2.SCORE_STATUS_ERROR,
+                (f"the agent returned {type(value).__name__}, not a finite number"),
+            )
         else:
             out.reward = float(value)
         return out
@@ -154,9 +167,16 @@ class AgentWorkflow:
         if not outcomes:
             return
         meta = encode_metadata(row.metadata)
-        requests = [reward_pb2.ScoreRequest(episode_id=uuid.uuid4().hex, prompt=row.prompt,
-                                            completion=o.session.final_text, reference=row.answer, metadata=meta)
-                    for o in outcomes]
+        requests = [
+            reward_pb2.ScoreRequest(
+                episode_id=uuid.uuid4().hex,
+                prompt=row.prompt,
+                completion=o.session.final_text,
+                reference=row.answer,
+                metadata=meta,
+            )
+            for o in outcomes
+        ]
         resp = await ctx.reward.score_batch(requests, timeout_s=self.score_timeout_s)
         if len(resp.responses) != len(outcomes):
             raise RuntimeError(f"reward returned {len(resp.responses)} scores for {len(outcomes)} sessions")
@@ -172,16 +192,33 @@ class AgentWorkflow:
             for chain in o.session.chains:
                 ids, lps, versions, mask = chain.sequence()
                 first, last = chain.calls[0], chain.calls[-1]
-                episodes.append(episode_pb2.Episode(
-                    episode_id=uuid.uuid4().hex, prompt_id=row.prompt_id, group_id=ctx.group_id,
-                    sample_index=len(episodes), prompt_token_ids=first.prompt_ids, completion_token_ids=ids,
-                    behaviour_logprobs=lps, token_weight_versions=versions, loss_mask=mask,
-                    reward=o.reward, reward_components=o.components, reward_status=o.status, reward_error=o.error,
-                    finish_reason=last.finish_reason, producer_id=ctx.producer_id, created_at=ctx.created_at,
-                    enqueued_at=now, prompt_text=json.dumps(first.messages, ensure_ascii=False),
-                    completion_text="".join(c.text for c in chain.calls),
-                    sampling_temperature=self.sampling.temperature, episode_end=_end(o.status),
-                    turns=len(chain.calls), tool_calls=_tool_results(last) - _tool_results(first)))
+                episodes.append(
+                    episode_pb2.Episode(
+                        episode_id=uuid.uuid4().hex,
+                        prompt_id=row.prompt_id,
+                        group_id=ctx.group_id,
+                        sample_index=len(episodes),
+                        prompt_token_ids=first.prompt_ids,
+                        completion_token_ids=ids,
+                        behaviour_logprobs=lps,
+                        token_weight_versions=versions,
+                        loss_mask=mask,
+                        reward=o.reward,
+                        reward_components=o.components,
+                        reward_status=o.status,
+                        reward_error=o.error,
+                        finish_reason=last.finish_reason,
+                        producer_id=ctx.producer_id,
+                        created_at=ctx.created_at,
+                        enqueued_at=now,
+                        prompt_text=json.dumps(first.messages, ensure_ascii=False),
+                        completion_text="".join(c.text for c in chain.calls),
+                        sampling_temperature=self.sampling.temperature,
+                        episode_end=_end(o.status),
+                        turns=len(chain.calls),
+                        tool_calls=_tool_results(last) - _tool_results(first),
+                    )
+                )
         if not episodes:
             raise RuntimeError(f"no agent session of group {ctx.group_id} called the model")
         for ep in episodes:

@@ -53,10 +53,21 @@ class Message(BaseModel):
             turn["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             try:
-                turn["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                    "name": c.function.name, "arguments": (json.loads(c.function.arguments)
-                                                           if isinstance(c.function.arguments, str)
-                                                           else c.function.arguments)}} for c in self.tool_calls]
+                turn["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {
+                            "name": c.function.name,
+                            "arguments": (
+                                json.loads(c.function.arguments)
+                                if isinstance(c.function.arguments, str)
+                                else c.function.arguments
+                            ),
+                        },
+                    }
+                    for c in self.tool_calls
+                ]
             except json.JSONDecodeError as exc:
                 raise ChatError(f"a tool call's function.arguments is not JSON: {exc}", "messages") from exc
         return turn
@@ -87,8 +98,11 @@ class SessionRequest(Strict):
         if self.stream_options is not None and not self.stream:
             raise ChatError("stream_options is only allowed with stream=true", "stream_options")
         if self.temperature is not None and abs(self.temperature - temperature) > 1e-6:
-            raise ChatError(f"temperature must be the rollout's ({temperature}) or left out: the episode's logprobs "
-                            "are the policy's at that temperature", "temperature")
+            raise ChatError(
+                f"temperature must be the rollout's ({temperature}) or left out: the episode's logprobs "
+                "are the policy's at that temperature",
+                "temperature",
+            )
         if self.top_p is not None and abs(self.top_p - top_p) > 1e-6:
             raise ChatError(f"top_p must be the rollout's ({top_p}) or left out", "top_p")
 
@@ -134,8 +148,7 @@ class Renderer:
             return "".join(f"{t['role']}: {t['content']}\n" for t in turns) + "assistant: "
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         try:
-            return str(self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False,
-                                                          **kwargs))
+            return str(self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False, **kwargs))
         except Exception as exc:  # a template that raises on these messages
             raise ChatError(f"the model's chat template refused these messages: {exc}", "messages") from exc
 
@@ -156,7 +169,7 @@ class Renderer:
         for tail in tails:
             prefix = self.decode(tail)
             if text.startswith(prefix):
-                return tail + self.encode(text[len(prefix):])
+                return tail + self.encode(text[len(prefix) :])
         return self.encode(text)
 
 
@@ -172,12 +185,25 @@ def answer(req: ChatRequest, sample: Any, model: str, prompt_tokens: int, pieces
     finish = "tool_calls" if calls else ("length" if sample.finish_reason == FINISH_REASON_LENGTH else "stop")
     logprobs = None
     if req.logprobs:
-        logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
-                                for p, lp in zip(pieces, sample.logprobs, strict=True)]}
+        logprobs = {
+            "content": [
+                {"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                for p, lp in zip(pieces, sample.logprobs, strict=True)
+            ]
+        }
     versions = [int(v) for v in sample.weight_versions]
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "weight_version": min(versions) if versions else 0,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs,
-                         "weight_versions": versions}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(sample.token_ids),
-                      "total_tokens": prompt_tokens + len(sample.token_ids)}}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "weight_version": min(versions) if versions else 0,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs, "weight_versions": versions}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(sample.token_ids),
+            "total_tokens": prompt_tokens + len(sample.token_ids),
+        },
+    }

@@ -158,8 +158,9 @@ class SessionProxy:
         req.check(self.sampling.temperature, self.sampling.top_p)
         if isinstance(req, ChatRequest):
             prompt_ids = await asyncio.to_thread(self.renderer.prompt_ids, req, entry.session.tails())
-            return Prepared(entry, req, prompt_ids, req.max_completion_tokens or req.max_tokens,
-                            [m.turn() for m in req.messages])
+            return Prepared(
+                entry, req, prompt_ids, req.max_completion_tokens or req.max_tokens, [m.turn() for m in req.messages]
+            )
         text = req.text()
         prompt_ids = await asyncio.to_thread(self.renderer.prompt_ids, text, entry.session.tails())
         return Prepared(entry, req, prompt_ids, req.max_tokens, [{"role": "prompt", "content": text}])
@@ -192,8 +193,14 @@ class SessionProxy:
             plan = session.plan(p.prompt_ids, p.max_tokens)
         except SessionLimitExceeded as exc:
             raise ChatError(str(exc), None, 413) from None
-        sampling = inference_pb2.SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                                max_new_tokens=plan.max_new_tokens, stop=[*s.stop, *p.req.stops()])
+        sampling = inference_pb2.SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=plan.max_new_tokens,
+            stop=[*s.stop, *p.req.stops()],
+        )
         if p.req.seed is not None:
             sampling.seed = p.req.seed
         return plan, sampling, min(s.generate_timeout_s, max(0.1, session.deadline - time.monotonic()))
@@ -204,16 +211,27 @@ class SessionProxy:
         session = p.entry.session
         if session.closed:  # the session ended while the model sampled: nothing is recorded
             raise ChatError("unknown or finished session", None, 404)
-        session.record(plan, Call(prompt_ids, list(sample.token_ids), list(sample.logprobs),
-                                  list(sample.weight_versions), sample.finish_reason, sample.text, p.messages))
+        session.record(
+            plan,
+            Call(
+                prompt_ids,
+                list(sample.token_ids),
+                list(sample.logprobs),
+                list(sample.weight_versions),
+                sample.finish_reason,
+                sample.text,
+                p.messages,
+            ),
+        )
         self.calls_served += 1
 
     async def _generate(self, p: Prepared) -> tuple[Any, Any]:
         """Generate one sample within the session's limits and record it: (GenerateResponse, its sample)."""
         plan, sampling, timeout = self._admit(p)
         try:
-            gen = await p.entry.inference.generate(p.prompt_ids, sampling, timeout_s=timeout,
-                                                   request_id=p.entry.request_id)
+            gen = await p.entry.inference.generate(
+                p.prompt_ids, sampling, timeout_s=timeout, request_id=p.entry.request_id
+            )
         except grpc.aio.AioRpcError as exc:
             p.entry.session.release(plan)
             raise refused(exc) from None
@@ -234,8 +252,9 @@ class SessionProxy:
         Returns the events and the call's end, which the response closes however it ends."""
         p = await self._prepare(sid, body, chat)
         plan, sampling, timeout = self._admit(p)
-        call = p.entry.inference.generate_stream(p.prompt_ids, sampling, timeout_s=timeout,
-                                                 request_id=p.entry.request_id)
+        call = p.entry.inference.generate_stream(
+            p.prompt_ids, sampling, timeout_s=timeout, request_id=p.entry.request_id
+        )
         try:
             first = await anext(aiter(call))
         except grpc.aio.AioRpcError as exc:
@@ -246,13 +265,20 @@ class SessionProxy:
             call.cancel()
             raise
         usage = bool(p.req.stream_options and p.req.stream_options.include_usage)
-        writer = SseWriter(p.req, chat, p.req.model or MODEL_NAME, self.renderer.text_of,
-                           lambda t: self.renderer.decode([t]), [*self.sampling.stop, *p.req.stops()])
+        writer = SseWriter(
+            p.req,
+            chat,
+            p.req.model or MODEL_NAME,
+            self.renderer.text_of,
+            lambda t: self.renderer.decode([t]),
+            [*self.sampling.stop, *p.req.stops()],
+        )
         end = StreamEnd(p.entry.session, plan, call)
         return self._events(p, end, list(first.prompt_token_ids), writer, usage), end
 
-    async def _events(self, p: Prepared, end: StreamEnd, prompt_ids: list[int], writer: SseWriter,
-                      usage: bool) -> AsyncIterator[str]:
+    async def _events(
+        self, p: Prepared, end: StreamEnd, prompt_ids: list[int], writer: SseWriter, usage: bool
+    ) -> AsyncIterator[str]:
         """The events of a streamed call. A client that goes away (or a failed stream) ends it unrecorded: the
         call's budget is released, it still counts as a call, and inference cancels the request."""
         plan, call = end.plan, end.call
@@ -287,8 +313,10 @@ class SessionProxy:
         @app.get("/sessions/{sid}/v1/models")
         async def models(sid: str) -> dict[str, Any]:
             self._entry(sid)
-            return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
-                                                "owned_by": "relayrl"}]}
+            return {
+                "object": "list",
+                "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "relayrl"}],
+            }
 
         async def serve(sid: str, request: Request, chat: bool) -> Any:
             self._entry(sid)  # an unknown session is 404 whatever its body
@@ -298,8 +326,9 @@ class SessionProxy:
                 raise ChatError(f"the body is not JSON: {exc}") from None
             if isinstance(body, dict) and body.get("stream") is True:  # errors before the first event stay HTTP
                 events, end = await self.stream(sid, body, chat)
-                return ClosingStreamingResponse(events, end.close, media_type=MEDIA_TYPE,
-                                                headers={"Cache-Control": "no-cache"})
+                return ClosingStreamingResponse(
+                    events, end.close, media_type=MEDIA_TYPE, headers={"Cache-Control": "no-cache"}
+                )
             return await (self.chat(sid, body) if chat else self.complete(sid, body))
 
         @app.post("/sessions/{sid}/v1/chat/completions")

@@ -53,7 +53,7 @@ class Chain:
 
     def extended_by(self, prompt_ids: list[int]) -> bool:
         tokens = self.tokens
-        return len(prompt_ids) >= len(tokens) and prompt_ids[:len(tokens)] == tokens
+        return len(prompt_ids) >= len(tokens) and prompt_ids[: len(tokens)] == tokens
 
     def used_by(self, prompt_ids: list[int]) -> int:
         """Tokens of the episode's completion sequence before a call with this prompt samples."""
@@ -68,7 +68,7 @@ class Chain:
         previous: Call | None = None
         for call in self.calls:
             if previous is not None:
-                gap = call.prompt_ids[len(previous.prompt_ids) + len(previous.completion_ids):]
+                gap = call.prompt_ids[len(previous.prompt_ids) + len(previous.completion_ids) :]
                 version = previous.versions[-1] if previous.versions else (versions[-1] if versions else 0)
                 ids += gap
                 lps += [0.0] * len(gap)
@@ -114,8 +114,9 @@ class Session:
             raise SessionLimitExceeded(f"the session made its {lim.max_calls} calls (max_calls)")
         left = lim.max_session_tokens - self.generated - self.reserved
         if left < 1:
-            raise SessionLimitExceeded(f"the session generated its {lim.max_session_tokens} tokens "
-                                       "(max_session_tokens)")
+            raise SessionLimitExceeded(
+                f"the session generated its {lim.max_session_tokens} tokens (max_session_tokens)"
+            )
         chain = next((c for c in reversed(self.chains) if c.extended_by(prompt_ids)), None)
         room = lim.max_episode_tokens
         if chain is not None:

@@ -53,8 +53,9 @@ class CompletionRequest(SessionRequest):
             raise ChatError("echo is not supported in an agent session", "echo")
 
 
-def completion_answer(req: CompletionRequest, sample: Any, model: str, prompt_tokens: int,
-                      pieces: list[str]) -> dict[str, Any]:
+def completion_answer(
+    req: CompletionRequest, sample: Any, model: str, prompt_tokens: int, pieces: list[str]
+) -> dict[str, Any]:
     """The OpenAI text completion for one sample (``pieces``: the text of each sampled token, for logprobs)."""
     logprobs = None
     if req.logprobs is not None:
@@ -62,16 +63,35 @@ def completion_answer(req: CompletionRequest, sample: Any, model: str, prompt_to
         for p in pieces:
             offsets.append(at)
             at += len(p)
-        logprobs = {"tokens": pieces, "token_logprobs": list(sample.logprobs), "top_logprobs": None,
-                    "text_offset": offsets}
+        logprobs = {
+            "tokens": pieces,
+            "token_logprobs": list(sample.logprobs),
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
     versions = [int(v) for v in sample.weight_versions]
     finish = "length" if sample.finish_reason == FINISH_REASON_LENGTH else "stop"
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": model, "weight_version": min(versions) if versions else 0,
-            "choices": [{"index": 0, "text": sample.text, "finish_reason": finish, "logprobs": logprobs,
-                         "weight_versions": versions}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(sample.token_ids),
-                      "total_tokens": prompt_tokens + len(sample.token_ids)}}
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "weight_version": min(versions) if versions else 0,
+        "choices": [
+            {
+                "index": 0,
+                "text": sample.text,
+                "finish_reason": finish,
+                "logprobs": logprobs,
+                "weight_versions": versions,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(sample.token_ids),
+            "total_tokens": prompt_tokens + len(sample.token_ids),
+        },
+    }
 
 
 def cut_at_stop(text: str, stops: list[str]) -> str:
@@ -84,12 +104,22 @@ class SseWriter:
     """The server-sent events of one streamed call, built as inference's chunks arrive (see the module's
     docstring). ``text_of``: token ids to text as inference decodes a sample; ``piece``: one token's text."""
 
-    def __init__(self, req: SessionRequest, chat: bool, model: str, text_of: Callable[[list[int]], str],
-                 piece: Callable[[int], str], stops: list[str]) -> None:
+    def __init__(
+        self,
+        req: SessionRequest,
+        chat: bool,
+        model: str,
+        text_of: Callable[[list[int]], str],
+        piece: Callable[[int], str],
+        stops: list[str],
+    ) -> None:
         self.req, self.chat, self.text_of, self.piece, self.stops = req, chat, text_of, piece, stops
-        self.head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-                     "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": int(time.time()), "model": model}
+        self.head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
         self.logprobs = bool(getattr(req, "logprobs", None)) if chat else getattr(req, "logprobs", None) is not None
         self.buffer = chat and isinstance(req, ChatRequest) and req.uses_tools()
         self.tokens: list[int] = []
@@ -103,8 +133,22 @@ class SseWriter:
 
     def start(self) -> list[str]:
         """The chat's first chunk (the assistant's role); none for a text completion."""
-        return [self.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])] if self.chat else []
+        return (
+            [
+                self.event(
+                    [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+            ]
+            if self.chat
+            else []
+        )
 
     def add(self, ids: list[int], lps: list[float], versions: list[int]) -> list[str]:
         """A chunk for newly sampled tokens, once they add text (held while buffering for tool calls)."""
@@ -116,25 +160,33 @@ class SseWriter:
         text = cut_at_stop(self.text_of(self.tokens).rstrip("\ufffd"), self.stops)
         if len(text) <= len(self.sent_text) or not text.startswith(self.sent_text):
             return []  # nothing new yet (or a re-decoding that changed earlier text: the last chunk settles it)
-        return [self.event([self._choice(text[len(self.sent_text):])])]
+        return [self.event([self._choice(text[len(self.sent_text) :])])]
 
     def _choice(self, text: str, finish: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """One chunk's choice: ``text`` and the tokens not sent yet (their logprobs when asked, their versions)."""
-        ids, lps = self.tokens[self.sent_tokens:], self.lps[self.sent_tokens:]
+        ids, lps = self.tokens[self.sent_tokens :], self.lps[self.sent_tokens :]
         logprobs: dict[str, Any] | None = None
         if self.logprobs:
             pieces = [self.piece(t) for t in ids]
             if self.chat:
-                logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
-                                        for p, lp in zip(pieces, lps, strict=True)]}
+                logprobs = {
+                    "content": [
+                        {"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                        for p, lp in zip(pieces, lps, strict=True)
+                    ]
+                }
             else:
                 offsets, at = [], len(self.sent_text)
                 for p in pieces:
                     offsets.append(at)
                     at += len(p)
                 logprobs = {"tokens": pieces, "token_logprobs": lps, "top_logprobs": None, "text_offset": offsets}
-        out: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish,
-                               "weight_versions": self.versions[self.sent_tokens:]}
+        out: dict[str, Any] = {
+            "index": 0,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+            "weight_versions": self.versions[self.sent_tokens :],
+        }
         if self.chat:
             out["delta"] = {"content": text, **(extra or {})} if text or extra else {}
         else:
@@ -157,9 +209,10 @@ class SseWriter:
             final = choice["text"]
         if not final.startswith(self.sent_text):
             log.warning("streamed text diverged from the sample's text; sending the rest of the sample's only")
-        rest = final[len(self.sent_text):] if final.startswith(self.sent_text) else ""
-        events = [self.event([self._choice(rest, choice["finish_reason"], extra)],
-                             weight_version=answer["weight_version"])]
+        rest = final[len(self.sent_text) :] if final.startswith(self.sent_text) else ""
+        events = [
+            self.event([self._choice(rest, choice["finish_reason"], extra)], weight_version=answer["weight_version"])
+        ]
         if usage:
             events.append(self.event([], usage=answer["usage"], weight_version=answer["weight_version"]))
         events.append(DONE)

@@ -43,8 +43,9 @@ class CodeRunner:
         if self.reward is None:
             raise CodeRunError("no reward service to run code in (this workflow was built without one)")
         try:
-            response: reward_pb2.RunCodeResponse = await self.reward.run_code(code, stdin.encode(),
-                                                                              timeout_s=self.timeout_s)
+            response: reward_pb2.RunCodeResponse = await self.reward.run_code(
+                code, stdin.encode(), timeout_s=self.timeout_s
+            )
         except grpc.aio.AioRpcError as exc:
             raise CodeRunError(f"the code sandbox did not run it ({exc.code().name}: {exc.details()})") from None
         return response
@@ -67,8 +68,10 @@ def outcome_text(response: reward_pb2.RunCodeResponse) -> str:
         return stdout
     if response.status == reward_pb2.CODE_RUN_STATUS_EXITED:
         raise CodeRunError(f"exit code {response.exit_code}\n{stderr}".rstrip())
-    why = {reward_pb2.CODE_RUN_STATUS_TIMEOUT: "timed out",
-           reward_pb2.CODE_RUN_STATUS_OUTPUT_EXCEEDED: "wrote too much output"}.get(response.status, "did not run")
+    why = {
+        reward_pb2.CODE_RUN_STATUS_TIMEOUT: "timed out",
+        reward_pb2.CODE_RUN_STATUS_OUTPUT_EXCEEDED: "wrote too much output",
+    }.get(response.status, "did not run")
     raise CodeRunError(f"the program {why}: {response.error}\n{stderr}".rstrip())
 
 
@@ -80,7 +83,10 @@ async def python(code: str, *, run_code: CodeRunner) -> str:
 python.schema = {  # type: ignore[attr-defined]
     "name": "python",
     "description": "Run a Python 3 program (standard library only, no network) in a sandbox and return its "
-                   "standard output. print() the values you need.",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "The program."}},
-                   "required": ["code"]},
+    "standard output. print() the values you need.",
+    "parameters": {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "The program."}},
+        "required": ["code"],
+    },
 }

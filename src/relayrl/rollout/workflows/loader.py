@@ -22,8 +22,9 @@ from relayrl.rollout.workflows.single_turn import SingleTurnWorkflow
 from relayrl.rollout.workflows.tools import ToolEnvironment, ToolSet
 
 
-def build_workflow(cfg: RolloutConfig, model_path: Path | None = None,
-                   reward: Any = None) -> tuple[Workflow, EnvironmentFactory | None]:
+def build_workflow(
+    cfg: RolloutConfig, model_path: Path | None = None, reward: Any = None
+) -> tuple[Workflow, EnvironmentFactory | None]:
     """The workflow of ``cfg`` and the environment factory it plays (multi_turn only); a ConfigError names the
     field that cannot be loaded. The agent workflow renders conversations with the served model's tokenizer
     (``model_path``, the run's model.path). Tools that run code (the ``python`` tool) run it through ``reward``'s
@@ -31,8 +32,9 @@ def build_workflow(cfg: RolloutConfig, model_path: Path | None = None,
     if cfg.workflow == "single_turn":
         return SingleTurnWorkflow(), None
     if cfg.workflow == "multi_turn":
-        factory = cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP,
-                                                         "rollout.environment"))
+        factory = cast(
+            EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP, "rollout.environment")
+        )
         return MultiTurnWorkflow(factory), factory
     if cfg.workflow == "tools":
         tokenizer = None
@@ -50,6 +52,9 @@ def build_workflow(cfg: RolloutConfig, model_path: Path | None = None,
         if model_path is None:
             raise ConfigError("model.path", model_path, "the agent workflow needs the served model's tokenizer")
         return AgentWorkflow.from_config(cfg.agent, cfg, model_path), None
-    plugin_env = cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP,
-                                                        "rollout.environment")) if cfg.environment else None
+    plugin_env = (
+        cast(EnvironmentFactory, load_callable(cfg.environment, ENVIRONMENT_ENTRY_POINT_GROUP, "rollout.environment"))
+        if cfg.environment
+        else None
+    )
     return cast(Workflow, load_callable(cfg.workflow, ENTRY_POINT_GROUP, "rollout.workflow")), plugin_env

@@ -25,8 +25,11 @@ from relayrl.rollout.workflows.trajectory import EpisodeEnd, Trajectory, episode
 
 log = logging.getLogger(__name__)
 
-_LIMIT_ENDS = {"max_tool_calls": EpisodeEnd.EPISODE_END_MAX_TOOL_CALLS, "max_turns": EpisodeEnd.EPISODE_END_MAX_TURNS,
-               "max_tokens": EpisodeEnd.EPISODE_END_MAX_TOKENS}
+_LIMIT_ENDS = {
+    "max_tool_calls": EpisodeEnd.EPISODE_END_MAX_TOOL_CALLS,
+    "max_turns": EpisodeEnd.EPISODE_END_MAX_TURNS,
+    "max_tokens": EpisodeEnd.EPISODE_END_MAX_TOKENS,
+}
 
 
 class MultiTurnWorkflow:
@@ -35,8 +38,13 @@ class MultiTurnWorkflow:
     episode's reward; otherwise the reward is the sum of the environment's step rewards. ``stop``: stop strings
     beside rollout.stop (a tool call's closing tag, so the tool runs as soon as the call is written)."""
 
-    def __init__(self, environment: EnvironmentFactory | None = None, score: bool = False,
-                 stop: Sequence[str] = (), answer: object = None) -> None:
+    def __init__(
+        self,
+        environment: EnvironmentFactory | None = None,
+        score: bool = False,
+        stop: Sequence[str] = (),
+        answer: object = None,
+    ) -> None:
         self.environment = environment
         self.score = score
         self.stop = list(stop)
@@ -51,19 +59,30 @@ class MultiTurnWorkflow:
         scores: list[reward_pb2.ScoreResponse | None] = [None] * len(trajs)
         if self.score:
             scores = await self._score(row, ctx, ids, trajs)
-        return [episode_from(t, row, ctx, i, eid, s) for i, (t, eid, s) in enumerate(zip(trajs, ids, scores,
-                                                                                         strict=True))]
+        return [
+            episode_from(t, row, ctx, i, eid, s) for i, (t, eid, s) in enumerate(zip(trajs, ids, scores, strict=True))
+        ]
 
-    async def _score(self, row: Prompt, ctx: WorkflowContext, ids: list[str], trajs: list[Trajectory]
-                     ) -> list[reward_pb2.ScoreResponse | None]:
+    async def _score(
+        self, row: Prompt, ctx: WorkflowContext, ids: list[str], trajs: list[Trajectory]
+    ) -> list[reward_pb2.ScoreResponse | None]:
         todo = [i for i, t in enumerate(trajs) if t.end != EpisodeEnd.EPISODE_END_ENV_ERROR]
         if not todo:
             return [None] * len(trajs)
         answer = self.answer if callable(self.answer) else (lambda text: text)
-        got = await ctx.reward.score_batch([
-            reward_pb2.ScoreRequest(episode_id=ids[i], prompt=row.prompt, completion=answer(trajs[i].last_text),
-                                    reference=row.answer, metadata=score_metadata(row, trajs[i])) for i in todo
-        ], timeout_s=ctx.config.score_timeout_s)
+        got = await ctx.reward.score_batch(
+            [
+                reward_pb2.ScoreRequest(
+                    episode_id=ids[i],
+                    prompt=row.prompt,
+                    completion=answer(trajs[i].last_text),
+                    reference=row.answer,
+                    metadata=score_metadata(row, trajs[i]),
+                )
+                for i in todo
+            ],
+            timeout_s=ctx.config.score_timeout_s,
+        )
         if len(got.responses) != len(todo):
             raise GroupFailed(f"reward returned {len(got.responses)} scores for {len(todo)} episodes")
         out: list[reward_pb2.ScoreResponse | None] = [None] * len(trajs)
@@ -90,31 +109,42 @@ class MultiTurnWorkflow:
             except Exception:
                 log.exception("closing the environment of prompt %s failed", row.prompt_id)
         if 1 not in traj.mask:
-            raise GroupFailed(f"an episode of prompt {row.prompt_id} ended ({EpisodeEnd.Name(traj.end)}) before the "
-                              "model wrote a token")
+            raise GroupFailed(
+                f"an episode of prompt {row.prompt_id} ended ({EpisodeEnd.Name(traj.end)}) before the "
+                "model wrote a token"
+            )
         return traj
 
     def _sampling(self, ctx: WorkflowContext, max_new_tokens: int) -> inference_pb2.SamplingParams:
         cfg = ctx.config
-        return inference_pb2.SamplingParams(n=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                            max_new_tokens=max_new_tokens, stop=[*cfg.stop, *self.stop])
+        return inference_pb2.SamplingParams(
+            n=1,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_new_tokens=max_new_tokens,
+            stop=[*cfg.stop, *self.stop],
+        )
 
-    async def _turn(self, first: str | list[dict[str, str]], obs: str, ctx: WorkflowContext, index: int,
-                    traj: Trajectory, want: int) -> inference_pb2.Sample | None:
+    async def _turn(
+        self, first: str | list[dict[str, str]], obs: str, ctx: WorkflowContext, index: int, traj: Trajectory, want: int
+    ) -> inference_pb2.Sample | None:
         """Sample one turn after the observation ``obs``; None when the observation leaves no room."""
         cfg, rid = ctx.config, f"{ctx.group_id}-{index}-{traj.turns}"
         if traj.turns == 0:
-            gen = await ctx.inference.generate(first, self._sampling(ctx, want), timeout_s=cfg.generate_timeout_s,
-                                               request_id=rid)
+            gen = await ctx.inference.generate(
+                first, self._sampling(ctx, want), timeout_s=cfg.generate_timeout_s, request_id=rid
+            )
             traj.prompt_ids = list(gen.prompt_token_ids)
             traj.prompt_text = first if isinstance(first, str) else json.dumps(first, ensure_ascii=False)
         else:
             context = traj.context()
-            gen = await ctx.inference.generate(context, self._sampling(ctx, want), timeout_s=cfg.generate_timeout_s,
-                                               request_id=rid, suffix_text=obs)
-            if list(gen.prompt_token_ids[:len(context)]) != context:
+            gen = await ctx.inference.generate(
+                context, self._sampling(ctx, want), timeout_s=cfg.generate_timeout_s, request_id=rid, suffix_text=obs
+            )
+            if list(gen.prompt_token_ids[: len(context)]) != context:
                 raise GroupFailed("inference changed the ids of earlier turns (token-in/token-out broken)")
-            obs_ids = list(gen.prompt_token_ids[len(context):])
+            obs_ids = list(gen.prompt_token_ids[len(context) :])
             room = cfg.max_episode_tokens - len(traj.ids)
             if len(obs_ids) >= room:  # the observation fills the episode: keep what fits, end here
                 traj.add_observation(obs_ids[:room], obs)
@@ -126,8 +156,15 @@ class MultiTurnWorkflow:
         traj.add_model_turn(sample, cfg.max_episode_tokens - len(traj.ids))
         return sample
 
-    async def _play(self, env: Environment, first: str | list[dict[str, str]], row: Prompt, ctx: WorkflowContext,
-                    index: int, traj: Trajectory) -> None:
+    async def _play(
+        self,
+        env: Environment,
+        first: str | list[dict[str, str]],
+        row: Prompt,
+        ctx: WorkflowContext,
+        index: int,
+        traj: Trajectory,
+    ) -> None:
         cfg, obs = ctx.config, ""
         while True:
             # an observation of b bytes is at most b tokens (no special tokens are added to it)

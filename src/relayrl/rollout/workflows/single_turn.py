@@ -22,35 +22,59 @@ class SingleTurnWorkflow:
     async def __call__(self, row: Prompt, ctx: WorkflowContext) -> list[episode_pb2.Episode]:
         cfg = ctx.config
         gen = await ctx.inference.generate(  # a conversation is rendered once, by inference's template
-            row.chat() or row.prompt, inference_pb2.SamplingParams(
-                n=ctx.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                max_new_tokens=cfg.max_new_tokens, stop=cfg.stop),
-            timeout_s=cfg.generate_timeout_s, request_id=ctx.group_id)
+            row.chat() or row.prompt,
+            inference_pb2.SamplingParams(
+                n=ctx.group_size,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                max_new_tokens=cfg.max_new_tokens,
+                stop=cfg.stop,
+            ),
+            timeout_s=cfg.generate_timeout_s,
+            request_id=ctx.group_id,
+        )
         if len(gen.samples) != ctx.group_size:
             raise GroupFailed(f"inference returned {len(gen.samples)} samples, expected {ctx.group_size}")
         episode_ids = [uuid.uuid4().hex for _ in gen.samples]
         log.debug("scoring group for prompt %s: episodes %s", row.prompt_id, ", ".join(episode_ids))
         meta = encode_metadata(row.metadata)
-        scores = await ctx.reward.score_batch([
-            reward_pb2.ScoreRequest(episode_id=eid, prompt=row.prompt, completion=s.text,
-                                    reference=row.answer, metadata=meta)
-            for eid, s in zip(episode_ids, gen.samples, strict=True)
-        ], timeout_s=cfg.score_timeout_s)
+        scores = await ctx.reward.score_batch(
+            [
+                reward_pb2.ScoreRequest(
+                    episode_id=eid, prompt=row.prompt, completion=s.text, reference=row.answer, metadata=meta
+                )
+                for eid, s in zip(episode_ids, gen.samples, strict=True)
+            ],
+            timeout_s=cfg.score_timeout_s,
+        )
         if len(scores.responses) != len(gen.samples):
             raise GroupFailed(f"reward returned {len(scores.responses)} scores for {len(gen.samples)} samples")
         now = time.time()
         prompt_text = json.dumps(row.chat(), ensure_ascii=False) if row.messages else row.prompt
         return [
             episode_pb2.Episode(
-                episode_id=eid, prompt_id=row.prompt_id, group_id=ctx.group_id, sample_index=i,
-                group_size=ctx.group_size, prompt_token_ids=gen.prompt_token_ids,
-                completion_token_ids=s.token_ids, behaviour_logprobs=s.logprobs,
-                token_weight_versions=s.weight_versions, loss_mask=[1] * len(s.token_ids),
+                episode_id=eid,
+                prompt_id=row.prompt_id,
+                group_id=ctx.group_id,
+                sample_index=i,
+                group_size=ctx.group_size,
+                prompt_token_ids=gen.prompt_token_ids,
+                completion_token_ids=s.token_ids,
+                behaviour_logprobs=s.logprobs,
+                token_weight_versions=s.weight_versions,
+                loss_mask=[1] * len(s.token_ids),
                 reward=reward_of(r),
-                reward_components=dict(r.components), reward_status=r.status, reward_error=r.error,
+                reward_components=dict(r.components),
+                reward_status=r.status,
+                reward_error=r.error,
                 finish_reason=s.finish_reason,
-                producer_id=ctx.producer_id, created_at=ctx.created_at, enqueued_at=now,
-                prompt_text=prompt_text, completion_text=s.text, sampling_temperature=cfg.temperature,
+                producer_id=ctx.producer_id,
+                created_at=ctx.created_at,
+                enqueued_at=now,
+                prompt_text=prompt_text,
+                completion_text=s.text,
+                sampling_temperature=cfg.temperature,
             )
             for i, (eid, s, r) in enumerate(zip(episode_ids, gen.samples, scores.responses, strict=True))
         ]

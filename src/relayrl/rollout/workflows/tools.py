@@ -55,16 +55,21 @@ def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     props: dict[str, Any] = {}
     required: list[str] = []
     for p in inspect.signature(fn).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (p.name in (RUN_CODE, QUESTION)
-                                                            and p.kind is p.KEYWORD_ONLY):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (p.name in (RUN_CODE, QUESTION) and p.kind is p.KEYWORD_ONLY):
             continue
-        ann = p.annotation if not isinstance(p.annotation, str) else {"str": str, "int": int, "float": float,
-                                                                     "bool": bool}.get(p.annotation, str)
+        ann = (
+            p.annotation
+            if not isinstance(p.annotation, str)
+            else {"str": str, "int": int, "float": float, "bool": bool}.get(p.annotation, str)
+        )
         props[p.name] = {"type": _JSON_TYPES.get(ann, "string")}
         if p.default is p.empty:
             required.append(p.name)
-    return {"name": name, "description": inspect.getdoc(fn) or "",
-            "parameters": {"type": "object", "properties": props, "required": required}}
+    return {
+        "name": name,
+        "description": inspect.getdoc(fn) or "",
+        "parameters": {"type": "object", "properties": props, "required": required},
+    }
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,9 @@ class ToolSet:
         self._tagged = re.compile(rf"<({names})>(.*?)</\1>", re.DOTALL)
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float, reward: Any = None,
-                   tokenizer: Any = None) -> ToolSet:
+    def from_specs(
+        cls, specs: Sequence[str], fmt: ToolFormat, timeout_s: float, reward: Any = None, tokenizer: Any = None
+    ) -> ToolSet:
         """The tools of ``specs``; one that takes ``run_code`` runs programs through ``reward`` (a RewardClient
         holding the code token) with the deadline ``timeout_s`` (code_tool.py)."""
         tools = []
@@ -98,11 +104,18 @@ class ToolSet:
             name = str(getattr(fn, "tool_name", None) or getattr(fn, "__name__", spec.rpartition(":")[2]))
             if takes_runner(fn):
                 runner = CodeRunner(reward, timeout_s)
-                tools.append(Tool(name, functools.partial(fn, run_code=runner), tool_schema(fn, name),
-                                  frozenset({RUN_CODE})))
+                tools.append(
+                    Tool(name, functools.partial(fn, run_code=runner), tool_schema(fn, name), frozenset({RUN_CODE}))
+                )
             else:
-                tools.append(Tool(name, fn, tool_schema(fn, name),
-                                  frozenset({QUESTION}) if _keyword_only(fn, QUESTION) else frozenset()))
+                tools.append(
+                    Tool(
+                        name,
+                        fn,
+                        tool_schema(fn, name),
+                        frozenset({QUESTION}) if _keyword_only(fn, QUESTION) else frozenset(),
+                    )
+                )
         return cls(tools, fmt, timeout_s, tokenizer)
 
     def prompt(self, conversation: list[dict[str, str]]) -> str | list[dict[str, str]]:
@@ -114,8 +127,11 @@ class ToolSet:
             return conversation
         tools = [{"type": "function", "function": t.schema} for t in self.tools.values()]
         try:
-            return str(self.tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True,
-                                                          tokenize=False))
+            return str(
+                self.tokenizer.apply_chat_template(
+                    conversation, tools=tools, add_generation_prompt=True, tokenize=False
+                )
+            )
         except Exception:  # a template that refuses these messages: inference renders them (and says why)
             return conversation
 
@@ -148,8 +164,9 @@ class ToolSet:
             kw = {**kw, QUESTION: question}
         try:
             inspect.signature(tool.fn).bind(*pos, **kw)  # wrong arguments: the model's error, shown to it
-            run = tool.fn(*pos, **kw) if inspect.iscoroutinefunction(tool.fn) else asyncio.to_thread(tool.fn, *pos,
-                                                                                                     **kw)
+            run = (
+                tool.fn(*pos, **kw) if inspect.iscoroutinefunction(tool.fn) else asyncio.to_thread(tool.fn, *pos, **kw)
+            )
             result = await asyncio.wait_for(run, self.timeout_s)
         except TimeoutError:
             return f"error: {name} timed out after {self.timeout_s:g}s", True
@@ -202,17 +219,27 @@ class ToolEnvironment:
             return StepResult("", truncated=True, limit="max_tool_calls")
         self.calls += len(calls)
         results = [await self.tools.call(name, args, self.question) for name, args in calls]
-        return StepResult(self.tools.render([out for out, _ in results], self.chat), tool_calls=len(calls),
-                          tool_errors=sum(failed for _, failed in results))
+        return StepResult(
+            self.tools.render([out for out, _ in results], self.chat),
+            tool_calls=len(calls),
+            tool_errors=sum(failed for _, failed in results),
+        )
 
     async def close(self) -> None:
         return None
 
 
-_OPS: dict[type, Callable[..., Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-                                        ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
-                                        ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg,
-                                        ast.UAdd: operator.pos}
+_OPS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def _eval(node: ast.AST) -> int | float:

@@ -69,8 +69,14 @@ class Trajectory:
         return "".join(self.texts)
 
 
-def episode_from(traj: Trajectory, row: Prompt, ctx: WorkflowContext, index: int, episode_id: str,
-                 score: reward_pb2.ScoreResponse | None = None) -> episode_pb2.Episode:
+def episode_from(
+    traj: Trajectory,
+    row: Prompt,
+    ctx: WorkflowContext,
+    index: int,
+    episode_id: str,
+    score: reward_pb2.ScoreResponse | None = None,
+) -> episode_pb2.Episode:
     """The Episode of one finished trajectory; ``score`` (the reward service's) replaces the environment's reward,
     and an environment failure marks the episode like a reward error."""
     if traj.end == EpisodeEnd.EPISODE_END_ENV_ERROR:
@@ -81,20 +87,43 @@ def episode_from(traj: Trajectory, row: Prompt, ctx: WorkflowContext, index: int
         status, reward, error, components = reward_pb2.SCORE_STATUS_OK, traj.reward, "", {}
     temperature = ctx.config.temperature if ctx.config is not None else 1.0
     return episode_pb2.Episode(
-        episode_id=episode_id, prompt_id=row.prompt_id, group_id=ctx.group_id, sample_index=index,
-        group_size=ctx.group_size, prompt_token_ids=traj.prompt_ids, completion_token_ids=traj.ids,
-        behaviour_logprobs=traj.logprobs, token_weight_versions=traj.versions, loss_mask=traj.mask,
-        reward=reward, reward_components=components, reward_status=status, reward_error=error,
-        finish_reason=traj.finish_reason, producer_id=ctx.producer_id, created_at=ctx.created_at,
-        enqueued_at=time.time(), prompt_text=traj.prompt_text, completion_text=traj.transcript(),
-        sampling_temperature=temperature, episode_end=traj.end, turns=traj.turns, tool_calls=traj.tool_calls,
-        tool_errors=traj.tool_errors)
+        episode_id=episode_id,
+        prompt_id=row.prompt_id,
+        group_id=ctx.group_id,
+        sample_index=index,
+        group_size=ctx.group_size,
+        prompt_token_ids=traj.prompt_ids,
+        completion_token_ids=traj.ids,
+        behaviour_logprobs=traj.logprobs,
+        token_weight_versions=traj.versions,
+        loss_mask=traj.mask,
+        reward=reward,
+        reward_components=components,
+        reward_status=status,
+        reward_error=error,
+        finish_reason=traj.finish_reason,
+        producer_id=ctx.producer_id,
+        created_at=ctx.created_at,
+        enqueued_at=time.time(),
+        prompt_text=traj.prompt_text,
+        completion_text=traj.transcript(),
+        sampling_temperature=temperature,
+        episode_end=traj.end,
+        turns=traj.turns,
+        tool_calls=traj.tool_calls,
+        tool_errors=traj.tool_errors,
+    )
 
 
 def score_metadata(row: Prompt, traj: Trajectory) -> dict[str, str]:
     """What a reward function sees of a multi-turn episode beside its final answer (JSON values, as for any
     metadata): the whole transcript, the number of turns and tool calls, and how the episode ended."""
-    meta: dict[str, Any] = {**row.metadata, "transcript": traj.transcript(), "turns": traj.turns,
-                            "tool_calls": traj.tool_calls, "tool_errors": traj.tool_errors,
-                            "episode_end": EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower()}
+    meta: dict[str, Any] = {
+        **row.metadata,
+        "transcript": traj.transcript(),
+        "turns": traj.turns,
+        "tool_calls": traj.tool_calls,
+        "tool_errors": traj.tool_errors,
+        "episode_end": EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower(),
+    }
     return encode_metadata(meta)

@@ -42,6 +42,7 @@ def register(kind: AdvantageEstimator) -> Callable[[Estimator], Estimator]:
     def wrap(fn: Estimator) -> Estimator:
         ESTIMATORS[kind] = fn
         return fn
+
     return wrap
 
 
@@ -107,8 +108,14 @@ def reinforce_pp_baseline(g: Groups, eps: float, batch_moments: torch.Tensor | N
     return _batch_normalise(reinforce_pp_values(AdvantageEstimator.REINFORCE_PP_BASELINE, g), eps, batch_moments)
 
 
-def advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, group_index: torch.Tensor, num_groups: int,
-               eps: float = 1e-6, batch_moments: torch.Tensor | None = None) -> torch.Tensor:
+def advantages(
+    estimator: AdvantageEstimator,
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    num_groups: int,
+    eps: float = 1e-6,
+    batch_moments: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-episode advantages of ``estimator`` (see :data:`ESTIMATORS`), in the rewards' dtype."""
     assert rewards.dim() == 1 and group_index.shape == rewards.shape, (rewards.shape, group_index.shape)
     if estimator not in ESTIMATORS:

@@ -17,8 +17,9 @@ import torch
 from relayrl.config.loss import DistillBaseline
 
 
-def distill_baselines(kind: DistillBaseline, samples: torch.Tensor, group: torch.Tensor, position: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
+def distill_baselines(
+    kind: DistillBaseline, samples: torch.Tensor, group: torch.Tensor, position: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Per token (flat ``[T]`` columns): the baseline of its reverse-KL sample. ``samples`` is log pi_behav - log
     pi_teacher; ``group`` the token's group, ``position`` its completion position; ``mask`` 0 for a token out of
     the loss (it neither enters a mean nor needs a baseline: 0). ``group``: the mean of the samples of the trained

@@ -38,8 +38,15 @@ def kl_estimate(kind: KlEstimator, logp: torch.Tensor, ref_logp: torch.Tensor) -
     return KL_ESTIMATORS[kind](logp, ref_logp.detach())
 
 
-def kl_reward_penalty(kind: KlEstimator, coef: float, behaviour: torch.Tensor, ref_logp: torch.Tensor,
-                      mask: torch.Tensor, seq: torch.Tensor, num_seqs: int) -> torch.Tensor:
+def kl_reward_penalty(
+    kind: KlEstimator,
+    coef: float,
+    behaviour: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    seq: torch.Tensor,
+    num_seqs: int,
+) -> torch.Tensor:
     """Per-sequence penalty ``coef * sum_t k(behav, ref)`` (detached, float64 ``[num_seqs]``) over flat tokens
     with their sequence index ``seq``, to subtract from the rewards before advantages (the sampled tokens' own
     logprobs stand for pi_theta)."""

@@ -21,6 +21,7 @@ def register(kind: MismatchMask) -> Callable[[MaskFn], MaskFn]:
     def wrap(fn: MaskFn) -> MaskFn:
         MASKS[kind] = fn
         return fn
+
     return wrap
 
 
@@ -31,7 +32,8 @@ def _log_ratio(t: Tokens) -> torch.Tensor:
 def _inside(log_ratio: torch.Tensor, low: float, high: float) -> torch.Tensor:
     # compared in log space: exp of a sequence's summed log ratio overflows long before it matters
     return (log_ratio >= torch.log(torch.tensor(low, dtype=torch.float64))) & (
-        log_ratio <= torch.log(torch.tensor(high, dtype=torch.float64)))
+        log_ratio <= torch.log(torch.tensor(high, dtype=torch.float64))
+    )
 
 
 @register(MismatchMask.NONE)

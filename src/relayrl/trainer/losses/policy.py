@@ -40,6 +40,7 @@ def register(kind: PolicyLoss) -> Callable[[PolicyFn], PolicyFn]:
     def wrap(fn: PolicyFn) -> PolicyFn:
         POLICY_LOSSES[kind] = fn
         return fn
+
     return wrap
 
 

@@ -35,8 +35,9 @@ class LossTerms:
 
 
 def policy_params(lc: LossConfig) -> PolicyParams:
-    return PolicyParams(clip_low=lc.clip_eps, clip_high=lc.clip_high(), importance_cap=lc.importance_cap,
-                        distill_coef=lc.distill_coef)
+    return PolicyParams(
+        clip_low=lc.clip_eps, clip_high=lc.clip_high(), importance_cap=lc.importance_cap, distill_coef=lc.distill_coef
+    )
 
 
 def denominator(lc: LossConfig, global_tokens: float, global_episodes: float, max_completion_tokens: int) -> float:
@@ -64,8 +65,14 @@ def loss_terms(lc: LossConfig, t: Tokens, ref_logp: torch.Tensor | None = None) 
     with torch.no_grad():
         log_ratio = torch.log(terms.ratio.clamp(min=1e-30))
         kl = (terms.ratio - 1.0) - log_ratio
-    return LossTerms(loss_sum=(per_token * weights * kept).sum(), clipped_tokens=(terms.clipped * kept).sum(),
-                     ratio_sum=(terms.ratio * t.mask).sum(), kl_sum=(kl * t.mask).sum(),
-                     masked_tokens=(t.mask - kept).sum().detach(), ref_kl_sum=ref_kl,
-                     teacher_kl_sum=((t.prox - t.teacher).detach() * t.mask).sum() if t.teacher is not None
-                     else torch.zeros((), dtype=t.logp.dtype, device=t.logp.device))
+    return LossTerms(
+        loss_sum=(per_token * weights * kept).sum(),
+        clipped_tokens=(terms.clipped * kept).sum(),
+        ratio_sum=(terms.ratio * t.mask).sum(),
+        kl_sum=(kl * t.mask).sum(),
+        masked_tokens=(t.mask - kept).sum().detach(),
+        ref_kl_sum=ref_kl,
+        teacher_kl_sum=((t.prox - t.teacher).detach() * t.mask).sum()
+        if t.teacher is not None
+        else torch.zeros((), dtype=t.logp.dtype, device=t.logp.device),
+    )

@@ -29,16 +29,18 @@ class Tokens:
     distill_baseline: torch.Tensor | None = None  # [N] baseline of its reverse-KL sample (None: 0)
 
     @staticmethod
-    def from_rows(logp: torch.Tensor, prox: torch.Tensor, behaviour: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor) -> Tokens:
+    def from_rows(
+        logp: torch.Tensor, prox: torch.Tensor, behaviour: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    ) -> Tokens:
         """Right-padded rows ``[B, T]`` with one advantage per row ``[B]``: one sequence per row."""
         assert logp.shape == prox.shape == behaviour.shape == mask.shape, (logp.shape, mask.shape)
         assert advantages.shape == logp.shape[:1], (advantages.shape, logp.shape)
         b, t = logp.shape
         seq = torch.arange(b, device=logp.device).repeat_interleave(t)
         adv = advantages.to(logp.dtype).unsqueeze(1).expand(b, t).reshape(-1)
-        return Tokens(logp.reshape(-1), prox.reshape(-1), behaviour.reshape(-1), adv, mask.to(logp.dtype).reshape(-1),
-                      seq, b)
+        return Tokens(
+            logp.reshape(-1), prox.reshape(-1), behaviour.reshape(-1), adv, mask.to(logp.dtype).reshape(-1), seq, b
+        )
 
     def with_mask(self, mask: torch.Tensor) -> Tokens:
         return replace(self, mask=mask)
