@@ -7,7 +7,6 @@ recreated; two pods created from different configs. A finished run stays up, idl
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import time
@@ -109,7 +108,7 @@ def test_pod_zero_ninety_seconds_late_still_gets_rank_zero_and_the_finished_run_
     assert state["groups_produced"] > 0  # rollout's state is on its own volume, under the run's directory
 
 
-def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_checkpoint(
+async def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_checkpoint(
     release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]
 ) -> None:
     release = _release(release_dir, redis_server, demo_model, cleanup, steps=LOST_RUN_STEPS)
@@ -121,11 +120,11 @@ def test_pod_zero_lost_mid_run_and_recreated_regroups_and_resumes_from_its_check
     release.wait(first.exists, 300, "the first checkpoint", OTHER_SERVICES)
     # generation is held, so the run cannot finish before pod 0 is lost: the trainer runs out of episodes within
     # the staleness window (a step or two past the checkpoint), far from its last step
-    asyncio.run(_rollout_control(release, pause=True))
+    await _rollout_control(release, pause=True)
 
     release.kill("trainer-0")  # pod 0 deleted: its agent, the rendezvous store and rank 0 vanish at once
     release.start_trainer_pod(0, restart=True)  # the StatefulSet recreates it under the same name
-    asyncio.run(_rollout_control(release, pause=False))
+    await _rollout_control(release, pause=False)
 
     release.wait(
         lambda: _finished(release, 0) and _finished(release, 1), 420, "the regrouped pods to finish", OTHER_SERVICES

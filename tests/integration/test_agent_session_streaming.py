@@ -3,7 +3,6 @@ events) and records it exactly when it finishes; a client that goes away mid-str
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -56,7 +55,7 @@ async def _session(
             await workflow.close()
 
 
-def test_session_streams_chunks_while_inference_samples_and_records_what_it_sent(chat_model_dir: Path) -> None:
+async def test_session_streams_chunks_while_inference_samples_and_records_what_it_sent(chat_model_dir: Path) -> None:
     seen: dict[str, Any] = {}
 
     async def agent(base_url: str, service: Any, workflow: AgentWorkflow) -> float:
@@ -94,7 +93,7 @@ def test_session_streams_chunks_while_inference_samples_and_records_what_it_sent
         )
         return 1.0
 
-    episodes, workflow = asyncio.run(_session(chat_model_dir, agent))
+    episodes, workflow = await _session(chat_model_dir, agent)
 
     got, plain = seen["streamed"], seen["plain"]
     assert seen["running"] and seen["recorded"] == 0
@@ -110,7 +109,7 @@ def test_session_streams_chunks_while_inference_samples_and_records_what_it_sent
     assert list(streamed_ep.completion_token_ids) == list(episodes[1].completion_token_ids)
 
 
-def test_client_gone_mid_stream_cancels_the_call_and_records_nothing_of_it(chat_model_dir: Path) -> None:
+async def test_client_gone_mid_stream_cancels_the_call_and_records_nothing_of_it(chat_model_dir: Path) -> None:
     seen: dict[str, Any] = {}
 
     async def agent(base_url: str, service: Any, workflow: AgentWorkflow) -> float:
@@ -143,7 +142,7 @@ def test_client_gone_mid_stream_cancels_the_call_and_records_nothing_of_it(chat_
         seen["plain"] = plain.choices[0].message.content
         return 1.0
 
-    episodes, workflow = asyncio.run(_session(chat_model_dir, agent))
+    episodes, workflow = await _session(chat_model_dir, agent)
 
     assert seen["status"] == 200 and seen["cancelled"] and seen["released"]
     assert seen["after"] == (0, 0, 1)  # nothing recorded; the call counts against max_calls

@@ -103,10 +103,10 @@ async def _run(
                 await reward.close()
 
 
-def test_multi_turn_session_becomes_one_episode_with_the_tokens_inference_sampled(chat_model_dir: Path) -> None:
+async def test_multi_turn_session_becomes_one_episode_with_the_tokens_inference_sampled(chat_model_dir: Path) -> None:
     tok = load_tokenizer(chat_model_dir)
 
-    episodes, workflow = asyncio.run(_run(chat_model_dir, multi_turn_agent))
+    episodes, workflow = await _run(chat_model_dir, multi_turn_agent)
 
     assert len(episodes) == 2 and workflow.proxy.calls_served == 6  # one episode per session of 3 calls
     model = load_model(ModelConfig(path=chat_model_dir))
@@ -133,7 +133,7 @@ def test_multi_turn_session_becomes_one_episode_with_the_tokens_inference_sample
         assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
 
 
-def test_streamed_chat_and_completions_are_recorded_as_the_tokens_logprobs_and_versions_they_sent(
+async def test_streamed_chat_and_completions_are_recorded_as_the_tokens_logprobs_and_versions_they_sent(
     chat_model_dir: Path,
 ) -> None:
     sent: dict[str, dict[str, Any]] = {}
@@ -175,7 +175,7 @@ def test_streamed_chat_and_completions_are_recorded_as_the_tokens_logprobs_and_v
         return 1.0
 
     tok = load_tokenizer(chat_model_dir)
-    episodes, workflow = asyncio.run(_run(chat_model_dir, streaming_agent, group_size=1))
+    episodes, workflow = await _run(chat_model_dir, streaming_agent, group_size=1)
 
     assert workflow.proxy.calls_served == 3 and len(episodes) == 3  # three unrelated prompts: three episodes
     by_prompt = {tok.decode(list(ep.prompt_token_ids)): ep for ep in episodes}
@@ -193,15 +193,15 @@ def test_streamed_chat_and_completions_are_recorded_as_the_tokens_logprobs_and_v
     assert completion["text"] == tok.decode(list(streamed_ep.completion_token_ids), skip_special_tokens=True)
 
 
-def test_rewritten_history_gives_one_episode_per_call(chat_model_dir: Path) -> None:
-    episodes, _ = asyncio.run(_run(chat_model_dir, rewriting_agent, group_size=1))
+async def test_rewritten_history_gives_one_episode_per_call(chat_model_dir: Path) -> None:
+    episodes, _ = await _run(chat_model_dir, rewriting_agent, group_size=1)
 
     assert len(episodes) == 2 and [ep.group_size for ep in episodes] == [2, 2]
     assert all(list(ep.loss_mask) == [1] * len(ep.completion_token_ids) for ep in episodes)
     assert all(ep.reward == 1.0 for ep in episodes)
 
 
-def test_session_limits_refuse_with_413_and_a_finished_session_is_404(chat_model_dir: Path) -> None:
+async def test_session_limits_refuse_with_413_and_a_finished_session_is_404(chat_model_dir: Path) -> None:
     seen: dict[str, Any] = {}
 
     async def greedy_agent(base_url: str, row: Prompt) -> float:
@@ -223,13 +223,13 @@ def test_session_limits_refuse_with_413_and_a_finished_session_is_404(chat_model
                 model="any", messages=[{"role": "user", "content": "hi"}]
             )
 
-    episodes, _ = asyncio.run(_run(chat_model_dir, greedy_agent, group_size=1, after=after, max_calls=2))
+    episodes, _ = await _run(chat_model_dir, greedy_agent, group_size=1, after=after, max_calls=2)
 
     assert seen["third"] == 413
     assert len(episodes) == 2  # same prompt twice: neither call extends the other
 
 
-def test_agent_that_times_out_or_raises_marks_its_episodes(chat_model_dir: Path) -> None:
+async def test_agent_that_times_out_or_raises_marks_its_episodes(chat_model_dir: Path) -> None:
     async def stuck_agent(base_url: str, row: Prompt) -> float:
         await _client(base_url).chat.completions.create(
             model="any", messages=[{"role": "user", "content": "x"}], max_tokens=2
@@ -243,8 +243,8 @@ def test_agent_that_times_out_or_raises_marks_its_episodes(chat_model_dir: Path)
         )
         raise RuntimeError("agent bug")
 
-    timed_out, w1 = asyncio.run(_run(chat_model_dir, stuck_agent, group_size=1, session_timeout_s=2.0))
-    failed, w2 = asyncio.run(_run(chat_model_dir, broken_agent, group_size=1))
+    timed_out, w1 = await _run(chat_model_dir, stuck_agent, group_size=1, session_timeout_s=2.0)
+    failed, w2 = await _run(chat_model_dir, broken_agent, group_size=1)
 
     assert [ep.reward_status for ep in timed_out] == [reward_pb2.SCORE_STATUS_TIMEOUT]
     assert w1.sessions_timed_out == 1
@@ -253,7 +253,7 @@ def test_agent_that_times_out_or_raises_marks_its_episodes(chat_model_dir: Path)
     assert w2.sessions_failed == 1
 
 
-def test_agent_without_reward_is_scored_by_the_reward_service_on_its_last_answer(chat_model_dir: Path) -> None:
+async def test_agent_without_reward_is_scored_by_the_reward_service_on_its_last_answer(chat_model_dir: Path) -> None:
     last: list[str] = []
 
     async def silent_agent(base_url: str, row: Prompt) -> None:
@@ -270,14 +270,14 @@ def test_agent_without_reward_is_scored_by_the_reward_service_on_its_last_answer
             )
             return episodes
 
-    [ep] = asyncio.run(go())
+    [ep] = await go()
 
     assert ep.reward_status == reward_pb2.SCORE_STATUS_OK
     assert ep.reward == float(len(last[0]))  # tests.reward_fns:length scores len(completion)
 
 
 @pytest.mark.security
-def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_requests(chat_model_dir: Path) -> None:
+async def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_requests(chat_model_dir: Path) -> None:
     import httpx
 
     from relayrl.rollout.workflows.agent_chat import Renderer
@@ -323,7 +323,7 @@ def test_proxy_refuses_unknown_sessions_oversized_bodies_and_unsupported_request
         finally:
             await proxy.stop()
 
-    got = asyncio.run(go())
+    got = await go()
 
     assert got["unknown"][0] == 404 and "session_not_found" in got["unknown"][1]
     assert "not-a-session" not in got["unknown"][1]  # ids are never echoed
@@ -353,7 +353,9 @@ def test_workflow_from_config_loads_the_agent_function_and_refuses_a_bad_one(cha
 
 
 @pytest.mark.slow  # fitting the tool model takes ~20 s (once per session, shared with test_openai_tools.py)
-def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_result(tool_model_dir: Path) -> None:
+async def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_result(
+    tool_model_dir: Path,
+) -> None:
     import json
 
     from tests.integration.tool_model import ANSWER, QUESTION, TOOLS
@@ -399,7 +401,7 @@ def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_r
             finally:
                 await workflow.close()
 
-    episodes = asyncio.run(go())
+    episodes = await go()
 
     assert replies[0].finish_reason == "tool_calls" and replies[1].message.content == ANSWER
     assert all(ep.reward == 1.0 for ep in episodes)
@@ -408,7 +410,9 @@ def test_agent_calls_a_tool_through_the_session_and_the_model_answers_from_its_r
     assert len(episodes) == 2 and all(set(ep.loss_mask) == {1} for ep in episodes)
 
 
-def test_tokens_of_a_session_carry_the_weight_version_that_sampled_them_across_an_update(chat_model_dir: Path) -> None:
+async def test_tokens_of_a_session_carry_the_weight_version_that_sampled_them_across_an_update(
+    chat_model_dir: Path,
+) -> None:
     from relayrl.common.weights import iter_update_messages, model_tensors
     from tests.conftest import WEIGHTS_TOKEN
 
@@ -450,7 +454,7 @@ def test_tokens_of_a_session_carry_the_weight_version_that_sampled_them_across_a
         await client.chat.completions.create(model="any", messages=messages, max_tokens=5, seed=1)
         return 0.0
 
-    [ep] = asyncio.run(go())  # one episode: the second call extends the first (seed 1 samples no special token)
+    [ep] = await go()  # one episode: the second call extends the first (seed 1 samples no special token)
 
     mask, versions = list(ep.loss_mask), list(ep.token_weight_versions)
     first_turn = mask.index(0)

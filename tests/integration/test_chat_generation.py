@@ -4,7 +4,6 @@ are the trainer's own (same packing and logprob function as the learner)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -29,14 +28,14 @@ def _sampling(**kw: object) -> pb.SamplingParams:
     return pb.SamplingParams(**{"n": 4, "max_new_tokens": 12, "temperature": 0.9, **kw})  # type: ignore[arg-type]
 
 
-def test_messages_are_rendered_once_and_logprobs_match_the_trainers(chat_model_dir: Path) -> None:
+async def test_messages_are_rendered_once_and_logprobs_match_the_trainers(chat_model_dir: Path) -> None:
     tok = load_tokenizer(chat_model_dir)
 
     async def go() -> pb.GenerateResponse:
         async with inference_server(chat_model_dir) as (target, _), InferenceClient(target) as client:
             return await client.generate(CHAT, _sampling(), timeout_s=60)
 
-    resp = asyncio.run(go())
+    resp = await go()
 
     assert list(resp.prompt_token_ids) == chat_token_ids(tok, CHAT)
     model = load_model(ModelConfig(path=chat_model_dir))  # as the trainer loads it (float32)
@@ -62,7 +61,7 @@ def test_messages_are_rendered_once_and_logprobs_match_the_trainers(chat_model_d
         assert (got - want).abs().max().item() <= 1e-4
 
 
-def test_a_sample_ends_at_the_end_of_turn_token_of_the_generation_config(tmp_path: Path) -> None:
+async def test_a_sample_ends_at_the_end_of_turn_token_of_the_generation_config(tmp_path: Path) -> None:
     model_dir = create_chat_model(tmp_path / "ends_turn", ends_turn=True)
     eot = load_tokenizer(model_dir).convert_tokens_to_ids(IM_END)
 
@@ -70,24 +69,24 @@ def test_a_sample_ends_at_the_end_of_turn_token_of_the_generation_config(tmp_pat
         async with inference_server(model_dir) as (target, _), InferenceClient(target) as client:
             return await client.generate(CHAT, _sampling(), timeout_s=60)
 
-    resp = asyncio.run(go())
+    resp = await go()
 
     for s in resp.samples:  # <|im_end|> is not the tokenizer's EOS: it stops as the generation config's end of turn
         assert list(s.token_ids) == [eot] and s.finish_reason == FINISH_REASON_STOP
         assert s.text == ""  # special tokens are not part of the text
 
 
-def test_messages_to_a_model_without_a_chat_template_are_invalid_argument(tiny_model_dir: Path) -> None:
+async def test_messages_to_a_model_without_a_chat_template_are_invalid_argument(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (target, _), InferenceClient(target) as client:
             await client.generate(CHAT, _sampling(), timeout_s=30)
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        asyncio.run(go())
+        await go()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "chat template" in (err.value.details() or "")
 
 
-def test_a_conversation_over_max_prompt_chars_is_resource_exhausted(chat_model_dir: Path) -> None:
+async def test_a_conversation_over_max_prompt_chars_is_resource_exhausted(chat_model_dir: Path) -> None:
     async def go() -> None:
         async with (
             inference_server(chat_model_dir, max_prompt_chars=10) as (target, _),
@@ -96,5 +95,5 @@ def test_a_conversation_over_max_prompt_chars_is_resource_exhausted(chat_model_d
             await client.generate(CHAT, _sampling(), timeout_s=30)
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        asyncio.run(go())
+        await go()
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -16,7 +16,7 @@ from tests.integration.test_rollout_trainer import _config
 pytestmark = pytest.mark.integration
 
 
-def test_a_stop_during_a_checkpoint_waits_for_its_acknowledgement_then_stops(
+async def test_a_stop_during_a_checkpoint_waits_for_its_acknowledgement_then_stops(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url)
@@ -47,7 +47,7 @@ def test_a_stop_during_a_checkpoint_waits_for_its_acknowledgement_then_stops(
         finally:
             await trainer.close()
 
-    cancelled = asyncio.run(go())
+    cancelled = await go()
 
     assert cancelled  # the stop still stops the trainer
     assert events == ["saving", "durable and acknowledged"]  # but only once the checkpoint's acks are done

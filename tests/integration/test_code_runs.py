@@ -4,7 +4,6 @@ then the ``tools`` workflow calling the built-in ``python`` tool through it, end
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -31,7 +30,7 @@ SANDBOX = SandboxConfig(wall_timeout_s=2.0, total_timeout_s=2.0, max_output_byte
 LIMITS = CodeRunsConfig(wall_timeout_s=2.0, max_code_bytes=1024, max_stdin_bytes=64)
 
 
-def _with_reward(test: Callable[[RewardClient, RewardServicer], Awaitable[None]], token: str = TOKEN) -> None:
+async def _with_reward(test: Callable[[RewardClient, RewardServicer], Awaitable[None]], token: str = TOKEN) -> None:
     async def go() -> None:
         async with (
             reward_server(
@@ -46,10 +45,10 @@ def _with_reward(test: Callable[[RewardClient, RewardServicer], Awaitable[None]]
         ):
             await test(client, servicer)
 
-    asyncio.run(go())
+    await go()
 
 
-def test_run_code_returns_stdout_stderr_and_exit_status_from_inside_the_sandbox() -> None:
+async def test_run_code_returns_stdout_stderr_and_exit_status_from_inside_the_sandbox() -> None:
     os.environ["RELAYRL_TEST_SECRET"] = "not for the program"  # the service's environment, never the program's
     program = (
         "import os, sys\nprint(int(sys.stdin.read()) * 2)\nprint(os.getuid(), os.environ.get("
@@ -69,12 +68,12 @@ def test_run_code_returns_stdout_stderr_and_exit_status_from_inside_the_sandbox(
         assert servicer.metrics.code_runs.labels("exited")._value.get() == 1
 
     try:
-        _with_reward(test)
+        await _with_reward(test)
     finally:
         del os.environ["RELAYRL_TEST_SECRET"]
 
 
-def test_run_code_past_its_wall_time_or_output_cap_is_killed_and_says_so() -> None:
+async def test_run_code_past_its_wall_time_or_output_cap_is_killed_and_says_so() -> None:
     async def test(client: RewardClient, servicer: RewardServicer) -> None:
         t0 = time.monotonic()
         looped = await client.run_code("while True:\n    pass\n", timeout_s=10, run_timeout_s=0.5)
@@ -91,7 +90,7 @@ def test_run_code_past_its_wall_time_or_output_cap_is_killed_and_says_so() -> No
         assert servicer.metrics.code_runs.labels("timeout")._value.get() == 1
         assert sum(servicer.pool.restarts.values()) == 0  # the sandbox killed them, not the pool
 
-    _with_reward(test)
+    await _with_reward(test)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +103,7 @@ def test_run_code_past_its_wall_time_or_output_cap_is_killed_and_says_so() -> No
     ],
     ids=["code", "stdin", "wall-time", "memory"],
 )
-def test_run_code_over_a_limit_is_resource_exhausted_before_anything_runs(
+async def test_run_code_over_a_limit_is_resource_exhausted_before_anything_runs(
     code: str, stdin: bytes, run_timeout_s: float, memory_mb: int, limit: str
 ) -> None:
     async def test(client: RewardClient, servicer: RewardServicer) -> None:
@@ -116,7 +115,7 @@ def test_run_code_over_a_limit_is_resource_exhausted_before_anything_runs(
         assert servicer.metrics.code_runs.labels("refused")._value.get() == 1
         assert sum(servicer.metrics.code_runs.labels(s)._value.get() for s in ("exited", "timeout", "error")) == 0
 
-    _with_reward(test)
+    await _with_reward(test)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +127,7 @@ def test_run_code_over_a_limit_is_resource_exhausted_before_anything_runs(
     ],
     ids=["service-without-token", "no-token", "wrong-token"],
 )
-def test_run_code_without_the_code_token_is_refused(
+async def test_run_code_without_the_code_token_is_refused(
     server_token: str, client_token: str, code: grpc.StatusCode
 ) -> None:
     async def go() -> None:
@@ -142,10 +141,12 @@ def test_run_code_without_the_code_token_is_refused(
             assert info.value.code() == code
             assert TOKEN not in (info.value.details() or "")
 
-    asyncio.run(go())
+    await go()
 
 
-def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_without_it_or_over_a_limit() -> None:
+async def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_without_it_or_over_a_limit() -> (
+    None
+):
     async def go() -> dict[str, httpx.Response]:
         async with (
             reward_server(
@@ -172,7 +173,7 @@ def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_
             assert servicer.metrics.code_runs.labels("refused")._value.get() == 2
             return answers
 
-    answers = asyncio.run(go())
+    answers = await go()
 
     ran = answers["ran"]
     assert ran.status_code == 200, ran.text
@@ -190,7 +191,7 @@ def test_run_code_over_rest_runs_in_the_sandbox_with_the_code_token_and_refuses_
     assert answers["negative-time"].status_code == 400
 
 
-def test_run_code_over_rest_is_403_when_the_service_has_no_code_token() -> None:
+async def test_run_code_over_rest_is_403_when_the_service_has_no_code_token() -> None:
     async def go() -> httpx.Response:
         async with (
             reward_server(workers=1) as (_, servicer),
@@ -201,10 +202,10 @@ def test_run_code_over_rest_is_403_when_the_service_has_no_code_token() -> None:
                 "/run_code", json={"code": "print(1)"}, headers={"authorization": f"Bearer {TOKEN}"}
             )
 
-    assert asyncio.run(go()).status_code == 403
+    assert (await go()).status_code == 403
 
 
-def test_tools_workflow_runs_the_python_tool_in_the_reward_sandbox_and_counts_its_failures() -> None:
+async def test_tools_workflow_runs_the_python_tool_in_the_reward_sandbox_and_counts_its_failures() -> None:
     turns = ["<python>print(1/0)</python>", "<python>print(12+35)</python>", "47"]
     cfg = RolloutConfig(
         workflow="tools",
@@ -249,4 +250,4 @@ def test_tools_workflow_runs_the_python_tool_in_the_reward_sandbox_and_counts_it
         assert episode.reward_components["exact"] == 1.0
         assert servicer.metrics.code_runs.labels("exited")._value.get() == 2
 
-    _with_reward(test)
+    await _with_reward(test)

@@ -102,7 +102,7 @@ async def _status_of_the_run(
     assert "trainer" in render(state) and "queue" in render(state)
 
 
-def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
+async def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", TOKEN)
@@ -162,7 +162,7 @@ def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token(
             await trainer.close()
             await stream.close()
 
-    asyncio.run(go())
+    await go()
 
 
 def test_config_views_redact_the_token_and_the_redis_password(tmp_path: Path) -> None:

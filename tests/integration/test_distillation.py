@@ -4,7 +4,6 @@ brings the student towards the teacher (the reverse KL falls)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ def _peaked_teacher(out: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_the_student_moves_towards_a_teacher_served_by_an_inference_endpoint(
+async def test_the_student_moves_towards_a_teacher_served_by_an_inference_endpoint(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     teacher = _peaked_teacher(tmp_path / "teacher")
@@ -57,7 +56,7 @@ def test_the_student_moves_towards_a_teacher_served_by_an_inference_endpoint(
             out["teacher_requests"] = teacher_inf.requests_served
             return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

@@ -34,7 +34,7 @@ async def _run(kind: str, code: str, env: dict[str, str]) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("kind", "code"), BLOCKS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(BLOCKS)])
-def test_example_runs(tiny_model_dir: Path, kind: str, code: str) -> None:
+async def test_example_runs(tiny_model_dir: Path, kind: str, code: str) -> None:
     async def go() -> tuple[int, str]:
         async with (
             inference_server(tiny_model_dir, http=True) as (target, service),
@@ -50,7 +50,7 @@ def test_example_runs(tiny_model_dir: Path, kind: str, code: str) -> None:
             }
             return await _run(kind, code, env)
 
-    rc, out = asyncio.run(go())
+    rc, out = await go()
     assert rc == 0, out
     if kind == "bash" and "grpcurl" in code:
         assert "relayrl.v1.InferenceService" in out and '"SERVING"' in out and '"score": 1' in out

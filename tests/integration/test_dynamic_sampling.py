@@ -92,23 +92,25 @@ GROUPS = [
 ]
 
 
-def test_zero_advantage_groups_are_dropped_counted_and_replaced_until_the_bound(redis_server: RedisServer) -> None:
+async def test_zero_advantage_groups_are_dropped_counted_and_replaced_until_the_bound(
+    redis_server: RedisServer,
+) -> None:
     # ratio 1.0 x 2 groups asked: at most 2 drops in this collection; the third uniform group is trained
-    taken, counts, dropped = asyncio.run(_collect_from(redis_server.url, GROUPS, 2, 1.0))
+    taken, counts, dropped = await _collect_from(redis_server.url, GROUPS, 2, 1.0)
 
     assert taken == ["i1", "u3"]
     assert dropped == ["u1", "u2"]
     assert counts == (2, 4)  # (groups, episodes)
 
 
-def test_zero_advantage_groups_are_trained_when_dynamic_sampling_is_off(redis_server: RedisServer) -> None:
-    taken, counts, dropped = asyncio.run(_collect_from(redis_server.url, GROUPS, 2, None))
+async def test_zero_advantage_groups_are_trained_when_dynamic_sampling_is_off(redis_server: RedisServer) -> None:
+    taken, counts, dropped = await _collect_from(redis_server.url, GROUPS, 2, None)
 
     assert taken == ["u1", "i1"]
     assert (counts, dropped) == ((0, 0), [])
 
 
-def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and_the_books_balance(
+async def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and_the_books_balance(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     cfg = _config(
@@ -121,7 +123,7 @@ def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and_the_b
         "trainer.dynamic_sampling.max_drop_ratio=10",
     )
 
-    out = asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:uniform_for_some_prompts"))
+    out = await _run(cfg, tiny_model_dir, "tests.reward_fns:uniform_for_some_prompts")
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]

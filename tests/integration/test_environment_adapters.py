@@ -4,7 +4,6 @@ step, observation as the next user message), and the reasoning-gym reward bridge
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import json
 import shutil
@@ -72,7 +71,7 @@ def test_adapters_are_registered_as_environment_entry_points() -> None:
     assert names["textarena"] == "relayrl.rollout.environments.textarena:environment"
 
 
-def test_reasoning_gym_item_scored_by_the_librarys_verifier_after_a_model_turn(chat_model_dir: Path) -> None:
+async def test_reasoning_gym_item_scored_by_the_librarys_verifier_after_a_model_turn(chat_model_dir: Path) -> None:
     import reasoning_gym
 
     env = ReasoningGymEnvironment("basic_arithmetic")
@@ -81,7 +80,7 @@ def test_reasoning_gym_item_scored_by_the_librarys_verifier_after_a_model_turn(c
         async with inference_server(chat_model_dir) as (target, _), InferenceClient(target) as client:
             return await _turn_loop(env, client, seed=3)
 
-    messages, results = asyncio.run(go())
+    messages, results = await go()
 
     library = reasoning_gym.create_dataset("basic_arithmetic", seed=0, size=16)
     item = library[3]
@@ -91,7 +90,7 @@ def test_reasoning_gym_item_scored_by_the_librarys_verifier_after_a_model_turn(c
     assert result.reward == library.score_answer(messages[-1]["content"].strip(), item)
 
 
-def test_reasoning_gym_correct_answer_scores_one_and_a_wrong_one_less() -> None:
+async def test_reasoning_gym_correct_answer_scores_one_and_a_wrong_one_less() -> None:
     async def go(answer_of: Any) -> StepResult:
         env = ReasoningGymEnvironment("basic_arithmetic")
         await env.reset(ROW, 5)
@@ -102,14 +101,14 @@ def test_reasoning_gym_correct_answer_scores_one_and_a_wrong_one_less() -> None:
         await env.close()
         return result
 
-    right = asyncio.run(go(lambda item: f"Let me see. <answer>{item['answer']}</answer>"))
-    wrong = asyncio.run(go(lambda item: "<answer>not a number</answer>"))
+    right = await go(lambda item: f"Let me see. <answer>{item['answer']}</answer>")
+    wrong = await go(lambda item: "<answer>not a number</answer>")
 
     assert right.reward == 1.0 and right.done
     assert wrong.reward < 1.0 and wrong.done
 
 
-def test_reasoning_gym_rows_are_scored_by_the_reward_service(tmp_path: Path) -> None:
+async def test_reasoning_gym_rows_are_scored_by_the_reward_service(tmp_path: Path) -> None:
     path = tmp_path / "rg.jsonl"
     make_dataset(path, "basic_arithmetic", size=4, seed=7)
     rows = load_jsonl(path)
@@ -130,21 +129,21 @@ def test_reasoning_gym_rows_are_scored_by_the_reward_service(tmp_path: Path) -> 
             ]
             return await client.score_batch(requests, timeout_s=60)
 
-    resp = asyncio.run(go())
+    resp = await go()
 
     assert len(rows) == 4 and TaskRef.parse(rows[0].metadata["reasoning_gym"]).seed == 7
     assert [r.status for r in resp.responses] == [reward_pb2.SCORE_STATUS_OK] * 2
     assert resp.responses[0].score == 1.0 and resp.responses[1].score < 1.0
 
 
-def test_textarena_game_played_by_the_model_until_the_game_ends(game_model_dir: Path) -> None:
+async def test_textarena_game_played_by_the_model_until_the_game_ends(game_model_dir: Path) -> None:
     env = TextArenaEnvironment("GuessTheNumber-v0")
 
     async def go() -> tuple[list[dict[str, str]], list[StepResult]]:
         async with inference_server(game_model_dir) as (target, _), InferenceClient(target) as client:
             return await _turn_loop(env, client, seed=1, max_turns=12)
 
-    messages, results = asyncio.run(go())
+    messages, results = await go()
 
     assert "Guess The Number" in messages[0]["content"]
     # a random tiny model writes no "[n]": TextArena warns once, then ends the game with its penalty
@@ -154,7 +153,7 @@ def test_textarena_game_played_by_the_model_until_the_game_ends(game_model_dir: 
     assert env.env is None  # closed
 
 
-def test_textarena_game_won_by_binary_search_and_cut_at_its_turn_limit() -> None:
+async def test_textarena_game_won_by_binary_search_and_cut_at_its_turn_limit() -> None:
     async def play(guesses: Any, max_turns: int) -> list[StepResult]:
         env = TextArenaEnvironment("GuessTheNumber-v0", max_turns=max_turns)
         await env.reset(ROW, 11)
@@ -172,10 +171,10 @@ def test_textarena_game_won_by_binary_search_and_cut_at_its_turn_limit() -> None
         return guessed[-1]
 
     guessed: list[int] = []
-    won = asyncio.run(play(binary_search, max_turns=10))
+    won = await play(binary_search, max_turns=10)
     target = guessed[-1]
     wrong = [n for n in range(1, 21) if n != target]
-    cut = asyncio.run(play(lambda results: wrong[len(results)], max_turns=3))
+    cut = await play(lambda results: wrong[len(results)], max_turns=3)
 
     assert won[-1].done and won[-1].reward == 1.0 and not won[-1].truncated
     assert len(won) > 1 and all(not r.done and r.observation.startswith("The target number is") for r in won[:-1])

@@ -3,7 +3,6 @@ Generate answers; a request Generate would refuse refuses the whole call, and no
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.integration
 GREEDY = pb.SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=6, ignore_eos=True)
 
 
-def test_a_batch_answers_each_request_in_order_as_generate_does(tiny_model_dir: Path) -> None:
+async def test_a_batch_answers_each_request_in_order_as_generate_does(tiny_model_dir: Path) -> None:
     async def go() -> tuple[Any, list[Any]]:
         async with inference_server(tiny_model_dir) as (target, _), InferenceClient(target) as client:
             prompts = ["1+2=", "3+4=5", "2+2="]
@@ -29,7 +28,7 @@ def test_a_batch_answers_each_request_in_order_as_generate_does(tiny_model_dir: 
             alone = [await client.generate(p, GREEDY, timeout_s=60) for p in prompts]
             return batch, alone
 
-    batch, alone = asyncio.run(go())
+    batch, alone = await go()
 
     assert [r.request_id for r in batch.responses] == ["r0", "r1", "r2"]
     for got, want in zip(batch.responses, alone, strict=True):
@@ -50,7 +49,7 @@ def test_a_batch_answers_each_request_in_order_as_generate_does(tiny_model_dir: 
         (pb.SamplingParams(n=1, max_new_tokens=4, temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT),
     ],
 )
-def test_one_refused_request_refuses_the_whole_batch_and_leaves_nothing_running(
+async def test_one_refused_request_refuses_the_whole_batch_and_leaves_nothing_running(
     tiny_model_dir: Path, bad: pb.SamplingParams, code: grpc.StatusCode
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, bool, int, int, pb.GenerateResponse]:
@@ -66,7 +65,7 @@ def test_one_refused_request_refuses_the_whole_batch_and_leaves_nothing_running(
             idle = await until(lambda: service.engine.stats().running_requests == 0)
             return err.value.code(), idle, service.requests_served, service.engine.stats().decode_steps, after
 
-    got, idle, served, steps, after = asyncio.run(go())
+    got, idle, served, steps, after = await go()
 
     assert got == code
     assert idle and served == 1  # the first request was cancelled, never answered; the later one was

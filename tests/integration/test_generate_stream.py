@@ -3,7 +3,6 @@ to the finished sample (and to Generate's under greedy decoding), and a call tha
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.integration
 GREEDY = pb.SamplingParams(n=1, temperature=1.0, top_k=1, max_new_tokens=40, ignore_eos=True)
 
 
-def test_tokens_stream_while_the_engine_still_samples_and_add_up_to_the_sample_and_to_generate(
+async def test_tokens_stream_while_the_engine_still_samples_and_add_up_to_the_sample_and_to_generate(
     tiny_model_dir: Path,
 ) -> None:
     async def go() -> dict[str, Any]:
@@ -45,7 +44,7 @@ def test_tokens_stream_while_the_engine_still_samples_and_add_up_to_the_sample_a
             out["unary"] = await client.generate("1+2=", GREEDY, timeout_s=60)
             return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     assert out["running_at_first"] and out["served_at_first"] == 0
     first, [sample], unary = out["first"], out["samples"], out["unary"]
@@ -60,7 +59,7 @@ def test_tokens_stream_while_the_engine_still_samples_and_add_up_to_the_sample_a
 
 
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
-def test_a_stream_that_goes_away_cancels_its_request_in_the_engine(tiny_model_dir: Path, how: str) -> None:
+async def test_a_stream_that_goes_away_cancels_its_request_in_the_engine(tiny_model_dir: Path, how: str) -> None:
     async def go() -> dict[str, Any]:
         async with inference_server(tiny_model_dir) as (target, service), InferenceClient(target) as client:
             engine = service.engine
@@ -88,7 +87,7 @@ def test_a_stream_that_goes_away_cancels_its_request_in_the_engine(tiny_model_di
             ok = await client.generate("1", pb.SamplingParams(n=1, max_new_tokens=2, ignore_eos=True), timeout_s=30)
             return {"seen": seen, "dropped": dropped, "stats": stats, "served": served, "ok": ok}
 
-    out = asyncio.run(go())
+    out = await go()
 
     assert out["seen"] and out["dropped"], out["stats"]
     assert out["stats"].cancelled_sequences == 1 and out["stats"].decode_steps <= 5  # held at 4, dropped before 5
@@ -96,7 +95,7 @@ def test_a_stream_that_goes_away_cancels_its_request_in_the_engine(tiny_model_di
     assert len(out["ok"].samples[0].token_ids) == 2  # the engine serves on
 
 
-def test_a_refused_stream_fails_before_its_first_chunk_with_generates_codes(tiny_model_dir: Path) -> None:
+async def test_a_refused_stream_fails_before_its_first_chunk_with_generates_codes(tiny_model_dir: Path) -> None:
     async def go() -> dict[str, grpc.StatusCode]:
         codes = {}
         async with inference_server(tiny_model_dir) as (target, service), InferenceClient(target) as client:
@@ -116,7 +115,7 @@ def test_a_refused_stream_fails_before_its_first_chunk_with_generates_codes(tiny
                 codes["weights port"] = failed.value.code()
         return codes
 
-    codes = asyncio.run(go())
+    codes = await go()
 
     assert codes == {
         "invalid": grpc.StatusCode.INVALID_ARGUMENT,

@@ -133,7 +133,7 @@ async def _stream_state(cfg: RunConfig) -> dict[str, Any]:
         await stream.close()
 
 
-def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with_a_final_checkpoint_and_acks(
+async def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with_a_final_checkpoint_and_acks(
     tmp_path: Path,
     tiny_model_dir: Path,
     dataset_path: Path,
@@ -158,7 +158,7 @@ def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with_a_fin
     reached = _stop_mid_step(monkeypatch)
     caplog.set_level(logging.INFO, logger="relayrl.trainer")
 
-    asyncio.run(_serve_until_stopped(cfg, tiny_model_dir))  # returned normally: exit code 0
+    await _serve_until_stopped(cfg, tiny_model_dir)  # returned normally: exit code 0
 
     assert reached.is_set()
     messages = [r.getMessage() for r in caplog.records]
@@ -175,20 +175,20 @@ def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with_a_fin
     trained = [g for r in _trained(cfg) for g, _ in r["groups"]]
     assert [r["step"] for r in _trained(cfg)] == list(range(1, STOP_STEP))
     held = torch.load(cfg.checkpoint_dir / f"step_{STOP_STEP - 1:06d}" / "rank0.pt", weights_only=True)
-    state = asyncio.run(_stream_state(cfg))
+    state = await _stream_state(cfg)
     assert set(trained) <= set(held["consumed_ids"])  # the checkpoint holds every trained group ...
     assert not set(held["consumed_ids"]) & set(state["pending"])  # ... and each of them is acknowledged
     assert len(state["pending"]) >= cfg.trainer.groups_per_step  # the abandoned step's groups wait for the resume
 
     # resume: the abandoned step's groups are trained (or dropped as stale) now, no held group again
     abandoned = set(state["pending"])
-    out = asyncio.run(_run(cfg, tiny_model_dir))
+    out = await _run(cfg, tiny_model_dir)
 
     second = [r for r in _trained(cfg) if r["resumed_from_step"] == STOP_STEP - 1]
     again = [g for r in second for g, _ in r["groups"]]
     assert [r["step"] for r in second] == list(range(STOP_STEP, cfg.trainer.total_steps + 1))
     assert not set(again) & set(trained)  # trained twice: none
-    after = asyncio.run(_stream_state(cfg))
+    after = await _stream_state(cfg)
     assert abandoned <= set(again) | set(after["dropped"]) | set(after["pending"])  # lost: none
     effective = trained + again
     assert max(Counter(effective).values()) == 1

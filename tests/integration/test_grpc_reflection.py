@@ -35,7 +35,7 @@ def _call_by_reflection(target: str, service: str, method: str, request: dict[st
         return services, json_format.MessageToDict(response)
 
 
-def test_inference_lists_its_services_and_generates_from_reflected_descriptors(tiny_model_dir: Path) -> None:
+async def test_inference_lists_its_services_and_generates_from_reflected_descriptors(tiny_model_dir: Path) -> None:
     async def go() -> tuple[list[str], dict, list[str]]:
         async with inference_server(tiny_model_dir) as (target, service):
             listed, response = await asyncio.to_thread(
@@ -50,23 +50,23 @@ def test_inference_lists_its_services_and_generates_from_reflected_descriptors(t
             )
             return listed, response, weights
 
-    listed, response, weights_listed = asyncio.run(go())
+    listed, response, weights_listed = await go()
     expected = {"relayrl.v1.InferenceService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
     assert set(listed) == expected and set(weights_listed) == expected
     assert len(response["samples"]) == 2
     assert all(1 <= len(s["tokenIds"]) <= 3 for s in response["samples"])
 
 
-def test_reward_service_is_reflected_too() -> None:
+async def test_reward_service_is_reflected_too() -> None:
     async def go() -> list[str]:
         async with reward_server(workers=1) as (target, _):
             listed, _ = await asyncio.to_thread(_call_by_reflection, target, "grpc.health.v1.Health", "Check", {})
             return listed
 
-    assert "relayrl.v1.RewardService" in asyncio.run(go())
+    assert "relayrl.v1.RewardService" in await go()
 
 
-def test_reflection_off_leaves_only_health() -> None:
+async def test_reflection_off_leaves_only_health() -> None:
     from relayrl.common.grpc_utils import create_server
     from relayrl.config.endpoints import ServerConfig
 
@@ -86,10 +86,10 @@ def test_reflection_off_leaves_only_health() -> None:
         finally:
             await handle.stop(0)
 
-    assert asyncio.run(go()) == grpc.StatusCode.UNIMPLEMENTED
+    assert await go() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_reflected_descriptors_do_not_bypass_the_weights_token(tiny_model_dir: Path) -> None:
+async def test_reflected_descriptors_do_not_bypass_the_weights_token(tiny_model_dir: Path) -> None:
     """Reflection tells how to call UpdateWeights, not the right to: without the token the call is refused before
     any weight is read, and the served version does not move."""
 
@@ -115,5 +115,5 @@ def test_reflected_descriptors_do_not_bypass_the_weights_token(tiny_model_dir: P
             code = await asyncio.to_thread(push_without_token, service.weights_target)
             return code, service.engine.version
 
-    code, version = asyncio.run(go())
+    code, version = await go()
     assert code is grpc.StatusCode.UNAUTHENTICATED and version == 0

@@ -36,7 +36,7 @@ async def _health_cli(*args: str) -> tuple[int, str, float]:
     return proc.returncode, out.decode(), time.monotonic() - start
 
 
-def test_health_of_serving_server_exits_zero_and_prints_serving() -> None:
+async def test_health_of_serving_server_exits_zero_and_prints_serving() -> None:
     async def go() -> None:
         async with reward_server(arithmetic_reward) as (target, _):
             code, out, _ = await _health_cli("--target", target, "--timeout", "5")
@@ -44,20 +44,20 @@ def test_health_of_serving_server_exits_zero_and_prints_serving() -> None:
             assert code == 0, out
             assert out.strip() == f"{target}: SERVING"
 
-    asyncio.run(go())
+    await go()
 
 
-def test_health_of_named_registered_service_exits_zero() -> None:
+async def test_health_of_named_registered_service_exits_zero() -> None:
     async def go() -> None:
         async with reward_server(arithmetic_reward) as (target, _):
             code, out, _ = await _health_cli("--target", target, "--service", "relayrl.v1.RewardService")
 
             assert code == 0, out
 
-    asyncio.run(go())
+    await go()
 
 
-def test_health_of_unknown_service_name_exits_one() -> None:
+async def test_health_of_unknown_service_name_exits_one() -> None:
     async def go() -> None:
         async with reward_server(arithmetic_reward) as (target, _):
             code, out, _ = await _health_cli("--target", target, "--service", "no.such.Service", "--timeout", "5")
@@ -65,7 +65,7 @@ def test_health_of_unknown_service_name_exits_one() -> None:
             assert code == 1, out
             assert "NOT_FOUND" in out
 
-    asyncio.run(go())
+    await go()
 
 
 def test_health_of_port_without_listener_exits_one_within_timeout() -> None:

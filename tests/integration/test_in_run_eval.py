@@ -19,7 +19,7 @@ from tests.integration.test_rollout_trainer import _config, _run
 pytestmark = pytest.mark.integration
 
 
-def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eval(
+async def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eval(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     cfg = _config(
@@ -33,7 +33,7 @@ def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eval(
         "trainer.eval.k=2",
     )
 
-    out = asyncio.run(_run(cfg, tiny_model_dir))
+    out = await _run(cfg, tiny_model_dir)
 
     lines = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
     evals = [parse_row(r) for r in lines if r.get("phase") == "eval"]
@@ -61,7 +61,9 @@ def _eval(tmp_path: Path, data: Path) -> tuple[InRunEval, list[EvalRow]]:
     return InRunEval(cfg, lambda row, step: written.append(row)), written
 
 
-def test_an_eval_due_while_one_runs_is_skipped_and_training_never_waits(tmp_path: Path, dataset_path: Path) -> None:
+async def test_an_eval_due_while_one_runs_is_skipped_and_training_never_waits(
+    tmp_path: Path, dataset_path: Path
+) -> None:
     async def scenario() -> tuple[list[EvalRow], int, bool]:
         ev, written = _eval(tmp_path, dataset_path)
         release, calls = asyncio.Event(), []
@@ -82,14 +84,14 @@ def test_an_eval_due_while_one_runs_is_skipped_and_training_never_waits(tmp_path
         await ev.finish(5, 15)  # the last step: waits for the running one, then evaluates step 5
         return written, len(calls), running
 
-    written, calls, running = asyncio.run(scenario())
+    written, calls, running = await scenario()
 
     assert running and calls == 2
     assert [(r.eval_step, r.weight_version, r.skipped) for r in written] == [(2, 12, 1), (5, 15, 1)]
     assert written[0].greedy_accuracy == pytest.approx(1 / 3)
 
 
-def test_a_failed_eval_is_counted_and_raises_nothing(tmp_path: Path, dataset_path: Path) -> None:
+async def test_a_failed_eval_is_counted_and_raises_nothing(tmp_path: Path, dataset_path: Path) -> None:
     async def scenario() -> InRunEval:
         ev, _ = _eval(tmp_path, dataset_path)
 
@@ -101,7 +103,7 @@ def test_a_failed_eval_is_counted_and_raises_nothing(tmp_path: Path, dataset_pat
         await ev.finish(2, 3)  # step 2 already evaluated (and failed): nothing more
         return ev
 
-    ev = asyncio.run(scenario())
+    ev = await scenario()
 
     assert (ev.failed, ev.done) == (1, 0)
 

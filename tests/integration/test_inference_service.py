@@ -31,7 +31,7 @@ async def _stream(messages: list[pb.WeightUpdateMessage]):  # type: ignore[no-un
         yield m
 
 
-def test_generate_returns_n_samples_with_aligned_logprobs_and_versions(tiny_model_dir: Path) -> None:
+async def test_generate_returns_n_samples_with_aligned_logprobs_and_versions(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.InferenceServiceStub(ch)
@@ -46,10 +46,10 @@ def test_generate_returns_n_samples_with_aligned_logprobs_and_versions(tiny_mode
                 assert all(lp <= 0 for lp in s.logprobs)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
 
-    asyncio.run(go())
+    await go()
 
 
-def test_concurrent_requests_are_batched_and_all_answered(tiny_model_dir: Path) -> None:
+async def test_concurrent_requests_are_batched_and_all_answered(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (target, servicer), insecure_channel(target) as ch:
             stub = pb_grpc.InferenceServiceStub(ch)
@@ -58,7 +58,7 @@ def test_concurrent_requests_are_batched_and_all_answered(tiny_model_dir: Path) 
             assert [len(r.samples) for r in responses] == [4] * 12
             assert servicer.requests_served == 12
 
-    asyncio.run(go())
+    await go()
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_concurrent_requests_are_batched_and_all_answered(tiny_model_dir: Path) 
         (_request(stop_token_ids=[-1]), "stop_token_ids"),
     ],
 )
-def test_malformed_generate_is_invalid_argument(
+async def test_malformed_generate_is_invalid_argument(
     tiny_model_dir: Path, request_: pb.GenerateRequest, message: str
 ) -> None:
     async def go() -> None:
@@ -99,10 +99,10 @@ def test_malformed_generate_is_invalid_argument(
             ok = await stub.Generate(_request(), timeout=30)
             assert len(ok.samples) == 2
 
-    asyncio.run(go())
+    await go()
 
 
-def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
+async def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with (
             inference_server(tiny_model_dir) as (target, servicer),
@@ -124,10 +124,10 @@ def test_weight_update_swaps_weights_and_version(tiny_model_dir: Path) -> None:
             for k, v in model_tensors(servicer.engine.model).items():
                 assert torch.equal(v, new[k])
 
-    asyncio.run(go())
+    await go()
 
 
-def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(tiny_model_dir: Path) -> None:
+async def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with (
             inference_server(tiny_model_dir) as (target, servicer),
@@ -153,10 +153,10 @@ def test_weight_update_with_bad_shape_is_refused_and_old_weights_keep_serving(ti
             assert all(torch.equal(v, before[k]) for k, v in model_tensors(servicer.engine.model).items())
             assert len((await stub.Generate(_request(), timeout=30)).samples) == 2
 
-    asyncio.run(go())
+    await go()
 
 
-def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) -> None:
+async def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (_, servicer), insecure_channel(servicer.weights_target) as wch:
             wstub = pb_grpc.InferenceServiceStub(wch)
@@ -169,10 +169,10 @@ def test_weight_update_not_newer_is_failed_precondition(tiny_model_dir: Path) ->
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert servicer.engine.version == 2
 
-    asyncio.run(go())
+    await go()
 
 
-def test_weight_stream_without_manifest_is_refused(tiny_model_dir: Path) -> None:
+async def test_weight_stream_without_manifest_is_refused(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (_, servicer), insecure_channel(servicer.weights_target) as wch:
             wstub = pb_grpc.InferenceServiceStub(wch)
@@ -184,10 +184,10 @@ def test_weight_stream_without_manifest_is_refused(tiny_model_dir: Path) -> None
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "manifest" in (info.value.details() or "")
 
-    asyncio.run(go())
+    await go()
 
 
-def test_oversized_message_is_resource_exhausted_and_others_are_served(tiny_model_dir: Path) -> None:
+async def test_oversized_message_is_resource_exhausted_and_others_are_served(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.InferenceServiceStub(ch)
@@ -201,4 +201,4 @@ def test_oversized_message_is_resource_exhausted_and_others_are_served(tiny_mode
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over the receive limit
             assert len((await stub.Generate(_request(), timeout=30)).samples) == 2
 
-    asyncio.run(go())
+    await go()

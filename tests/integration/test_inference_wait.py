@@ -15,7 +15,7 @@ from tests.integration.helpers import inference_server
 pytestmark = pytest.mark.integration
 
 
-def test_served_version_waits_for_an_inference_that_comes_up_later(
+async def test_served_version_waits_for_an_inference_that_comes_up_later(
     tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="relayrl.trainer.publication")
@@ -29,14 +29,14 @@ def test_served_version_waits_for_an_inference_that_comes_up_later(
         async with inference_server(tiny_model_dir, port=port):
             return waiting, await asked
 
-    waiting, version = asyncio.run(go())
+    waiting, version = await go()
 
     assert waiting  # it kept asking instead of failing the trainer
     assert version == 0  # a fresh inference serves the model it loaded
 
 
-def test_served_version_gives_up_once_its_wait_is_over() -> None:
+async def test_served_version_gives_up_once_its_wait_is_over() -> None:
     port = free_port()  # nothing listens there
 
     with pytest.raises(RuntimeError, match="UNAVAILABLE"):
-        asyncio.run(served_version(f"127.0.0.1:{port}", None, wait_s=0))
+        await served_version(f"127.0.0.1:{port}", None, wait_s=0)

@@ -3,7 +3,6 @@ served by the native engine), checkpoints only the adapter, resumes it, and merg
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits.float()
 
 
-def test_only_the_adapter_is_published_and_the_probe_verifies_base_plus_adapter(
+async def test_only_the_adapter_is_published_and_the_probe_verifies_base_plus_adapter(
     chat_model_dir: Path, tmp_path: Path
 ) -> None:
     model, _ = _trained_policy(chat_model_dir)
@@ -95,10 +94,10 @@ def test_only_the_adapter_is_published_and_the_probe_verifies_base_plus_adapter(
             base = load_model(ModelConfig(path=chat_model_dir))
             assert (_logits(service.engine.model, ids) - _logits(base, ids)).abs().max() > 1e-3  # adapter applied
 
-    asyncio.run(go())
+    await go()
 
 
-def test_a_full_weight_update_to_a_lora_server_is_refused(chat_model_dir: Path) -> None:
+async def test_a_full_weight_update_to_a_lora_server_is_refused(chat_model_dir: Path) -> None:
     full = {n: p.detach() for n, p in load_model(ModelConfig(path=chat_model_dir)).named_parameters()}
 
     async def go() -> None:
@@ -111,7 +110,7 @@ def test_a_full_weight_update_to_a_lora_server_is_refused(chat_model_dir: Path) 
             await client.update_weights(list(iter_update_messages(full, 1, 1 << 20)), 1, 30, attempts=1)
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        asyncio.run(go())
+        await go()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -3,7 +3,6 @@ lands between two turns of one episode, which the trainer then sees as two versi
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -59,7 +58,9 @@ class UpdatingEnvironment:
         return None
 
 
-def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_episode(tiny_model_dir: Path) -> None:
+async def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_episode(
+    tiny_model_dir: Path,
+) -> None:
     cfg = RolloutConfig(
         workflow="multi_turn",
         environment="unused:unused",
@@ -89,7 +90,7 @@ def test_weight_update_between_turns_reaches_the_trainer_as_two_versions_in_one_
             )
             return (await MultiTurnWorkflow(lambda row: env)(Prompt("p", "1+2=", ""), ctx))[0]
 
-    ep = asyncio.run(go())
+    ep = await go()
 
     tokenizer = load_tokenizer(tiny_model_dir)
     mask, versions = list(ep.loss_mask), list(ep.token_weight_versions)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import httpx
@@ -19,17 +18,17 @@ def _client(service: object) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=30, max_retries=0)
 
 
-def test_models_lists_the_served_model(tiny_model_dir: Path) -> None:
+async def test_models_lists_the_served_model(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             models = await _client(service).models.list()
 
             assert [m.id for m in models.data] == [service.model_name]
 
-    asyncio.run(go())
+    await go()
 
 
-def test_completion_returns_n_choices_with_token_logprobs_and_weight_versions(tiny_model_dir: Path) -> None:
+async def test_completion_returns_n_choices_with_token_logprobs_and_weight_versions(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             resp = await _client(service).completions.create(
@@ -46,10 +45,10 @@ def test_completion_returns_n_choices_with_token_logprobs_and_weight_versions(ti
             assert resp.model_extra is not None and resp.model_extra["weight_version"] == 0
             assert resp.usage is not None and resp.usage.prompt_tokens == 4
 
-    asyncio.run(go())
+    await go()
 
 
-def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_dir: Path) -> None:
+async def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             resp = await _client(service).chat.completions.create(
@@ -66,7 +65,7 @@ def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_
             assert 1 <= len(choice.logprobs.content) <= 3
             assert resp.model_extra is not None and resp.model_extra["weight_version"] == 0
 
-    asyncio.run(go())
+    await go()
 
 
 @pytest.mark.parametrize(
@@ -78,7 +77,7 @@ def test_chat_completion_returns_the_assistant_message_with_logprobs(tiny_model_
         ({"prompt": "1" * 300}, "context"),
     ],
 )
-def test_bad_completion_request_is_a_400_and_the_server_keeps_serving(
+async def test_bad_completion_request_is_a_400_and_the_server_keeps_serving(
     tiny_model_dir: Path, kwargs: dict[str, object], param: str
 ) -> None:
     async def go() -> None:
@@ -93,10 +92,10 @@ def test_bad_completion_request_is_a_400_and_the_server_keeps_serving(
             ok = await client.completions.create(model=service.model_name, prompt="1+2=", max_tokens=2)
             assert len(ok.choices) == 1
 
-    asyncio.run(go())
+    await go()
 
 
-def test_healthz_and_metrics_report_the_served_version_and_counters(tiny_model_dir: Path) -> None:
+async def test_healthz_and_metrics_report_the_served_version_and_counters(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             await _client(service).completions.create(model=service.model_name, prompt="1+2=", max_tokens=3)
@@ -109,4 +108,4 @@ def test_healthz_and_metrics_report_the_served_version_and_counters(tiny_model_d
             assert "relayrl_inference_weight_version 0.0" in metrics
             assert "relayrl_inference_generated_tokens_total" in metrics
 
-    asyncio.run(go())
+    await go()

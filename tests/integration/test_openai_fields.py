@@ -36,7 +36,9 @@ def _client(service: object) -> openai.AsyncOpenAI:
         ({"messages": [{"role": "tool", "content": "3", "tool_call_id": "c"}]}, "messages"),
     ],
 )
-def test_unsupported_chat_field_is_a_400_naming_it(tiny_model_dir: Path, kwargs: dict[str, object], param: str) -> None:
+async def test_unsupported_chat_field_is_a_400_naming_it(
+    tiny_model_dir: Path, kwargs: dict[str, object], param: str
+) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             args: dict[str, object] = {
@@ -53,10 +55,10 @@ def test_unsupported_chat_field_is_a_400_naming_it(tiny_model_dir: Path, kwargs:
             assert body["param"] is not None and body["param"].startswith(param.split(".")[0])
             assert param.split(".")[0] in body["message"]
 
-    asyncio.run(go())
+    await go()
 
 
-def test_errors_have_openai_shape_for_an_unknown_model(tiny_model_dir: Path) -> None:
+async def test_errors_have_openai_shape_for_an_unknown_model(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}") as http:  # type: ignore[attr-defined]
@@ -72,10 +74,10 @@ def test_errors_have_openai_shape_for_an_unknown_model(tiny_model_dir: Path) -> 
                 }
             }
 
-    asyncio.run(go())
+    await go()
 
 
-def test_seed_n_stop_list_and_max_completion_tokens_are_honoured(tiny_model_dir: Path) -> None:
+async def test_seed_n_stop_list_and_max_completion_tokens_are_honoured(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)
@@ -115,4 +117,4 @@ def test_seed_n_stop_list_and_max_completion_tokens_are_honoured(tiny_model_dir:
             else:
                 assert len(s.text) == 30
 
-    asyncio.run(go())
+    await go()

@@ -34,7 +34,7 @@ def _reference(model_dir: Path, ids: list[int], temperature: float) -> torch.Ten
     return torch.log_softmax(logits / temperature, dim=-1)
 
 
-def test_completion_logprobs_n_gives_the_n_likeliest_tokens_of_the_tempered_softmax(tiny_model_dir: Path) -> None:
+async def test_completion_logprobs_n_gives_the_n_likeliest_tokens_of_the_tempered_softmax(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             resp = await _client(service).completions.create(
@@ -48,7 +48,7 @@ def test_completion_logprobs_n_gives_the_n_likeliest_tokens_of_the_tempered_soft
             )
             return resp
 
-    resp = asyncio.run(go())
+    resp = await go()
     tok = load_tokenizer(tiny_model_dir)
     [choice] = resp.choices
     lp = choice.logprobs
@@ -66,14 +66,14 @@ def test_completion_logprobs_n_gives_the_n_likeliest_tokens_of_the_tempered_soft
             assert top[key] == pytest.approx(value, abs=ATOL)
 
 
-def test_echo_with_logprobs_scores_the_prompt_first_token_null(tiny_model_dir: Path) -> None:
+async def test_echo_with_logprobs_scores_the_prompt_first_token_null(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             return await _client(service).completions.create(
                 model=service.model_name, prompt=["12+34=", "5*6="], max_tokens=1, temperature=0, logprobs=2, echo=True
             )
 
-    resp = asyncio.run(go())
+    resp = await go()
     tok = load_tokenizer(tiny_model_dir)
     for choice, prompt_text in zip(resp.choices, ["12+34=", "5*6="], strict=True):  # two prompts, padded together
         lp = choice.logprobs
@@ -89,7 +89,7 @@ def test_echo_with_logprobs_scores_the_prompt_first_token_null(tiny_model_dir: P
         assert lp.text_offset == list(range(len(prompt) + 1))  # one character per token
 
 
-def test_chat_top_logprobs_lists_alternatives_most_likely_first(tiny_model_dir: Path) -> None:
+async def test_chat_top_logprobs_lists_alternatives_most_likely_first(tiny_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)
@@ -106,7 +106,7 @@ def test_chat_top_logprobs_lists_alternatives_most_likely_first(tiny_model_dir: 
             )  # batched with it
             return both[0]
 
-    resp = asyncio.run(go())
+    resp = await go()
     content = resp.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content
     for entry in content:

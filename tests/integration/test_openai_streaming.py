@@ -22,7 +22,7 @@ def _client(service: object) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=30, max_retries=0)
 
 
-def test_streamed_completion_joins_to_the_unstreamed_text_and_ends_with_finish_reason_and_usage(
+async def test_streamed_completion_joins_to_the_unstreamed_text_and_ends_with_finish_reason_and_usage(
     tiny_model_dir: Path,
 ) -> None:
     async def go() -> None:
@@ -54,10 +54,12 @@ def test_streamed_completion_joins_to_the_unstreamed_text_and_ends_with_finish_r
             assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == 4
             assert chunks[-1].model_extra is not None and chunks[-1].model_extra["weight_version"] == 0
 
-    asyncio.run(go())
+    await go()
 
 
-def test_streamed_chat_with_n_and_stop_list_gives_each_choice_its_role_deltas_and_finish(tiny_model_dir: Path) -> None:
+async def test_streamed_chat_with_n_and_stop_list_gives_each_choice_its_role_deltas_and_finish(
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> None:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             client = _client(service)
@@ -80,10 +82,10 @@ def test_streamed_chat_with_n_and_stop_list_gives_each_choice_its_role_deltas_an
                 assert mine[-1].finish_reason == whole.choices[index].finish_reason
             assert whole.choices[0].message.content == whole.choices[1].message.content  # greedy: alike
 
-    asyncio.run(go())
+    await go()
 
 
-def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_request_would_end(
+async def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_request_would_end(
     tiny_model_dir: Path,
 ) -> None:
     max_tokens = 200
@@ -140,10 +142,10 @@ def test_client_that_goes_away_mid_stream_frees_its_engine_row_before_the_reques
             ok = await _client(service).completions.create(model=service.model_name, prompt="1", max_tokens=2)
             assert len(ok.choices) == 1
 
-    asyncio.run(go())
+    await go()
 
 
-def test_stop_string_is_never_sent_streamed_or_not_and_streamed_text_joins_to_the_whole(
+async def test_stop_string_is_never_sent_streamed_or_not_and_streamed_text_joins_to_the_whole(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     from tests.integration.eval_model import create_eval_model
@@ -172,4 +174,4 @@ def test_stop_string_is_never_sent_streamed_or_not_and_streamed_text_joins_to_th
             assert "".join(pieces) == free[:at]  # no piece of the stop string was ever sent
             assert whole.usage is not None and whole.usage.completion_tokens == at + 3  # its tokens still count
 
-    asyncio.run(go())
+    await go()

@@ -5,7 +5,6 @@ make that call, so these are real generations, not canned text."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -23,7 +22,7 @@ def _client(service: object) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=30, max_retries=0)
 
 
-def test_tool_call_round_trip_parses_the_call_and_answers_from_the_tool_message(tool_model_dir: Path) -> None:
+async def test_tool_call_round_trip_parses_the_call_and_answers_from_the_tool_message(tool_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             client = _client(service)
@@ -58,10 +57,10 @@ def test_tool_call_round_trip_parses_the_call_and_answers_from_the_tool_message(
             assert second.choices[0].message.content == ANSWER
             assert second.choices[0].message.tool_calls is None
 
-    asyncio.run(go())
+    await go()
 
 
-def test_streamed_tool_call_arrives_as_a_tool_calls_delta(tool_model_dir: Path) -> None:
+async def test_streamed_tool_call_arrives_as_a_tool_calls_delta(tool_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             stream = await _client(service).chat.completions.create(
@@ -80,10 +79,10 @@ def test_streamed_tool_call_arrives_as_a_tool_calls_delta(tool_model_dir: Path) 
             assert json.loads(calls[0].function.arguments or "") == {"a": 1, "b": 2}  # type: ignore[union-attr]
             assert deltas[-1].finish_reason == "tool_calls"
 
-    asyncio.run(go())
+    await go()
 
 
-def test_tool_choice_none_leaves_tools_out_of_the_prompt(tool_model_dir: Path) -> None:
+async def test_tool_choice_none_leaves_tools_out_of_the_prompt(tool_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             resp = await _client(service).chat.completions.create(
@@ -98,10 +97,10 @@ def test_tool_choice_none_leaves_tools_out_of_the_prompt(tool_model_dir: Path) -
             assert resp.choices[0].message.tool_calls is None
             assert resp.usage is not None and resp.usage.prompt_tokens == len("user: What is 1+2?\nassistant: ")
 
-    asyncio.run(go())
+    await go()
 
 
-def test_history_replays_through_the_template_like_the_model_was_fitted(tool_model_dir: Path) -> None:
+async def test_history_replays_through_the_template_like_the_model_was_fitted(tool_model_dir: Path) -> None:
     async def go() -> None:
         async with inference_server(tool_model_dir, http=True) as (_, service):
             resp = await _client(service).chat.completions.create(
@@ -109,10 +108,10 @@ def test_history_replays_through_the_template_like_the_model_was_fitted(tool_mod
             )  # type: ignore[arg-type]
             assert resp.choices[0].message.content == ANSWER
 
-    asyncio.run(go())
+    await go()
 
 
-def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: Path) -> None:
+async def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: Path) -> None:
     """A higher-level client agent builders use: langchain-openai's ChatOpenAI with bound tools, then streaming."""
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
@@ -150,10 +149,10 @@ def test_langchain_openai_calls_the_tool_and_streams_the_answer(tool_model_dir: 
             whole = await llm.ainvoke("What is 1+2?")
             assert "".join(str(c.content) for c in chunks) == whole.content
 
-    asyncio.run(go())
+    await go()
 
 
-def test_openai_agents_sdk_runs_a_tool_calling_turn_to_its_final_answer(tool_model_dir: Path) -> None:
+async def test_openai_agents_sdk_runs_a_tool_calling_turn_to_its_final_answer(tool_model_dir: Path) -> None:
     """The openai-agents SDK (chat-completions model): the agent calls the tool, runs it, and answers."""
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 
@@ -185,5 +184,5 @@ def test_openai_agents_sdk_runs_a_tool_calling_turn_to_its_final_answer(tool_mod
             result = await Runner.run(agent, QUESTION[0]["content"], max_turns=3)
             return str(result.final_output)
 
-    assert asyncio.run(go()) == ANSWER
+    assert await go() == ANSWER
     assert ran == [(1, 2)]

@@ -110,8 +110,8 @@ async def _stress() -> tuple[dict[int, Outcome], int, dict[str, int]]:
         await pool.close()
 
 
-def test_every_answer_is_its_own_jobs_through_kills_crashes_late_results_and_cancellations() -> None:
-    answers, cancelled, restarts = asyncio.run(_stress())
+async def test_every_answer_is_its_own_jobs_through_kills_crashes_late_results_and_cancellations() -> None:
+    answers, cancelled, restarts = await _stress()
 
     assert len(answers) + cancelled == JOBS and cancelled > 0
     for k, out in answers.items():

@@ -80,7 +80,7 @@ def _gate(service: InferenceService) -> asyncio.Event:
     return opened
 
 
-def test_overlapped_publication_has_its_version_at_once_and_admission_keeps_the_served_steps_window(
+async def test_overlapped_publication_has_its_version_at_once_and_admission_keeps_the_served_steps_window(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     async def go() -> None:
@@ -99,10 +99,10 @@ def test_overlapped_publication_has_its_version_at_once_and_admission_keeps_the_
             assert publication.admission_step(1) == 1
             assert publication.last_push is not None and publication.last_push.verified
 
-    asyncio.run(go())
+    await go()
 
 
-def test_a_failed_overlapped_push_raises_at_settle(
+async def test_a_failed_overlapped_push_raises_at_settle(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     async def go() -> None:
@@ -121,10 +121,10 @@ def test_a_failed_overlapped_push_raises_at_settle(
                 await publication.settle()
             assert not publication.publishing
 
-    asyncio.run(go())
+    await go()
 
 
-def test_closing_with_a_push_in_flight_stops_it_and_a_later_publication_takes_a_newer_version(
+async def test_closing_with_a_push_in_flight_stops_it_and_a_later_publication_takes_a_newer_version(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     async def go() -> tuple[int, int, int, bool]:
@@ -139,13 +139,13 @@ def test_closing_with_a_push_in_flight_stops_it_and_a_later_publication_takes_a_
             later, _ = await publication.publish(2)  # the push lock was released, the counter moved on
             return first, abandoned, later, publishing
 
-    first, abandoned, later, publishing = asyncio.run(go())
+    first, abandoned, later, publishing = await go()
 
     assert first < abandoned < later  # versions are never reused, also around an abandoned push
     assert not publishing
 
 
-def test_the_probe_of_an_in_flight_push_never_runs_inside_an_optimizer_step(
+async def test_the_probe_of_an_in_flight_push_never_runs_inside_an_optimizer_step(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     step_entered, probe_started = threading.Event(), threading.Event()
@@ -179,4 +179,4 @@ def test_the_probe_of_an_in_flight_push_never_runs_inside_an_optimizer_step(
             assert probe_started.is_set()  # it did run, after the step
             return overlapped
 
-    assert asyncio.run(go()) is False
+    assert await go() is False

@@ -62,7 +62,7 @@ def episodes(group_id: str) -> list[Episode]:
     return [Episode(episode_id=f"{group_id}-{i}", group_id=group_id, sample_index=i, group_size=2) for i in range(2)]
 
 
-def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_memory_frees(
+async def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_memory_frees(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> dict[str, object]:
@@ -91,7 +91,7 @@ def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_me
                 "appended": producer.progress.appended,
             }
 
-    seen = asyncio.run(go())
+    seen = await go()
 
     assert seen["before"] is True
     assert seen["during"] == {"blocked": True, "admits": False, "length": 0, "done": False, "status_blocked": True}
@@ -100,7 +100,7 @@ def test_append_to_a_full_redis_blocks_admission_then_lands_exactly_once_when_me
     assert seen["produced"] == 1 and seen["appended"] == 1
 
 
-def test_append_to_a_redis_that_stays_full_fails_after_redis_retry_s_with_nothing_half_written(
+async def test_append_to_a_redis_that_stays_full_fails_after_redis_retry_s_with_nothing_half_written(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> tuple[type[BaseException] | None, int, bool, int, dict[bytes, bytes]]:
@@ -114,14 +114,14 @@ def test_append_to_a_redis_that_stays_full_fails_after_redis_retry_s_with_nothin
             progress = admin.hgetall(producer.stream.keys.rollout_progress)
             return error, admin.xlen(STREAM), producer.append_blocked, producer.redis_oom_retries, progress
 
-    error, length, blocked, retries, progress = asyncio.run(go())
+    error, length, blocked, retries, progress = await go()
 
     assert error is OutOfMemoryError
     assert length == 0 and progress == {}  # the MULTI was refused whole: no entry, no progress record
     assert blocked is False and retries >= 1
 
 
-def test_readers_that_do_not_ask_for_oom_retries_get_the_error_at_once(redis_server: RedisServer) -> None:
+async def test_readers_that_do_not_ask_for_oom_retries_get_the_error_at_once(redis_server: RedisServer) -> None:
     async def go() -> tuple[int, type[BaseException] | None]:
         stream = EpisodeStream.from_url(redis_server.url, STREAM, GROUP)
         fill(redis_server)
@@ -140,10 +140,10 @@ def test_readers_that_do_not_ask_for_oom_retries_get_the_error_at_once(redis_ser
             await stream.close()
         return calls, None
 
-    assert asyncio.run(go()) == (1, OutOfMemoryError)
+    assert await go() == (1, OutOfMemoryError)
 
 
-def test_a_rollout_started_on_a_full_redis_waits_for_its_consumer_group_then_starts_when_memory_frees(
+async def test_a_rollout_started_on_a_full_redis_waits_for_its_consumer_group_then_starts_when_memory_frees(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> tuple[bool, int, BaseException | None]:
@@ -158,6 +158,6 @@ def test_a_rollout_started_on_a_full_redis_waits_for_its_consumer_group_then_sta
             await asyncio.wait_for(asyncio.gather(run, return_exceptions=True), 20)
             return waited, producer.redis_oom_retries, run.exception()
 
-    waited, retries, error = asyncio.run(go())
+    waited, retries, error = await go()
 
     assert error is None and waited and retries >= 2  # a restarted rollout is backpressured, not killed

@@ -8,7 +8,6 @@ uid). The last test is the control: a clean set of correct answers scores 1.0 ev
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -104,7 +103,7 @@ def _assert_host_unaffected(host: Host, before: dict[str, bytes], sandbox: Sandb
     assert left == []
 
 
-def _score(
+async def _score(
     host: Host,
     backend: SandboxBackend,
     completion: str,
@@ -136,7 +135,7 @@ def _score(
             )
             return resp, time.monotonic() - t0
 
-    resp, elapsed = asyncio.run(go())
+    resp, elapsed = await go()
     _assert_host_unaffected(host, before, sandbox, earlier)
     return resp, elapsed
 
@@ -146,8 +145,8 @@ ONE_TEST = {"tests": ["assert solve() == 1"]}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_infinite_loop_is_killed_at_the_wall_clock_and_scores_zero(host: Host, backend: SandboxBackend) -> None:
-    resp, elapsed = _score(host, backend, "def solve():\n    return 1\nwhile True:\n    pass\n", ONE_TEST)
+async def test_infinite_loop_is_killed_at_the_wall_clock_and_scores_zero(host: Host, backend: SandboxBackend) -> None:
+    resp, elapsed = await _score(host, backend, "def solve():\n    return 1\nwhile True:\n    pass\n", ONE_TEST)
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
     assert "killed at the wall-clock limit" in resp.details
@@ -155,23 +154,23 @@ def test_infinite_loop_is_killed_at_the_wall_clock_and_scores_zero(host: Host, b
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fork_bomb_is_contained_and_leaves_no_process(host: Host, backend: SandboxBackend) -> None:
+async def test_fork_bomb_is_contained_and_leaves_no_process(host: Host, backend: SandboxBackend) -> None:
     program = (
         "import os, time\ndef solve():\n    return 1\nwhile True:\n    try:\n        os.fork()\n"
         "    except OSError:\n        time.sleep(0.01)\n"
     )
 
-    resp, elapsed = _score(host, backend, program, ONE_TEST)
+    resp, elapsed = await _score(host, backend, program, ONE_TEST)
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
     assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ten_gigabyte_allocation_fails_inside_the_sandbox(host: Host, backend: SandboxBackend) -> None:
+async def test_ten_gigabyte_allocation_fails_inside_the_sandbox(host: Host, backend: SandboxBackend) -> None:
     program = "data = bytearray(10 * 1024 ** 3)\ndef solve():\n    return 1\n"
 
-    resp, elapsed = _score(host, backend, program, ONE_TEST)
+    resp, elapsed = await _score(host, backend, program, ONE_TEST)
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
     assert "MemoryError" in resp.details
@@ -179,7 +178,7 @@ def test_ten_gigabyte_allocation_fails_inside_the_sandbox(host: Host, backend: S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_deleting_or_writing_files_outside_its_directory_fails(host: Host, backend: SandboxBackend) -> None:
+async def test_deleting_or_writing_files_outside_its_directory_fails(host: Host, backend: SandboxBackend) -> None:
     target = host.sentinel_dir
     program = (
         "import os, shutil\nblocked = []\n"
@@ -194,7 +193,7 @@ def test_deleting_or_writing_files_outside_its_directory_fails(host: Host, backe
         "print('blocked' if all(blocked) else blocked)\n"
     )
 
-    resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "blocked"}]})
+    resp, elapsed = await _score(host, backend, program, {"io_tests": [{"input": "", "output": "blocked"}]})
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), resp.details
     assert not Path("/usr/lib/relayrl-owned").exists() and not Path("/etc/relayrl-owned").exists()
@@ -202,21 +201,21 @@ def test_deleting_or_writing_files_outside_its_directory_fails(host: Host, backe
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_network_connection_is_impossible(host: Host, backend: SandboxBackend) -> None:
+async def test_network_connection_is_impossible(host: Host, backend: SandboxBackend) -> None:
     program = (
         "import socket\ntry:\n"
         f"    socket.create_connection(('127.0.0.1', {host.port}), timeout=0.5)\n    print('connected')\n"
         "except OSError:\n    print('blocked')\n"
     )
 
-    resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "blocked"}]})
+    resp, elapsed = await _score(host, backend, program, {"io_tests": [{"input": "", "output": "blocked"}]})
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), resp.details
     assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_environment_secrets_are_not_visible(host: Host, backend: SandboxBackend) -> None:
+async def test_environment_secrets_are_not_visible(host: Host, backend: SandboxBackend) -> None:
     program = (
         "import os\nseen = ' '.join(os.environ.values())\n"
         "for pid in os.listdir('/proc'):\n    try:\n"
@@ -225,25 +224,25 @@ def test_environment_secrets_are_not_visible(host: Host, backend: SandboxBackend
         f"print('leaked' if {SECRET!r} in seen or 'RELAYRL_TEST_SECRET' in seen else 'clean')\n"
     )
 
-    resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "clean"}]})
+    resp, elapsed = await _score(host, backend, program, {"io_tests": [{"input": "", "output": "clean"}]})
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 1.0), resp.details
     assert elapsed < WALL_S + MARGIN_S
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_megabytes_of_output_are_capped_and_the_program_killed(host: Host, backend: SandboxBackend) -> None:
+async def test_megabytes_of_output_are_capped_and_the_program_killed(host: Host, backend: SandboxBackend) -> None:
     program = "import sys\nfor _ in range(1000):\n    sys.stdout.write('x' * 10000)\nprint()\n"
 
-    resp, elapsed = _score(host, backend, program, {"io_tests": [{"input": "", "output": "x"}]})
+    resp, elapsed = await _score(host, backend, program, {"io_tests": [{"input": "", "output": "x"}]})
 
     assert (resp.status, resp.score) == (pb.SCORE_STATUS_OK, 0.0)
     assert "output limit exceeded" in resp.details
     assert elapsed < WALL_S + MARGIN_S
 
 
-def test_sympy_expression_that_never_finishes_is_a_timeout_not_a_zero(host: Host) -> None:
-    resp, elapsed = _score(
+async def test_sympy_expression_that_never_finishes_is_a_timeout_not_a_zero(host: Host) -> None:
+    resp, elapsed = await _score(
         host, SandboxBackend.BWRAP, "The answer is $\\boxed{9^{9^{9}}}$", {}, function="math", reference="2"
     )
 
@@ -252,8 +251,8 @@ def test_sympy_expression_that_never_finishes_is_a_timeout_not_a_zero(host: Host
     assert elapsed < VERIFIER_TIMEOUT_S + MARGIN_S
 
 
-def test_verifier_that_raises_is_an_error_not_a_zero(host: Host) -> None:
-    resp, elapsed = _score(host, SandboxBackend.BWRAP, "7", {}, function="tests.reward_fns:broken")
+async def test_verifier_that_raises_is_an_error_not_a_zero(host: Host) -> None:
+    resp, elapsed = await _score(host, SandboxBackend.BWRAP, "7", {}, function="tests.reward_fns:broken")
 
     assert resp.status == pb.SCORE_STATUS_ERROR
     assert "ZeroDivisionError" in resp.error
@@ -282,7 +281,7 @@ CLEAN_SET = [  # (function, completion, reference, metadata): all correct
 ]
 
 
-def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
+async def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
     sandbox = SandboxConfig(wall_timeout_s=WALL_S, total_timeout_s=2 * WALL_S, uid_base=UID_BASE)
     before, earlier = host.snapshot(), _descendants()
 
@@ -312,7 +311,7 @@ def test_clean_correct_answers_score_one_everywhere(host: Host) -> None:
             out[function] = list(batch.responses)
         return out
 
-    results = asyncio.run(go())
+    results = await go()
 
     for function, responses in results.items():
         for resp in responses:

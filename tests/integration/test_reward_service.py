@@ -25,7 +25,7 @@ def _req(completion: str, reference: str = "7", episode_id: str = "e") -> pb.Sco
     return pb.ScoreRequest(episode_id=episode_id, prompt="3+4=", completion=completion, reference=reference)
 
 
-def test_score_batch_returns_scores_and_components_in_order() -> None:
+async def test_score_batch_returns_scores_and_components_in_order() -> None:
     async def go() -> None:
         async with reward_server() as (target, _), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
@@ -41,10 +41,10 @@ def test_score_batch_returns_scores_and_components_in_order() -> None:
             assert [r.score for r in resp.responses] == [1.0, 0.5, 0.0]
             assert resp.responses[0].components["exact"] == 1.0
 
-    asyncio.run(go())
+    await go()
 
 
-def test_raising_verifier_is_an_error_result_counted_not_zero() -> None:
+async def test_raising_verifier_is_an_error_result_counted_not_zero() -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:broken") as (target, servicer), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
@@ -56,11 +56,11 @@ def test_raising_verifier_is_an_error_result_counted_not_zero() -> None:
             assert (status.errors, status.scored, status.timeouts) == (1, 0, 0)
             assert servicer.metrics.scores.labels("error")._value.get() == 1
 
-    asyncio.run(go())
+    await go()
 
 
 @pytest.mark.parametrize("function", ["returns_nan", "returns_text", "returns_none", "exits"])
-def test_invalid_return_value_or_exit_is_an_error_result(function: str) -> None:
+async def test_invalid_return_value_or_exit_is_an_error_result(function: str) -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:{function}", workers=1) as (target, _), insecure_channel(target) as ch:
             resp = await pb_grpc.RewardServiceStub(ch).Score(_req("7"), timeout=10)
@@ -68,10 +68,10 @@ def test_invalid_return_value_or_exit_is_an_error_result(function: str) -> None:
             assert resp.status == pb.SCORE_STATUS_ERROR
             assert resp.error
 
-    asyncio.run(go())
+    await go()
 
 
-def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
+async def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:spin", timeout_s=1.0) as (target, servicer), insecure_channel(target) as ch:
             stub = pb_grpc.RewardServiceStub(ch)
@@ -97,10 +97,10 @@ def test_hung_verifier_times_out_alone_and_its_worker_is_replaced() -> None:
             assert (status.timeouts, status.worker_restarts, status.workers_ready) == (1, 1, 2)
             assert after.status == pb.SCORE_STATUS_OK
 
-    asyncio.run(go())
+    await go()
 
 
-def test_crashing_verifier_is_an_error_and_the_rest_of_the_batch_is_scored() -> None:
+async def test_crashing_verifier_is_an_error_and_the_rest_of_the_batch_is_scored() -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:crash") as (target, servicer), insecure_channel(target) as ch:
             resp = await pb_grpc.RewardServiceStub(ch).ScoreBatch(
@@ -116,10 +116,10 @@ def test_crashing_verifier_is_an_error_and_the_rest_of_the_batch_is_scored() -> 
             assert "worker process died (exit code 3)" in resp.responses[1].error
             assert servicer.pool.restarts["crash"] == 1
 
-    asyncio.run(go())
+    await go()
 
 
-def test_batch_is_scored_in_parallel_across_the_pool(tmp_path: Path) -> None:
+async def test_batch_is_scored_in_parallel_across_the_pool(tmp_path: Path) -> None:
     # each verifier records its start in tmp_path and waits (at most 5 s) until all four have started
     metadata = {"dir": json.dumps(str(tmp_path)), "expect": "4", "wait_s": "5"}
 
@@ -137,10 +137,10 @@ def test_batch_is_scored_in_parallel_across_the_pool(tmp_path: Path) -> None:
             # every verifier saw four started while it ran: the four workers scored at once (serially: 1, 2, ...)
             assert [r.details for r in resp.responses] == ["4"] * 4
 
-    asyncio.run(go())
+    await go()
 
 
-def test_async_reward_function_is_awaited() -> None:
+async def test_async_reward_function_is_awaited() -> None:
     async def go() -> None:
         async with reward_server(f"{FNS}:async_half", workers=1) as (target, _), insecure_channel(target) as ch:
             resp = await pb_grpc.RewardServiceStub(ch).Score(_req("x"), timeout=10)
@@ -152,10 +152,10 @@ def test_async_reward_function_is_awaited() -> None:
                 {"half": 0.5},
             )
 
-    asyncio.run(go())
+    await go()
 
 
-def test_weighted_components_form_the_total_and_are_reported_by_name() -> None:
+async def test_weighted_components_form_the_total_and_are_reported_by_name() -> None:
     components = [
         ComponentConfig(name="answer", function="arithmetic", weight=0.75),
         ComponentConfig(name="length", function=f"{FNS}:length", weight=0.25, params={"scale": 0.5}),
@@ -169,10 +169,10 @@ def test_weighted_components_form_the_total_and_are_reported_by_name() -> None:
             assert resp.score == pytest.approx(0.75 * 1.0 + 0.25 * 0.5)
             assert dict(resp.components) == {"answer": 1.0, "answer.exact": 1.0, "answer.digits": 1.0, "length": 0.5}
 
-    asyncio.run(go())
+    await go()
 
 
-def test_batch_over_max_batch_is_resource_exhausted() -> None:
+async def test_batch_over_max_batch_is_resource_exhausted() -> None:
     async def go() -> None:
         async with reward_server(max_batch=2, workers=1) as (target, _), insecure_channel(target) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -182,10 +182,10 @@ def test_batch_over_max_batch_is_resource_exhausted() -> None:
 
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    asyncio.run(go())
+    await go()
 
 
-def test_rest_api_scores_reports_errors_health_and_metrics() -> None:
+async def test_rest_api_scores_reports_errors_health_and_metrics() -> None:
     async def go() -> None:
         async with (
             reward_server(f"{FNS}:crash", workers=1) as (_, servicer),
@@ -213,4 +213,4 @@ def test_rest_api_scores_reports_errors_health_and_metrics() -> None:
             assert 'relayrl_reward_scores_total{status="error"} 1.0' in metrics
             assert 'relayrl_reward_worker_restarts_total{reason="crash"} 1.0' in metrics
 
-    asyncio.run(go())
+    await go()

@@ -112,10 +112,10 @@ async def _scenario(redis_url: str, dataset: Path) -> tuple[str | None, int, int
         return blocked, before, status.calls
 
 
-def test_while_the_window_is_closed_the_trainer_is_polled_faster_and_a_new_step_reopens_it_promptly(
+async def test_while_the_window_is_closed_the_trainer_is_polled_faster_and_a_new_step_reopens_it_promptly(
     redis_server: RedisServer, dataset_path: Path
 ) -> None:
-    blocked, before, calls = asyncio.run(_scenario(redis_server.url, dataset_path))
+    blocked, before, calls = await _scenario(redis_server.url, dataset_path)
 
     # blocked, polls come every status_poll_s / BLOCKED_POLL_DIVISOR (0.4 s): three of them fit within the 4 s
     # deadline that three unhurried polls (3 x 2 s) would miss; then the reopened window was seen
@@ -156,10 +156,10 @@ async def _watched(redis_url: str, dataset: Path) -> tuple[str | None, bool, int
         return blocked, producer.can_admit(), status.calls
 
 
-def test_rollout_follows_the_trainers_status_stream_and_a_new_step_reopens_the_window_without_a_poll(
+async def test_rollout_follows_the_trainers_status_stream_and_a_new_step_reopens_the_window_without_a_poll(
     redis_server: RedisServer, dataset_path: Path
 ) -> None:
-    blocked, admits, polls = asyncio.run(_watched(redis_server.url, dataset_path))
+    blocked, admits, polls = await _watched(redis_server.url, dataset_path)
 
     assert blocked == "window"
     assert admits

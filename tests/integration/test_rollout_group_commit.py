@@ -18,7 +18,7 @@ from tests.integration.test_redis_oom import STREAM, episodes, producer_on
 pytestmark = pytest.mark.integration
 
 
-def test_groups_finishing_together_share_one_transaction_and_every_seq_is_recorded_once(
+async def test_groups_finishing_together_share_one_transaction_and_every_seq_is_recorded_once(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> tuple[int, int, int, list[int], dict[str, int]]:
@@ -34,7 +34,7 @@ def test_groups_finishing_together_share_one_transaction_and_every_seq_is_record
                 {"appended": stored.appended, "memory_watermark": producer.progress.watermark},
             )
 
-    commits, produced, watermark, done, counts = asyncio.run(go())
+    commits, produced, watermark, done, counts = await go()
 
     admin = redis.Redis(port=redis_server.port)
     group_ids = [e[1][STREAM_FIELD] for e in admin.xrange(STREAM)]
@@ -70,7 +70,7 @@ async def _first_commit_fails(producer: Any, error: Exception) -> tuple[list[Bas
     return [r if isinstance(r, BaseException) else None for r in results], len(calls)
 
 
-def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_written_after_it(
+async def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_written_after_it(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> tuple[list[BaseException | None], int, list[int]]:
@@ -79,7 +79,7 @@ def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_
             stored = await ProgressStore(producer.stream.client, producer.stream.keys).load()
             return results, producer.groups_produced, sorted(stored.done | set(range(stored.watermark)))
 
-    results, produced, recorded = asyncio.run(go())
+    results, produced, recorded = await go()
 
     admin = redis.Redis(port=redis_server.port)
     assert isinstance(results[0], ValueError)  # the caller whose transaction failed sees why
@@ -88,7 +88,7 @@ def test_a_failed_commit_fails_only_its_callers_group_and_the_queued_groups_are_
     assert recorded == [1, 2]  # seq 0 is missing: its group is retried (or skipped) by _group, not lost
 
 
-def test_redis_down_past_retry_s_fails_every_waiting_group_at_once_and_every_later_one(
+async def test_redis_down_past_retry_s_fails_every_waiting_group_at_once_and_every_later_one(
     redis_server: RedisServer,
 ) -> None:
     """One outage costs one redis.retry_s, not one per group: rollout used to retry each waiting group's append for
@@ -101,7 +101,7 @@ def test_redis_down_past_retry_s_fails_every_waiting_group_at_once_and_every_lat
             later = await asyncio.gather(producer._append(3, episodes("g3")), return_exceptions=True)
             return results, commits, later[0], producer.appends.failure
 
-    results, commits, later, failure = asyncio.run(go())
+    results, commits, later, failure = await go()
 
     assert commits == 1  # the queued groups did not retry the dead Redis each in turn
     assert all(isinstance(r, AppendFailed) for r in results) and isinstance(later, AppendFailed)

@@ -134,7 +134,7 @@ async def _run(
 
 
 @pytest.mark.parametrize(("max_staleness", "sft_steps"), [(0, 0), (1, 0), (2, 2)])
-def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_for(
+async def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_for(
     tmp_path: Path,
     tiny_model_dir: Path,
     dataset_path: Path,
@@ -151,7 +151,7 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
         f"trainer.sft.warmup_steps={sft_steps}",
     )
 
-    out = asyncio.run(_run(cfg, tiny_model_dir))
+    out = await _run(cfg, tiny_model_dir)
 
     rows = out["rows"]
     assert [r["sft_step"] for r in out["sft_rows"]] == list(range(1, sft_steps + 1))
@@ -186,7 +186,7 @@ def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_fo
     assert [s for s, _ in tb.get("sft/loss", [])] == list(range(1, sft_steps + 1))
 
 
-def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_packed_rows(
+async def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_packed_rows(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     cfg = _config(
@@ -204,7 +204,7 @@ def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_
         "trainer.micro_batch_tokens=32",
     )
 
-    out = asyncio.run(_run(cfg, tiny_model_dir))
+    out = await _run(cfg, tiny_model_dir)
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -214,12 +214,12 @@ def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_
     assert out["produced"] == out["trained"] + out["dropped"] + out["invalid"] + out["pending"]
 
 
-def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups_still_flow(
+async def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups_still_flow(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
 
-    out = asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
+    out = await _run(cfg, tiny_model_dir, "tests.reward_fns:flaky")
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -237,7 +237,7 @@ def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups
     assert rows[-1]["episodes_trained"] == sum(r["episodes"] for r in rows)
 
 
-def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
+async def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     from relayrl.trainer.groups import RewardErrorStop
@@ -245,22 +245,20 @@ def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.on_reward_error=fail")
 
     with pytest.raises(RewardErrorStop, match=r"status SCORE_STATUS_ERROR: ValueError: .*on_reward_error is fail"):
-        asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
+        await _run(cfg, tiny_model_dir, "tests.reward_fns:flaky")
 
 
-def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
+async def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    first = asyncio.run(
-        _run(
-            _config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url, "trainer.checkpoint.keep=5"),
-            tiny_model_dir,
-        )
+    first = await _run(
+        _config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url, "trainer.checkpoint.keep=5"),
+        tiny_model_dir,
     )
     older = tmp_path / "a" / "checkpoints" / "step_000002" / "model"  # older than the last published version
 
-    second = asyncio.run(
-        _run(_config(tmp_path / "b", older, dataset_path, redis_server.url, "redis.stream=relayrl:episodes:b"), older)
+    second = await _run(
+        _config(tmp_path / "b", older, dataset_path, redis_server.url, "redis.stream=relayrl:episodes:b"), older
     )
 
     published_before = max(r["weight_version"] for r in first["rows"])
@@ -268,7 +266,7 @@ def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
     assert second["inference_version"] > published_before
 
 
-def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publication(
+async def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publication(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Inference applies the first update but answers past the trainer's deadline: the push landed, so the
@@ -317,14 +315,14 @@ def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_publicat
         finally:
             await trainer.close()
 
-    version, served, same, push = asyncio.run(go())
+    version, served, same, push = await go()
 
     assert served == version and same
     assert applied == [version - 1, version]  # the landed push, then the same weights again for the probe
     assert push.version == version and push.verified and push.probe_max_diff <= 1e-3
 
 
-def test_restarted_inference_gets_the_trainers_current_weights_again(
+async def test_restarted_inference_gets_the_trainers_current_weights_again(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     from relayrl.common.weights import model_tensors
@@ -367,13 +365,13 @@ def test_restarted_inference_gets_the_trainers_current_weights_again(
         await trainer.close()
         return served, trainer.publication.weight_version, same
 
-    served, trainer_version, same = asyncio.run(go())
+    served, trainer_version, same = await go()
 
     assert served > trainer_version  # a fresh version, never a reused one
     assert same
 
 
-def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_its_context(
+async def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_its_context(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=4")
@@ -383,7 +381,7 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
     setup_logging("all", 0, "INFO", log_file=log_file, fmt="json")
     relayrl_logger.setLevel(logging.DEBUG)
     try:  # some verifier calls fail (tests.reward_fns:flaky): each failure is logged by the reward service
-        asyncio.run(_run(cfg, tiny_model_dir, "tests.reward_fns:flaky"))
+        await _run(cfg, tiny_model_dir, "tests.reward_fns:flaky")
     finally:
         for handler in list(root.handlers):
             root.removeHandler(handler)
@@ -418,7 +416,7 @@ def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_
     assert [r["weight_version"] for r in steps] == [int(r["message"].split()[3]) for r in steps] != []
 
 
-def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the_books_still_balance(
+async def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the_books_still_balance(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
@@ -445,7 +443,7 @@ def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the_books
     )
     injected = [{STREAM_FIELD: b"\xff\xff"}, {STREAM_FIELD: outside.SerializeToString()}]
 
-    out = asyncio.run(_run(cfg, tiny_model_dir, inject=injected))
+    out = await _run(cfg, tiny_model_dir, inject=injected)
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # the trainer went on

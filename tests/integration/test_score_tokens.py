@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -31,13 +30,13 @@ def _reference(model_dir: Path) -> list[list[float]]:
     return out
 
 
-def test_score_tokens_returns_the_served_models_logprobs_of_the_given_completions(tiny_model_dir: Path) -> None:
+async def test_score_tokens_returns_the_served_models_logprobs_of_the_given_completions(tiny_model_dir: Path) -> None:
     async def go() -> tuple[list[list[float]], int]:
         async with inference_server(tiny_model_dir) as (target, _), InferenceClient(target) as client:
             reply = await client.score(SEQUENCES, timeout_s=30)
             return [list(s.logprobs) for s in reply.scores], reply.weight_version
 
-    scores, version = asyncio.run(go())
+    scores, version = await go()
 
     assert [len(s) for s in scores] == [4, 2]
     assert version == 0  # the weights loaded at start-up, before any update
@@ -56,7 +55,7 @@ def test_score_tokens_returns_the_served_models_logprobs_of_the_given_completion
         ([([1], [2], -1.0)], grpc.StatusCode.INVALID_ARGUMENT),
     ],
 )
-def test_score_tokens_refuses_requests_over_its_limits_at_once(
+async def test_score_tokens_refuses_requests_over_its_limits_at_once(
     tiny_model_dir: Path, sequences: list[tuple[list[int], list[int], float]], code: grpc.StatusCode
 ) -> None:
     async def go() -> grpc.StatusCode:
@@ -68,4 +67,4 @@ def test_score_tokens_refuses_requests_over_its_limits_at_once(
                 await client.score(sequences, timeout_s=30)
             return err.value.code()
 
-    assert asyncio.run(go()) == code
+    assert await go() == code

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("transport", [WeightTransport.GRPC_STREAM, WeightTransport.SHARED_MEMORY])
-def test_pushes_between_probes_are_verified_by_the_served_weights_check(
+async def test_pushes_between_probes_are_verified_by_the_served_weights_check(
     tiny_model_dir: Path, tmp_path: Path, transport: WeightTransport
 ) -> None:
     async def go() -> tuple[list[PushResult], int]:
@@ -35,7 +34,7 @@ def test_pushes_between_probes_are_verified_by_the_served_weights_check(
             mismatched = sum(not torch.equal(served[n], p) for n, p in pub.model.named_parameters())
             return results, mismatched
 
-    results, mismatched = asyncio.run(go())
+    results, mismatched = await go()
 
     assert [r.probe_max_diff is not None for r in results] == [True, False, False, True, False]  # 1st, 4th
     assert all(r.verified and r.served_verified for r in results)
@@ -43,7 +42,7 @@ def test_pushes_between_probes_are_verified_by_the_served_weights_check(
     assert mismatched == 0  # bit for bit what the trainer holds
 
 
-def test_tied_output_layer_left_behind_fails_a_publication_without_a_probe(
+async def test_tied_output_layer_left_behind_fails_a_publication_without_a_probe(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     async def go() -> None:
@@ -61,10 +60,10 @@ def test_tied_output_layer_left_behind_fails_a_publication_without_a_probe(
             with pytest.raises(WeightVerificationError, match=r"lm_head\.weight does not read the update"):
                 await pub.push(pub.snapshot(), 2)
 
-    asyncio.run(go())
+    await go()
 
 
-def test_an_engine_that_cannot_confirm_its_weights_is_probed_on_every_push(
+async def test_an_engine_that_cannot_confirm_its_weights_is_probed_on_every_push(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server, "served_check", lambda engine, sha256: {})  # as vLLM's engine: no check
@@ -79,6 +78,6 @@ def test_an_engine_that_cannot_confirm_its_weights_is_probed_on_every_push(
                 results.append(await pub.push(pub.snapshot(), version))
             return results
 
-    results = asyncio.run(go())
+    results = await go()
 
     assert all(r.probe_max_diff is not None and not r.served_verified for r in results)

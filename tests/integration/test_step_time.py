@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ PUBLISH_FIELDS = ["time_publish_serialise_s", "time_publish_transfer_s", "time_p
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
+async def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, overlap: bool
 ) -> None:
     cfg = _config(
@@ -30,7 +29,7 @@ def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
         f"trainer.publication.overlap={str(overlap).lower()}",
     )
 
-    out = asyncio.run(_run(cfg, tiny_model_dir))
+    out = await _run(cfg, tiny_model_dir)
 
     rows = [parse_row(r) for r in out["rows"]]
     assert all(isinstance(r, RlRow) and not r.missing & {"time_wall_s", *PART_FIELDS} for r in rows)

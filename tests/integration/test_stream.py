@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -23,7 +22,7 @@ def _group(group: str, n: int) -> EpisodeGroup:
     )
 
 
-def test_appended_groups_are_read_whole_in_order_and_acked(redis_server: RedisServer) -> None:
+async def test_appended_groups_are_read_whole_in_order_and_acked(redis_server: RedisServer) -> None:
     async def go() -> None:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -42,10 +41,10 @@ def test_appended_groups_are_read_whole_in_order_and_acked(redis_server: RedisSe
         assert (info_before.pending, info_before.lag) == (2, 0)
         assert acked == 2 and info_after.pending == 0 and info_after.length == 2  # never trimmed
 
-    asyncio.run(go())
+    await go()
 
 
-def test_queue_depth_counts_unread_and_unacknowledged_groups(redis_server: RedisServer) -> None:
+async def test_queue_depth_counts_unread_and_unacknowledged_groups(redis_server: RedisServer) -> None:
     async def go() -> list[tuple[int | None, int]]:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -60,10 +59,10 @@ def test_queue_depth_counts_unread_and_unacknowledged_groups(redis_server: Redis
         await stream.close()
         return depths
 
-    assert asyncio.run(go()) == [(0, 0), (4, 0), (1, 3), (1, 2)]
+    assert await go() == [(0, 0), (4, 0), (1, 3), (1, 2)]
 
 
-def test_books_read_every_count_and_the_queue_depth_in_one_round_trip_as_the_single_reads_do(
+async def test_books_read_every_count_and_the_queue_depth_in_one_round_trip_as_the_single_reads_do(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> tuple[Books, Books, list[object]]:
@@ -88,7 +87,7 @@ def test_books_read_every_count_and_the_queue_depth_in_one_round_trip_as_the_sin
         await stream.close()
         return before, after, single
 
-    before, after, single = asyncio.run(go())
+    before, after, single = await go()
 
     assert before == Books(
         dropped={r: (0, 0) for r in ("stale", "reward_error", "zero_advantage")}, invalid=(0, 0), lag=None, pending=0
@@ -119,7 +118,9 @@ def _until_aof_written(url: str, attempts: int = 200) -> None:
     raise AssertionError("Redis did not write its AOF buffer")
 
 
-def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill(redis_server: RedisServer) -> None:
+async def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill(
+    redis_server: RedisServer,
+) -> None:
     async def produce_and_read() -> None:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -136,17 +137,17 @@ def test_unacked_entries_are_redelivered_to_the_same_consumer_after_a_redis_kill
         await stream.close()
         return [e.group.group_id for e in first], [e.group.group_id for e in rest], [e.group.group_id for e in new]
 
-    asyncio.run(produce_and_read())
+    await produce_and_read()
     _until_aof_written(redis_server.url)  # a kill -9 of the process loses nothing written to the AOF file
     redis_server.stop(kill=True)
     redis_server.start()
-    first, rest, new = asyncio.run(reread())
+    first, rest, new = await reread()
 
     assert (first, rest) == (["a", "b"], ["c"])  # AOF kept the entries and the pending list; paged reads
     assert new == []
 
 
-def test_pending_entries_of_a_gone_consumer_are_claimed(redis_server: RedisServer) -> None:
+async def test_pending_entries_of_a_gone_consumer_are_claimed(redis_server: RedisServer) -> None:
     async def go() -> tuple[int, list[str]]:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -159,12 +160,12 @@ def test_pending_entries_of_a_gone_consumer_are_claimed(redis_server: RedisServe
         await stream.close()
         return claimed, [e.group.group_id for e in mine]
 
-    claimed, mine = asyncio.run(go())
+    claimed, mine = await go()
 
     assert claimed == 2 and mine == ["a", "b"]
 
 
-def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisServer) -> None:
+async def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisServer) -> None:
     from relayrl.common.redis_keys import RedisKeys
     from relayrl.trainer.versions import VersionLineage
 
@@ -188,7 +189,7 @@ def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisS
         await client.aclose()
         return out
 
-    same_history, restored, lost_branch, same_lineage, unknown = asyncio.run(go())
+    same_history, restored, lost_branch, same_lineage, unknown = await go()
 
     assert same_history == 1  # version 3 (step 2) is an ancestor of version 7 (step 3)
     assert restored == 0  # version 6 republished the step-2 weights of version 3
@@ -197,17 +198,17 @@ def test_lineage_distance_counts_steps_across_a_resume_fork(redis_server: RedisS
     assert unknown == 7 - 99  # no record: plain version difference
 
 
-def test_queue_info_before_anything_was_appended_is_an_empty_queue(redis_server: RedisServer) -> None:
+async def test_queue_info_before_anything_was_appended_is_an_empty_queue(redis_server: RedisServer) -> None:
     async def go() -> tuple[int, int, int]:
         stream = EpisodeStream.from_url(redis_server.url, "never-written", "g")
         info = await stream.info()
         await stream.close()
         return info.length, info.lag, info.pending
 
-    assert asyncio.run(go()) == (0, 0, 0)
+    assert await go() == (0, 0, 0)
 
 
-def test_trimming_after_acks_keeps_every_pending_and_unread_entry_and_a_restart_rereads_the_pending(
+async def test_trimming_after_acks_keeps_every_pending_and_unread_entry_and_a_restart_rereads_the_pending(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> dict[str, object]:
@@ -233,7 +234,7 @@ def test_trimming_after_acks_keeps_every_pending_and_unread_entry_and_a_restart_
         out["b_id"] = read[1].entry_id
         return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     assert out["minid"] == out["b_id"]  # the oldest pending entry bounds the trim
     assert out["length_with_b_pending"] == 5  # only a (acked, before b) went; c stays behind pending b
@@ -243,7 +244,7 @@ def test_trimming_after_acks_keeps_every_pending_and_unread_entry_and_a_restart_
     assert out["unread"] == ["e", "f"]
 
 
-def test_trimming_waits_for_every_consumer_group(redis_server: RedisServer) -> None:
+async def test_trimming_waits_for_every_consumer_group(redis_server: RedisServer) -> None:
     async def go() -> tuple[str | None, int]:
         stream = EpisodeStream.from_url(redis_server.url, "s", "g")
         await stream.ensure_group()
@@ -256,10 +257,10 @@ def test_trimming_waits_for_every_consumer_group(redis_server: RedisServer) -> N
         await stream.close()
         return minid, length
 
-    assert asyncio.run(go()) == (None, 3)
+    assert await go() == (None, 3)
 
 
-def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_bounded(
+async def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_bounded(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> dict[str, object]:
@@ -283,7 +284,7 @@ def test_dead_letter_copies_counts_and_acks_an_entry_once_and_keeps_the_stream_b
         await stream.close()
         return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     [(_, fields)] = out["dead"]  # type: ignore[misc]
     assert fields == {

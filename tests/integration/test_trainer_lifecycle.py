@@ -40,10 +40,12 @@ def finished_run(tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis
     return cfg
 
 
-def test_a_trainer_restarted_on_a_finished_run_trains_nothing_and_pushes_no_weights(finished_run: RunConfig) -> None:
+async def test_a_trainer_restarted_on_a_finished_run_trains_nothing_and_pushes_no_weights(
+    finished_run: RunConfig,
+) -> None:
     cfg = finished_run
     rows_before = cfg.metrics_path.read_text()
-    version_before = asyncio.run(_latest_version(cfg))
+    version_before = await _latest_version(cfg)
 
     async def restart() -> tuple[bool, int]:
         trainer = Trainer(cfg)  # inference is gone: any push would fail the run
@@ -53,15 +55,15 @@ def test_a_trainer_restarted_on_a_finished_run_trains_nothing_and_pushes_no_weig
         finally:
             await trainer.close()
 
-    finished, step = asyncio.run(restart())
+    finished, step = await restart()
 
     assert (finished, step) == (True, cfg.trainer.total_steps)
-    assert asyncio.run(_latest_version(cfg)) == version_before  # no version allocated, none reused
+    assert await _latest_version(cfg) == version_before  # no version allocated, none reused
     assert cfg.metrics_path.read_text() == rows_before  # no step trained, none logged twice
     assert sorted(p.name for p in cfg.checkpoint_dir.iterdir())[-1] == f"step_{cfg.trainer.total_steps:06d}"
 
 
-def test_a_finished_trainer_set_to_stay_serves_finished_until_stopped(
+async def test_a_finished_trainer_set_to_stay_serves_finished_until_stopped(
     finished_run: RunConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RELAYRL_WEIGHTS_TOKEN", "w" * 32)
@@ -91,7 +93,7 @@ def test_a_finished_trainer_set_to_stay_serves_finished_until_stopped(
         await asyncio.wait_for(task, timeout=30)
         return status.finished, stayed, again.finished
 
-    finished, stayed, still_finished = asyncio.run(go())
+    finished, stayed, still_finished = await go()
 
     assert finished and still_finished
     assert stayed

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ def _perturb(pub: WeightPublisher, seed: int) -> None:
 
 
 @pytest.mark.parametrize("transport", list(WeightTransport))
-def test_published_weights_are_served_and_verified_by_the_probe(
+async def test_published_weights_are_served_and_verified_by_the_probe(
     tiny_model_dir: Path, tmp_path: Path, transport: WeightTransport
 ) -> None:
     async def go() -> None:
@@ -71,10 +70,10 @@ def test_published_weights_are_served_and_verified_by_the_probe(
             if transport is WeightTransport.SHARED_PATH:
                 assert len(list(weights_dir.glob("*.safetensors"))) == 2  # older files pruned
 
-    asyncio.run(go())
+    await go()
 
 
-def test_shared_memory_push_leaves_no_file_behind_and_removes_an_earlier_runs_leftovers(
+async def test_shared_memory_push_leaves_no_file_behind_and_removes_an_earlier_runs_leftovers(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     async def go() -> list[list[str]]:
@@ -92,11 +91,11 @@ def test_shared_memory_push_leaves_no_file_behind_and_removes_an_earlier_runs_le
             assert service.engine.version == 2
         return left
 
-    assert asyncio.run(go()) == [[], []]
+    assert await go() == [[], []]
 
 
 @pytest.mark.parametrize("transport", [WeightTransport.GRPC_STREAM, WeightTransport.SHARED_MEMORY])
-def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(
+async def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(
     tiny_model_dir: Path, tmp_path: Path, transport: WeightTransport
 ) -> None:
     async def go() -> tuple[Any, int]:
@@ -106,7 +105,7 @@ def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(
             result = await pub.push(pub.snapshot(), 1)
             return result.timings, sum(p.numel() * p.element_size() for p in pub.model.parameters())
 
-    t, model_bytes = asyncio.run(go())
+    t, model_bytes = await go()
 
     phases = [t.serialise_s, t.transfer_s, t.swap_s, t.probe_s]
     assert all(x >= 0 for x in phases) and t.swap_s > 0 and t.probe_s > 0
@@ -115,7 +114,7 @@ def test_publish_timings_add_up_to_the_push_and_count_the_models_bytes(
     assert t.bytes == model_bytes
 
 
-def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_served(
+async def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_served(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
     readers: list[int] = []
@@ -144,7 +143,7 @@ def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_
             served = dict(service.engine.model.named_parameters())  # type: ignore[attr-defined]
             return threading.get_ident(), served, dict(pub.model.named_parameters())
 
-    loop_thread, served, trained = asyncio.run(go())
+    loop_thread, served, trained = await go()
 
     assert len(readers) > 2  # 16 KiB chunks of a 1.2 MB model: many reads
     assert loop_thread not in readers
@@ -153,7 +152,7 @@ def test_a_gathered_file_pushed_over_grpc_stream_is_read_off_the_event_loop_and_
 
 
 @pytest.mark.parametrize("probe_shape", [(4, 24), (PublicationConfig.probe_sequences, PublicationConfig.probe_tokens)])
-def test_tied_output_layer_left_behind_by_a_reload_fails_verification(
+async def test_tied_output_layer_left_behind_by_a_reload_fails_verification(
     tiny_model_dir: Path, tmp_path: Path, probe_shape: tuple[int, int]
 ) -> None:
     async def go() -> None:
@@ -169,10 +168,10 @@ def test_tied_output_layer_left_behind_by_a_reload_fails_verification(
             with pytest.raises(WeightVerificationError, match="disagree"):
                 await pub.push(pub.snapshot(), 1)
 
-    asyncio.run(go())
+    await go()
 
 
-def test_shared_path_outside_the_weights_directory_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_shared_path_outside_the_weights_directory_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def go() -> None:
         async with (
             inference_server(tiny_model_dir, weights_dir=tmp_path / "weights") as (_, service),
@@ -190,10 +189,10 @@ def test_shared_path_outside_the_weights_directory_is_refused(tiny_model_dir: Pa
             assert "outside the weights directory" in (info.value.details() or "")
             assert service.engine.version == 0
 
-    asyncio.run(go())
+    await go()
 
 
-def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_serving(
+async def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_serving(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     async def go() -> None:
@@ -217,7 +216,7 @@ def test_shared_file_changed_after_the_manifest_is_refused_and_old_weights_keep_
             assert "checksum" in (info.value.details() or "")
             assert all(torch.equal(v, before[k]) for k, v in model.named_parameters())
 
-    asyncio.run(go())
+    await go()
 
 
 async def _one(m: pb.WeightManifest):  # type: ignore[no-untyped-def]

@@ -87,7 +87,7 @@ async def _setup(url: str, counter: int = 1) -> _Trainer:
     return trainer
 
 
-def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps_reading(
+async def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps_reading(
     redis_server: RedisServer,
 ) -> None:
     with pytest.raises(DecodeError):  # what the old reader did with it, on every read and every restart
@@ -107,7 +107,7 @@ def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps
         await t.close()
         return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     assert out["trained"] == ["ok"]
     reasons = [d[b"reason"].split(b":")[0] for d in out["dead"]]
@@ -117,7 +117,7 @@ def test_an_undecodable_entry_is_dead_lettered_and_counted_and_the_trainer_keeps
     assert out["pending"] == 1  # only the good group, acknowledged at the next checkpoint
 
 
-def test_a_trainer_that_died_on_a_bad_entry_restarts_past_it(redis_server: RedisServer) -> None:
+async def test_a_trainer_that_died_on_a_bad_entry_restarts_past_it(redis_server: RedisServer) -> None:
     async def go() -> dict[str, Any]:
         t = await _setup(redis_server.url)
         await t.stream.client.xadd(KEYS.stream, {STREAM_FIELD: GARBAGE})
@@ -134,7 +134,7 @@ def test_a_trainer_that_died_on_a_bad_entry_restarts_past_it(redis_server: Redis
         await second.close()
         return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     assert out["first"] == ["ok"]
     assert out["second"] == ["ok"]  # still pending (no checkpoint yet): read again; the bad entry is not
@@ -177,7 +177,7 @@ def _too_long(g: EpisodeGroup) -> None:
         (_too_long, b"completion_token_ids"),
     ],
 )
-def test_a_group_that_breaks_an_invariant_is_never_trained_but_dead_lettered_with_its_reason(
+async def test_a_group_that_breaks_an_invariant_is_never_trained_but_dead_lettered_with_its_reason(
     redis_server: RedisServer, attack: Callable[[EpisodeGroup], None], field: bytes
 ) -> None:
     async def go() -> dict[str, Any]:
@@ -190,7 +190,7 @@ def test_a_group_that_breaks_an_invariant_is_never_trained_but_dead_lettered_wit
         await t.close()
         return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     assert out["trained"] == ["ok"]
     [dead] = out["dead"]
@@ -199,7 +199,7 @@ def test_a_group_that_breaks_an_invariant_is_never_trained_but_dead_lettered_wit
     assert out["invalid"] == (1, 2)
 
 
-def test_a_version_ahead_of_the_trainers_weights_is_refused_not_given_a_negative_staleness(
+async def test_a_version_ahead_of_the_trainers_weights_is_refused_not_given_a_negative_staleness(
     redis_server: RedisServer,
 ) -> None:
     async def go() -> dict[str, Any]:
@@ -213,7 +213,7 @@ def test_a_version_ahead_of_the_trainers_weights_is_refused_not_given_a_negative
         await t.close()
         return out
 
-    out = asyncio.run(go())
+    out = await go()
 
     assert out["distance"] == -2  # what the old filter compared with max_staleness (and let through)
     assert out["trained"] == ["ok"]
@@ -221,7 +221,7 @@ def test_a_version_ahead_of_the_trainers_weights_is_refused_not_given_a_negative
     assert b"token_weight_versions" in dead[b"reason"] and b"staleness -2" in dead[b"reason"]
 
 
-def test_the_collectors_ready_entries_are_only_decoded_valid_groups(redis_server: RedisServer) -> None:
+async def test_the_collectors_ready_entries_are_only_decoded_valid_groups(redis_server: RedisServer) -> None:
     """Whatever mix of entries arrives, what collect returns is exactly the valid groups, in order."""
 
     async def go() -> list[StreamEntry]:
@@ -234,6 +234,6 @@ def test_the_collectors_ready_entries_are_only_decoded_valid_groups(redis_server
         await t.close()
         return entries
 
-    entries = asyncio.run(go())
+    entries = await go()
 
     assert [e.group_id for e in entries] == [f"g{i}" for i in range(6)]

@@ -64,7 +64,9 @@ async def _fill(calls: list[Any], first: Callable[[Any], Awaitable[Any]]) -> tup
     return [c for c, o in zip(calls, outcomes, strict=True) if not isinstance(o, BaseException)], len(refused)
 
 
-def test_unauthenticated_health_watch_streams_do_not_keep_the_trainers_weight_push_out(tiny_model_dir: Path) -> None:
+async def test_unauthenticated_health_watch_streams_do_not_keep_the_trainers_weight_push_out(
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[int, int, int, int]:
         async with (
             inference_server(tiny_model_dir) as (_, service),
@@ -83,13 +85,15 @@ def test_unauthenticated_health_watch_streams_do_not_keep_the_trainers_weight_pu
                 w.cancel()
             return int(response.version), service.engine.version, refused, still_open
 
-    pushed, served, refused, still_open = asyncio.run(go())
+    pushed, served, refused, still_open = await go()
 
     assert pushed == served == 1
     assert refused > 0 and still_open > 0  # the port was full of streams while the push went through
 
 
-def test_calls_that_never_send_their_request_do_not_keep_the_trainers_weight_push_out(tiny_model_dir: Path) -> None:
+async def test_calls_that_never_send_their_request_do_not_keep_the_trainers_weight_push_out(
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[int, int, int, int]:
         async with (
             inference_server(tiny_model_dir) as (_, service),
@@ -114,7 +118,7 @@ def test_calls_that_never_send_their_request_do_not_keep_the_trainers_weight_pus
             await asyncio.gather(*ends, return_exceptions=True)
             return int(response.version), service.engine.version, still_open, holding
 
-    pushed, served, still_open, holding = asyncio.run(go())
+    pushed, served, still_open, holding = await go()
 
     assert pushed == served == 1
     assert still_open == holding == InferenceConfig().weights_server.max_unauthenticated_rpcs
@@ -136,7 +140,7 @@ def _fake_trainer(server: ServerConfig) -> Any:
     )
 
 
-def test_unauthenticated_watch_status_streams_do_not_starve_get_status_nor_rollouts_own_stream() -> None:
+async def test_unauthenticated_watch_status_streams_do_not_starve_get_status_nor_rollouts_own_stream() -> None:
     async def go() -> tuple[int, int, int, int, int]:
         handle, _ = create_trainer_server(_fake_trainer(ServerConfig(port=0)))  # the trainer's default budgets
         await handle.start()
@@ -163,7 +167,7 @@ def test_unauthenticated_watch_status_streams_do_not_starve_get_status_nor_rollo
         finally:
             await handle.stop(0)
 
-    step, watched, polled, refused, still_open = asyncio.run(go())
+    step, watched, polled, refused, still_open = await go()
 
     assert step == watched == polled == 0  # answered
     assert refused > 0 and still_open > 0
@@ -188,7 +192,7 @@ async def _refusal(channel: grpc.aio.Channel) -> tuple[grpc.StatusCode, str]:
     return err.value.code(), err.value.details() or ""
 
 
-def test_streams_beyond_the_per_peer_cap_are_refused_at_once_while_another_peer_still_opens_its_own() -> None:
+async def test_streams_beyond_the_per_peer_cap_are_refused_at_once_while_another_peer_still_opens_its_own() -> None:
     async def go() -> tuple[tuple[grpc.StatusCode, str], tuple[grpc.StatusCode, str], dict[str, int]]:
         handle = await _health_server(max_streams=4, max_streams_per_peer=2)
         try:
@@ -207,14 +211,14 @@ def test_streams_beyond_the_per_peer_cap_are_refused_at_once_while_another_peer_
         finally:
             await handle.stop(0)
 
-    per_peer, global_cap, hosts = asyncio.run(go())
+    per_peer, global_cap, hosts = await go()
 
     assert per_peer[0] is EXHAUSTED and "probe.server.max_streams_per_peer" in per_peer[1]
     assert global_cap[0] is EXHAUSTED and "probe.server.max_streams" in global_cap[1]
     assert sorted(hosts.values()) == [2, 2]
 
 
-def test_a_stream_slot_is_freed_when_its_call_is_cancelled() -> None:
+async def test_a_stream_slot_is_freed_when_its_call_is_cancelled() -> None:
     async def go() -> tuple[grpc.StatusCode, int, int]:
         handle = await _health_server(max_streams=1, max_streams_per_peer=1)
         try:
@@ -231,7 +235,7 @@ def test_a_stream_slot_is_freed_when_its_call_is_cancelled() -> None:
         finally:
             await handle.stop(0)
 
-    assert asyncio.run(go()) == (EXHAUSTED, 1, 1)
+    assert await go() == (EXHAUSTED, 1, 1)
 
 
 @pytest.mark.parametrize(
@@ -247,7 +251,9 @@ def test_peer_host_drops_the_port(peer: str, host: str) -> None:
     assert peer_host(peer) == host
 
 
-def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_retrying(tiny_model_dir: Path) -> None:
+async def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_retrying(
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[int, int, int]:
         release = asyncio.Event()
 
@@ -273,13 +279,13 @@ def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_
             assert response is not None
             return int(response.version), service.engine.version, len(retries)
 
-    pushed, served, retries = asyncio.run(go())
+    pushed, served, retries = await go()
 
     assert pushed == served == 1
     assert retries >= 1
 
 
-def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_resource_exhausted(
+async def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_resource_exhausted(
     tiny_model_dir: Path,
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int, int]:
@@ -304,7 +310,7 @@ def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_resourc
                 await holder
             return err.value.code(), err.value.details() or "", len(retries), service.engine.version
 
-    code, details, retries, served = asyncio.run(go())
+    code, details, retries, served = await go()
 
     assert code is EXHAUSTED and "inference.weights_server.max_authenticated_rpcs" in details
     assert retries >= 1

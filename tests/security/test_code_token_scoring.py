@@ -4,7 +4,6 @@ verifier (or sandbox) runs; pure rewards stay open. Rollout's reward client send
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def _nothing_scored(servicer: RewardServicer) -> bool:
 
 @pytest.mark.parametrize("rpc", ["Score", "ScoreBatch"])
 @pytest.mark.parametrize(("server_token", "client_token", "code"), REFUSED, ids=REFUSED_IDS)
-def test_scoring_with_a_code_running_plugin_without_the_code_token_is_refused_before_it_runs(
+async def test_scoring_with_a_code_running_plugin_without_the_code_token_is_refused_before_it_runs(
     tmp_path: Path, rpc: str, server_token: str, client_token: str, code: grpc.StatusCode
 ) -> None:
     marker = tmp_path / "ran"
@@ -67,10 +66,10 @@ def test_scoring_with_a_code_running_plugin_without_the_code_token_is_refused_be
             assert _nothing_scored(servicer)
         assert not marker.exists()  # the verifier never ran
 
-    asyncio.run(go())
+    await go()
 
 
-def test_the_code_verifier_scores_only_for_the_code_token_and_its_sandbox_runs_only_then() -> None:
+async def test_the_code_verifier_scores_only_for_the_code_token_and_its_sandbox_runs_only_then() -> None:
     request = pb.ScoreRequest(episode_id="e", completion=PROGRAM, metadata=CODE_METADATA)
 
     async def go() -> None:
@@ -92,10 +91,10 @@ def test_the_code_verifier_scores_only_for_the_code_token_and_its_sandbox_runs_o
             assert [(r.status, r.score) for r in batch.responses] == [(pb.SCORE_STATUS_OK, 1.0)] * 2
             assert servicer.scored == 3
 
-    asyncio.run(go())
+    await go()
 
 
-def test_rollouts_reward_client_sends_the_code_token_it_holds_on_score_batch(tmp_path: Path) -> None:
+async def test_rollouts_reward_client_sends_the_code_token_it_holds_on_score_batch(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
 
     async def go() -> None:
@@ -109,7 +108,7 @@ def test_rollouts_reward_client_sends_the_code_token_it_holds_on_score_batch(tmp
             assert [r.status for r in got.responses] == [pb.SCORE_STATUS_OK]
         assert marker.exists()
 
-    asyncio.run(go())
+    await go()
 
 
 @pytest.mark.parametrize(
@@ -122,7 +121,7 @@ def test_rollouts_reward_client_sends_the_code_token_it_holds_on_score_batch(tmp
     ],
     ids=["service-without-token", "no-header", "wrong-token", "not-bearer"],
 )
-def test_rest_score_with_a_code_running_reward_needs_the_code_token_before_it_runs(
+async def test_rest_score_with_a_code_running_reward_needs_the_code_token_before_it_runs(
     tmp_path: Path, server_token: str, header: str | None, status: int
 ) -> None:
     marker = tmp_path / "ran"
@@ -145,10 +144,10 @@ def test_rest_score_with_a_code_running_reward_needs_the_code_token_before_it_ru
                 assert ok.status_code == 200 and ok.json()["status"] == "ok"
                 assert marker.exists()
 
-    asyncio.run(go())
+    await go()
 
 
-def test_a_pure_reward_needs_no_token_over_grpc_or_rest() -> None:
+async def test_a_pure_reward_needs_no_token_over_grpc_or_rest() -> None:
     async def go() -> None:
         async with (
             reward_server("arithmetic", code_token=TOKEN, workers=1) as (target, servicer),
@@ -164,7 +163,7 @@ def test_a_pure_reward_needs_no_token_over_grpc_or_rest() -> None:
             assert [(r.status, r.score) for r in batch.responses] == [(pb.SCORE_STATUS_OK, 0.0)]
             assert rest.status_code == 200 and rest.json()["score"] == 1.0
 
-    asyncio.run(go())
+    await go()
 
 
 @pytest.mark.parametrize(

@@ -38,26 +38,26 @@ def _app(token: str) -> tuple[object, list[str]]:
     return app, calls
 
 
-def _post(app: object, **kwargs: object) -> int:
+async def _post(app: object, **kwargs: object) -> int:
     async def go() -> int:
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://rollout") as client:
             return (await client.post("/pause", **kwargs)).status_code  # type: ignore[arg-type]
 
-    return asyncio.run(go())
+    return await go()
 
 
-def test_control_call_is_refused_when_no_token_is_configured() -> None:
+async def test_control_call_is_refused_when_no_token_is_configured() -> None:
     app, calls = _app(token="")
 
-    assert _post(app, headers={"Authorization": "Bearer "}) == 403
+    assert await _post(app, headers={"Authorization": "Bearer "}) == 403
     assert calls == []
 
 
-def test_cross_origin_form_post_cannot_trigger_a_control_call() -> None:
+async def test_cross_origin_form_post_cannot_trigger_a_control_call() -> None:
     app, calls = _app(TOKEN)
 
-    status = _post(
+    status = await _post(
         app,
         data={"authorization": f"Bearer {TOKEN}"},  # a form can send fields, not headers
         headers={"Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"},
@@ -67,10 +67,10 @@ def test_cross_origin_form_post_cannot_trigger_a_control_call() -> None:
     assert calls == []
 
 
-def test_control_call_with_the_token_is_granted() -> None:
+async def test_control_call_with_the_token_is_granted() -> None:
     app, calls = _app(TOKEN)
 
-    assert _post(app, headers={"Authorization": f"Bearer {TOKEN}"}) == 200
+    assert await _post(app, headers={"Authorization": f"Bearer {TOKEN}"}) == 200
     assert calls == ["pause"]
 
 
@@ -110,7 +110,7 @@ def test_inference_beyond_loopback_without_a_weights_token_exits_2_before_loadin
     assert "inference.server.host" in proc.stderr and "weights token" in proc.stderr
 
 
-def test_grpc_control_call_without_a_configured_token_is_permission_denied() -> None:
+async def test_grpc_control_call_without_a_configured_token_is_permission_denied() -> None:
     from relayrl.common.control import require_token
 
     class _Context:
@@ -121,7 +121,7 @@ def test_grpc_control_call_without_a_configured_token_is_permission_denied() -> 
             raise RuntimeError(code, details)
 
     with pytest.raises(RuntimeError) as err:
-        asyncio.run(require_token(_Context(), ""))  # type: ignore[arg-type]
+        await require_token(_Context(), "")  # type: ignore[arg-type]
 
     assert err.value.args[0] is grpc.StatusCode.PERMISSION_DENIED
 
@@ -160,7 +160,7 @@ def test_run_credentials_are_fresh_and_the_control_token_file_is_owner_only(
         ("", "", grpc.StatusCode.PERMISSION_DENIED),  # no weights token configured: nobody may push
     ],
 )
-def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
+async def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
     tiny_model_dir: Path, token: str | None, served_token: str, code: grpc.StatusCode
 ) -> None:
     from relayrl.common.grpc_utils import insecure_channel
@@ -191,7 +191,7 @@ def test_weight_update_without_the_weights_token_is_refused_and_nothing_changes(
                 )
             return err.value.code(), service.engine.version, int(status.weight_version)
 
-    got, version, served = asyncio.run(go())
+    got, version, served = await go()
 
     assert got is code
     assert version == served == 0

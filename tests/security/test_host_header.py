@@ -5,7 +5,6 @@ any route (or the body limit) runs. The servers of a whole run: tests/security/t
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ def _counting_app() -> tuple[FastAPI, list[str]]:
     return app, calls
 
 
-def _serve(app: Any, cfg: HttpConfig, *requests: tuple[str, tuple[str, ...], str, bytes]) -> list[list[int]]:
+async def _serve(app: Any, cfg: HttpConfig, *requests: tuple[str, tuple[str, ...], str, bytes]) -> list[list[int]]:
     async def go() -> list[list[int]]:
         server = HttpServer(app, cfg, "test")
         await server.start()
@@ -61,13 +60,13 @@ def _serve(app: Any, cfg: HttpConfig, *requests: tuple[str, tuple[str, ...], str
         finally:
             await server.stop()
 
-    return asyncio.run(go())
+    return await go()
 
 
-def test_another_hosts_name_is_refused_before_the_route_and_before_the_body_is_read() -> None:
+async def test_another_hosts_name_is_refused_before_the_route_and_before_the_body_is_read() -> None:
     app, calls = _counting_app()
     cfg = HttpConfig(port=0, max_body_mib=1)
-    evil, big, loopback = _serve(
+    evil, big, loopback = await _serve(
         app,
         cfg,
         ("/probe", EVIL, "GET", b""),
@@ -78,20 +77,24 @@ def test_another_hosts_name_is_refused_before_the_route_and_before_the_body_is_r
     assert loopback == [200] * len(LOOPBACK) and calls == ["probe"] * len(LOOPBACK)
 
 
-def test_configured_names_the_bind_host_and_ip_addresses_are_answered() -> None:
+async def test_configured_names_the_bind_host_and_ip_addresses_are_answered() -> None:
     app, _ = _counting_app()
     cfg = HttpConfig(host="127.0.0.1", port=0, allowed_hosts=["inference", "*.svc.cluster.local"])
     hosts = ("inference:8000", "rl-inference.ml.svc.cluster.local", "10.1.2.3:8000", "[fe80::1]:8000")
-    assert _serve(app, cfg, ("/probe", hosts, "GET", b""), ("/probe", ("svc.cluster.local", "infer"), "GET", b"")) == [
+    assert await _serve(
+        app, cfg, ("/probe", hosts, "GET", b""), ("/probe", ("svc.cluster.local", "infer"), "GET", b"")
+    ) == [
         [200] * 4,
         [400, 400],
     ]
     assert host_allowed("myhost:80", [], bind_host="myhost") and not host_allowed("myhost", [], bind_host="0.0.0.0")
 
 
-def test_a_star_answers_any_name() -> None:
+async def test_a_star_answers_any_name() -> None:
     app, _ = _counting_app()
-    assert _serve(app, HttpConfig(port=0, allowed_hosts=["*"]), ("/probe", ("evil.example",), "GET", b"")) == [[200]]
+    assert await _serve(app, HttpConfig(port=0, allowed_hosts=["*"]), ("/probe", ("evil.example",), "GET", b"")) == [
+        [200]
+    ]
 
 
 @pytest.mark.parametrize("name", ["http://inference", "inference:8000", "a b", "", "inference/x", "user@host"])
@@ -100,7 +103,7 @@ def test_an_allowed_host_with_a_port_scheme_or_path_is_a_config_error(name: str)
         validate_tree(HttpConfig(allowed_hosts=[name]))
 
 
-def test_control_api_refuses_another_hosts_name_before_any_route() -> None:
+async def test_control_api_refuses_another_hosts_name_before_any_route() -> None:
     calls: list[str] = []
 
     async def pause() -> rollout_pb2.RolloutStatus:
@@ -109,7 +112,7 @@ def test_control_api_refuses_another_hosts_name_before_any_route() -> None:
 
     app = control_app("rollout", rollout_pb2.RolloutStatus, lambda: "", "t0k3n", CollectorRegistry(), {"/pause": pause})
     cfg = HttpConfig(port=0)
-    statuses = _serve(
+    statuses = await _serve(
         app,
         cfg,
         ("/metrics", ("evil.example",), "GET", b""),
@@ -121,7 +124,7 @@ def test_control_api_refuses_another_hosts_name_before_any_route() -> None:
     assert calls == []
 
 
-def test_agent_session_proxy_refuses_another_hosts_name() -> None:
+async def test_agent_session_proxy_refuses_another_hosts_name() -> None:
     proxy = SessionProxy(AgentConfig(), Renderer(None), Sampling())
 
     async def go() -> tuple[list[int], list[int]]:
@@ -135,19 +138,19 @@ def test_agent_session_proxy_refuses_another_hosts_name() -> None:
         finally:
             await proxy.stop()
 
-    assert asyncio.run(go()) == ([400], [200])
+    assert await go() == ([400], [200])
 
 
-def test_dashboard_refuses_another_hosts_name(tmp_path: Path) -> None:
+async def test_dashboard_refuses_another_hosts_name(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text("")
     with DashboardServer(tmp_path) as dashboard:
         dashboard.start()
-        evil = asyncio.run(_statuses(f"{dashboard.url}api/metrics", EVIL))
-        loopback = asyncio.run(_statuses(f"{dashboard.url}api/metrics", LOOPBACK))
+        evil = await _statuses(f"{dashboard.url}api/metrics", EVIL)
+        loopback = await _statuses(f"{dashboard.url}api/metrics", LOOPBACK)
         named = DashboardServer(tmp_path, allowed_hosts=("localhost", "box.lan"))
         with named:
             named.start()
-            box = asyncio.run(_statuses(f"{named.url}", ("box.lan:9000", "evil.example")))
+            box = await _statuses(f"{named.url}", ("box.lan:9000", "evil.example"))
     assert evil == [400] * len(EVIL) and loopback == [200] * len(LOOPBACK) and box == [200, 400]
 
 

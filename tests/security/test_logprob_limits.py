@@ -5,7 +5,6 @@ vocabulary matrix is over ``inference.max_prompt_logprob_mib``, or a request ask
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,9 @@ async def _post(service: Any, route: str, body: dict[str, Any]) -> tuple[int, di
     return resp.status_code, resp.json(), service.engine.stats().decode_steps - before
 
 
-def test_echo_of_a_prompt_whose_logprob_matrix_is_over_the_limit_is_413_before_the_engine(long_model_dir: Path) -> None:
+async def test_echo_of_a_prompt_whose_logprob_matrix_is_over_the_limit_is_413_before_the_engine(
+    long_model_dir: Path,
+) -> None:
     async def go() -> list[tuple[int, dict[str, Any], int]]:
         # 1 MiB of float32 logprobs over the tiny model's vocabulary (18 tokens) is 14,563 prompt tokens
         async with inference_server(long_model_dir, http=True, max_prompt_logprob_mib=1, max_prompt_tokens=20_000) as (
@@ -55,7 +56,7 @@ def test_echo_of_a_prompt_whose_logprob_matrix_is_over_the_limit_is_413_before_t
                 )
             ]
 
-    (s1, b1, steps1), (s2, b2, steps2), (ok, body, _) = asyncio.run(go())
+    (s1, b1, steps1), (s2, b2, steps2), (ok, body, _) = await go()
 
     for status, err, steps in ((s1, b1, steps1), (s2, b2, steps2)):
         assert status == 413 and steps == 0
@@ -87,7 +88,7 @@ def test_echo_of_a_prompt_whose_logprob_matrix_is_over_the_limit_is_413_before_t
         ),
     ],
 )
-def test_request_asking_for_more_logprob_values_than_the_limit_is_413(
+async def test_request_asking_for_more_logprob_values_than_the_limit_is_413(
     tiny_model_dir: Path, route: str, body: dict[str, Any], param: str
 ) -> None:
     async def go() -> list[tuple[int, dict[str, Any], int]]:
@@ -95,7 +96,7 @@ def test_request_asking_for_more_logprob_values_than_the_limit_is_413(
             smaller = {**body, "n": 1}  # the same request with one sample is under the limit
             return [await _post(service, route, body), await _post(service, route, smaller)]
 
-    (status, err, steps), (ok, _, _) = asyncio.run(go())
+    (status, err, steps), (ok, _, _) = await go()
 
     assert status == 413 and steps == 0
     assert err["error"]["param"] == param and "max_logprob_entries=10000" in err["error"]["message"]

@@ -7,7 +7,6 @@ its default is lowered to the model's bound."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -95,7 +94,9 @@ def test_relayrl_run_exits_2_naming_the_field_before_starting_any_service(tiny_m
 
 
 @pytest.mark.parametrize("service", ["inference", "trainer", "rollout"])
-def test_each_service_refuses_a_limit_beyond_the_model_at_its_own_start(tiny_model_dir: Path, service: str) -> None:
+async def test_each_service_refuses_a_limit_beyond_the_model_at_its_own_start(
+    tiny_model_dir: Path, service: str
+) -> None:
     import importlib
 
     override = {
@@ -107,6 +108,6 @@ def test_each_service_refuses_a_limit_beyond_the_model_at_its_own_start(tiny_mod
     serve = importlib.import_module(f"relayrl.{service}.main").serve
 
     with pytest.raises(ConfigError) as err:
-        asyncio.run(serve(cfg))
+        await serve(cfg)
 
     assert err.value.field == override.split("=")[0]

@@ -4,7 +4,6 @@ a client presenting one. The services' own stream (EpisodeStream.from_config) go
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -75,7 +74,7 @@ def test_server_that_demands_client_certificates_admits_only_a_client_with_one(c
     assert answered is True
 
 
-def test_the_services_stream_round_trips_a_group_over_tls(certs: Certificates) -> None:
+async def test_the_services_stream_round_trips_a_group_over_tls(certs: Certificates) -> None:
     async def go(port: int) -> list[str]:
         stream = EpisodeStream.from_config(_tls(port, certs, client=True))
         try:
@@ -86,12 +85,12 @@ def test_the_services_stream_round_trips_a_group_over_tls(certs: Certificates) -
             await stream.close()
 
     with tls_server(certs, auth_clients=True) as port:
-        read = asyncio.run(go(port))
+        read = await go(port)
 
     assert read == ["g-tls"]
 
 
-def test_the_services_stream_presents_the_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_services_stream_presents_the_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     async def go(port: int) -> int:
         stream = EpisodeStream.from_config(RedisConfig(url=f"redis://127.0.0.1:{port}/0"))
         try:
@@ -102,10 +101,10 @@ def test_the_services_stream_presents_the_password_from_the_environment(monkeypa
 
     with password_server("stream-secret") as (port, _):
         with pytest.raises(redis.exceptions.AuthenticationError):
-            asyncio.run(go(port))
+            await go(port)
         monkeypatch.setenv("RELAYRL_REDIS_PASSWORD", "stream-secret")
 
-        length = asyncio.run(go(port))
+        length = await go(port)
 
     assert length == 1
 

@@ -6,7 +6,6 @@ most max_samples_per_request samples, refused with RESOURCE_EXHAUSTED before any
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Iterator
 from dataclasses import replace
@@ -89,7 +88,7 @@ async def _refusal(call: Any) -> tuple[grpc.StatusCode, str]:
 
 
 @pytest.mark.parametrize("rpc", ["Generate", "GenerateBatch", "GenerateStream"])
-def test_non_finite_or_out_of_range_sampling_over_grpc_is_invalid_argument_naming_the_field(
+async def test_non_finite_or_out_of_range_sampling_over_grpc_is_invalid_argument_naming_the_field(
     tiny_model_dir: Path, rpc: str
 ) -> None:
     async def go() -> tuple[list[tuple[str, Any, grpc.StatusCode, str]], int, int]:
@@ -111,7 +110,7 @@ def test_non_finite_or_out_of_range_sampling_over_grpc_is_invalid_argument_namin
             ok = await stub.Generate(_request(), timeout=30)  # the service serves on
             return got, refused_submits, len(ok.samples)
 
-    got, submits, ok = asyncio.run(go())
+    got, submits, ok = await go()
 
     for name, value, code, details in got:
         assert code is grpc.StatusCode.INVALID_ARGUMENT, (name, value, code)
@@ -119,7 +118,7 @@ def test_non_finite_or_out_of_range_sampling_over_grpc_is_invalid_argument_namin
     assert submits == 0 and ok == 1  # nothing refused reached the engine (GenerateBatch: its good request neither)
 
 
-def test_generate_batch_over_max_samples_per_request_is_resource_exhausted_before_tokenising_or_queueing(
+async def test_generate_batch_over_max_samples_per_request_is_resource_exhausted_before_tokenising_or_queueing(
     tiny_model_dir: Path,
 ) -> None:
     async def go() -> tuple[list[tuple[grpc.StatusCode, str]], int, int, int]:
@@ -134,7 +133,7 @@ def test_generate_batch_over_max_samples_per_request_is_resource_exhausted_befor
             ok = await stub.GenerateBatch(pb.GenerateBatchRequest(requests=[_request(), _request(n=3)]), timeout=60)
             return got, *refused, sum(len(r.samples) for r in ok.responses)
 
-    got, submits, tokenised, ok = asyncio.run(go())
+    got, submits, tokenised, ok = await go()
 
     for code, details in got:
         assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "max_samples_per_request=256" in details

@@ -45,7 +45,7 @@ def _generate(text: str) -> pb.GenerateRequest:
     return pb.GenerateRequest(request_id="r", prompt_text=text, sampling=pb.SamplingParams(n=1, max_new_tokens=1))
 
 
-def test_prompt_over_max_prompt_chars_is_resource_exhausted_before_tokenising(tiny_model_dir: Path) -> None:
+async def test_prompt_over_max_prompt_chars_is_resource_exhausted_before_tokenising(tiny_model_dir: Path) -> None:
     async def go() -> tuple[grpc.StatusCode, int]:
         async with inference_server(tiny_model_dir) as (target, service):
             spy = _CountingTokenizer(service.tokenizer)
@@ -55,13 +55,13 @@ def test_prompt_over_max_prompt_chars_is_resource_exhausted_before_tokenising(ti
                     await pb_grpc.InferenceServiceStub(channel).Generate(_generate("1" * (5 * MIB)), timeout=30)
             return err.value.code(), spy.calls
 
-    code, tokenised = asyncio.run(go())
+    code, tokenised = await go()
 
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert tokenised == 0
 
 
-def test_grpc_message_over_the_services_receive_limit_is_refused_and_the_server_keeps_serving(
+async def test_grpc_message_over_the_services_receive_limit_is_refused_and_the_server_keeps_serving(
     tiny_model_dir: Path,
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, int]:
@@ -72,13 +72,13 @@ def test_grpc_message_over_the_services_receive_limit_is_refused_and_the_server_
             ok = await stub.Generate(_generate("1+2="), timeout=30)
             return err.value.code(), len(ok.samples)
 
-    code, samples = asyncio.run(go())
+    code, samples = await go()
 
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert samples == 1
 
 
-def test_authenticated_call_beyond_max_authenticated_rpcs_is_refused_at_once_and_status_still_answers(
+async def test_authenticated_call_beyond_max_authenticated_rpcs_is_refused_at_once_and_status_still_answers(
     tiny_model_dir: Path,
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int]:
@@ -114,7 +114,7 @@ def test_authenticated_call_beyond_max_authenticated_rpcs_is_refused_at_once_and
                 await first  # ends without a manifest: refused, as before
             return err.value.code(), err.value.details() or "", int(status.weight_version)
 
-    code, details, version = asyncio.run(go())
+    code, details, version = await go()
 
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "inference.weights_server.max_authenticated_rpcs" in details
     assert version == 0
@@ -146,7 +146,7 @@ async def _post_raw(port: int, declared: int | None, body_bytes: int) -> tuple[i
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_rest_body_over_the_limit_is_413_before_it_is_read_whole(tiny_model_dir: Path, chunked: bool) -> None:
+async def test_rest_body_over_the_limit_is_413_before_it_is_read_whole(tiny_model_dir: Path, chunked: bool) -> None:
     async def go() -> tuple[int, bytes, int, int]:
         async with inference_server(tiny_model_dir, http=True) as (_, service):
             port = service.http_port  # type: ignore[attr-defined]
@@ -156,7 +156,7 @@ def test_rest_body_over_the_limit_is_413_before_it_is_read_whole(tiny_model_dir:
                 ok = await http.post("/v1/completions", json={"prompt": "1+2=", "max_tokens": 1})
             return status, response, sent, ok.status_code
 
-    status, response, sent, after = asyncio.run(go())
+    status, response, sent, after = await go()
 
     assert status == 413
     assert b"body_too_large" in response
@@ -164,7 +164,7 @@ def test_rest_body_over_the_limit_is_413_before_it_is_read_whole(tiny_model_dir:
     assert after == 200
 
 
-def test_many_prompts_times_n_over_the_per_request_limit_is_413(tiny_model_dir: Path) -> None:
+async def test_many_prompts_times_n_over_the_per_request_limit_is_413(tiny_model_dir: Path) -> None:
     async def go() -> int:
         async with inference_server(tiny_model_dir, http=True, max_samples_per_request=8) as (_, service):
             base = f"http://127.0.0.1:{service.http_port}"  # type: ignore[attr-defined]
@@ -172,7 +172,7 @@ def test_many_prompts_times_n_over_the_per_request_limit_is_413(tiny_model_dir: 
                 resp = await http.post("/v1/completions", json={"prompt": ["1+2="] * 3, "n": 3, "max_tokens": 1})
             return resp.status_code
 
-    assert asyncio.run(go()) == 413
+    assert await go() == 413
 
 
 class _BusyEngine:
@@ -209,7 +209,7 @@ def test_request_when_the_engine_queue_is_full_is_refused_with_429_and_not_queue
     assert engine.submitted == 0
 
 
-def test_generate_with_n_over_max_samples_per_request_is_resource_exhausted(tiny_model_dir: Path) -> None:
+async def test_generate_with_n_over_max_samples_per_request_is_resource_exhausted(tiny_model_dir: Path) -> None:
     async def go() -> tuple[grpc.StatusCode, str]:
         async with inference_server(tiny_model_dir) as (target, _), insecure_channel(target) as channel:
             request = pb.GenerateRequest(prompt_text="1+2=", sampling=pb.SamplingParams(n=100_000, max_new_tokens=1))
@@ -217,7 +217,7 @@ def test_generate_with_n_over_max_samples_per_request_is_resource_exhausted(tiny
                 await pb_grpc.InferenceServiceStub(channel).Generate(request, timeout=30)
             return err.value.code(), err.value.details() or ""
 
-    code, details = asyncio.run(go())
+    code, details = await go()
 
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "max_samples_per_request" in details

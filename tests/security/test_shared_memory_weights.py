@@ -5,7 +5,6 @@ old weights and version keep serving."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from pathlib import Path
@@ -40,7 +39,7 @@ def _same(service: InferenceService, before: dict[str, torch.Tensor]) -> bool:
 
 
 @pytest.mark.parametrize("escape", ["dotdot", "symlink"])
-def test_shared_memory_manifest_naming_a_file_outside_the_weights_directory_is_refused(
+async def test_shared_memory_manifest_naming_a_file_outside_the_weights_directory_is_refused(
     tiny_model_dir: Path, tmp_path: Path, escape: str
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, str, bool, int]:
@@ -59,14 +58,14 @@ def test_shared_memory_manifest_naming_a_file_outside_the_weights_directory_is_r
             code, details = await _refusal(service.weights_target, [pb.WeightUpdateMessage(manifest=m)])
             return code, details, _same(service, before), service.engine.version
 
-    code, details, unchanged, version = asyncio.run(go())
+    code, details, unchanged, version = await go()
 
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "outside the weights directory" in details
     assert unchanged and version == 0
 
 
-def test_shared_memory_file_modified_after_the_trainer_wrote_it_fails_the_checksum(
+async def test_shared_memory_file_modified_after_the_trainer_wrote_it_fails_the_checksum(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, str, bool, int]:
@@ -84,7 +83,7 @@ def test_shared_memory_file_modified_after_the_trainer_wrote_it_fails_the_checks
             code, details = await _refusal(service.weights_target, [message])
             return code, details, _same(service, before), service.engine.version
 
-    code, details, unchanged, version = asyncio.run(go())
+    code, details, unchanged, version = await go()
 
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "checksum" in details

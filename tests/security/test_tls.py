@@ -85,77 +85,77 @@ async def _check(target: str, tls: TlsConfig | None) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-def _outcome(server: TlsConfig | None, client: TlsConfig | None) -> grpc.StatusCode:
+async def _outcome(server: TlsConfig | None, client: TlsConfig | None) -> grpc.StatusCode:
     async def go() -> grpc.StatusCode:
         async with health_server(server) as target:
             return await _check(target, client)
 
-    return asyncio.run(go())
+    return await go()
 
 
-def test_tls_server_answers_a_client_that_trusts_its_ca(pki: Pki) -> None:
-    assert _outcome(pki.server_tls(), pki.client_tls()) == grpc.StatusCode.OK
+async def test_tls_server_answers_a_client_that_trusts_its_ca(pki: Pki) -> None:
+    assert await _outcome(pki.server_tls(), pki.client_tls()) == grpc.StatusCode.OK
 
 
-def test_plaintext_client_is_refused_by_a_tls_server(pki: Pki) -> None:
-    assert _outcome(pki.server_tls(), None) == grpc.StatusCode.UNAVAILABLE
+async def test_plaintext_client_is_refused_by_a_tls_server(pki: Pki) -> None:
+    assert await _outcome(pki.server_tls(), None) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_tls_client_does_not_fall_back_to_plaintext_server(pki: Pki) -> None:
-    assert _outcome(None, pki.client_tls()) == grpc.StatusCode.UNAVAILABLE
+async def test_tls_client_does_not_fall_back_to_plaintext_server(pki: Pki) -> None:
+    assert await _outcome(None, pki.client_tls()) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_client_that_does_not_trust_the_servers_ca_refuses_it(pki: Pki) -> None:
-    assert _outcome(pki.server_tls(), pki.client_tls(ca=pki.other_ca)) == grpc.StatusCode.UNAVAILABLE
+async def test_client_that_does_not_trust_the_servers_ca_refuses_it(pki: Pki) -> None:
+    assert await _outcome(pki.server_tls(), pki.client_tls(ca=pki.other_ca)) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_client_refuses_a_certificate_for_another_name(pki: Pki) -> None:
+async def test_client_refuses_a_certificate_for_another_name(pki: Pki) -> None:
     elsewhere = pki.ca.issue("elsewhere", hosts=("inference.internal",))  # right CA, wrong name
     server = TlsConfig(cert_file=str(elsewhere.cert), key_file=str(elsewhere.key))
 
-    assert _outcome(server, pki.client_tls()) == grpc.StatusCode.UNAVAILABLE
+    assert await _outcome(server, pki.client_tls()) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_server_name_override_accepts_the_certificates_name_on_an_ip_address(pki: Pki) -> None:
+async def test_server_name_override_accepts_the_certificates_name_on_an_ip_address(pki: Pki) -> None:
     elsewhere = pki.ca.issue("elsewhere", hosts=("inference.internal",))
     server = TlsConfig(cert_file=str(elsewhere.cert), key_file=str(elsewhere.key))
 
-    assert _outcome(server, pki.client_tls(server_name="inference.internal")) == grpc.StatusCode.OK
+    assert await _outcome(server, pki.client_tls(server_name="inference.internal")) == grpc.StatusCode.OK
 
 
-def test_mutual_tls_refuses_a_client_without_a_certificate(pki: Pki) -> None:
-    assert _outcome(pki.server_tls(mutual=True), pki.client_tls()) == grpc.StatusCode.UNAVAILABLE
+async def test_mutual_tls_refuses_a_client_without_a_certificate(pki: Pki) -> None:
+    assert await _outcome(pki.server_tls(mutual=True), pki.client_tls()) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_mutual_tls_refuses_a_client_certificate_from_another_ca(pki: Pki) -> None:
+async def test_mutual_tls_refuses_a_client_certificate_from_another_ca(pki: Pki) -> None:
     intruder = pki.client_tls(cert=pki.other_client)
 
-    assert _outcome(pki.server_tls(mutual=True), intruder) == grpc.StatusCode.UNAVAILABLE
+    assert await _outcome(pki.server_tls(mutual=True), intruder) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_mutual_tls_accepts_a_client_certificate_from_its_ca(pki: Pki) -> None:
-    assert _outcome(pki.server_tls(mutual=True), pki.client_tls(cert=pki.client)) == grpc.StatusCode.OK
+async def test_mutual_tls_accepts_a_client_certificate_from_its_ca(pki: Pki) -> None:
+    assert await _outcome(pki.server_tls(mutual=True), pki.client_tls(cert=pki.client)) == grpc.StatusCode.OK
 
 
-def test_mutual_tls_service_presents_its_own_certificate_as_a_client(pki: Pki) -> None:
+async def test_mutual_tls_service_presents_its_own_certificate_as_a_client(pki: Pki) -> None:
     # one tls section for a whole run: the services' channels present cert_file when no client cert is set
-    assert _outcome(pki.server_tls(mutual=True), pki.server_tls(mutual=True)) == grpc.StatusCode.OK
+    assert await _outcome(pki.server_tls(mutual=True), pki.server_tls(mutual=True)) == grpc.StatusCode.OK
 
 
-def test_blocking_health_check_speaks_tls_and_is_refused_in_plaintext(pki: Pki) -> None:
+async def test_blocking_health_check_speaks_tls_and_is_refused_in_plaintext(pki: Pki) -> None:
     async def go() -> tuple[tuple[bool, str], tuple[bool, str]]:
         async with health_server(pki.server_tls(mutual=True)) as target:
             secure = await asyncio.to_thread(health_status, target, 10.0, "", pki.client_tls(cert=pki.client))
             plain = await asyncio.to_thread(health_status, target, 10.0, "", None)
             return secure, plain
 
-    secure, plain = asyncio.run(go())
+    secure, plain = await go()
 
     assert secure == (True, "SERVING")
     assert plain[0] is False and plain[1].startswith("UNAVAILABLE")
 
 
-def test_reward_service_over_mutual_tls_scores_for_a_client_with_a_certificate_only(pki: Pki) -> None:
+async def test_reward_service_over_mutual_tls_scores_for_a_client_with_a_certificate_only(pki: Pki) -> None:
     request = reward_pb2.ScoreRequest(episode_id="e1", prompt="1+2=", completion="3", reference="3")
 
     async def go() -> tuple[float, grpc.StatusCode]:
@@ -169,7 +169,7 @@ def test_reward_service_over_mutual_tls_scores_for_a_client_with_a_certificate_o
                     return score, exc.code()
             return score, grpc.StatusCode.OK
 
-    score, refused = asyncio.run(go())
+    score, refused = await go()
 
     assert score == 1.0
     assert refused == grpc.StatusCode.UNAVAILABLE

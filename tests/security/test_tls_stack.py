@@ -4,7 +4,6 @@ CLI (health, status, control) all speak TLS; a plaintext client, or one without 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
@@ -44,7 +43,7 @@ async def _served_version(target: str, tls: TlsConfig) -> int:
         return int((await client.status()).weight_version)
 
 
-def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_clients(
+async def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_clients(
     tmp_path: Path, demo_model: Path
 ) -> None:
     ca = CertificateAuthority.create(tmp_path / "pki")
@@ -79,10 +78,10 @@ def test_local_stack_with_mutual_tls_trains_and_refuses_plaintext_and_certless_c
         target, tls = cfg.inference.server.target, cfg.tls
         without_cert = TlsConfig(ca_file=tls.ca_file)
 
-        served = asyncio.run(_served_version(target, tls))
-        answer = asyncio.run(_generate(target, tls))
-        plaintext = asyncio.run(_generate(target, None))
-        certless = asyncio.run(_generate(target, without_cert))
+        served = await _served_version(target, tls)
+        answer = await _generate(target, tls)
+        plaintext = await _generate(target, None)
+        certless = await _generate(target, without_cert)
         status = _cli("status", str(out), "--json")
         paused = _cli("control", "pause", str(out), "--reason", "tls test")  # the run folder's token and tls
         health_plain = _cli("health", "--target", target, "--timeout", "5")

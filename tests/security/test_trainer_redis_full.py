@@ -70,7 +70,7 @@ def _collector(stream: EpisodeStream, retry_s: float, max_staleness: int = 1) ->
     )
 
 
-def test_a_full_redis_refuses_writes_and_scripts_whole_and_lets_acks_trims_and_reads_through(
+async def test_a_full_redis_refuses_writes_and_scripts_whole_and_lets_acks_trims_and_reads_through(
     redis_server: RedisServer,
 ) -> None:
     """The Redis semantics the trainer's backpressure rests on, checked on the real server: denyoom commands
@@ -108,7 +108,7 @@ def test_a_full_redis_refuses_writes_and_scripts_whole_and_lets_acks_trims_and_r
         return None
 
     assert refused == [True] * 6
-    assert asyncio.run(dead_letter()) is OutOfMemoryError
+    assert await dead_letter() is OutOfMemoryError
     assert admin.get("v") == b"7"  # the refused script did not INCR
     assert admin.xlen(KEYS.dead_letter) == 0 and admin.hlen(KEYS.invalid) == 0  # nothing of the dead letter
     assert admin.xpending("s", "g")["pending"] == 1  # ... not even its XACK
@@ -117,7 +117,7 @@ def test_a_full_redis_refuses_writes_and_scripts_whole_and_lets_acks_trims_and_r
     assert admin.get("v") == b"7" and admin.delete("nothing") == 0
 
 
-def test_version_allocation_on_a_full_redis_waits_counts_and_takes_the_next_version_once_memory_frees(
+async def test_version_allocation_on_a_full_redis_waits_counts_and_takes_the_next_version_once_memory_frees(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     admin = redis.Redis(port=redis_server.port)
@@ -148,7 +148,7 @@ def test_version_allocation_on_a_full_redis_waits_counts_and_takes_the_next_vers
         }
 
     with caplog.at_level(logging.INFO, logger="relayrl.common.retry"):
-        seen = asyncio.run(go())
+        seen = await go()
 
     assert seen["during"] == {"done": False, "full": True, "counter": b"3", "versions": {}}
     assert seen["version"] == 4 and admin.get("v") == b"4"  # the next version, allocated once
@@ -175,7 +175,7 @@ class _FillsAfterAllocating(VersionSource):
         return version
 
 
-def test_a_registration_refused_by_a_full_redis_is_retried_for_the_version_already_allocated(
+async def test_a_registration_refused_by_a_full_redis_is_retried_for_the_version_already_allocated(
     redis_server: RedisServer,
 ) -> None:
     admin = redis.Redis(port=redis_server.port)
@@ -192,7 +192,7 @@ def test_a_registration_refused_by_a_full_redis_is_retried_for_the_version_alrea
         await client.aclose()
         return {"during": during, "version": version, "allocations": versions.calls, "lineage": publication.lineage}
 
-    seen = asyncio.run(go())
+    seen = await go()
 
     assert seen["during"] == (False, b"1", 0, 0)
     assert seen["version"] == 1 and seen["allocations"] == 1 and admin.get("v") == b"1"  # never allocated twice
@@ -201,7 +201,7 @@ def test_a_registration_refused_by_a_full_redis_is_retried_for_the_version_alrea
     assert seen["lineage"] == 1
 
 
-def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_when_memory_frees(
+async def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_when_memory_frees(
     redis_server: RedisServer,
 ) -> None:
     admin = redis.Redis(port=redis_server.port)
@@ -228,7 +228,7 @@ def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_wh
         await stream.close()
         return {"during": during, "taken": [e.group_id for e in taken], "bad": bad.decode()}
 
-    seen = asyncio.run(go())
+    seen = await go()
 
     assert seen["during"] == (False, 0, 0, 1, True)  # nothing moved, counted or acknowledged while full
     assert seen["taken"] == ["good"]
@@ -238,7 +238,7 @@ def test_a_dead_letter_on_a_full_redis_waits_and_moves_the_entry_exactly_once_wh
     assert admin.xpending("s", "g")["pending"] == 1  # the good group waits for its checkpoint
 
 
-def test_a_drop_record_on_a_full_redis_waits_and_the_group_is_consumed_only_once_it_is_recorded(
+async def test_a_drop_record_on_a_full_redis_waits_and_the_group_is_consumed_only_once_it_is_recorded(
     redis_server: RedisServer,
 ) -> None:
     admin = redis.Redis(port=redis_server.port)
@@ -263,7 +263,7 @@ def test_a_drop_record_on_a_full_redis_waits_and_the_group_is_consumed_only_once
         await stream.close()
         return {"during": during, "taken": [e.group_id for e in taken], "consumed": collector.consumed_ids}
 
-    seen = asyncio.run(go())
+    seen = await go()
 
     assert seen["during"] == (False, 0, [])
     assert seen["taken"] == ["fresh"]
@@ -271,7 +271,7 @@ def test_a_drop_record_on_a_full_redis_waits_and_the_group_is_consumed_only_once
     assert seen["consumed"] == ["stale"]
 
 
-def test_consumer_group_creation_on_a_full_redis_waits_until_memory_frees(redis_server: RedisServer) -> None:
+async def test_consumer_group_creation_on_a_full_redis_waits_until_memory_frees(redis_server: RedisServer) -> None:
     admin = redis.Redis(port=redis_server.port)
 
     async def go() -> tuple[bool, list[Any]]:
@@ -286,14 +286,14 @@ def test_consumer_group_creation_on_a_full_redis_waits_until_memory_frees(redis_
         await stream.close()
         return done, admin.xinfo_groups("s")
 
-    done, groups = asyncio.run(go())
+    done, groups = await go()
 
     assert done is False
     assert [g["name"] for g in groups] == [b"g"]
 
 
 @pytest.mark.parametrize("write", ["version allocation", "dead letter"])
-def test_a_trainer_write_on_a_redis_that_stays_full_fails_after_redis_retry_s_naming_the_bound(
+async def test_a_trainer_write_on_a_redis_that_stays_full_fails_after_redis_retry_s_naming_the_bound(
     redis_server: RedisServer, write: str
 ) -> None:
     admin = redis.Redis(port=redis_server.port)
@@ -316,7 +316,7 @@ def test_a_trainer_write_on_a_redis_that_stays_full_fails_after_redis_retry_s_na
             await stream.close()
         raise AssertionError("the write went through a full Redis")
 
-    message, oom = asyncio.run(go())
+    message, oom = await go()
 
     assert f"{write} was refused" in message and "redis.retry_s = 0.5s" in message
     assert oom.retries >= 1 and oom.full is False
@@ -333,7 +333,7 @@ return redis.call('XLEN', KEYS[1])
 """
 
 
-def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_the_run_when_memory_frees(
+async def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_the_run_when_memory_frees(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
     """Step 1 trains; then Redis fills (in one script with the entries of step 2: an undecodable one, a stale group
@@ -403,7 +403,7 @@ def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_completes_
                 "full": metrics.get_sample_value("relayrl_trainer_redis_full"),
             }
 
-    seen = asyncio.run(go())
+    seen = await go()
 
     assert seen["during"] == {"done": False, "step": 1, "version": b"2", "full": 1.0, "dead": 0, "pending": 4}
     p = seen["progress"]

@@ -77,7 +77,7 @@ async def _served_version(target: str) -> int:
 
 
 @pytest.mark.parametrize("kind", ["id_past_the_vocabulary", "negative_id", "one_token", "longer_than_the_context"])
-def test_update_with_a_malformed_probe_is_invalid_argument_and_the_old_weights_and_version_keep_serving(
+async def test_update_with_a_malformed_probe_is_invalid_argument_and_the_old_weights_and_version_keep_serving(
     tiny_model_dir: Path, kind: str
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, int, bool, list[int], list[int]]:
@@ -103,14 +103,14 @@ def test_update_with_a_malformed_probe_is_invalid_argument_and_the_old_weights_a
                 await _greedy_tokens(target),
             )
 
-    code, version, unchanged, tokens_before, tokens_after = asyncio.run(go())
+    code, version, unchanged, tokens_before, tokens_after = await go()
 
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     assert version == 0 and unchanged
     assert tokens_after == tokens_before
 
 
-def test_swap_whose_probe_scoring_fails_restores_the_old_weights_and_version_and_is_failed_precondition(
+async def test_swap_whose_probe_scoring_fails_restores_the_old_weights_and_version_and_is_failed_precondition(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import relayrl.inference.native as native
@@ -132,7 +132,7 @@ def test_swap_whose_probe_scoring_fails_restores_the_old_weights_and_version_and
             applied = await _push(service.weights_target, iter_update_messages(new, 1, probe=[[1, 2, 3]]))
             return code, version, unchanged, same_tokens, int(applied.version)
 
-    code, version, unchanged, same_tokens, applied = asyncio.run(go())
+    code, version, unchanged, same_tokens, applied = await go()
 
     assert code is grpc.StatusCode.FAILED_PRECONDITION
     assert version == 0 and unchanged and same_tokens
@@ -140,7 +140,7 @@ def test_swap_whose_probe_scoring_fails_restores_the_old_weights_and_version_and
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_update_with_non_finite_weights_is_refused_before_the_swap(tiny_model_dir: Path, value: float) -> None:
+async def test_update_with_non_finite_weights_is_refused_before_the_swap(tiny_model_dir: Path, value: float) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int, bool]:
         async with inference_server(tiny_model_dir) as (target, service):
             before = _snapshot(service)
@@ -151,14 +151,14 @@ def test_update_with_non_finite_weights_is_refused_before_the_swap(tiny_model_di
 
             return code, details, await _served_version(target), _unchanged(service, before)
 
-    code, details, version, unchanged = asyncio.run(go())
+    code, details, version, unchanged = await go()
 
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "non-finite" in details
     assert version == 0 and unchanged
 
 
 @pytest.mark.parametrize("sent_first", [0, 1])
-def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(
+async def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(
     tiny_model_dir: Path, sent_first: int
 ) -> None:
     async def go() -> tuple[grpc.StatusCode, str, int, int]:
@@ -185,13 +185,13 @@ def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(
 
             return err.value.code(), err.value.details() or "", int(response.version), service.engine.version
 
-    code, details, pushed, served = asyncio.run(go())
+    code, details, pushed, served = await go()
 
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED and "weights_idle_timeout_s" in details
     assert pushed == served == 1
 
 
-def test_slow_update_being_received_does_not_block_another_push(tiny_model_dir: Path) -> None:
+async def test_slow_update_being_received_does_not_block_another_push(tiny_model_dir: Path) -> None:
     """Receiving and assembling happen outside the update lock: a push completes while another stream is still
     sending its chunks (the old code held the lock from the first message on)."""
 
@@ -221,12 +221,14 @@ def test_slow_update_being_received_does_not_block_another_push(tiny_model_dir: 
 
             return int(fast.version), int(slow_response.version), service.engine.version
 
-    fast, slow, served = asyncio.run(go())
+    fast, slow, served = await go()
 
     assert fast == 1 and slow == served == 2
 
 
-def test_main_port_refuses_weight_updates_naming_the_weights_port_which_accepts_them(tiny_model_dir: Path) -> None:
+async def test_main_port_refuses_weight_updates_naming_the_weights_port_which_accepts_them(
+    tiny_model_dir: Path,
+) -> None:
     async def go() -> tuple[grpc.StatusCode, str, str, grpc.StatusCode, int, int]:
         async with inference_server(tiny_model_dir) as (target, service):
             new = _perturbed(service)
@@ -249,7 +251,7 @@ def test_main_port_refuses_weight_updates_naming_the_weights_port_which_accepts_
                 int(response.version),
             )
 
-    code, details, weights_target, generate_code, refused_version, pushed = asyncio.run(go())
+    code, details, weights_target, generate_code, refused_version, pushed = await go()
 
     assert code is grpc.StatusCode.PERMISSION_DENIED and weights_target in details
     assert generate_code is grpc.StatusCode.PERMISSION_DENIED  # generation is not served on the weights port

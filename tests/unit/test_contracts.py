@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
@@ -206,7 +205,7 @@ def _error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="test")
 
 
-def _calls(policy: RetryPolicy | None, codes: list[grpc.StatusCode]) -> tuple[int, str]:
+async def _calls(policy: RetryPolicy | None, codes: list[grpc.StatusCode]) -> tuple[int, str]:
     """Call a method failing with ``codes`` (then answering) through a client: (tries made, outcome)."""
     tries = []
 
@@ -223,31 +222,31 @@ def _calls(policy: RetryPolicy | None, codes: list[grpc.StatusCode]) -> tuple[in
             except grpc.aio.AioRpcError as exc:
                 return exc.code().name
 
-    outcome = asyncio.run(go())
+    outcome = await go()
     assert all(t == 7.0 for t in tries)  # every try has the call's deadline
     return len(tries), outcome
 
 
-def test_only_the_policy_codes_are_retried_up_to_its_attempts() -> None:
+async def test_only_the_policy_codes_are_retried_up_to_its_attempts() -> None:
     unavailable, deadline = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
     fast = RetryPolicy(attempts=3, backoff_s=0.001)
 
-    assert _calls(None, [unavailable] * 3) == (4, "ok")  # the client's default: retries=3
-    assert _calls(fast, [unavailable] * 2) == (3, "ok")
-    assert _calls(fast, [unavailable] * 3) == (3, "UNAVAILABLE")
-    assert _calls(fast, [deadline]) == (1, "DEADLINE_EXCEEDED")
-    assert _calls(NO_RETRY, [unavailable]) == (1, "UNAVAILABLE")
+    assert await _calls(None, [unavailable] * 3) == (4, "ok")  # the client's default: retries=3
+    assert await _calls(fast, [unavailable] * 2) == (3, "ok")
+    assert await _calls(fast, [unavailable] * 3) == (3, "UNAVAILABLE")
+    assert await _calls(fast, [deadline]) == (1, "DEADLINE_EXCEEDED")
+    assert await _calls(NO_RETRY, [unavailable]) == (1, "UNAVAILABLE")
     assert [RetryPolicy(backoff_s=0.5, max_backoff_s=1.5).delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 1.5, 1.5]
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
 
 
-def test_policies_are_chosen_per_method() -> None:
+async def test_policies_are_chosen_per_method() -> None:
     async def go() -> tuple[RetryPolicy, RetryPolicy]:
         async with InferenceClient("127.0.0.1:1", policies={"Generate": NO_RETRY}) as client:
             return client.policy_for("Generate"), client.policy_for("GetStatus")
 
-    generate, status = asyncio.run(go())
+    generate, status = await go()
 
     assert generate is NO_RETRY and status.attempts == 4
 

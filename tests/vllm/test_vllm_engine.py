@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,7 +112,7 @@ def test_update_through_the_extension_serves_exactly_the_new_weights(engine, mod
     )  # float32: reduction order only
 
 
-def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(engine, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(engine, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     async def go() -> None:
         cfg = InferenceConfig(engine=EngineKind.VLLM)
         cfg.server.port = cfg.http.port = cfg.weights_server.port = 0
@@ -155,7 +154,7 @@ def test_grpc_service_on_vllm_publishes_verified_weights_and_refuses_truncation(
             await handle.stop(0)
             await weights.stop(0)
 
-    asyncio.run(go())
+    await go()
 
 
 @pytest.mark.gpu

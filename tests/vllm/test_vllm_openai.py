@@ -4,7 +4,6 @@ answer; and a clear 400 for what vLLM cannot do the relayrl way."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -68,7 +67,7 @@ def _hf_logprobs(model_dir: Path, ids: list[int]) -> torch.Tensor:
         return torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
 
 
-def test_streamed_completion_arrives_token_by_token_and_joins_to_the_whole(engine: Any, model_dir: Path) -> None:
+async def test_streamed_completion_arrives_token_by_token_and_joins_to_the_whole(engine: Any, model_dir: Path) -> None:
     async def go() -> tuple[Any, list[Any]]:
         async with _api(engine, model_dir) as (client, model):
             args = {
@@ -83,7 +82,7 @@ def test_streamed_completion_arrives_token_by_token_and_joins_to_the_whole(engin
             stream = await client.completions.create(stream=True, **args)
             return whole, [c async for c in stream]
 
-    whole, chunks = asyncio.run(go())
+    whole, chunks = await go()
 
     text_chunks = [c for c in chunks if c.choices]
     assert len(text_chunks) >= 5  # pieces as tokens are sampled, not the answer in one chunk
@@ -93,7 +92,7 @@ def test_streamed_completion_arrives_token_by_token_and_joins_to_the_whole(engin
     assert text_chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_alternatives_and_echoed_prompt_logprobs_equal_hugging_face(engine: Any, model_dir: Path) -> None:
+async def test_alternatives_and_echoed_prompt_logprobs_equal_hugging_face(engine: Any, model_dir: Path) -> None:
     tok = load_tokenizer(model_dir)
     prompt = tok("12+34=", add_special_tokens=False)["input_ids"]
 
@@ -109,7 +108,7 @@ def test_alternatives_and_echoed_prompt_logprobs_equal_hugging_face(engine: Any,
                 extra_body={"ignore_eos": True},
             )
 
-    lp = asyncio.run(go()).choices[0].logprobs
+    lp = (await go()).choices[0].logprobs
     ids = prompt + [tok(t, add_special_tokens=False)["input_ids"][0] for t in lp.tokens[len(prompt) :]]
     ref = _hf_logprobs(model_dir, ids)
 
@@ -126,7 +125,7 @@ def test_alternatives_and_echoed_prompt_logprobs_equal_hugging_face(engine: Any,
         assert ids[pos + 1] == int(ref[pos].argmax())
 
 
-def test_echo_at_a_temperature_vllm_does_not_temper_is_a_400_naming_it(engine: Any, model_dir: Path) -> None:
+async def test_echo_at_a_temperature_vllm_does_not_temper_is_a_400_naming_it(engine: Any, model_dir: Path) -> None:
     async def go() -> httpx.Response:
         async with (
             _api(engine, model_dir) as (client, model),
@@ -144,6 +143,6 @@ def test_echo_at_a_temperature_vllm_does_not_temper_is_a_400_naming_it(engine: A
                 },
             )
 
-    resp = asyncio.run(go())
+    resp = await go()
     assert resp.status_code == 400
     assert "temperature 1" in resp.json()["error"]["message"] and "echo" in resp.json()["error"]["message"]

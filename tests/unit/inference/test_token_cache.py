@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -37,43 +36,45 @@ def service(tiny_model_dir: Path) -> tuple[InferenceService, CountingTokenizer]:
     return InferenceService(InferenceConfig(), engine, counting, str(tiny_model_dir)), counting
 
 
-def test_a_repeated_prompt_gets_the_same_ids_without_tokenising_again(
+async def test_a_repeated_prompt_gets_the_same_ids_without_tokenising_again(
     service: tuple[InferenceService, CountingTokenizer],
 ) -> None:
     svc, counting = service
 
-    first = asyncio.run(svc.tokenize_cached("3+4="))
-    again = asyncio.run(svc.tokenize_cached("3+4="))
-    other = asyncio.run(svc.tokenize_cached("5+1="))
+    first = await svc.tokenize_cached("3+4=")
+    again = await svc.tokenize_cached("3+4=")
+    other = await svc.tokenize_cached("5+1=")
 
     assert first == again == list(counting.inner("3+4=", add_special_tokens=False)["input_ids"])
     assert other != first
     assert counting.calls == 2  # two distinct texts (the reference above called the tokenizer itself)
     again.append(0)  # a caller's list is its own: the remembered ids do not change
-    assert asyncio.run(svc.tokenize_cached("3+4=")) == first
+    assert await svc.tokenize_cached("3+4=") == first
 
 
-def test_the_cache_keeps_at_most_its_size_dropping_the_oldest_first(
+async def test_the_cache_keeps_at_most_its_size_dropping_the_oldest_first(
     service: tuple[InferenceService, CountingTokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     svc, counting = service
     monkeypatch.setattr(serving, "TOKEN_CACHE_SIZE", 2)
 
     for text in ("1+1=", "2+2=", "3+3="):
-        asyncio.run(svc.tokenize_cached(text))
-    asyncio.run(svc.tokenize_cached("2+2="))  # still remembered
-    asyncio.run(svc.tokenize_cached("1+1="))  # dropped when 3+3= came: tokenised again
+        await svc.tokenize_cached(text)
+    await svc.tokenize_cached("2+2=")  # still remembered
+    await svc.tokenize_cached("1+1=")  # dropped when 3+3= came: tokenised again
 
     assert counting.calls == 4
 
 
-def test_empty_and_too_long_prompts_are_still_refused(service: tuple[InferenceService, CountingTokenizer]) -> None:
+async def test_empty_and_too_long_prompts_are_still_refused(
+    service: tuple[InferenceService, CountingTokenizer],
+) -> None:
     svc, _ = service
 
     with pytest.raises(ValueError, match="empty"):
-        asyncio.run(svc.tokenize_cached(""))
+        await svc.tokenize_cached("")
     too_long = "1" * (svc.cfg.max_prompt_chars + 1)
     with pytest.raises(ValueError, match="max_prompt_chars"):
-        asyncio.run(svc.tokenize_cached(too_long))
+        await svc.tokenize_cached(too_long)
     with pytest.raises(ValueError, match="max_prompt_chars"):  # refused again: a refusal is never remembered
-        asyncio.run(svc.tokenize_cached(too_long))
+        await svc.tokenize_cached(too_long)

@@ -21,7 +21,7 @@ from relayrl.reward.scorer import ScorerSpec
 KILL_MARGIN_S = 3.0
 
 
-def _score(
+async def _score(
     function: str,
     completions: list[str],
     workers: int = 1,
@@ -38,19 +38,19 @@ def _score(
         finally:
             await pool.close()
 
-    return asyncio.run(go())
+    return await go()
 
 
-def test_the_request_that_hangs_is_the_one_that_times_out_even_after_fast_ones_in_its_chunk() -> None:
-    out, restarts = _score("tests.reward_fns:spin", ["a", "b", "c", "hang", "d", "e"])
+async def test_the_request_that_hangs_is_the_one_that_times_out_even_after_fast_ones_in_its_chunk() -> None:
+    out, restarts = await _score("tests.reward_fns:spin", ["a", "b", "c", "hang", "d", "e"])
 
     assert [o.status for o in out] == [Status.OK, Status.OK, Status.OK, Status.TIMEOUT, Status.OK, Status.OK]
     assert restarts == {"timeout": 1, "crash": 0}
     assert 1.0 <= out[3].seconds < 1.0 + KILL_MARGIN_S  # how long the hung request had run when it was killed
 
 
-def test_timeout_is_per_request_not_per_chunk() -> None:
-    out, restarts = _score("tests.reward_fns:slow", ["0.4", "0.4", "0.4"], timeout_s=0.7)
+async def test_timeout_is_per_request_not_per_chunk() -> None:
+    out, restarts = await _score("tests.reward_fns:slow", ["0.4", "0.4", "0.4"], timeout_s=0.7)
 
     assert [o.status for o in out] == [Status.OK] * 3
     assert restarts == {"timeout": 0, "crash": 0}
@@ -58,21 +58,21 @@ def test_timeout_is_per_request_not_per_chunk() -> None:
     assert sum(o.seconds for o in out) > 0.7 > max(o.seconds for o in out)
 
 
-def test_a_crash_fails_only_its_request_and_the_rest_of_the_chunk_is_scored_by_the_replacement() -> None:
-    out, restarts = _score("tests.reward_fns:crash", ["a", "crash", "b", "c"])
+async def test_a_crash_fails_only_its_request_and_the_rest_of_the_chunk_is_scored_by_the_replacement() -> None:
+    out, restarts = await _score("tests.reward_fns:crash", ["a", "crash", "b", "c"])
 
     assert [o.status for o in out] == [Status.OK, Status.ERROR, Status.OK, Status.OK]
     assert restarts == {"timeout": 0, "crash": 1}
 
 
-def test_requests_spread_over_the_workers() -> None:
-    out, _ = _score("tests.reward_fns:pid", ["x"] * 8, workers=2)
+async def test_requests_spread_over_the_workers() -> None:
+    out, _ = await _score("tests.reward_fns:pid", ["x"] * 8, workers=2)
 
     assert len({o.result.details for o in out if o.result is not None}) == 2
 
 
-def test_workers_score_at_the_same_time(tmp_path: Path) -> None:
-    out, _ = _score(
+async def test_workers_score_at_the_same_time(tmp_path: Path) -> None:
+    out, _ = await _score(
         "tests.reward_fns:rendezvous",
         ["x"] * 3,
         workers=3,
@@ -84,7 +84,7 @@ def test_workers_score_at_the_same_time(tmp_path: Path) -> None:
     assert [(o.status, o.result.details if o.result else "") for o in out] == [(Status.OK, "3")] * 3
 
 
-def test_no_process_is_joined_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_no_process_is_joined_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     joins: list[tuple[str, bool]] = []
     join = multiprocessing.process.BaseProcess.join
 
@@ -99,8 +99,8 @@ def test_no_process_is_joined_on_the_event_loop(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", recording_join)
 
-    crashed, _ = _score("tests.reward_fns:crash", ["a", "crash", "b"])  # reaps the dead worker
-    hung, _ = _score("tests.reward_fns:spin", ["hang", "a"], timeout_s=0.5)  # reaps the killed worker
+    crashed, _ = await _score("tests.reward_fns:crash", ["a", "crash", "b"])  # reaps the dead worker
+    hung, _ = await _score("tests.reward_fns:spin", ["hang", "a"], timeout_s=0.5)  # reaps the killed worker
 
     assert [o.status for o in crashed + hung] == [Status.OK, Status.ERROR, Status.OK, Status.TIMEOUT, Status.OK]
     assert joins and not any(on_loop for _, on_loop in joins), joins

@@ -41,7 +41,7 @@ async def events(started: list[bool]) -> AsyncIterator[str]:
     yield "data: {}\n\n"
 
 
-def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_send_fails() -> None:
+async def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_send_fails() -> None:
     session, end, call = planned()
     started: list[bool] = []
 
@@ -53,13 +53,13 @@ def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_send_
 
     reserved = session.reserved
     with pytest.raises(ClientDisconnect):
-        asyncio.run(ClosingStreamingResponse(events(started), end.close)(scope("2.4"), receive, send))
+        await ClosingStreamingResponse(events(started), end.close)(scope("2.4"), receive, send)
 
     assert reserved == 16 and session.reserved == 0  # what the planned call had reserved is free again
     assert started == [] and call.cancels == 1 and end.closed
 
 
-def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_stream_is_cancelled() -> None:
+async def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_stream_is_cancelled() -> None:
     session, end, call = planned()
     started: list[bool] = []
 
@@ -69,7 +69,7 @@ def test_a_client_gone_before_the_first_event_releases_the_budget_when_the_strea
     async def send(message: dict[str, Any]) -> None:
         await asyncio.Event().wait()  # the response's start never gets through
 
-    asyncio.run(ClosingStreamingResponse(events(started), end.close)(scope("2.3"), receive, send))
+    await ClosingStreamingResponse(events(started), end.close)(scope("2.3"), receive, send)
 
     assert session.reserved == 0 and started == [] and call.cancels == 1
 

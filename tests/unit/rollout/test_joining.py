@@ -50,7 +50,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_gets_its_own_scores() -> None:
+async def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_gets_its_own_scores() -> None:
     async def go() -> tuple[GatedReward, JoinedScorer, list[reward_pb2.ScoreBatchResponse]]:
         reward = GatedReward()
         scorer = JoinedScorer(reward, max_items=1024)
@@ -63,7 +63,7 @@ def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_get
         reward.gate.set()
         return reward, scorer, await asyncio.gather(first, *rest)
 
-    reward, scorer, (a, b, c) = asyncio.run(go())
+    reward, scorer, (a, b, c) = await go()
 
     assert reward.batches == [["a0", "a1"], ["b0", "b1", "b2", "c0", "c1", "c2"]]
     assert reward.timeouts == [60.0, 5.0]  # a joined call keeps the shortest deadline of its callers
@@ -73,7 +73,7 @@ def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_caller_get
     assert (scorer.joiner.calls, scorer.joiner.callers) == (2, 3)
 
 
-def test_calls_of_the_same_loop_turn_join_the_first_call() -> None:
+async def test_calls_of_the_same_loop_turn_join_the_first_call() -> None:
     async def go() -> GatedReward:
         reward = GatedReward()
         reward.gate.set()
@@ -81,10 +81,10 @@ def test_calls_of_the_same_loop_turn_join_the_first_call() -> None:
         await asyncio.gather(*(scorer.score_batch(requests(g, 2)) for g in "abcd"))
         return reward
 
-    assert [len(b) for b in asyncio.run(go()).batches] == [8]
+    assert [len(b) for b in (await go()).batches] == [8]
 
 
-def test_a_joined_call_holds_at_most_max_items_but_a_larger_caller_still_goes_alone() -> None:
+async def test_a_joined_call_holds_at_most_max_items_but_a_larger_caller_still_goes_alone() -> None:
     async def go() -> GatedReward:
         reward = GatedReward()
         reward.gate.set()
@@ -97,10 +97,10 @@ def test_a_joined_call_holds_at_most_max_items_but_a_larger_caller_still_goes_al
         )
         return reward
 
-    assert [len(b) for b in asyncio.run(go()).batches] == [3, 3, 7, 2]
+    assert [len(b) for b in (await go()).batches] == [3, 3, 7, 2]
 
 
-def test_a_failed_call_fails_every_caller_in_it_and_the_next_call_still_goes_out() -> None:
+async def test_a_failed_call_fails_every_caller_in_it_and_the_next_call_still_goes_out() -> None:
     async def go() -> tuple[list[BaseException | reward_pb2.ScoreBatchResponse], reward_pb2.ScoreBatchResponse]:
         reward = GatedReward(fail=RuntimeError("reward is down"))
         reward.gate.set()
@@ -111,23 +111,23 @@ def test_a_failed_call_fails_every_caller_in_it_and_the_next_call_still_goes_out
         reward.fail = None
         return failed, await scorer.score_batch(requests("c", 1))
 
-    failed, later = asyncio.run(go())
+    failed, later = await go()
 
     assert all(isinstance(f, RuntimeError) and "reward is down" in str(f) for f in failed)
     assert [r.episode_id for r in later.responses] == ["c0"]
 
 
-def test_a_short_answer_gives_every_joined_caller_no_scores_which_its_workflow_refuses() -> None:
+async def test_a_short_answer_gives_every_joined_caller_no_scores_which_its_workflow_refuses() -> None:
     async def go() -> list[reward_pb2.ScoreBatchResponse]:
         reward = GatedReward(short=True)
         reward.gate.set()
         scorer = JoinedScorer(reward, max_items=1024)
         return list(await asyncio.gather(scorer.score_batch(requests("a", 2)), scorer.score_batch(requests("b", 2))))
 
-    assert [len(r.responses) for r in asyncio.run(go())] == [0, 0]
+    assert [len(r.responses) for r in await go()] == [0, 0]
 
 
-def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_call() -> None:
+async def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_call() -> None:
     async def go() -> tuple[GatedReward, reward_pb2.ScoreBatchResponse]:
         reward = GatedReward()
         scorer = JoinedScorer(reward, max_items=1024)
@@ -143,19 +143,19 @@ def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_call() -> None
             await gone
         return reward, await kept
 
-    reward, kept = asyncio.run(go())
+    reward, kept = await go()
 
     assert reward.batches == [["a0"], ["c0"]]
     assert [r.episode_id for r in kept.responses] == ["c0"]
 
 
-def test_other_client_calls_and_empty_batches_pass_through() -> None:
+async def test_other_client_calls_and_empty_batches_pass_through() -> None:
     async def go() -> tuple[str, int, GatedReward]:
         reward = GatedReward()
         scorer = JoinedScorer(reward, max_items=4)
         return await scorer.run_code("print(1)"), len((await scorer.score_batch([])).responses), reward
 
-    ran, empty, reward = asyncio.run(go())
+    ran, empty, reward = await go()
 
     assert (ran, empty, reward.batches) == ("ran print(1)", 0, [])
     with pytest.raises(ValueError, match="max_items 0 must be >= 1"):
@@ -204,25 +204,25 @@ async def generate_all(joined: JoinedInference, prompts: list[str]) -> list[Base
     return [g if isinstance(g, BaseException) else g.samples[0].text for g in got]
 
 
-def test_concurrent_generates_go_out_as_one_batch_and_each_caller_gets_its_own_response() -> None:
+async def test_concurrent_generates_go_out_as_one_batch_and_each_caller_gets_its_own_response() -> None:
     fake = FakeInference()
 
-    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd", "ef"]))
+    got = await generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd", "ef"])
 
     assert got == ["ba", "dc", "fe"] and fake.batches == [["ab", "cd", "ef"]] and fake.alone == []
 
 
-def test_a_batch_refused_for_one_request_is_sent_request_by_request_so_only_that_caller_fails() -> None:
+async def test_a_batch_refused_for_one_request_is_sent_request_by_request_so_only_that_caller_fails() -> None:
     fake = FakeInference(code=grpc.StatusCode.INVALID_ARGUMENT)
 
-    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "bad", "ef"]))
+    got = await generate_all(JoinedInference(fake, max_requests=64), ["ab", "bad", "ef"])
 
     assert got[0] == "ba" and got[2] == "fe"
     assert isinstance(got[1], grpc.aio.AioRpcError) and got[1].code() == grpc.StatusCode.INVALID_ARGUMENT
     assert fake.alone == ["ab", "bad", "ef"]
 
 
-def test_an_inference_without_generate_batch_is_called_request_by_request_from_then_on() -> None:
+async def test_an_inference_without_generate_batch_is_called_request_by_request_from_then_on() -> None:
     fake = FakeInference(code=grpc.StatusCode.UNIMPLEMENTED)
     joined = JoinedInference(fake, max_requests=64)
 
@@ -230,43 +230,43 @@ def test_an_inference_without_generate_batch_is_called_request_by_request_from_t
         first = await generate_all(joined, ["ab", "cd"])
         return first + await generate_all(joined, ["ef", "gh"])
 
-    assert asyncio.run(go()) == ["ba", "dc", "fe", "hg"]
+    assert await go() == ["ba", "dc", "fe", "hg"]
     assert fake.batches == [["ab", "cd"]] and not joined.batching  # asked once, then never again
 
 
-def test_other_failures_of_a_batch_fail_every_caller_in_it() -> None:
+async def test_other_failures_of_a_batch_fail_every_caller_in_it() -> None:
     fake = FakeInference(code=grpc.StatusCode.UNAVAILABLE)
 
-    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd"]))
+    got = await generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd"])
 
     assert all(isinstance(g, grpc.aio.AioRpcError) and g.code() == grpc.StatusCode.UNAVAILABLE for g in got)
     assert fake.alone == []  # as each would have failed alone: no second try outside the client's retry policy
 
 
-def test_a_lone_generate_is_sent_as_generate_and_other_calls_pass_through() -> None:
+async def test_a_lone_generate_is_sent_as_generate_and_other_calls_pass_through() -> None:
     fake = FakeInference()
     joined = JoinedInference(fake, max_requests=64)
 
-    assert asyncio.run(generate_all(joined, ["ab"])) == ["ba"] and fake.batches == [] and fake.alone == ["ab"]
+    assert await generate_all(joined, ["ab"]) == ["ba"] and fake.batches == [] and fake.alone == ["ab"]
     assert joined.answer is fake.answer  # anything else is the wrapped client's
 
 
-def test_joined_generates_carry_at_most_max_samples_samples_and_max_requests_requests_a_batch() -> None:
+async def test_joined_generates_carry_at_most_max_samples_samples_and_max_requests_requests_a_batch() -> None:
     fake = FakeInference()  # SAMPLING asks n=2 a request
     prompts = [f"p{i}" for i in range(9)]
 
-    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=3, max_samples=5), prompts))
+    got = await generate_all(JoinedInference(fake, max_requests=3, max_samples=5), prompts)
 
     assert got == [p[::-1] for p in prompts]
     assert [len(b) for b in fake.batches] == [2, 2, 2, 2] and fake.alone == ["p8"]  # 2 x n=2 <= 5 < 3 x n=2
     fake = FakeInference()
-    asyncio.run(generate_all(JoinedInference(fake, max_requests=3, max_samples=100), prompts))
+    await generate_all(JoinedInference(fake, max_requests=3, max_samples=100), prompts)
     assert [len(b) for b in fake.batches] == [3, 3, 3]
 
 
-def test_a_batch_refused_as_too_large_is_sent_request_by_request() -> None:
+async def test_a_batch_refused_as_too_large_is_sent_request_by_request() -> None:
     fake = FakeInference(code=grpc.StatusCode.RESOURCE_EXHAUSTED)
 
-    got = asyncio.run(generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd"]))
+    got = await generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd"])
 
     assert got == ["ba", "dc"] and fake.alone == ["ab", "cd"]

@@ -5,7 +5,6 @@ offline (tests/chat_model.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
@@ -119,7 +118,7 @@ def test_template_without_tool_messages_falls_back_to_plain_tool_response_blocks
     assert tools.render(["3"], chat=False) == "<tool_response>\n3\n</tool_response>\n"  # a text prompt: no turns
 
 
-def test_chat_episode_appends_the_templated_tool_turn_as_masked_token_ids(tokenizer: Any) -> None:
+async def test_chat_episode_appends_the_templated_tool_turn_as_masked_token_ids(tokenizer: Any) -> None:
     cfg = RolloutConfig(
         workflow="tools",
         tools=["tests.unit.rollout.test_tool_turns:add"],
@@ -139,7 +138,7 @@ def test_chat_episode_appends_the_templated_tool_turn_as_masked_token_ids(tokeni
         inference=model, reward=Ok(), group_id="g", group_size=1, producer_id="t", created_at=time.time(), config=cfg
     )
 
-    (ep,) = asyncio.run(workflow(row, ctx))  # type: ignore[arg-type]
+    (ep,) = await workflow(row, ctx)  # type: ignore[arg-type]
 
     enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     call, obs, answer = enc(CALL), enc(WANT), enc("It is 3." + IM_END)
@@ -163,7 +162,7 @@ TOOLS_TEMPLATE = (
 QUESTION = Prompt("r", "What is 1+2?", "3", messages=(("user", "What is 1+2?"),))
 
 
-def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]:
+async def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]:
     """The prompt ids of the first turn of a tools episode (one scripted answer, no call)."""
     cfg = RolloutConfig(
         workflow="tools",
@@ -182,19 +181,19 @@ def _first_prompt_ids(tokenizer: Any, fmt: ToolFormat, row: Prompt) -> list[int]
     ctx = WorkflowContext(
         inference=model, reward=Ok(), group_id="g", group_size=1, producer_id="t", created_at=time.time(), config=cfg
     )
-    (ep,) = asyncio.run(workflow(row, ctx))  # type: ignore[arg-type]
+    (ep,) = await workflow(row, ctx)  # type: ignore[arg-type]
     assert list(ep.prompt_token_ids) == model.prompts[0]
     return model.prompts[0]
 
 
-def test_chat_prompt_shows_the_tools_schemas_once_when_the_template_renders_tools() -> None:
+async def test_chat_prompt_shows_the_tools_schemas_once_when_the_template_renders_tools() -> None:
     tok = build_chat_tokenizer()
     tok.chat_template = TOOLS_TEMPLATE
     schema = json.dumps(
         ToolSet.from_specs(["tests.unit.rollout.test_tool_turns:add"], ToolFormat.HERMES, 5.0).tools["add"].schema
     )
 
-    ids = _first_prompt_ids(tok, ToolFormat.HERMES, QUESTION)
+    ids = await _first_prompt_ids(tok, ToolFormat.HERMES, QUESTION)
 
     text = tok.decode(ids)
     assert text.count(schema) == 1 and '"name": "add"' in schema
@@ -206,13 +205,13 @@ def test_chat_prompt_shows_the_tools_schemas_once_when_the_template_renders_tool
 
 
 @pytest.mark.parametrize("case", ["text prompt", "template without tools", "tagged format"])
-def test_prompt_without_a_tool_rendering_is_unchanged(case: str) -> None:
+async def test_prompt_without_a_tool_rendering_is_unchanged(case: str) -> None:
     tok = build_chat_tokenizer()
     tok.chat_template = QWEN_TOOLS_TEMPLATE if case == "template without tools" else TOOLS_TEMPLATE
     fmt = ToolFormat.TAGGED if case == "tagged format" else ToolFormat.HERMES
     row = Prompt("r", "What is 1+2?", "3") if case == "text prompt" else QUESTION
 
-    ids = _first_prompt_ids(tok, fmt, row)
+    ids = await _first_prompt_ids(tok, fmt, row)
 
     want = (
         tok.encode(row.prompt, add_special_tokens=False)

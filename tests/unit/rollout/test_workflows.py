@@ -118,7 +118,7 @@ def _cfg(**kw: Any) -> RolloutConfig:
     return cfg
 
 
-def _run(
+async def _run(
     cfg: RolloutConfig, model: ScriptedModel, row: Prompt = ROW, reward: InProcessReward | None = None
 ) -> list[episode_pb2.Episode]:
     workflow, env = build_workflow(cfg)
@@ -132,13 +132,13 @@ def _run(
         config=cfg,
         environment=env,
     )
-    return asyncio.run(workflow(row, ctx))  # type: ignore[arg-type]
+    return await workflow(row, ctx)  # type: ignore[arg-type]
 
 
-def test_tool_episode_is_one_token_sequence_with_observation_tokens_masked() -> None:
+async def test_tool_episode_is_one_token_sequence_with_observation_tokens_masked() -> None:
     model = ScriptedModel(["<c>12+35</c>", "47"])
 
-    episodes = _run(_cfg(), model)
+    episodes = await _run(_cfg(), model)
 
     ep = episodes[0]
     call, obs, answer = ids("<c>12+35</c>"), ids("<r>47</r>"), ids("47")
@@ -155,13 +155,13 @@ def test_tool_episode_is_one_token_sequence_with_observation_tokens_masked() -> 
     assert validate_group(group, Limits(len(VOCAB) + 3, 48, 1)) is None
 
 
-def test_weight_update_between_turns_stamps_each_turn_with_its_version() -> None:
+async def test_weight_update_between_turns_stamps_each_turn_with_its_version() -> None:
     def update_after_first_turn(model: ScriptedModel) -> None:
         model.version = 2  # a weight update lands between two turns of the episode
 
     model = ScriptedModel(["<c>12+35</c>", "47"], on_call=update_after_first_turn)
 
-    ep = _run(_cfg(group_size=1), model)[0]
+    ep = (await _run(_cfg(group_size=1), model))[0]
 
     n_call, n_obs = len(ids("<c>12+35</c>")), len(ids("<r>47</r>"))
     # observation tokens carry the version of the model turn before them; staleness counts from the oldest (1)
@@ -169,41 +169,44 @@ def test_weight_update_between_turns_stamps_each_turn_with_its_version() -> None
     assert min(ep.token_weight_versions) == 1 and max(ep.token_weight_versions) == 2
 
 
-def test_model_that_keeps_calling_tools_ends_at_max_turns() -> None:
-    ep = _run(_cfg(max_turns=2, max_tool_calls=5), ScriptedModel(["<c>1+1</c>"]))[0]
+async def test_model_that_keeps_calling_tools_ends_at_max_turns() -> None:
+    ep = (await _run(_cfg(max_turns=2, max_tool_calls=5), ScriptedModel(["<c>1+1</c>"])))[0]
 
     assert ep.episode_end == END.EPISODE_END_MAX_TURNS and ep.turns == 2 and ep.tool_calls == 2
     assert list(ep.loss_mask)[-1] == 1  # the episode ends with the model's turn, not with an observation
 
 
-def test_calls_beyond_max_tool_calls_end_the_episode_without_running() -> None:
-    ep = _run(_cfg(max_turns=4, max_tool_calls=1), ScriptedModel(["<c>1+1</c>"]))[0]
+async def test_calls_beyond_max_tool_calls_end_the_episode_without_running() -> None:
+    ep = (await _run(_cfg(max_turns=4, max_tool_calls=1), ScriptedModel(["<c>1+1</c>"])))[0]
 
     assert ep.episode_end == END.EPISODE_END_MAX_TOOL_CALLS and ep.tool_calls == 1 and ep.turns == 2
 
 
-def test_episode_never_exceeds_max_episode_tokens() -> None:
+async def test_episode_never_exceeds_max_episode_tokens() -> None:
     # 12 tokens of call, then the 9 of "<r>22</r>" leave no room for another turn within 21
-    ep = _run(
-        _cfg(max_turns=10, max_tool_calls=10, max_new_tokens=14, max_episode_tokens=21), ScriptedModel(["<c>11+11</c>"])
+    ep = (
+        await _run(
+            _cfg(max_turns=10, max_tool_calls=10, max_new_tokens=14, max_episode_tokens=21),
+            ScriptedModel(["<c>11+11</c>"]),
+        )
     )[0]
 
     assert ep.episode_end == END.EPISODE_END_MAX_TOKENS
     assert len(ep.completion_token_ids) <= 21 and ep.turns == 1
 
 
-def test_failed_tool_call_is_shown_to_the_model_and_counted() -> None:
+async def test_failed_tool_call_is_shown_to_the_model_and_counted() -> None:
     model = ScriptedModel(["<c>12+</c>", "0"])
 
-    ep = _run(_cfg(group_size=1, max_episode_tokens=200), model)[0]
+    ep = (await _run(_cfg(group_size=1, max_episode_tokens=200), model))[0]
 
     assert ep.tool_calls == 1 and ep.tool_errors == 1
     assert "<r>error: SyntaxError" in ep.completion_text
     assert ep.reward_status == reward_pb2.SCORE_STATUS_OK  # the model's mistake: scored, not an infrastructure error
 
 
-def test_answer_without_a_call_is_scored_at_once() -> None:
-    ep = _run(_cfg(group_size=1), ScriptedModel(["47"]))[0]
+async def test_answer_without_a_call_is_scored_at_once() -> None:
+    ep = (await _run(_cfg(group_size=1), ScriptedModel(["47"])))[0]
 
     assert (ep.turns, ep.tool_calls, ep.episode_end) == (1, 0, END.EPISODE_END_DONE)
     assert ep.reward_components["answer"] == 1.0 and ep.reward_components["call"] < 0.2
@@ -229,7 +232,7 @@ class CountdownEnv:
         self.closed = True
 
 
-def _env_run(env: CountdownEnv, **kw: Any) -> episode_pb2.Episode:
+async def _env_run(env: CountdownEnv, **kw: Any) -> episode_pb2.Episode:
     cfg = RolloutConfig(
         workflow="multi_turn",
         environment="tests.unit.rollout.test_workflows:CountdownEnv",
@@ -247,40 +250,40 @@ def _env_run(env: CountdownEnv, **kw: Any) -> episode_pb2.Episode:
         created_at=time.time(),
         config=cfg,
     )
-    return asyncio.run(MultiTurnWorkflow(lambda row: env)(Prompt("p", "go", ""), ctx))[0]  # type: ignore[arg-type]
+    return (await MultiTurnWorkflow(lambda row: env)(Prompt("p", "go", ""), ctx))[0]  # type: ignore[arg-type]
 
 
-def test_environment_rewards_are_summed_over_its_steps() -> None:
+async def test_environment_rewards_are_summed_over_its_steps() -> None:
     env = CountdownEnv()
 
-    ep = _env_run(env)
+    ep = await _env_run(env)
 
     assert ep.reward == 3.0 and ep.turns == 3 and ep.episode_end == END.EPISODE_END_DONE and env.closed
     assert list(ep.loss_mask) == [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
 
 
-def test_environment_failure_marks_the_episode_like_a_reward_error() -> None:
+async def test_environment_failure_marks_the_episode_like_a_reward_error() -> None:
     env = CountdownEnv(fail_at=2)
 
-    ep = _env_run(env)
+    ep = await _env_run(env)
 
     assert ep.episode_end == END.EPISODE_END_ENV_ERROR and ep.reward_status == reward_pb2.SCORE_STATUS_ERROR
     assert "the game server crashed" in ep.reward_error and env.closed
 
 
-def test_slow_environment_ends_the_episode_at_its_timeout() -> None:
-    ep = _env_run(CountdownEnv(sleep_s=0.2), episode_timeout_s=0.3)
+async def test_slow_environment_ends_the_episode_at_its_timeout() -> None:
+    ep = await _env_run(CountdownEnv(sleep_s=0.2), episode_timeout_s=0.3)
 
     assert ep.episode_end == END.EPISODE_END_TIMEOUT and ep.turns == 2
 
 
-def test_environment_that_cannot_reset_fails_the_group() -> None:
+async def test_environment_that_cannot_reset_fails_the_group() -> None:
     class Broken(CountdownEnv):
         async def reset(self, row: Prompt, seed: int) -> str:
             raise OSError("no display")
 
     with pytest.raises(GroupFailed, match="no display"):
-        _env_run(Broken())
+        await _env_run(Broken())
 
 
 async def scripted_user_workflow(row: Prompt, ctx: WorkflowContext) -> list[episode_pb2.Episode]:
@@ -320,10 +323,12 @@ def test_unloadable_tool_is_refused_naming_the_field() -> None:
     assert err.value.field == "rollout.tools"
 
 
-def test_hermes_tool_calls_run_with_json_arguments() -> None:
+async def test_hermes_tool_calls_run_with_json_arguments() -> None:
     model = ScriptedModel(['<tool_call>{"name": "c", "arguments": {"expression": "12+35"}}</tool_call>', "47"])
 
-    ep = _run(_cfg(tool_format=ToolFormat.HERMES, max_new_tokens=80, max_episode_tokens=200, group_size=1), model)[0]
+    ep = (
+        await _run(_cfg(tool_format=ToolFormat.HERMES, max_new_tokens=80, max_episode_tokens=200, group_size=1), model)
+    )[0]
 
     assert ep.tool_calls == 1 and ep.tool_errors == 0
     assert "<tool_response>\n47\n</tool_response>" in ep.completion_text

@@ -3,7 +3,6 @@ tools workflow; its reward credits each step of the tool use, 1.0 only for the w
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -70,7 +69,7 @@ def test_tool_answers_the_bound_question_and_rejects_an_argument() -> None:
         c("9*9", question="7*8=")
 
 
-def test_tools_workflow_binds_the_episode_prompt_and_hides_it_from_the_schema() -> None:
+async def test_tools_workflow_binds_the_episode_prompt_and_hides_it_from_the_schema() -> None:
     tools = ToolSet.from_specs(["relayrl.tasks.lookup:c"], ToolFormat.TAGGED, timeout_s=5.0)
     env = ToolEnvironment(tools, max_tool_calls=2)
 
@@ -80,7 +79,7 @@ def test_tools_workflow_binds_the_episode_prompt_and_hides_it_from_the_schema() 
         forged = await tools.call("c", {"question": "2*5="}, question="6*9=")
         return step.observation, forged[0]
 
-    observation, forged = asyncio.run(episode())
+    observation, forged = await episode()
     assert observation == "<r>54</r>"
     assert forged.startswith("error: c takes no argument question")  # the model cannot set the bound question
     assert "question" not in tool_schema(c, "c")["parameters"]["properties"]

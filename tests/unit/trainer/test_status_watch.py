@@ -40,7 +40,7 @@ async def _next(stream: AsyncIterator[trainer_pb2.TrainerStatus]) -> trainer_pb2
     return await asyncio.wait_for(anext(stream), 10)
 
 
-def test_status_changes_sends_the_status_then_each_change_once_and_ends_when_the_run_finishes() -> None:
+async def test_status_changes_sends_the_status_then_each_change_once_and_ends_when_the_run_finishes() -> None:
     async def scenario() -> list[int]:
         pulse, books = StatusPulse(), _Books()
         stream = status_changes(pulse, books.status, books.refresh, refresh_s=3600)
@@ -58,10 +58,10 @@ def test_status_changes_sends_the_status_then_each_change_once_and_ends_when_the
             await _next(stream)
         return steps
 
-    assert asyncio.run(scenario()) == [0, 1, 2]
+    assert await scenario() == [0, 1, 2]
 
 
-def test_a_quiet_status_stream_rereads_the_books_so_drops_by_other_ranks_are_seen() -> None:
+async def test_a_quiet_status_stream_rereads_the_books_so_drops_by_other_ranks_are_seen() -> None:
     async def scenario() -> tuple[int, int]:
         pulse, books = StatusPulse(), _Books()
         stream = status_changes(pulse, books.status, books.refresh, refresh_s=0.01)
@@ -73,10 +73,10 @@ def test_a_quiet_status_stream_rereads_the_books_so_drops_by_other_ranks_are_see
         await stream.aclose()
         return first.step, second.step
 
-    assert asyncio.run(scenario()) == (0, 5)
+    assert await scenario() == (0, 5)
 
 
-def test_status_pulse_wait_returns_at_once_for_a_change_it_missed() -> None:
+async def test_status_pulse_wait_returns_at_once_for_a_change_it_missed() -> None:
     async def scenario() -> tuple[bool, bool]:
         pulse = StatusPulse()
         seen = pulse.count
@@ -85,7 +85,7 @@ def test_status_pulse_wait_returns_at_once_for_a_change_it_missed() -> None:
         quiet = await pulse.wait(pulse.count, timeout_s=0.001)
         return missed, quiet
 
-    assert asyncio.run(scenario()) == (True, False)
+    assert await scenario() == (True, False)
 
 
 def _fake_trainer(books: _Books, pulse: StatusPulse) -> Any:
@@ -98,7 +98,7 @@ def _fake_trainer(books: _Books, pulse: StatusPulse) -> Any:
     )
 
 
-def test_watch_status_over_the_limit_of_watchers_is_refused_with_resource_exhausted() -> None:
+async def test_watch_status_over_the_limit_of_watchers_is_refused_with_resource_exhausted() -> None:
     async def scenario() -> tuple[grpc.StatusCode, int]:
         books, pulse = _Books(), StatusPulse()
         servicer = TrainerServicer(_fake_trainer(books, pulse))
@@ -123,6 +123,6 @@ def test_watch_status_over_the_limit_of_watchers_is_refused_with_resource_exhaus
             await server.stop(0)
         return refused.value.code(), served
 
-    code, served = asyncio.run(scenario())
+    code, served = await scenario()
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert served == MAX_WATCHERS

@@ -7,7 +7,6 @@ data. Collectives that must move data between ranks are tested over real gloo ra
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -246,7 +245,7 @@ class _NoPublisher:
         raise AssertionError(f"rank 1 used the publisher ({name})")
 
 
-def test_only_rank_0_publishes_the_others_learn_the_version_by_one_broadcast(tmp_path: Path) -> None:
+async def test_only_rank_0_publishes_the_others_learn_the_version_by_one_broadcast(tmp_path: Path) -> None:
     with fake_rank(1, record_dir=tmp_path) as coll:
         publication = VersionPublication(
             _NoPublisher(),
@@ -256,7 +255,7 @@ def test_only_rank_0_publishes_the_others_learn_the_version_by_one_broadcast(tmp
             "unused:0",
             retry_s=1.0,
         )
-        version, flag = asyncio.run(publication.publish(3, flag=True))
+        version, flag = await publication.publish(3, flag=True)
 
     # with the fake group rank 1 keeps its zeros: a real broadcast brings rank 0's version and flag
     assert (version, flag) == (0, False)

@@ -32,7 +32,9 @@ def _trainer(deadline_s: float) -> tuple[SimpleNamespace, list[bool]]:
     return SimpleNamespace(loop=loop, progress=SimpleNamespace(step=7)), requested
 
 
-def test_a_graceful_stop_that_outlasts_its_deadline_is_cancelled_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_graceful_stop_that_outlasts_its_deadline_is_cancelled_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def go() -> tuple[bool, list[bool]]:
         trainer, requested = _trainer(0.2)
         stuck = asyncio.create_task(asyncio.Event().wait())  # a final push or ack that never ends
@@ -41,13 +43,13 @@ def test_a_graceful_stop_that_outlasts_its_deadline_is_cancelled_and_says_why(ca
         return stuck.cancelled(), requested
 
     with caplog.at_level(logging.INFO, logger="relayrl.trainer.main"):
-        cancelled, requested = asyncio.run(go())
+        cancelled, requested = await go()
 
     assert requested == [True] and cancelled
     assert "the graceful stop did not end within 0.2s: stopping at once" in caplog.text
 
 
-def test_a_graceful_stop_that_ends_in_time_is_not_cancelled() -> None:
+async def test_a_graceful_stop_that_ends_in_time_is_not_cancelled() -> None:
     async def go() -> bool:
         trainer, requested = _trainer(30.0)
 
@@ -59,7 +61,7 @@ def test_a_graceful_stop_that_ends_in_time_is_not_cancelled() -> None:
         await _stop_training(trainer, task, asyncio.Event())  # type: ignore[arg-type]
         return task.done() and not task.cancelled()
 
-    assert asyncio.run(go())
+    assert await go()
 
 
 def test_the_stop_budget_follows_the_longest_step_push_and_checkpoint_measured() -> None:
@@ -73,7 +75,7 @@ def test_the_stop_budget_follows_the_longest_step_push_and_checkpoint_measured()
     assert budget.deadline_s == pytest.approx(STOP_MARGIN * 20.0) and budget.bound == "the measured steps"
 
 
-def test_a_push_to_an_unreachable_inference_retries_within_its_deadline_then_fails() -> None:
+async def test_a_push_to_an_unreachable_inference_retries_within_its_deadline_then_fails() -> None:
     async def go() -> tuple[grpc.StatusCode, int, float]:
         messages = list(iter_update_messages({"w": torch.zeros(4)}, 1))
         retries: list[grpc.StatusCode] = []
@@ -83,7 +85,7 @@ def test_a_push_to_an_unreachable_inference_retries_within_its_deadline_then_fai
                 await client.update_weights(messages, 1, 2.0, on_retry=retries.append)
             return err.value.code(), len(retries), time.monotonic() - t0
 
-    code, retries, elapsed = asyncio.run(go())
+    code, retries, elapsed = await go()
 
     assert code is grpc.StatusCode.UNAVAILABLE
     assert retries >= 2  # it kept trying while time was left
