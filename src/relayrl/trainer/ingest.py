@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -37,6 +37,16 @@ class Verdict(enum.Enum):
     ZERO_ADVANTAGE = "zero_advantage"  # its valid rewards agree (dynamic sampling): dropped and counted
     REWARD_ERROR = "reward_error"  # every episode's scoring failed: dropped and counted
     INVALID = "invalid"  # fails validation, or a version ahead of the trainer's weights: dead-lettered
+
+
+def version_facts(lists: Sequence[TokenLists]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]:
+    """Per episode: its oldest and newest token's weight version (0 without tokens) and whether its tokens come
+    from several versions."""
+    return (
+        tuple(min(t.versions, default=0) for t in lists),
+        tuple(max(t.versions, default=0) for t in lists),
+        tuple(len(set(t.versions)) > 1 for t in lists),
+    )
 
 
 @dataclass(frozen=True)
@@ -57,15 +67,7 @@ class Ingested:
         lists = tuple(TokenLists.of(ep) for ep in episodes)
         failed = tuple(i for i, ep in enumerate(episodes) if reward_failed(ep))
         rewards = {ep.reward for i, ep in enumerate(episodes) if i not in failed}
-        return cls(
-            entry,
-            lists,
-            tuple(min(t.versions, default=0) for t in lists),
-            tuple(max(t.versions, default=0) for t in lists),
-            tuple(len(set(t.versions)) > 1 for t in lists),
-            failed,
-            len(rewards) <= 1,
-        )
+        return cls(entry, lists, *version_facts(lists), failed, len(rewards) <= 1)
 
     @property
     def group_id(self) -> str:
@@ -123,7 +125,6 @@ class StepBatch:
     counts: torch.Tensor  # [N, len(COUNTS)] float64
     loss_tokens: float  # completion tokens in the loss (the loss masks summed)
     excluded: int = 0  # errored episodes of these groups, left out
-    reward_components: list[Mapping[str, float]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -166,13 +167,8 @@ class StepBatch:
     ) -> StepBatch:
         """Episodes as they are (every one trained; no stream entries): for tests, benchmarks and tools."""
         lists = [TokenLists.of(ep) for ep in episodes]
-        versions = (
-            [min(t.versions, default=0) for t in lists],
-            [max(t.versions, default=0) for t in lists],
-            [len(set(t.versions)) > 1 for t in lists],
-        )
         lags = list(staleness) if staleness is not None else [0.0] * len(episodes)
-        return _columns([], list(episodes), lists, versions, lags, excluded).scored(teacher, reference)
+        return _columns([], list(episodes), lists, version_facts(lists), lags, excluded).scored(teacher, reference)
 
     @classmethod
     def empty(cls) -> StepBatch:
@@ -198,7 +194,7 @@ def _columns(
     entries: list[StreamEntry],
     episodes: list[Episode],
     lists: Sequence[TokenLists],
-    versions: tuple[list[int], list[int], list[bool]],
+    versions: tuple[Sequence[int], Sequence[int], Sequence[bool]],
     lags: Sequence[float],
     excluded: int,
 ) -> StepBatch:
@@ -230,5 +226,4 @@ def _columns(
         counts=torch.tensor(counts, dtype=torch.float64).reshape(len(episodes), len(COUNTS)),
         loss_tokens=float(sum(sum(t.loss_mask) for t in lists)),
         excluded=excluded,
-        reward_components=[dict(ep.reward_components) for ep in episodes],
     )

@@ -313,8 +313,8 @@ class TrainingLoop:
         queue_lag, queue_pending = p.queue_depth
         with self.clock.part("metrics"):
             components: dict[str, list[float]] = {}
-            for each in batch.reward_components:  # components of rank 0's share (names may differ between ranks)
-                for k, v in each.items():
+            for ep in batch.episodes:  # components of rank 0's share (names may differ between ranks)
+                for k, v in ep.reward_components.items():
                     components.setdefault(k, []).append(v)
         now = time.monotonic()
         times = self.clock.close(now)
