@@ -285,6 +285,38 @@ async def test_weight_push_refused_while_the_authenticated_budget_is_full_succee
     assert retries >= 1
 
 
+async def test_weight_pushes_refused_at_admission_report_resource_exhausted_never_internal(
+    tiny_model_dir: Path,
+) -> None:
+    """A push refused while its chunks are being written met grpc.aio's write race (grpc/grpc#36066): the failed
+    write turned the server's RESOURCE_EXHAUSTED into INTERNAL, which is not retried. The client now writes only
+    once the server has admitted the call, so every refusal arrives with its own code."""
+    release = asyncio.Event()
+
+    async def held_open() -> AsyncIterator[pb.WeightUpdateMessage]:
+        await release.wait()
+        return
+        yield
+
+    async with (
+        inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service),
+        InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=5.0) as client,  # no time to retry
+    ):
+        holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60, metadata=AUTH)
+        assert await until(lambda: service.weight_streams == 1)
+        messages = _update(service, 1)
+        codes = []
+        for _ in range(300):  # one try each: the old race turned a few of them into INTERNAL
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await client.update_weights(messages, 1, 2.0)
+            codes.append(err.value.code())
+        release.set()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await holder
+
+    assert set(codes) == {EXHAUSTED}, sorted({c.name for c in codes})
+
+
 async def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_resource_exhausted(
     tiny_model_dir: Path,
 ) -> None:

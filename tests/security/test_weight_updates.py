@@ -157,6 +157,31 @@ async def test_update_with_non_finite_weights_is_refused_before_the_swap(tiny_mo
     assert version == 0 and unchanged
 
 
+async def test_update_refused_at_its_first_chunk_reaches_the_pusher_as_invalid_argument_never_internal(
+    tiny_model_dir: Path,
+) -> None:
+    """A refusal while the pusher still writes: grpc.aio turned the pusher's next write into INTERNAL and hid the
+    refusal (grpc/grpc#36066). The server now reads what is left of a refused stream before it answers."""
+    from relayrl.client import InferenceClient
+
+    async with (
+        inference_server(tiny_model_dir) as (_, service),
+        InferenceClient(service.weights_target, token=WEIGHTS_TOKEN) as client,
+    ):
+        messages = list(iter_update_messages(_perturbed(service), 1, chunk_bytes=1 << 14))
+        bad = pb.WeightUpdateMessage()
+        bad.CopyFrom(messages[0])
+        bad.chunk.name = "no.such.parameter"  # refused as it arrives, before the rest is read
+        codes = []
+        for _ in range(20):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await client.update_weights([bad, *messages], 1, 30, attempts=1)
+            codes.append(err.value.code().name)
+        assert service.engine.version == 0
+
+    assert set(codes) == {"INVALID_ARGUMENT"}, sorted(set(codes))
+
+
 @pytest.mark.parametrize("sent_first", [0, 1])
 async def test_idle_weight_stream_is_aborted_and_frees_the_only_slot_for_a_real_push(
     tiny_model_dir: Path, sent_first: int

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
 from relayrl.client.base import NO_RETRY, ServiceClient
+from relayrl.common.grpc_admission import ADMITTED
 from relayrl.common.pb import inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -135,10 +136,7 @@ class InferenceClient(ServiceClient):
         attempt = 1
         while True:
             try:
-                response: inference_pb2.UpdateWeightsResponse = await self.stub.UpdateWeights(
-                    _update_stream(messages), timeout=deadline.try_timeout(), metadata=self._auth()
-                )
-                return response
+                return await self._push_once(messages, deadline.try_timeout())
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code is grpc.StatusCode.RESOURCE_EXHAUSTED and (delay := deadline.next_delay()) is not None:
@@ -172,6 +170,30 @@ class InferenceClient(ServiceClient):
                 _told(on_retry, code)
                 await asyncio.sleep(delay)
                 attempt += 1
+
+    async def _push_once(
+        self, messages: Sequence[inference_pb2.WeightUpdateMessage], timeout_s: float
+    ) -> inference_pb2.UpdateWeightsResponse:
+        """One try of a push. Its messages are streamed only once the server has admitted the call (its initial
+        metadata carries ADMITTED): a refusal at admission (RESOURCE_EXHAUSTED, UNAUTHENTICATED, PERMISSION_DENIED)
+        then reaches the caller with its own code, where a write racing the refusal would turn it into INTERNAL
+        (grpc/grpc#36066). A call not admitted is half-closed with nothing written. The server reads what is left
+        of a stream it refuses later, so such a refusal keeps its code too."""
+        admitted = asyncio.get_running_loop().create_future()
+
+        async def stream() -> AsyncIterator[inference_pb2.WeightUpdateMessage]:
+            if await admitted:
+                async for message in _update_stream(messages):
+                    yield message
+
+        call = self.stub.UpdateWeights(stream(), timeout=timeout_s, metadata=self._auth())
+        try:
+            admitted.set_result((await call.initial_metadata()).get(ADMITTED[0]) == ADMITTED[1])
+        finally:
+            if not admitted.done():
+                admitted.set_result(False)
+        response: inference_pb2.UpdateWeightsResponse = await call
+        return response
 
     async def _serves(self, version: int, deadline: _PushDeadline) -> bool:
         """Whether inference serves ``version`` now (False when it cannot tell), asked once within what is left of
@@ -222,17 +244,12 @@ def _told(on_retry: Callable[[grpc.StatusCode], None] | None, code: grpc.StatusC
         on_retry(code)
 
 
-def _update_stream(
+async def _update_stream(
     messages: Sequence[inference_pb2.WeightUpdateMessage],
-) -> Iterator[inference_pb2.WeightUpdateMessage] | AsyncIterator[inference_pb2.WeightUpdateMessage]:
-    """The UpdateWeights request stream. grpc.aio consumes a plain iterator on the event loop, which is right for
-    messages already in memory; a sequence that reads each chunk from a file when asked (``reads_file``, a sharded
-    gather's spool) is read in a worker thread, one chunk at a time, so the loop never waits for the disk."""
-    if not getattr(messages, "reads_file", False):
-        return iter(messages)
-
-    async def read() -> AsyncIterator[inference_pb2.WeightUpdateMessage]:
-        for index in range(len(messages)):
-            yield await asyncio.to_thread(messages.__getitem__, index)
-
-    return read()
+) -> AsyncIterator[inference_pb2.WeightUpdateMessage]:
+    """The UpdateWeights request messages. Messages already in memory are taken on the event loop; a sequence that
+    reads each chunk from a file when asked (``reads_file``, a sharded gather's spool) is read in a worker thread,
+    one chunk at a time, so the loop never waits for the disk."""
+    in_thread = getattr(messages, "reads_file", False)
+    for index in range(len(messages)):
+        yield await asyncio.to_thread(messages.__getitem__, index) if in_thread else messages[index]

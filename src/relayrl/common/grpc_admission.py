@@ -44,6 +44,12 @@ from relayrl.config.endpoints import ServerConfig
 
 Token = str | Callable[[], str]  # a method's token, or what reads it when a call comes
 
+# Initial metadata a client-streaming handler sends once it has admitted the call (credential, port, budget all
+# checked), before it reads the stream. A client that waits for it writes nothing to a call the server refuses:
+# grpc.aio reports a write that meets an ended call as INTERNAL and hides the server's status
+# (grpc/grpc#36066), so a refusal must come before the first write. Sent by UpdateWeights.
+ADMITTED = ("relayrl-admitted", "1")
+
 
 class Budget(Enum):
     """Which budget an admitted call counts in (the value: its config field)."""

@@ -4,6 +4,7 @@ path, probe-verified) and status on their own ``inference.weights_server``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -15,7 +16,7 @@ import grpc
 from torch import Tensor
 
 from relayrl.common.control import require_token
-from relayrl.common.grpc_admission import method_path
+from relayrl.common.grpc_admission import ADMITTED, method_path
 from relayrl.common.grpc_utils import ServerHandle, create_server
 from relayrl.common.logging import bind_log_context
 from relayrl.common.pb import inference_pb2 as pb
@@ -244,6 +245,19 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         check_finite(tensors)
         return tensors, nbytes
 
+    async def _drain(self, request_iterator: AsyncIterator[pb.WeightUpdateMessage]) -> None:
+        """Read and drop what is left of a refused update's stream until the pusher half-closes (each message, and
+        all of them, within weights_idle_timeout_s), so that the refusal answers a pusher that no longer writes:
+        grpc.aio turns a client's write that meets an ended call into INTERNAL and hides the refusal's code
+        (grpc/grpc#36066). Only an admitted pusher, holding the weights token, gets here."""
+
+        async def rest() -> None:
+            async for _ in self._messages(request_iterator):
+                pass
+
+        with contextlib.suppress(IdleStreamError, TimeoutError):
+            await asyncio.wait_for(rest(), self.service.cfg.weights_idle_timeout_s)
+
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
         """Abort a refused update with its deliberate status code; nothing was changed."""
         code, label = _REFUSALS.get(type(exc), (grpc.StatusCode.INVALID_ARGUMENT, "refused"))
@@ -265,6 +279,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 f"port (inference.weights_server, {service.weights_target or 'see the config'})",
             )
         await require_token(context, service.weights_token, "a weight update")  # only the trainer holds it
+        await context.send_initial_metadata((ADMITTED,))  # admitted: the pusher may stream now
         t0 = time.perf_counter()
         service.weight_streams += 1
         try:
@@ -276,6 +291,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             t_assembled = time.perf_counter()
             probe_lp = await service.apply_update(tensors, manifest.version, [list(p.ids) for p in manifest.probe])
         except (WeightUpdateError, IdleStreamError, WeightSwapError) as exc:
+            if not isinstance(exc, IdleStreamError):
+                await self._drain(request_iterator)
             await self._refuse(context, exc)
         finally:
             service.weight_streams -= 1

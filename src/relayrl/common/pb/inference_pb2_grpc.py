@@ -103,7 +103,11 @@ class InferenceServiceServicer:
         """Streams new weights (or names a shared file); applied atomically once the manifest validates, then
         the probe is scored under them. INVALID_ARGUMENT for unknown names, wrong shapes or dtypes, a bad
         checksum, a shared path outside the weights directory; FAILED_PRECONDITION for a version not greater
-        than the served one. On any error the old weights keep serving.
+        than the served one. On any error the old weights keep serving. Once the call is admitted (credential, port,
+        budget) the server sends initial metadata `relayrl-admitted: 1`; a pusher streams only after it, so a refusal
+        at admission arrives before anything is written. A refusal mid-stream is answered after the server has read
+        the rest of the stream (within weights_idle_timeout_s): grpc.aio would report a write that meets an ended
+        call as INTERNAL instead of the refusal's code. Both sides of this handshake ship in the same release.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
