@@ -3,9 +3,7 @@ and DCP checkpoints reshard 2 ranks -> 1 -> 2 (real processes)."""
 
 from __future__ import annotations
 
-import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp
 from tests.conftest import free_port
+from tests.distributed.gloo import gloo_group
 from tests.synthetic import varied_episodes
 
 pytestmark = pytest.mark.distributed
@@ -39,10 +38,8 @@ def _gradients(learner: Learner, episodes: list) -> dict[str, torch.Tensor]:  # 
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     out = Path(out_dir)
-    try:
+    with gloo_group(rank, port):
         coll = Collectives(dist.group.WORLD, timeout_s=60)
         share = varied_episodes()[:6] if rank == 0 else varied_episodes()[6:]
         replicated = Learner(load_model(ModelConfig(path=Path(model_dir))), CFG, 0, torch.device("cpu"), 8, coll)
@@ -59,8 +56,6 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         grads["loaded_from_1"] = {n: _full(p) for n, p in fresh.named_parameters()}
         if rank == 0:
             torch.save(grads, out / "rank0.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
 from tests.conftest import free_port
+from tests.distributed.gloo import gloo_group
 from tests.synthetic import varied_episodes
 
 pytestmark = pytest.mark.distributed
@@ -54,9 +53,7 @@ def _grads(
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, mode: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    try:
+    with gloo_group(rank, port):
         coll = Collectives(dist.group.WORLD, timeout_s=60)
         eps = varied_episodes()
         share = eps[:6] if rank == 0 else eps[6:]  # two whole groups each
@@ -67,8 +64,6 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, mode: str) ->
         else:
             grads = _grads(Path(model_dir), share, coll, micro_batch=2 if rank == 0 else 5)
         torch.save(grads, Path(out_dir) / f"grads{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("mode", ["by_sequences", "by_tokens", "packed"])

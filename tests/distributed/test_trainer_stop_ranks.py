@@ -4,10 +4,8 @@ step (real processes); and what the agreement costs per micro-batch."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner, StepAbandoned, stop_agreed
 from tests.conftest import free_port
+from tests.distributed.gloo import gloo_group
 from tests.synthetic import varied_episodes
 
 pytestmark = pytest.mark.distributed
@@ -33,9 +32,7 @@ TIMED_CALLS = 200
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    try:
+    with gloo_group(rank, port):
         coll = Collectives(dist.group.WORLD, timeout_s=60)
         model = load_model(ModelConfig(path=Path(model_dir)))
         learner = Learner(
@@ -63,8 +60,6 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
             stop_agreed(coll, False)
         result["agreement_us"] = (time.perf_counter() - t0) / TIMED_CALLS * 1e6
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_stop_asked_of_one_rank_mid_step_is_agreed_by_both_at_the_same_boundary(
