@@ -10,6 +10,9 @@ No services, no Redis: the real Learner on a real random-init model, fed episode
     # the SmolLM2 example's step (4 prompts x 8, ~55 + 24 tokens), full fine-tuning, with the process's peak RSS
     python bench/trainer_step.py --model models/smollm2-135m-instruct --groups 4 --group-size 8 --prompt 50 60 \\
         --completion 20 24 --steps 3 --memory --set micro_batch_size=32 --set optimizer.lr=0.000005
+    # the same step as the example trains it (LoRA rank 16 on every projection), on two threads
+    python bench/trainer_step.py --model models/smollm2-135m-instruct --groups 4 --group-size 8 --prompt 50 60 \\
+        --completion 20 24 --steps 3 --lora 16 --threads 2 --set micro_batch_size=32
 
 ``--set KEY=VALUE`` sets a TrainerConfig field (dotted for sections, e.g. ``loss.policy_loss=gspo``).
 """
@@ -27,11 +30,14 @@ import torch
 
 from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
+from relayrl.config.lora import LoraConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.trainer.batching import padded_tokens, plan_micro_batches
 from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import Learner
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # the example's
 
 
 def episodes(args: argparse.Namespace, vocab: int, seed: int) -> list[Episode]:
@@ -80,6 +86,7 @@ def main() -> None:
     ap.add_argument("--completion", type=int, nargs=2, default=(2, 3), metavar=("MIN", "MAX"))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK", help="train a LoRA adapter of this rank (0: full)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument(
         "--memory", action="store_true", help="print the process's peak RSS (after loading, warm-up, steps)"
@@ -90,7 +97,12 @@ def main() -> None:
     cfg = TrainerConfig()
     for item in args.overrides:
         _set(cfg, *item.split("=", 1))
-    model = load_model(ModelConfig(path=args.model))
+    lora = (
+        LoraConfig(enabled=True, rank=args.lora, alpha=2 * args.lora, target_modules=LORA_TARGETS)
+        if args.lora
+        else None
+    )
+    model = load_model(ModelConfig(path=args.model, lora=lora or LoraConfig()))
     vocab = int(model.config.vocab_size)
     learner = Learner(model, cfg, 0, torch.device("cpu"), max_completion_tokens=args.completion[1])
     batches = [episodes(args, vocab, seed) for seed in range(4)]
