@@ -11,7 +11,7 @@ import pytest
 
 from relayrl.trainer.runtime import Trainer
 from tests.conftest import RedisServer
-from tests.integration.test_rollout_trainer import _config
+from tests.integration.stack import stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 async def test_a_stop_during_a_checkpoint_waits_for_its_acknowledgement_then_stops(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url)
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url)
     events: list[str] = []
 
     async def go() -> bool:

@@ -29,7 +29,7 @@ from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.server import create_trainer_server
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server, reward_server
-from tests.integration.test_rollout_trainer import _config
+from tests.integration.stack import stack_config
 from tests.polling import until
 
 pytestmark = pytest.mark.integration
@@ -106,7 +106,7 @@ async def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", TOKEN)
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,

@@ -11,7 +11,7 @@ import pytest
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server
-from tests.integration.test_rollout_trainer import _config, _run
+from tests.integration.stack import run_stack, stack_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ async def test_the_student_moves_towards_a_teacher_served_by_an_inference_endpoi
 
     async def go() -> dict:  # type: ignore[type-arg]
         async with inference_server(teacher) as (teacher_target, teacher_inf):
-            cfg = _config(
+            cfg = stack_config(
                 tmp_path / "run",
                 tiny_model_dir,
                 dataset_path,
@@ -52,7 +52,7 @@ async def test_the_student_moves_towards_a_teacher_served_by_an_inference_endpoi
                 "trainer.optimizer.lr=0.01",
                 "rollout.max_new_tokens=4",
             )
-            out = await _run(cfg, tiny_model_dir, "tests.reward_fns:constant", timeout_s=300)
+            out = await run_stack(cfg, tiny_model_dir, "tests.reward_fns:constant", timeout_s=300)
             out["teacher_requests"] = teacher_inf.requests_served
             return out
 

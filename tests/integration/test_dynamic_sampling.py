@@ -18,7 +18,7 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.trainer.groups import EntryChecks, GroupCollector
 from relayrl.trainer.versions import VersionLineage, VersionSource
 from tests.conftest import RedisServer
-from tests.integration.test_rollout_trainer import _config, _run
+from tests.integration.stack import run_stack, stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,7 @@ async def test_zero_advantage_groups_are_trained_when_dynamic_sampling_is_off(re
 async def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and_the_books_balance(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -123,7 +123,7 @@ async def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and
         "trainer.dynamic_sampling.max_drop_ratio=10",
     )
 
-    out = await _run(cfg, tiny_model_dir, "tests.reward_fns:uniform_for_some_prompts")
+    out = await run_stack(cfg, tiny_model_dir, "tests.reward_fns:uniform_for_some_prompts")
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]

@@ -34,7 +34,7 @@ from relayrl.trainer import learner as learner_module
 from relayrl.trainer.main import serve
 from tests.conftest import RedisServer, free_port
 from tests.integration.helpers import inference_server, reward_server
-from tests.integration.test_rollout_trainer import _config, _run
+from tests.integration.stack import run_stack, stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -143,7 +143,7 @@ async def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with
 ) -> None:
     monkeypatch.setenv("RELAYRL_CONTROL_TOKEN", "c" * 32)
     monkeypatch.setenv("RELAYRL_WEIGHTS_TOKEN", "w" * 32)
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -182,7 +182,7 @@ async def test_a_stop_mid_step_is_honoured_at_the_next_micro_batch_boundary_with
 
     # resume: the abandoned step's groups are trained (or dropped as stale) now, no held group again
     abandoned = set(state["pending"])
-    out = await _run(cfg, tiny_model_dir)
+    out = await run_stack(cfg, tiny_model_dir)
 
     second = [r for r in _trained(cfg) if r["resumed_from_step"] == STOP_STEP - 1]
     again = [g for r in second for g, _ in r["groups"]]

@@ -14,7 +14,7 @@ from relayrl.config import load_run_config
 from relayrl.config.typed import ConfigError
 from relayrl.trainer.in_run_eval import InRunEval
 from tests.conftest import RedisServer
-from tests.integration.test_rollout_trainer import _config, _run
+from tests.integration.stack import run_stack, stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 async def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eval(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -33,7 +33,7 @@ async def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eva
         "trainer.eval.k=2",
     )
 
-    out = await _run(cfg, tiny_model_dir)
+    out = await run_stack(cfg, tiny_model_dir)
 
     lines = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
     evals = [parse_row(r) for r in lines if r.get("phase") == "eval"]

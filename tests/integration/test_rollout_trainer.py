@@ -6,24 +6,18 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.logging import setup_logging
 from relayrl.common.metrics_row import SftRow, parse_row
-from relayrl.common.stream import EpisodeStream
-from relayrl.config import RunConfig, load_run_config
-from relayrl.rollout.clients import RolloutClients
-from relayrl.rollout.producer import RolloutProducer
 from relayrl.trainer.runtime import Trainer
-from relayrl.trainer.server import create_trainer_server
 from tests.conftest import RedisServer
-from tests.integration.helpers import inference_server, reward_server
+from tests.integration.helpers import inference_server
+from tests.integration.stack import run_stack, stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -39,100 +33,6 @@ REQUIRED_METRICS = {
 }
 
 
-def _config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str) -> RunConfig:
-    return load_run_config(
-        None,
-        [
-            f"model.path={model}",
-            f"rollout.dataset={data}",
-            f"redis.url={redis_url}",
-            f"output_dir={tmp}",
-            "trainer.total_steps=4",
-            "trainer.groups_per_step=2",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=3",
-            "trainer.server.port=0",
-            "trainer.checkpoint.every=2",
-            "trainer.linger_s=0",
-            "trainer.sft.batch_size=8",
-            *overrides,
-        ],
-    )
-
-
-async def _run(
-    cfg: RunConfig,
-    model_dir: Path,
-    reward_function: str = "arithmetic",
-    inject: list[dict[bytes, bytes]] | None = None,
-    timeout_s: float = 120,
-) -> dict[str, Any]:
-    """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
-    XADDed to the stream before anything else (not produced by rollout)."""
-    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
-        trainer = Trainer(
-            replace(
-                cfg,
-                inference=replace(
-                    cfg.inference,
-                    server=replace(cfg.inference.server, address=inf_target),
-                    weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
-                ),
-                reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)),
-            )
-        )
-        handle, _ = create_trainer_server(trainer)
-        await handle.start()
-        stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
-        for fields in inject or []:
-            await stream.client.xadd(cfg.redis.stream, fields)  # type: ignore[arg-type]
-        stop = asyncio.Event()
-        try:
-            async with RolloutClients.connect(inf_target, rew_target, f"127.0.0.1:{handle.port}") as clients:
-                producer = RolloutProducer(
-                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
-                )
-                rollout = asyncio.create_task(producer.run(stop))
-                try:
-                    await asyncio.wait_for(trainer.train(), timeout=timeout_s)
-                except BaseException:
-                    stop.set()
-                    await asyncio.wait_for(rollout, timeout=30)
-                    raise
-                await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
-            info = await stream.info()
-            dead = [f[b"reason"].decode() for _, f in await stream.client.xrange(stream.keys.dead_letter, "-", "+")]
-        finally:
-            await handle.stop(0)
-            await trainer.close()
-            await stream.close()
-    rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
-    events.Reload()
-    tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    return {
-        "produced": producer.groups_produced,
-        "trained": trainer.progress.groups_trained,
-        "tensorboard": tensorboard,
-        "dropped": trainer.progress.groups_dropped_stale,
-        "pending": info.pending + info.lag,
-        "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
-        "dropped_zero_advantage": trainer.progress.groups_dropped_zero_advantage,
-        "episodes_dropped_zero_advantage": trainer.progress.episodes_dropped_zero_advantage,
-        "invalid": trainer.progress.groups_invalid,
-        "episodes_invalid": trainer.progress.episodes_invalid,
-        "dead_letters": dead,
-        "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,
-        "episodes_reward_errors": producer.episodes_reward_errors,
-        "length": info.length,
-        "inference_version": inf.engine.version,
-        "rows": [r for r in rows if r.get("phase") != "sft"],
-        "sft_rows": [r for r in rows if r.get("phase") == "sft"],
-    }
-
-
 @pytest.mark.parametrize(("max_staleness", "sft_steps"), [(0, 0), (1, 0), (2, 2)])
 async def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accounted_for(
     tmp_path: Path,
@@ -142,7 +42,7 @@ async def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accoun
     max_staleness: int,
     sft_steps: int,
 ) -> None:
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -151,7 +51,7 @@ async def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accoun
         f"trainer.sft.warmup_steps={sft_steps}",
     )
 
-    out = await _run(cfg, tiny_model_dir)
+    out = await run_stack(cfg, tiny_model_dir)
 
     rows = out["rows"]
     assert [r["sft_step"] for r in out["sft_rows"]] == list(range(1, sft_steps + 1))
@@ -189,7 +89,7 @@ async def test_episodes_flow_to_the_trainer_and_every_produced_episode_is_accoun
 async def test_the_service_trains_with_the_algorithm_registries_a_reference_model_and_packed_rows(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -204,7 +104,7 @@ async def test_the_service_trains_with_the_algorithm_registries_a_reference_mode
         "trainer.micro_batch_tokens=32",
     )
 
-    out = await _run(cfg, tiny_model_dir)
+    out = await run_stack(cfg, tiny_model_dir)
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -217,9 +117,9 @@ async def test_the_service_trains_with_the_algorithm_registries_a_reference_mode
 async def test_episodes_whose_scoring_failed_are_excluded_and_counted_and_their_groups_still_flow(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
 
-    out = await _run(cfg, tiny_model_dir, "tests.reward_fns:flaky")
+    out = await run_stack(cfg, tiny_model_dir, "tests.reward_fns:flaky")
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -242,23 +142,23 @@ async def test_trainer_stops_on_a_failed_score_when_configured_to_fail(
 ) -> None:
     from relayrl.trainer.groups import RewardErrorStop
 
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.on_reward_error=fail")
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.on_reward_error=fail")
 
     with pytest.raises(RewardErrorStop, match=r"status SCORE_STATUS_ERROR: ValueError: .*on_reward_error is fail"):
-        await _run(cfg, tiny_model_dir, "tests.reward_fns:flaky")
+        await run_stack(cfg, tiny_model_dir, "tests.reward_fns:flaky")
 
 
 async def test_trainer_restarted_from_an_older_checkpoint_publishes_greater_versions(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    first = await _run(
-        _config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url, "trainer.checkpoint.keep=5"),
+    first = await run_stack(
+        stack_config(tmp_path / "a", tiny_model_dir, dataset_path, redis_server.url, "trainer.checkpoint.keep=5"),
         tiny_model_dir,
     )
     older = tmp_path / "a" / "checkpoints" / "step_000002" / "model"  # older than the last published version
 
-    second = await _run(
-        _config(tmp_path / "b", older, dataset_path, redis_server.url, "redis.stream=relayrl:episodes:b"), older
+    second = await run_stack(
+        stack_config(tmp_path / "b", older, dataset_path, redis_server.url, "redis.stream=relayrl:episodes:b"), older
     )
 
     published_before = max(r["weight_version"] for r in first["rows"])
@@ -288,7 +188,7 @@ async def test_a_push_applied_but_answered_after_its_deadline_is_a_successful_pu
 
     monkeypatch.setattr(InferenceServicer, "UpdateWeights", late)
     port, weights_port = free_port(), free_port()
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -329,7 +229,7 @@ async def test_restarted_inference_gets_the_trainers_current_weights_again(
     from tests.conftest import free_port
 
     port, weights_port = free_port(), free_port()
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -374,14 +274,14 @@ async def test_restarted_inference_gets_the_trainers_current_weights_again(
 async def test_json_logs_follow_a_group_from_rollout_through_reward_to_the_trainer_by_its_context(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=4")
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=4")
     root, relayrl_logger = logging.getLogger(), logging.getLogger("relayrl")
     saved, level = list(root.handlers), root.level
     log_file = tmp_path / "all.log"
     setup_logging("all", 0, "INFO", log_file=log_file, fmt="json")
     relayrl_logger.setLevel(logging.DEBUG)
     try:  # some verifier calls fail (tests.reward_fns:flaky): each failure is logged by the reward service
-        await _run(cfg, tiny_model_dir, "tests.reward_fns:flaky")
+        await run_stack(cfg, tiny_model_dir, "tests.reward_fns:flaky")
     finally:
         for handler in list(root.handlers):
             root.removeHandler(handler)
@@ -422,7 +322,7 @@ async def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the
     from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
     from relayrl.common.redis_keys import STREAM_FIELD
 
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "rollout.max_staleness=1")
     vocab = int(json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"])
     outside = EpisodeGroup(
         group_id="forged",
@@ -443,7 +343,7 @@ async def test_undecodable_and_invalid_entries_are_dead_lettered_counted_and_the
     )
     injected = [{STREAM_FIELD: b"\xff\xff"}, {STREAM_FIELD: outside.SerializeToString()}]
 
-    out = await _run(cfg, tiny_model_dir, inject=injected)
+    out = await run_stack(cfg, tiny_model_dir, inject=injected)
 
     rows = out["rows"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # the trainer went on

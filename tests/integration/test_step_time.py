@@ -9,7 +9,7 @@ import pytest
 from relayrl.common.metrics_row import TIME_SHARES, RlRow, parse_row, time_shares
 from relayrl.trainer.steptime import PARTS
 from tests.conftest import RedisServer
-from tests.integration.test_rollout_trainer import _config, _run
+from tests.integration.stack import run_stack, stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ PUBLISH_FIELDS = ["time_publish_serialise_s", "time_publish_transfer_s", "time_p
 async def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer, overlap: bool
 ) -> None:
-    cfg = _config(
+    cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
         dataset_path,
@@ -29,7 +29,7 @@ async def test_every_step_row_breaks_its_wall_time_into_parts_that_add_up_to_it(
         f"trainer.publication.overlap={str(overlap).lower()}",
     )
 
-    out = await _run(cfg, tiny_model_dir)
+    out = await run_stack(cfg, tiny_model_dir)
 
     rows = [parse_row(r) for r in out["rows"]]
     assert all(isinstance(r, RlRow) and not r.missing & {"time_wall_s", *PART_FIELDS} for r in rows)

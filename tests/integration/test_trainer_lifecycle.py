@@ -20,7 +20,7 @@ from relayrl.trainer.main import serve
 from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.versions import VersionSource
 from tests.conftest import RedisServer, free_port
-from tests.integration.test_rollout_trainer import _config, _run
+from tests.integration.stack import run_stack, stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +35,10 @@ async def _latest_version(cfg: RunConfig) -> int:
 
 @pytest.fixture
 def finished_run(tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer) -> RunConfig:
-    cfg = _config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.checkpoint.resume=auto")
-    asyncio.run(_run(cfg, tiny_model_dir))
+    cfg = stack_config(
+        tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, "trainer.checkpoint.resume=auto"
+    )
+    asyncio.run(run_stack(cfg, tiny_model_dir))
     return cfg
 
 

@@ -1,0 +1,116 @@
+"""A run's services in the test's own process: inference, reward, the trainer with its gRPC server, and rollout,
+against a real redis-server, until the trainer finishes; what they counted, logged and wrote, for the tests to
+check the books."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from relayrl.common.dataset import PromptCursor, load_jsonl
+from relayrl.common.stream import EpisodeStream
+from relayrl.config import RunConfig, load_run_config
+from relayrl.rollout.clients import RolloutClients
+from relayrl.rollout.producer import RolloutProducer
+from relayrl.trainer.runtime import Trainer
+from relayrl.trainer.server import create_trainer_server
+from tests.integration.helpers import inference_server, reward_server
+
+
+def stack_config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str) -> RunConfig:
+    """A small run's config (4 steps of 2 groups of 4, 3 new tokens, checkpoints every 2 steps) under ``tmp``;
+    ``overrides`` (KEY=VALUE) last."""
+    return load_run_config(
+        None,
+        [
+            f"model.path={model}",
+            f"rollout.dataset={data}",
+            f"redis.url={redis_url}",
+            f"output_dir={tmp}",
+            "trainer.total_steps=4",
+            "trainer.groups_per_step=2",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=3",
+            "trainer.server.port=0",
+            "trainer.checkpoint.every=2",
+            "trainer.linger_s=0",
+            "trainer.sft.batch_size=8",
+            *overrides,
+        ],
+    )
+
+
+async def run_stack(
+    cfg: RunConfig,
+    model_dir: Path,
+    reward_function: str = "arithmetic",
+    inject: list[dict[bytes, bytes]] | None = None,
+    timeout_s: float = 120,
+) -> dict[str, Any]:
+    """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
+    XADDed to the stream before anything else (not produced by rollout)."""
+    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
+        trainer = Trainer(
+            replace(
+                cfg,
+                inference=replace(
+                    cfg.inference,
+                    server=replace(cfg.inference.server, address=inf_target),
+                    weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
+                ),
+                reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)),
+            )
+        )
+        handle, _ = create_trainer_server(trainer)
+        await handle.start()
+        stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+        for fields in inject or []:
+            await stream.client.xadd(cfg.redis.stream, fields)  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        try:
+            async with RolloutClients.connect(inf_target, rew_target, f"127.0.0.1:{handle.port}") as clients:
+                producer = RolloutProducer(
+                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
+                )
+                rollout = asyncio.create_task(producer.run(stop))
+                try:
+                    await asyncio.wait_for(trainer.train(), timeout=timeout_s)
+                except BaseException:
+                    stop.set()
+                    await asyncio.wait_for(rollout, timeout=30)
+                    raise
+                await asyncio.wait_for(rollout, timeout=30)  # rollout ends once the trainer says finished
+            info = await stream.info()
+            dead = [f[b"reason"].decode() for _, f in await stream.client.xrange(stream.keys.dead_letter, "-", "+")]
+        finally:
+            await handle.stop(0)
+            await trainer.close()
+            await stream.close()
+    rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
+    events.Reload()
+    tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return {
+        "produced": producer.groups_produced,
+        "trained": trainer.progress.groups_trained,
+        "tensorboard": tensorboard,
+        "dropped": trainer.progress.groups_dropped_stale,
+        "pending": info.pending + info.lag,
+        "dropped_reward_error": trainer.progress.groups_dropped_reward_error,
+        "dropped_zero_advantage": trainer.progress.groups_dropped_zero_advantage,
+        "episodes_dropped_zero_advantage": trainer.progress.episodes_dropped_zero_advantage,
+        "invalid": trainer.progress.groups_invalid,
+        "episodes_invalid": trainer.progress.episodes_invalid,
+        "dead_letters": dead,
+        "episodes_dropped_reward_error": trainer.progress.episodes_dropped_reward_error,
+        "episodes_reward_errors": producer.episodes_reward_errors,
+        "length": info.length,
+        "inference_version": inf.engine.version,
+        "rows": [r for r in rows if r.get("phase") != "sft"],
+        "sft_rows": [r for r in rows if r.get("phase") == "sft"],
+    }
