@@ -251,23 +251,27 @@ def test_peer_host_drops_the_port(peer: str, host: str) -> None:
     assert peer_host(peer) == host
 
 
+async def _held_open(release: asyncio.Event) -> AsyncIterator[pb.WeightUpdateMessage]:
+    """An authorised update that holds its slot until ``release``, then ends without a manifest (refused)."""
+    await release.wait()
+    return
+    yield
+
+
 async def test_weight_push_refused_while_the_authenticated_budget_is_full_succeeds_by_retrying(
     tiny_model_dir: Path,
 ) -> None:
     async def go() -> tuple[int, int, int]:
         release = asyncio.Event()
 
-        async def held_open() -> AsyncIterator[pb.WeightUpdateMessage]:
-            await release.wait()  # an authorised update that holds the only slot for a while
-            return
-            yield
-
         async with (
             inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service),
             InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=0.05) as client,
         ):
             state = _weights_handle(service).admission.state
-            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60, metadata=AUTH)
+            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(
+                _held_open(release), timeout=60, metadata=AUTH
+            )
             assert await until(lambda: service.weight_streams == 1)
             retries: list[grpc.StatusCode] = []
             push = asyncio.ensure_future(client.update_weights(_update(service, 1), 1, 30, on_retry=retries.append))
@@ -293,16 +297,13 @@ async def test_weight_pushes_refused_at_admission_report_resource_exhausted_neve
     once the server has admitted the call, so every refusal arrives with its own code."""
     release = asyncio.Event()
 
-    async def held_open() -> AsyncIterator[pb.WeightUpdateMessage]:
-        await release.wait()
-        return
-        yield
-
     async with (
         inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service),
         InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=5.0) as client,  # no time to retry
     ):
-        holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60, metadata=AUTH)
+        holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(
+            _held_open(release), timeout=60, metadata=AUTH
+        )
         assert await until(lambda: service.weight_streams == 1)
         messages = _update(service, 1)
         codes = []
@@ -323,16 +324,13 @@ async def test_weight_push_meeting_a_full_budget_until_its_deadline_fails_with_r
     async def go() -> tuple[grpc.StatusCode, str, int, int]:
         release = asyncio.Event()
 
-        async def held_open() -> AsyncIterator[pb.WeightUpdateMessage]:
-            await release.wait()
-            return
-            yield
-
         async with (
             inference_server(tiny_model_dir, weights_limits={"max_authenticated_rpcs": 1}) as (_, service),
             InferenceClient(service.weights_target, token=WEIGHTS_TOKEN, backoff_s=0.05) as client,
         ):
-            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(held_open(), timeout=60, metadata=AUTH)
+            holder = pb_grpc.InferenceServiceStub(client.channel).UpdateWeights(
+                _held_open(release), timeout=60, metadata=AUTH
+            )
             assert await until(lambda: service.weight_streams == 1)
             retries: list[grpc.StatusCode] = []
             with pytest.raises(grpc.aio.AioRpcError) as err:
