@@ -30,6 +30,12 @@ def apply_threads(cfg: ThreadsConfig, service: str) -> tuple[int, int] | None:
     """Set torch's intra-op and inter-op threads from ``cfg`` (0 keeps torch's choice) and log the effective
     counts. Returns them, or None when torch is not loaded (nothing to set). Call before any torch work: inter-op
     threads can be set only once, before inter-op parallel work starts; a later attempt is logged, not fatal."""
+    borrowed = set(getattr(cfg, "borrow_cpus", ()))  # the trainer's (relayrl.trainer.cores), checked before pinning
+    if not borrowed <= os.sched_getaffinity(0):
+        field = f"{service}.threads.borrow_cpus"
+        raise ConfigError(
+            field, sorted(borrowed), f"must be CPUs this process may use: {sorted(os.sched_getaffinity(0))}"
+        )
     pinned = pin_cpus(cfg.cpus, f"{service}.threads.cpus")
     if pinned is not None:
         log.info("%s runs on CPUs %s", service, ",".join(map(str, sorted(pinned))))
@@ -54,14 +60,14 @@ def apply_threads(cfg: ThreadsConfig, service: str) -> tuple[int, int] | None:
     return counts
 
 
-def pin_cpus(cpus: Sequence[int], field: str, pid: int | None = None) -> set[int] | None:
+def pin_cpus(cpus: Sequence[int], field: str, pid: int | None = None, check: bool = True) -> set[int] | None:
     """Run every thread of this process (or of process ``pid``), and each thread or child process it starts later,
-    on ``cpus`` only; empty: nothing changes (None). A CPU this process may not use is a :class:`ConfigError`
-    naming ``field``."""
+    on ``cpus`` only; empty: nothing changes (None). A CPU this process may not use now is a :class:`ConfigError`
+    naming ``field``, unless ``check`` is false (a pinned process widening itself again: checked at start-up)."""
     if not cpus:
         return None
     wanted, usable = set(cpus), os.sched_getaffinity(0)
-    if not wanted <= usable:
+    if check and not wanted <= usable:
         raise ConfigError(field, list(cpus), f"must be CPUs this process may use: {sorted(usable)}")
     # sched_setaffinity of a pid pins that one thread only
     for tid in os.listdir(f"/proc/{'self' if pid is None else pid}/task"):

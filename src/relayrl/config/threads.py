@@ -57,3 +57,49 @@ class ThreadsConfig:
                 raise ConfigError(f"cpus[{i}]", cpu, f"must be a CPU id in [0, {MAX_CPU}]")
         if len(set(self.cpus)) != len(self.cpus):
             raise ConfigError("cpus", self.cpus, "must not repeat a CPU")
+
+
+@dataclass
+class TrainerThreadsConfig(ThreadsConfig):
+    """The trainer's thread budget, and the cores it borrows while generation has nothing to do.
+
+    With ``borrow_cpus`` set, once a step's forward and backward took at least ``borrow_min_compute_s``, rank 0 of a
+    one-rank trainer asks inference for its status every ``borrow_poll_s``; while inference runs and queues no
+    request (rollout has filled the staleness window, or the run waits for the trainer), the trainer runs on
+    ``cpus`` and ``borrow_cpus`` with one more intra-op thread per borrowed core, and gives them back as soon as a
+    request runs again. It switches between decoder layers, in the forward and the backward pass
+    (relayrl.trainer.cores). ``relayrl run`` sets it to the generation cores when it pins the services itself (see
+    ``cpus``)."""
+
+    borrow_cpus: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "CPU ids the trainer also runs on while inference is idle (one more intra-op thread each); "
+            "empty: never borrows. Needs cpus and intra_op set and distributed.world_size 1; relayrl run fills "
+            "it with the generation cores when it pins the services itself."
+        },
+    )
+    borrow_min_compute_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "Borrow only after a step whose forward and backward took at least this long (seconds): on a "
+            "short step, switching costs more than the borrowed core gives.",
+            "ge": 0,
+        },
+    )
+    borrow_poll_s: float = field(
+        default=0.2,
+        metadata={"help": "How often the trainer asks inference whether it is idle, with borrow_cpus.", "gt": 0},
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        for i, cpu in enumerate(self.borrow_cpus):
+            if not 0 <= cpu <= MAX_CPU:
+                raise ConfigError(f"borrow_cpus[{i}]", cpu, f"must be a CPU id in [0, {MAX_CPU}]")
+        if not self.borrow_cpus:
+            return
+        if len(set(self.borrow_cpus)) != len(self.borrow_cpus) or set(self.borrow_cpus) & set(self.cpus):
+            raise ConfigError("borrow_cpus", self.borrow_cpus, "must not repeat a CPU nor name one of cpus")
+        if not self.cpus or not self.intra_op:
+            raise ConfigError("borrow_cpus", self.borrow_cpus, "needs cpus and intra_op set (the trainer's own share)")

@@ -19,7 +19,7 @@ from relayrl.config.evaluation import InRunEvalConfig
 from relayrl.config.loss import AdvantageEstimator, DynamicSamplingConfig, LossConfig, PolicyLoss, TeacherConfig
 from relayrl.config.optimizer import OptimizerConfig
 from relayrl.config.publication import PublicationConfig
-from relayrl.config.threads import ThreadsConfig
+from relayrl.config.threads import TrainerThreadsConfig
 from relayrl.config.typed import ConfigError
 
 FLAT_KEYS_REMOVED_IN = "0.3"  # the release that stops accepting the flat keys of MOVED_FIELDS
@@ -271,9 +271,12 @@ class TrainerConfig:
             "weights."
         },
     )
-    threads: ThreadsConfig = field(
-        default_factory=ThreadsConfig,
-        metadata={"help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic)."},
+    threads: TrainerThreadsConfig = field(
+        default_factory=TrainerThreadsConfig,
+        metadata={
+            "help": "Thread budget of this service (torch intra-op and inter-op threads; 0: automatic), and the "
+            "cores it borrows while inference is idle."
+        },
     )
     http: HttpConfig = field(
         default_factory=lambda: http_config(8004),
@@ -292,6 +295,10 @@ class TrainerConfig:
                 "distributed.world_size",
                 d.world_size,
                 f"must equal dp_replicate ({replicate}) x dp_shard ({d.dp_shard}) x tp ({d.tp}) x cp ({d.cp})",
+            )
+        if self.threads.borrow_cpus and d.world_size > 1:
+            raise ConfigError(
+                "threads.borrow_cpus", self.threads.borrow_cpus, "needs distributed.world_size 1 (one rank borrows)"
             )
         if self.groups_per_step % self.distributed.world_size:
             raise ConfigError(

@@ -39,7 +39,9 @@ def with_thread_budget(cfg: RunConfig, cores: Sequence[int]) -> RunConfig:
     """``cfg`` with every automatic (0) thread count of reward, inference, trainer and rollout resolved by
     :func:`relayrl.common.threads.automatic_division` of ``cores`` (usable CPU ids; inter-op: 1); set counts stay.
     When inference's and the trainer's counts are both automatic and no service names its ``cpus``, the services
-    are also pinned by :func:`relayrl.common.threads.automatic_cpus` (the trainer's cores apart from generation's)."""
+    are also pinned by :func:`relayrl.common.threads.automatic_cpus` (the trainer's cores apart from
+    generation's), and a one-rank trainer borrows generation's cores while inference is idle
+    (``trainer.threads.borrow_cpus``)."""
     ranks = cfg.trainer.distributed.world_size
     auto = automatic_division(len(cores), ranks)
     sections = {name: getattr(cfg, name) for name in SERVICE_ORDER}
@@ -55,6 +57,10 @@ def with_thread_budget(cfg: RunConfig, cores: Sequence[int]) -> RunConfig:
             cpus=list(cpus[name]),
         )
         sections[name] = replace(section, threads=threads)
+    trainer = sections["trainer"]
+    if divided and ranks == 1 and cpus["trainer"] and not trainer.threads.borrow_cpus:
+        # generation's cores, for the trainer while inference is idle (relayrl.trainer.cores)
+        sections["trainer"] = replace(trainer, threads=replace(trainer.threads, borrow_cpus=list(cpus["inference"])))
     return replace(cfg, **sections)
 
 

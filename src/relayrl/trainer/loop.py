@@ -57,6 +57,7 @@ class TrainingLoop:
         self._prefetch: asyncio.Task[StepBatch] | None = None
         self._generating_s: float | None = None  # of the step's data wait, the part before its batch was generated
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
+        self.compute_s = 0.0  # the last step's forward and backward
         self.longest = Longest()  # this rank's longest step, push and checkpoint: its graceful stop's deadline
         self.audit = TrainedAudit(cfg.output_dir, coll.rank, cfg.trainer.dump_episodes, parts.resumed_from)
         # rank 0: held-out evaluation every trainer.eval.every_steps, beside training (relayrl.trainer.in_run_eval)
@@ -202,6 +203,7 @@ class TrainingLoop:
                 books.cancel()
             raise
         clock.add("fwd_bwd", stats.fwd_bwd_s)
+        self.compute_s = stats.fwd_bwd_s  # whether borrowing generation's cores is worth it (relayrl.trainer.cores)
         clock.add("optimizer", stats.optimizer_s)
         with clock.part("metrics"):
             for entry in batch.entries:

@@ -119,6 +119,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     train = asyncio.create_task(trainer.train())
     watchdog = asyncio.create_task(trainer.watch_inference()) if coll.rank == 0 else None
     stopper = asyncio.create_task(stop.wait())
+    borrower = asyncio.create_task(trainer.borrow_idle_cores()) if coll.rank == 0 else None
     try:
         await asyncio.wait({train, stopper} | ({watchdog} if watchdog else set()), return_when=asyncio.FIRST_COMPLETED)
         if watchdog is not None and watchdog.done() and not train.done():
@@ -148,6 +149,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
             await _stop_training(trainer, train, force)
     finally:
         stopper.cancel()
+        if borrower is not None:
+            borrower.cancel()
         if watchdog is not None:
             watchdog.cancel()
         if http is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from relayrl.client import InferenceClient
 from relayrl.common import books
 from relayrl.common.control import redacted
 from relayrl.common.model import load_model, load_tokenizer
@@ -32,6 +33,7 @@ from relayrl.trainer.batching import packing_error
 from relayrl.trainer.checkpoint import load_trainer_state, resume_point
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.cores import CoreLoan, watch_inference_idle
 from relayrl.trainer.dcp_checkpoint import load_state
 from relayrl.trainer.groups import EntryChecks, GroupCollector, consumer_name
 from relayrl.trainer.learner import Learner
@@ -97,6 +99,10 @@ class Trainer:
         )
         if tc.micro_batch_layout is MicroBatchLayout.PACKED:
             check_packing(self.model, self.device)
+        self.cores = CoreLoan.of(tc.threads)  # generation's cores, borrowed while inference is idle
+        if self.cores is not None:
+            layers = self.cores.hook(self.model)
+            log.info("borrows CPUs %s while inference is idle (switching at %d layers)", tc.threads.borrow_cpus, layers)
         self.header = StatusHeader("trainer")
         self.progress = TrainerProgress()
         already_done, resumed_version = self._restore()
@@ -261,6 +267,21 @@ class Trainer:
         """Rank 0: re-push the current weights to an inference that serves older ones (see publication)."""
         await watch_inference(self.publication, lambda: self.progress.step, lambda: self.progress.finished, interval_s)
 
+    async def borrow_idle_cores(self) -> None:
+        """Rank 0 with trainer.threads.borrow_cpus: follow inference's load (relayrl.trainer.cores)."""
+        if self.cores is None:
+            return
+        cfg = self.cfg
+        async with InferenceClient(cfg.inference.server.target, timeout_s=2.0, retries=0, tls=cfg.tls) as inference:
+            threads = cfg.trainer.threads
+            await watch_inference_idle(
+                self.cores,
+                inference.status,
+                threads.borrow_poll_s,
+                lambda: self.progress.finished,
+                lambda: self.loop.compute_s >= threads.borrow_min_compute_s,
+            )
+
     def request_checkpoint(self) -> int:
         """Rank 0: checkpoint after the next step (every rank learns it with that step's version)."""
         self.checkpoints.requested = True
@@ -284,6 +305,8 @@ class Trainer:
         )
 
     async def close(self) -> None:
+        if self.cores is not None:
+            log.info("borrowed generation's CPUs %d times, for %.1fs", self.cores.borrows, self.cores.borrowed_s)
         await self.publication.abandon()  # a push still in flight after an error or a stop
         self.loop.close()
         if self.tracker is not None:
