@@ -22,8 +22,8 @@ the seeds and the ratios of those means. One run per system says little about th
 over several hundredths between seeds, relayrl's also between runs of one seed (its asynchrony decides which
 weights generate which group).
 
-    python bench/vs_trl.py [--task quickstart|sequence|sequence32] [--steps N] [--out runs/vs_trl] [--set k=v ...]
-                           [--seeds 0,1,2] [--skip-trl] [--skip-relayrl]
+    python bench/vs_trl.py [--task quickstart|sequence|sequence32|smollm2-lora] [--steps N] [--out runs/vs_trl]
+                           [--set k=v ...] [--seeds 0,1,2] [--skip-trl] [--skip-relayrl]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Task:
     steps: int  # default optimizer steps
     max_reward: float = 1.0
     dataset_maker: str = ""  # "module:function(path)" that writes the dataset when it is missing
+    model_dir: str = ""  # a pretrained model both load (relative to the repository); empty: built from ``model``
 
 
 TASKS = {
@@ -76,6 +77,14 @@ TASKS = {
         steps=100,
         dataset_maker="relayrl.tasks.sequence:make_long_dataset",
     ),
+    # the packaged SmolLM2-135M-Instruct (make example-model), LoRA r16 and its chat template on both sides
+    "smollm2-lora": Task(
+        "examples/smollm2_lora.yaml",
+        {},
+        steps=20,
+        dataset_maker="relayrl.tasks.chat_addition:make_train_split",
+        model_dir="models/smollm2-135m-instruct",
+    ),
 }
 
 
@@ -89,8 +98,10 @@ def relayrl_step_rows(metrics: Path) -> list[StepRow]:
 
 
 def run_overrides(task: Task, model_dir: Path, steps: int, user: list[str]) -> list[str]:
-    """The overrides the bench applies to the task's config (the user's last, so they win)."""
-    return [f"model.path={model_dir}", f"trainer.total_steps={steps}", "trainer.checkpoint.every=0", *user]
+    """The overrides the bench applies to the task's config (the user's last, so they win): no checkpoints and no
+    in-run evaluation (TRL's timed run has neither)."""
+    fixed = [f"model.path={model_dir}", f"trainer.total_steps={steps}", "trainer.checkpoint.every=0"]
+    return [*fixed, "trainer.eval.every_steps=0", *user]
 
 
 def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
@@ -155,11 +166,26 @@ def trl_kwargs(cfg: RunConfig, steps: int, output_dir: Path) -> dict[str, Any]:
     }
 
 
+def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
+    """peft ``LoraConfig`` arguments of the run's adapter (None: relayrl trains every weight)."""
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return None
+    return {
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": lora.target_modules,
+    }
+
+
 def ensure_inputs(task: Task, cfg_path: Path, model_dir: Path) -> None:
     """The random-init model (made once, reused by both systems) and the dataset."""
     from relayrl.config.typed import from_dict
     from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 
+    if task.model_dir and not (model_dir / "config.json").exists():
+        raise SystemExit(f"{model_dir} does not exist: make example-model")
     if not (model_dir / "config.json").exists():
         create_tiny_model(model_dir, from_dict(TinyModelConfig, dict(task.model)))
     dataset = REPO / load_run_config(cfg_path).rollout.dataset
@@ -194,6 +220,8 @@ def run_trl(cfg: RunConfig, steps: int, model_dir: Path, out: Path, max_reward: 
         "model": str(model_dir),
         "dataset": str(REPO / cfg.rollout.dataset),
         "reward": cfg.reward.function,
+        "reward_params": cfg.reward.params,
+        "lora": lora_kwargs(cfg),
         "rows": str(out / "rows.jsonl"),
         "kwargs": trl_kwargs(cfg, steps, out / "trainer"),
     }
@@ -265,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     task = TASKS[args.task]
     steps = args.steps or task.steps
     out = (args.out / args.task).resolve()
-    model_dir = out / "model"
+    model_dir = REPO / task.model_dir if task.model_dir else out / "model"
     cfg_path = REPO / task.config
     ensure_inputs(task, cfg_path, model_dir)
     overrides = run_overrides(task, model_dir, steps, args.overrides)

@@ -26,12 +26,28 @@ def rows(lo: int = 10, hi: int = 99) -> list[dict[str, object]]:
     ]
 
 
-def make_chat_dataset(train: Path, heldout: Path, heldout_rows: int = 200, seed: int = 0) -> tuple[int, int]:
-    """Write a shuffled train split and a disjoint held-out split of ``heldout_rows`` questions; the counts."""
+def split(heldout_rows: int = 200, seed: int = 0) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """(train, held-out): every question shuffled by ``seed``, the first ``heldout_rows`` held out."""
     everything = rows()
     random.Random(seed).shuffle(everything)
-    splits = ((heldout, everything[:heldout_rows]), (train, everything[heldout_rows:]))
-    for path, part in splits:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in part))
-    return len(everything) - heldout_rows, heldout_rows
+    return everything[heldout_rows:], everything[:heldout_rows]
+
+
+def _write(path: Path, part: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in part))
+
+
+def make_chat_dataset(train: Path, heldout: Path, heldout_rows: int = 200, seed: int = 0) -> tuple[int, int]:
+    """Write a shuffled train split and a disjoint held-out split of ``heldout_rows`` questions; the counts."""
+    train_rows, held_rows = split(heldout_rows, seed)
+    _write(heldout, held_rows)
+    _write(train, train_rows)
+    return len(train_rows), len(held_rows)
+
+
+def make_train_split(train: Path) -> int:
+    """The train split alone, as ``relayrl make-dataset --task chat-addition`` writes it (default seed and size)."""
+    train_rows, _ = split()
+    _write(train, train_rows)
+    return len(train_rows)
