@@ -233,3 +233,24 @@ def test_without_trl_installed_the_harness_stops_with_the_install_command(
         vs.run_trl(cfg, 10, tmp_path / "model", tmp_path / "trl", 1.0)
 
     assert not (tmp_path / "trl").exists()  # stopped before writing anything
+
+
+def test_the_smollm2_task_gives_trl_relayrls_adapter_and_its_configured_verifier_on_conversations(
+    tmp_path: Path,
+) -> None:
+    trl_grpo = load_bench("trl_grpo")
+    spec = vs.TASKS["smollm2-lora"]
+    cfg = load_run_config(REPO / spec.config, vs.run_overrides(spec, tmp_path / "model", 10, []))
+    lora = cfg.model.lora
+
+    assert vs.lora_kwargs(cfg) == {
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": lora.target_modules,
+    }
+    assert cfg.trainer.eval.every_steps == 0  # no in-run evaluation in a timed run
+    score = trl_grpo.load_reward(cfg.reward.function, params=cfg.reward.params)
+    prompt = [{"role": "user", "content": "What is 12 + 30?"}]
+    completions = [[{"role": "assistant", "content": "12 + 30 = 42"}], [{"role": "assistant", "content": "41"}]]
+    assert score([prompt, prompt], completions, ["42", "42"]) == [1.0, 0.0]
