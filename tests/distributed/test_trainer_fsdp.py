@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -75,7 +74,7 @@ def _config(
 async def _train(cfg: RunConfig, rank: int, model_dir: Path) -> None:
     from relayrl.trainer.collectives import Collectives
     from relayrl.trainer.runtime import Trainer
-    from tests.integration.helpers import inference_server
+    from tests.integration.helpers import inference_server, with_services
 
     coll = Collectives(dist.group.WORLD, 60.0, group_name="world")
     if rank != 0:  # only rank 0 publishes
@@ -86,14 +85,7 @@ async def _train(cfg: RunConfig, rank: int, model_dir: Path) -> None:
             await trainer.close()
         return
     async with inference_server(model_dir, weights_dir=cfg.weights_dir) as (target, inf):
-        cfg = replace(
-            cfg,
-            inference=replace(
-                cfg.inference,
-                server=replace(cfg.inference.server, address=target),
-                weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
-            ),
-        )
+        cfg = with_services(cfg, target, inf.weights_target)
         trainer = Trainer(cfg, coll)
         try:
             await trainer.train()

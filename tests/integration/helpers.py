@@ -14,6 +14,7 @@ import torch
 from relayrl.common.grpc_utils import ServerHandle
 from relayrl.common.http import HttpServer
 from relayrl.common.model import load_model, load_tokenizer
+from relayrl.config import RunConfig
 from relayrl.config.control import ControlConfig
 from relayrl.config.inference import InferenceConfig
 from relayrl.config.model import ModelConfig
@@ -89,6 +90,18 @@ async def inference_server(
         await handle.stop(0)
         await weights.stop(0)
         engine.close()
+
+
+def with_services(cfg: RunConfig, inference: str = "", weights: str = "", reward: str = "") -> RunConfig:
+    """``cfg`` pointed at a test's own servers: inference's gRPC and weights targets and reward's (each only when
+    given)."""
+    inf = cfg.inference
+    if inference:
+        inf = replace(inf, server=replace(inf.server, address=inference))
+    if weights:
+        inf = replace(inf, weights_server=replace(inf.weights_server, address=weights))
+    rew = replace(cfg.reward, server=replace(cfg.reward.server, address=reward)) if reward else cfg.reward
+    return replace(cfg, inference=inf, reward=rew)
 
 
 def function_spec(function: str | Callable[..., object]) -> str:

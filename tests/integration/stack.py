@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.producer import RolloutProducer
 from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.server import create_trainer_server
-from tests.integration.helpers import inference_server, reward_server
+from tests.integration.helpers import inference_server, reward_server, with_services
 
 
 def stack_config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides: str) -> RunConfig:
@@ -53,17 +52,7 @@ async def run_stack(
     """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
     XADDed to the stream before anything else (not produced by rollout)."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
-        trainer = Trainer(
-            replace(
-                cfg,
-                inference=replace(
-                    cfg.inference,
-                    server=replace(cfg.inference.server, address=inf_target),
-                    weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
-                ),
-                reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)),
-            )
-        )
+        trainer = Trainer(with_services(cfg, inf_target, inf.weights_target, rew_target))
         handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)

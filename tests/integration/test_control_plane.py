@@ -28,7 +28,7 @@ from relayrl.tasks.arithmetic import reward
 from relayrl.trainer.runtime import Trainer
 from relayrl.trainer.server import create_trainer_server
 from tests.conftest import RedisServer
-from tests.integration.helpers import inference_server, reward_server
+from tests.integration.helpers import inference_server, reward_server, with_services
 from tests.integration.stack import stack_config
 from tests.polling import until
 
@@ -119,16 +119,7 @@ async def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token
 
     async def go() -> None:
         async with inference_server(tiny_model_dir) as (inf_target, inf), reward_server(reward) as (rew_target, _):
-            trainer = Trainer(
-                replace(
-                    cfg,
-                    inference=replace(
-                        cfg.inference,
-                        server=replace(cfg.inference.server, address=inf_target),
-                        weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
-                    ),
-                )
-            )
+            trainer = Trainer(with_services(cfg, inf_target, inf.weights_target))
             t_handle, t_servicer = create_trainer_server(trainer)
             t_http = HttpServer(t_servicer.http_app(), http, "trainer")
             await t_handle.start()

@@ -16,7 +16,6 @@ import os
 import signal
 import threading
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from relayrl.rollout.producer import RolloutProducer
 from relayrl.trainer import learner as learner_module
 from relayrl.trainer.main import serve
 from tests.conftest import RedisServer, free_port
-from tests.integration.helpers import inference_server, reward_server
+from tests.integration.helpers import inference_server, reward_server, with_services
 from tests.integration.stack import run_stack, stack_config
 
 pytestmark = pytest.mark.integration
@@ -73,15 +72,7 @@ def _stop_mid_step(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 async def _serve_until_stopped(cfg: RunConfig, model_dir: Path) -> None:
     """serve() the trainer with real inference, reward and rollout until the SIGTERM of the hook ends it."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server("arithmetic") as (rew_target, _):
-        cfg = replace(
-            cfg,
-            inference=replace(
-                cfg.inference,
-                server=replace(cfg.inference.server, address=inf_target),
-                weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
-            ),
-            reward=replace(cfg.reward, server=replace(cfg.reward.server, address=rew_target)),
-        )
+        cfg = with_services(cfg, inf_target, inf.weights_target, rew_target)
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
         stop = asyncio.Event()
         trainer = asyncio.create_task(serve(cfg))

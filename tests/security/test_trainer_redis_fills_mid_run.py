@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from relayrl.config import RunConfig
 from relayrl.trainer.metrics import trainer_metrics
 from relayrl.trainer.runtime import Trainer
 from tests.conftest import RedisServer
-from tests.integration.helpers import inference_server
+from tests.integration.helpers import inference_server, with_services
 from tests.integration.stack import stack_config
 from tests.polling import until
 from tests.security.test_bad_episodes import GARBAGE, _group
@@ -41,16 +40,7 @@ async def _fill_mid_run(cfg: RunConfig, model_dir: Path, admin: redis.Redis) -> 
     keys = RedisKeys.from_config(cfg.redis)
     stream_key = keys.stream
     async with inference_server(model_dir) as (target, inf):
-        trainer = Trainer(
-            replace(
-                cfg,
-                inference=replace(
-                    cfg.inference,
-                    server=replace(cfg.inference.server, address=target),
-                    weights_server=replace(cfg.inference.weights_server, address=inf.weights_target),
-                ),
-            )
-        )
+        trainer = Trainer(with_services(cfg, target, inf.weights_target))
         metrics = trainer_metrics(trainer)
         for payload in _groups("g0", "g1", version=1):  # the initial weights get version 1
             admin.xadd(stream_key, {STREAM_FIELD: payload})

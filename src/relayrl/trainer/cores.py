@@ -37,7 +37,7 @@ class CoreLoan:
         self.wanted = False  # set by the watcher (the event loop's thread)
         self.held = False  # what the computing thread applied
         self.borrows = 0  # times the cores were borrowed
-        self.borrowed_s = 0.0  # seconds they were held, up to the last return
+        self.borrowed_s = 0.0  # seconds they were held, up to the last return (held_s: up to now)
         self._since = 0.0
         self._lock = threading.Lock()  # several threads may compute (a step, the in-run evaluation's scoring)
         self._local = threading.local()  # the intra-op count set in each thread
@@ -45,6 +45,10 @@ class CoreLoan:
     @classmethod
     def of(cls, cfg: TrainerThreadsConfig) -> CoreLoan | None:
         return cls(cfg.cpus, cfg.borrow_cpus, cfg.intra_op) if cfg.borrow_cpus else None
+
+    def held_s(self) -> float:
+        """Seconds the borrowed cores were held, a loan still running included."""
+        return self.borrowed_s + (time.monotonic() - self._since if self.held else 0.0)
 
     def want(self, wide: bool) -> None:
         self.wanted = wide

@@ -306,7 +306,7 @@ class Trainer:
 
     async def close(self) -> None:
         if self.cores is not None:
-            log.info("borrowed generation's CPUs %d times, for %.1fs", self.cores.borrows, self.cores.borrowed_s)
+            log.info("borrowed generation's CPUs %d times, for %.1fs", self.cores.borrows, self.cores.held_s())
         await self.publication.abandon()  # a push still in flight after an error or a stop
         self.loop.close()
         if self.tracker is not None:

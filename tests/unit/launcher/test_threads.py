@@ -14,7 +14,7 @@ import torch
 
 from relayrl.common.threads import apply_threads, automatic_cpus, automatic_division, pin_cpus, thread_env
 from relayrl.config import load_run_config
-from relayrl.config.threads import ThreadsConfig
+from relayrl.config.threads import ThreadsConfig, TrainerThreadsConfig
 from relayrl.config.typed import ConfigError
 
 
@@ -37,7 +37,8 @@ def test_launcher_resolves_automatic_counts_and_keeps_the_ones_set() -> None:
     resolved = with_thread_budget(cfg, cores=range(8))
 
     assert resolved.inference.threads == ThreadsConfig(intra_op=4, interop=1)
-    assert resolved.trainer.threads == ThreadsConfig(intra_op=3, interop=1)  # a count set: nothing is pinned
+    # a count set: nothing is pinned, nothing borrowed
+    assert resolved.trainer.threads == TrainerThreadsConfig(intra_op=3, interop=1)
     assert resolved.reward.threads.intra_op == resolved.rollout.threads.intra_op == 1
     assert thread_env(3) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"} and thread_env(0) == {}
 
@@ -96,7 +97,7 @@ def test_a_pinned_service_runs_every_thread_it_had_and_starts_on_its_cpus() -> N
     code = (
         "import json, os, threading\n"
         "from relayrl.common.threads import apply_threads\n"
-        "from relayrl.config.threads import ThreadsConfig\n"
+        "from relayrl.config.threads import ThreadsConfig, TrainerThreadsConfig\n"
         "ready, stop, seen = threading.Event(), threading.Event(), {}\n"
         "def early():\n"
         "    ready.set(); stop.wait(); seen['early'] = sorted(os.sched_getaffinity(0))\n"
@@ -135,7 +136,7 @@ def test_a_fresh_process_started_with_the_launchers_environment_runs_the_budget(
     code = (
         "import json, os, torch\n"
         "from relayrl.common.threads import apply_threads\n"
-        "from relayrl.config.threads import ThreadsConfig\n"
+        "from relayrl.config.threads import ThreadsConfig, TrainerThreadsConfig\n"
         "print(json.dumps([torch.get_num_threads(), apply_threads(ThreadsConfig(2, 3), 'inference')]))\n"
     )
     env = {"PATH": "/usr/bin:/bin", **thread_env(2)}

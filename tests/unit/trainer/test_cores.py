@@ -42,7 +42,7 @@ loan.want(True)  # inference fell idle during the forward
 loss.backward()
 loan.want(False)  # a request arrived
 model(torch.randint(0, 64, (2, 8)))
-print(json.dumps({"layers": layers, "cpus": [a, b], "borrows": loan.borrows, "held_s": loan.borrowed_s,
+print(json.dumps({"layers": layers, "cpus": [a, b], "borrows": loan.borrows, "held_s": loan.held_s(),
                   "after": [torch.get_num_threads(), sorted(os.sched_getaffinity(0))], **seen}))
 """
 
