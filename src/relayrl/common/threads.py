@@ -30,12 +30,8 @@ def apply_threads(cfg: ThreadsConfig, service: str) -> tuple[int, int] | None:
     """Set torch's intra-op and inter-op threads from ``cfg`` (0 keeps torch's choice) and log the effective
     counts. Returns them, or None when torch is not loaded (nothing to set). Call before any torch work: inter-op
     threads can be set only once, before inter-op parallel work starts; a later attempt is logged, not fatal."""
-    borrowed = set(getattr(cfg, "borrow_cpus", ()))  # the trainer's (relayrl.trainer.cores), checked before pinning
-    if not borrowed <= os.sched_getaffinity(0):
-        field = f"{service}.threads.borrow_cpus"
-        raise ConfigError(
-            field, sorted(borrowed), f"must be CPUs this process may use: {sorted(os.sched_getaffinity(0))}"
-        )
+    # the trainer's borrowed cores (relayrl.trainer.cores), checked before pinning narrows what the process may use
+    require_usable(getattr(cfg, "borrow_cpus", []), f"{service}.threads.borrow_cpus")
     pinned = pin_cpus(cfg.cpus, f"{service}.threads.cpus")
     if pinned is not None:
         log.info("%s runs on CPUs %s", service, ",".join(map(str, sorted(pinned))))
@@ -66,9 +62,9 @@ def pin_cpus(cpus: Sequence[int], field: str, pid: int | None = None, check: boo
     naming ``field``, unless ``check`` is false (a pinned process widening itself again: checked at start-up)."""
     if not cpus:
         return None
-    wanted, usable = set(cpus), os.sched_getaffinity(0)
-    if check and not wanted <= usable:
-        raise ConfigError(field, list(cpus), f"must be CPUs this process may use: {sorted(usable)}")
+    if check:
+        require_usable(cpus, field)
+    wanted = set(cpus)
     # sched_setaffinity of a pid pins that one thread only
     for tid in os.listdir(f"/proc/{'self' if pid is None else pid}/task"):
         try:
@@ -76,6 +72,13 @@ def pin_cpus(cpus: Sequence[int], field: str, pid: int | None = None, check: boo
         except ProcessLookupError:  # the thread ended meanwhile
             continue
     return wanted
+
+
+def require_usable(cpus: Sequence[int], field: str) -> None:
+    """A CPU this process may not use now is a :class:`ConfigError` naming ``field``."""
+    usable = os.sched_getaffinity(0)
+    if not set(cpus) <= usable:
+        raise ConfigError(field, list(cpus), f"must be CPUs this process may use: {sorted(usable)}")
 
 
 def automatic_cpus(cores: Sequence[int], trainer_ranks: int = 1) -> dict[str, list[int]]:

@@ -11,6 +11,15 @@ MAX_THREADS = 1024
 MAX_CPU = 8191  # the highest CPU id Linux's default cpu set size (8192) can name
 
 
+def check_cpu_ids(name: str, cpus: list[int]) -> None:
+    """Each a CPU id Linux can name, none repeated (ConfigError naming ``name``)."""
+    for i, cpu in enumerate(cpus):
+        if not 0 <= cpu <= MAX_CPU:
+            raise ConfigError(f"{name}[{i}]", cpu, f"must be a CPU id in [0, {MAX_CPU}]")
+    if len(set(cpus)) != len(cpus):
+        raise ConfigError(name, cpus, "must not repeat a CPU")
+
+
 @dataclass
 class ThreadsConfig:
     """How many CPU threads a service's torch may use (0: automatic), and on which CPUs the service runs.
@@ -52,11 +61,7 @@ class ThreadsConfig:
     )
 
     def validate(self) -> None:
-        for i, cpu in enumerate(self.cpus):
-            if not 0 <= cpu <= MAX_CPU:
-                raise ConfigError(f"cpus[{i}]", cpu, f"must be a CPU id in [0, {MAX_CPU}]")
-        if len(set(self.cpus)) != len(self.cpus):
-            raise ConfigError("cpus", self.cpus, "must not repeat a CPU")
+        check_cpu_ids("cpus", self.cpus)
 
 
 @dataclass
@@ -94,12 +99,10 @@ class TrainerThreadsConfig(ThreadsConfig):
 
     def validate(self) -> None:
         super().validate()
-        for i, cpu in enumerate(self.borrow_cpus):
-            if not 0 <= cpu <= MAX_CPU:
-                raise ConfigError(f"borrow_cpus[{i}]", cpu, f"must be a CPU id in [0, {MAX_CPU}]")
+        check_cpu_ids("borrow_cpus", self.borrow_cpus)
         if not self.borrow_cpus:
             return
-        if len(set(self.borrow_cpus)) != len(self.borrow_cpus) or set(self.borrow_cpus) & set(self.cpus):
-            raise ConfigError("borrow_cpus", self.borrow_cpus, "must not repeat a CPU nor name one of cpus")
+        if set(self.borrow_cpus) & set(self.cpus):
+            raise ConfigError("borrow_cpus", self.borrow_cpus, "must not name one of cpus")
         if not self.cpus or not self.intra_op:
             raise ConfigError("borrow_cpus", self.borrow_cpus, "needs cpus and intra_op set (the trainer's own share)")

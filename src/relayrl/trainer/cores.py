@@ -5,10 +5,9 @@ shares its core with generation. But generation stops whenever rollout has fille
 trainer publishes the next version), and then its cores idle while the trainer computes. :class:`CoreLoan` lets
 the trainer use them meanwhile: :func:`watch_inference_idle` asks inference for its status every ``borrow_poll_s``
 and marks the cores wanted while no request runs or waits; the compute thread applies the change at the next
-decoder layer, in the forward or the backward pass (:meth:`CoreLoan.hook`), and at each micro-batch
-(:meth:`CoreLoan.apply`): it pins the process to its own and the borrowed cores and raises torch's intra-op
-threads by one per borrowed core, or back. torch's thread count is per OS thread under OpenMP, so only the thread
-that computes may change it.
+decoder layer, in the forward or the backward pass (:meth:`CoreLoan.hook`): it pins the process to its own and the
+borrowed cores and raises torch's intra-op threads by one per borrowed core, or back. torch's thread count is per
+OS thread under OpenMP, so only the thread that computes may change it.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ class CoreLoan:
         self.borrows = 0  # times the cores were borrowed
         self.borrowed_s = 0.0  # seconds they were held, up to the last return (held_s: up to now)
         self._since = 0.0
-        self._lock = threading.Lock()  # several threads may compute (a step, the in-run evaluation's scoring)
+        self._lock = threading.Lock()  # several threads may compute (a step, the publication's probe)
         self._local = threading.local()  # the intra-op count set in each thread
 
     @classmethod
@@ -77,11 +76,10 @@ class CoreLoan:
         self.held = wide
 
     def hook(self, model: torch.nn.Module) -> int:
-        """Apply at the start of every decoder layer's forward and of its backward; returns the layers hooked (0
-        for a model without an ``nn.ModuleList`` of layers: then only micro-batches switch)."""
-        layers = next((m for name, m in model.named_modules() if name.endswith("layers")), None)
-        if not isinstance(layers, torch.nn.ModuleList):
-            return 0
+        """Apply at the start of every decoder layer's forward and of its backward; returns the layers hooked. A
+        model without an ``nn.ModuleList`` of layers is hooked as one layer (it switches per micro-batch)."""
+        found = next((m for name, m in model.named_modules() if name.endswith("layers")), None)
+        layers = found if isinstance(found, torch.nn.ModuleList) else [model]
         for layer in layers:
             layer.register_forward_pre_hook(self._before_forward)
             layer.register_forward_hook(self._after_forward)

@@ -119,7 +119,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     train = asyncio.create_task(trainer.train())
     watchdog = asyncio.create_task(trainer.watch_inference()) if coll.rank == 0 else None
     stopper = asyncio.create_task(stop.wait())
-    borrower = asyncio.create_task(trainer.borrow_idle_cores()) if coll.rank == 0 else None
+    borrower = asyncio.create_task(trainer.borrow_idle_cores()) if trainer.cores is not None else None
     try:
         await asyncio.wait({train, stopper} | ({watchdog} if watchdog else set()), return_when=asyncio.FIRST_COMPLETED)
         if watchdog is not None and watchdog.done() and not train.done():

@@ -60,10 +60,12 @@ def test_a_loan_takes_the_borrowed_core_inside_the_backward_and_returns_it_at_th
     assert seen["borrows"] == 1 and seen["held_s"] > 0
 
 
-def test_a_model_without_a_layer_list_is_not_hooked() -> None:
+def test_a_model_without_a_layer_list_is_hooked_as_one_layer() -> None:
     import torch
 
-    assert CoreLoan([0], [1], 1).hook(torch.nn.Linear(2, 2)) == 0
+    model = torch.nn.Linear(2, 2)
+
+    assert CoreLoan([0], [1], 1).hook(model) == 1 and len(model._forward_pre_hooks) == 1
 
 
 async def test_the_watcher_borrows_only_while_inference_runs_and_queues_nothing_and_never_when_unreachable() -> None:
@@ -117,7 +119,10 @@ def test_relayrl_run_lends_generations_cores_to_a_one_rank_trainer_it_pinned_its
 @pytest.mark.parametrize(
     ("overrides", "rule"),
     [
-        (["trainer.threads.cpus=[1]", "trainer.threads.intra_op=1", "trainer.threads.borrow_cpus=[1]"], "nor name"),
+        (
+            ["trainer.threads.cpus=[1]", "trainer.threads.intra_op=1", "trainer.threads.borrow_cpus=[1]"],
+            "must not name one of cpus",
+        ),
         (["trainer.threads.borrow_cpus=[0]"], "needs cpus and intra_op"),
         (
             [
