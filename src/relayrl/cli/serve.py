@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from relayrl.common.lifecycle import freeze_heap_at_start
     from relayrl.common.logging import records_held, setup_logging
     from relayrl.common.threads import apply_threads
     from relayrl.config import load_run_config
@@ -38,5 +39,6 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.service, int(os.environ.get("RANK", "0")), cfg.log_level, fmt=cfg.log_format)
     module = importlib.import_module(f"relayrl.{args.service}.main")
     apply_threads(getattr(cfg, args.service).threads, args.service)  # imported torch (if any), before its work
+    freeze_heap_at_start()  # this process is the service: what its start-up builds lives as long as it does
     asyncio.run(module.serve(cfg))
     return 0

@@ -20,6 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from relayrl.common.grpc_admission import Admission, Token
 from relayrl.common.grpc_decode import DecodeInHandler
+from relayrl.common.lifecycle import start_up_done
 from relayrl.config.endpoints import ServerConfig
 from relayrl.config.tls import TlsConfig
 from relayrl.config.typed import ConfigError
@@ -45,6 +46,7 @@ class ServerHandle:
     admission: Admission  # its ``state``: the calls each budget holds, the refusals so far
 
     async def start(self) -> None:
+        start_up_done()  # what start-up built leaves the garbage collector's walks (a service process only)
         await self.server.start()
         for name in [*self.service_names, ""]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

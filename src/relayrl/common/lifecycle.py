@@ -4,11 +4,15 @@
 reaches the launcher only, which then stops them in order). So that no child outlives the launcher however it
 ends, each child asks the kernel for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``, Linux), which
 covers a SIGKILL of the launcher; SIGTERM, SIGHUP and SIGINT of the launcher stop the stack the way Ctrl-C does.
+
+A service process also keeps what its start-up built out of the cyclic garbage collector's way
+(:func:`freeze_heap_at_start`, :func:`start_up_done`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import threading
@@ -18,6 +22,8 @@ from typing import Any
 
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+_heap = {"freeze_at_start": False}
 
 
 class StopRequested(Exception):
@@ -71,3 +77,23 @@ def ignore_stop_signals() -> None:
 def restore_signals(previous: Handlers) -> None:
     for sig, old in previous.items():
         signal.signal(sig, old)
+
+
+def freeze_heap_at_start() -> None:
+    """Say that this process is one service (``relayrl serve``): :func:`start_up_done` then freezes its heap.
+
+    Once torch, transformers and a model are loaded, a trainer or inference process holds about 430 000 objects
+    that live as long as it does. Python's cyclic collector walks every one of them in each full collection, about
+    0.2 s on a 2-core machine: during the run, and twice more as the interpreter exits (1.0-1.4 s measured between
+    a trainer's last log line and its exit). ``gc.freeze`` moves them to the permanent generation, which no
+    collection walks; reference counting still frees a frozen object. A process that hosts servers among other
+    work (a test, an embedding program) never calls this, so nothing it builds later is held by a freeze."""
+    _heap["freeze_at_start"] = True
+
+
+def start_up_done() -> None:
+    """A service finished starting (its servers are about to report SERVING): collect the start-up's garbage
+    once, then freeze what remains, where :func:`freeze_heap_at_start` was called."""
+    if _heap["freeze_at_start"]:
+        gc.collect()
+        gc.freeze()
