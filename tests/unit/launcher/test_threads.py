@@ -97,7 +97,7 @@ def test_a_pinned_service_runs_every_thread_it_had_and_starts_on_its_cpus() -> N
     code = (
         "import json, os, threading\n"
         "from relayrl.common.threads import apply_threads\n"
-        "from relayrl.config.threads import ThreadsConfig, TrainerThreadsConfig\n"
+        "from relayrl.config.threads import ThreadsConfig\n"
         "ready, stop, seen = threading.Event(), threading.Event(), {}\n"
         "def early():\n"
         "    ready.set(); stop.wait(); seen['early'] = sorted(os.sched_getaffinity(0))\n"
@@ -136,7 +136,7 @@ def test_a_fresh_process_started_with_the_launchers_environment_runs_the_budget(
     code = (
         "import json, os, torch\n"
         "from relayrl.common.threads import apply_threads\n"
-        "from relayrl.config.threads import ThreadsConfig, TrainerThreadsConfig\n"
+        "from relayrl.config.threads import ThreadsConfig\n"
         "print(json.dumps([torch.get_num_threads(), apply_threads(ThreadsConfig(2, 3), 'inference')]))\n"
     )
     env = {"PATH": "/usr/bin:/bin", **thread_env(2)}
