@@ -23,7 +23,7 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
-_heap = {"freeze_at_start": False}
+_freeze_at_start = False  # set by freeze_heap_at_start: this process is one service
 
 
 class StopRequested(Exception):
@@ -88,12 +88,13 @@ def freeze_heap_at_start() -> None:
     a trainer's last log line and its exit). ``gc.freeze`` moves them to the permanent generation, which no
     collection walks; reference counting still frees a frozen object. A process that hosts servers among other
     work (a test, an embedding program) never calls this, so nothing it builds later is held by a freeze."""
-    _heap["freeze_at_start"] = True
+    global _freeze_at_start
+    _freeze_at_start = True
 
 
 def start_up_done() -> None:
     """A service finished starting (its servers are about to report SERVING): collect the start-up's garbage
     once, then freeze what remains, where :func:`freeze_heap_at_start` was called."""
-    if _heap["freeze_at_start"]:
+    if _freeze_at_start:
         gc.collect()
         gc.freeze()
