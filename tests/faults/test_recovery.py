@@ -336,5 +336,10 @@ def test_ctrl_c_mid_run_stops_the_trainer_gracefully_and_the_resume_trains_no_st
         + summary["groups_invalid"]
         + summary["groups_pending"]
     )
-    assert f"stopped at step {last} with a final checkpoint" in (out / "logs" / "trainer.log").read_text()
+    # a final checkpoint of the last step: written at the stop, or the periodic one when the stop came at its step
+    log = (out / "logs" / "trainer.log").read_text()
+    assert (
+        f"stopped at step {last} with a final checkpoint" in log
+        or f"stopped at step {last}: the checkpoint of step {last} already holds every trained step" in log
+    ), log[-3000:]
     assert "killing it" not in first and "for the trainer to stop gracefully" in first, first[-3000:]
