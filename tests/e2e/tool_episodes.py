@@ -86,3 +86,19 @@ def check_episode(ep: dict[str, Any], tok: Any) -> None:
         assert ep.get("completion_text", "").startswith(whole)
     else:
         assert whole == ep.get("completion_text", "")
+
+
+def check_versions_per_step(rows: list[dict[str, Any]], dumped: list[dict[str, Any]], per_step: int) -> None:
+    """The dumped sample (``per_step`` episodes of each step, in step order) against the metrics rows: no step's
+    sample holds more multi-version episodes than its row counted, and the versions the trainer trained on advance
+    over the run. Whether a swap lands mid-episode at all depends on timing (0 in 150 steps in a CI run): the
+    deterministic case is tests/integration/test_multi_turn_inference.py."""
+    assert len(dumped) == per_step * len(rows)
+    for step, row in enumerate(rows):
+        sample = dumped[step * per_step : (step + 1) * per_step]
+        seen = sum(len(set(versions(ep))) > 1 for ep in sample)
+        assert seen <= row["episodes_multi_version"] <= row["episodes"], (step + 1, seen, row["episodes_multi_version"])
+    first, last = (
+        max(max(versions(ep), default=0) for ep in dumped[i : i + per_step]) for i in (0, len(dumped) - per_step)
+    )
+    assert last > first, (first, last)
