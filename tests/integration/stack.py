@@ -5,6 +5,7 @@ check the books."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,14 @@ async def run_stack(
     reward_function: str = "arithmetic",
     inject: list[dict[bytes, bytes]] | None = None,
     timeout_s: float = 120,
+    reward_target: str = "",
 ) -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
-    XADDed to the stream before anything else (not produced by rollout)."""
-    async with inference_server(model_dir) as (inf_target, inf), reward_server(reward_function) as (rew_target, _):
+    XADDed to the stream before anything else (not produced by rollout); ``reward_target``: the reward replicas the
+    run uses (the test's own), else one in this process."""
+    async with contextlib.AsyncExitStack() as stack:
+        inf_target, inf = await stack.enter_async_context(inference_server(model_dir))
+        rew_target = reward_target or (await stack.enter_async_context(reward_server(reward_function)))[0]
         trainer = Trainer(with_services(cfg, inf_target, inf.weights_target, rew_target))
         handle, _ = create_trainer_server(trainer)
         await handle.start()

@@ -49,9 +49,12 @@ NO_RETRY = RetryPolicy(attempts=1)
 
 
 class ServiceClient:
-    """A channel to one service, with a default deadline and a retry policy per method."""
+    """A channel to one service, with a default deadline and a retry policy per method; ``balanced`` clients
+    spread their calls over the service's replicas (every address ``target`` resolves to)."""
 
     stub_class: Any = None
+    # calls spread round robin over every address the target resolves to (replicas of a stateless service)
+    balanced: bool = False
 
     def __init__(
         self,
@@ -74,7 +77,7 @@ class ServiceClient:
         self.token = token
         self.policy = RetryPolicy(attempts=retries + 1, backoff_s=backoff_s)
         self.policies = dict(policies or {})
-        self.channel = channel(target, tls)
+        self.channel = channel(target, tls, self.balanced)
         self.stub = self.stub_class(self.channel)
 
     async def __aenter__(self) -> Self:

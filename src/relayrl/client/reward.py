@@ -11,7 +11,13 @@ __all__ = ["RewardClient"]
 
 
 class RewardClient(ServiceClient):
+    """Scoring is stateless, so calls go round robin over every reward replica the target names: a headless
+    Service's pods (re-resolved as the server's bounded connection age closes connections), or a list
+    ``ipv4:10.0.0.5:50052,10.0.0.6:50052``; a replica that goes away leaves the rotation when its connection closes,
+    and a call it failed UNAVAILABLE is retried on the others by the caller's policy."""
+
     stub_class = reward_pb2_grpc.RewardServiceStub
+    balanced = True
 
     async def status(self) -> reward_pb2.RewardStatus:
         return await self.call(

@@ -57,6 +57,18 @@ class ServerHandle:
         await self.server.stop(grace_s)
 
 
+def connection_age_options(cfg: ServerConfig) -> list[tuple[str, int]]:
+    """grpc's bounded connection age: after ``max_connection_age_s`` (grpc adds +-10 % jitter) the server asks the
+    client to reconnect (GOAWAY), letting calls in flight finish within ``max_connection_age_grace_s``; a balancing
+    client then re-resolves its target and reaches replicas added since. Nothing when the age is 0 (unbounded)."""
+    if not cfg.max_connection_age_s:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", int(cfg.max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(cfg.max_connection_age_grace_s * 1000)),
+    ]
+
+
 def create_server(
     cfg: ServerConfig,
     register: Sequence[Callable[[grpc.aio.Server], None]],
@@ -75,6 +87,7 @@ def create_server(
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", cfg.max_receive_mib * 1024 * 1024),
+        *connection_age_options(cfg),
     ]
     credentials = server_credentials(tls) if tls is not None and tls.enabled else None  # files read now
     # admission first (credential, then its budget: RESOURCE_EXHAUSTED at once over it); grpc's own cap is only an
@@ -160,11 +173,19 @@ def _tls_options(tls: TlsConfig) -> list[tuple[str, str]]:
     return [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
 
 
-def channel(target: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
-    """The async channel to ``target``: TLS when ``tls`` is on (reading its files now), else plaintext."""
+# Spread calls over every address the target resolves to (a headless Service's pods, an ``ipv4:a:p,b:p`` list),
+# picking only connected ones; grpc re-resolves the name when a connection closes (a server's bounded connection
+# age, a pod gone), so added replicas are found too.
+BALANCED_OPTIONS = [("grpc.lb_policy_name", "round_robin")]
+
+
+def channel(target: str, tls: TlsConfig | None = None, balanced: bool = False) -> grpc.aio.Channel:
+    """The async channel to ``target``: TLS when ``tls`` is on (reading its files now), else plaintext; with
+    ``balanced``, calls go round robin over every address ``target`` resolves to (else to the first that connects)."""
+    options = [*CHANNEL_OPTIONS, *(BALANCED_OPTIONS if balanced else [])]
     if tls is None or not tls.enabled:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(target, channel_credentials(tls), options=[*CHANNEL_OPTIONS, *_tls_options(tls)])
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, channel_credentials(tls), options=[*options, *_tls_options(tls)])
 
 
 def insecure_channel(target: str) -> grpc.aio.Channel:

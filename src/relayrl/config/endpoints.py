@@ -74,6 +74,23 @@ class ServerConfig:
             "removed_in": "0.4",
         },
     )
+    max_connection_age_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "Seconds after which the server asks a client to reconnect (0: never). A client that balances "
+            "over replicas (the reward client) then resolves the service's name again, so replicas added since "
+            "(a scaled-up Deployment behind a headless Service) receive work.",
+            "ge": 0,
+        },
+    )
+    max_connection_age_grace_s: float = field(
+        default=120.0,
+        metadata={
+            "help": "How long calls in flight on a connection past max_connection_age_s may still run before it "
+            "closes; set it above the service's longest call.",
+            "ge": 0,
+        },
+    )
     reflection: bool = field(
         default=True,
         metadata={
@@ -113,6 +130,7 @@ def server_config(
     max_unauthenticated_rpcs: int = 32,
     max_streams: int = 32,
     max_streams_per_peer: int = 16,
+    max_connection_age_s: float = 0.0,
 ) -> ServerConfig:
     """Default factory for a service's ``server`` section: its conventional port and the limits its callers need
     (the defaults fit control-plane servers: status, pause, checkpoint)."""
@@ -123,6 +141,7 @@ def server_config(
         max_unauthenticated_rpcs=max_unauthenticated_rpcs,
         max_streams=max_streams,
         max_streams_per_peer=max_streams_per_peer,
+        max_connection_age_s=max_connection_age_s,
     )
 
 

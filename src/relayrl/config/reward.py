@@ -234,7 +234,11 @@ class RewardConfig:
     # a ScoreBatch of max_batch completions with their references; rollout's Score calls may carry the code token
     server: ServerConfig = field(
         default_factory=lambda: server_config(
-            50052, max_receive_mib=16, max_authenticated_rpcs=128, max_unauthenticated_rpcs=128
+            50052,
+            max_receive_mib=16,
+            max_authenticated_rpcs=128,
+            max_unauthenticated_rpcs=128,
+            max_connection_age_s=30.0,  # clients re-resolve the replicas at least this often (docs/scaling.md)
         ),
         metadata={"help": "gRPC server of this service."},
     )
