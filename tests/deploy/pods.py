@@ -32,7 +32,6 @@ from tests.conftest import REPO, free_port
 CHART = REPO / "charts" / "relayrl"
 RELEASE = "rl"
 RUN_ID = "sim-run"
-SERVICES = ("inference", "reward", "rollout", "trainer")
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -109,8 +108,10 @@ class Release:
         )
         self.name, headless = self.trainer["metadata"]["name"], self.trainer["spec"]["serviceName"]
         self.hosts = tmp / "hosts"
+        # every Service name (reward's headless one too) resolves to loopback, the trainer pods' own names apart
+        services = [d["metadata"]["name"] for d in docs if d["kind"] == "Service" and d["metadata"]["name"] != headless]
         self.hosts.write_text(
-            f"127.0.0.1 localhost {' '.join(f'{RELEASE}-relayrl-{s}' for s in SERVICES)}\n"
+            f"127.0.0.1 localhost {' '.join(services)}\n"
             f"127.0.0.1 {self.name}-0.{headless}\n127.0.0.2 {self.name}-1.{headless}\n"
         )
         secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-credentials"))

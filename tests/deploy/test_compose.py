@@ -223,6 +223,18 @@ def test_each_server_address_is_compose_service_name_and_configured_port(
         assert port == server.port, f"{name}: address {server.address} vs port {server.port}"
 
 
+def test_reward_scales_with_compose_up_scale_and_rollout_balances_over_its_replicas(
+    services: dict[str, dict[str, Any]], run_cfg: RunConfig
+) -> None:
+    """`docker compose up --scale reward=3` (the file's header says so): nothing pins one container (a name, a host
+    port), and the address rollout dials is the service's name, which compose's DNS answers with every replica."""
+    reward = services["reward"]
+    assert "container_name" not in reward and not reward.get("ports")
+    assert _host_port(run_cfg.reward.server.address)[0] == "reward"
+    assert run_cfg.reward.server.max_connection_age_s > 0  # replicas added later are found when connections age
+    assert "docker compose up --scale reward=3" in COMPOSE_FILE.read_text()
+
+
 def test_only_inference_client_ports_are_published_and_only_on_host_loopback(
     services: dict[str, dict[str, Any]], run_cfg: RunConfig
 ) -> None:

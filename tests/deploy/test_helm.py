@@ -112,8 +112,8 @@ def test_http_apis_in_the_config_match_their_container_and_service_ports(name: s
         http = getattr(cfg, svc).http
         assert http.enabled and http.host == "0.0.0.0" and http.port == values[svc]["httpPort"], svc
         assert {"name": "http", "containerPort": http.port, "protocol": "TCP"} in main_container(docs, svc)["ports"]
-        host = getattr(cfg, svc).server.address.rpartition(":")[0]
-        assert http.port in [p["port"] for p in service(docs, host)["spec"]["ports"]], svc
+        # on the component's Service (reward's gRPC address is its headless Service, without the REST port)
+        assert http.port in [p["port"] for p in service(docs, f"rl-relayrl-{svc}")["spec"]["ports"]], svc
 
 
 def test_small_floats_in_values_load_as_floats(tmp_path: Path) -> None:

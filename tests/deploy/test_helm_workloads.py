@@ -278,6 +278,23 @@ def test_disruption_budgets_never_block_a_drain_and_cover_replicated_rewards_onl
         assert "replicas" not in workload(docs, "reward")["spec"]
 
 
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_rollout_reaches_reward_through_a_headless_service_of_every_ready_pod_and_resolves_it_again(
+    name: str, tmp_path: Path
+) -> None:
+    """Rollout's reward client balances over the addresses its target resolves to: the headless Service lists every
+    ready reward pod (so an HPA's added pods get work), and a bounded connection age makes clients resolve again."""
+    docs = rendered(name)
+    headless = service(docs, "rl-relayrl-reward-pods")
+    assert headless["spec"]["clusterIP"] == "None" and not headless["spec"].get("publishNotReadyAddresses")
+    assert selects(headless["spec"]["selector"], workload(docs, "reward")["spec"]["template"]["metadata"]["labels"])
+    port = merged(_chart().values, value_set(name))["reward"]["port"]
+    assert [p["port"] for p in headless["spec"]["ports"]] == [port]
+    cfg = load_config(docs, tmp_path)
+    assert cfg.reward.server.target == f"rl-relayrl-reward-pods:{port}"
+    assert cfg.reward.server.max_connection_age_s > 0
+
+
 def test_credentials_come_from_a_secret_and_reach_only_the_services_that_need_them() -> None:
     docs = render({})
     (secret,) = [d for d in objects(docs, "Secret") if d["metadata"]["name"].endswith("-credentials")]

@@ -78,10 +78,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if or .Values.redis.external.url .Values.redis.external.existingSecret }}true{{ end }}
 {{- end }}
 
-{{/* The gRPC address of a service as the other pods reach it: its Service name and port. (list $ "reward") */}}
+{{/* The gRPC address of a service as the other pods reach it: its Service name and port (reward: its headless
+Service, whose name resolves to every ready pod, for the reward client's round robin). (list $ "reward") */}}
 {{- define "relayrl.address" -}}
 {{- $ := index . 0 }}{{- $svc := index . 1 -}}
-{{- printf "%s:%d" (include "relayrl.componentName" (list $ $svc)) (int (index $.Values $svc).port) }}
+{{- printf "%s%s:%d" (include "relayrl.componentName" (list $ $svc)) (ternary "-pods" "" (eq $svc "reward")) (int (index $.Values $svc).port) }}
 {{- end }}
 
 {{/*
