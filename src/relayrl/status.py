@@ -8,7 +8,8 @@ figures), a run config file, or one service's HOST:PORT (its kind is found by as
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
 from relayrl.config.tls import TlsConfig
 from relayrl.local_redis import REDIS_PASSWORD_FILE
+
+# services whose client spreads its calls over every address of the target (each replica is shown)
+REPLICATED = ("reward",)
 
 CLIENTS: dict[str, type[ServiceClient]] = {
     "inference": InferenceClient,
@@ -55,6 +59,47 @@ async def _service_status(kind: str, address: str, timeout_s: float, tls: TlsCon
             return {"address": address, **as_dict(await client.status())}  # type: ignore[attr-defined]
         except grpc.aio.AioRpcError as exc:
             return {"address": address, "error": f"{exc.code().name}: {exc.details()}"}
+
+
+async def replica_addresses(target: str) -> list[str]:
+    """The replicas a balancing client spreads over: the addresses of an ``ipv4:``/``ipv6:`` list, or those a name
+    resolves to now (``dns:///name:port`` or ``name:port``; IPv4 ones when it has any, so that ``localhost`` is one
+    replica); ``[target]`` when that is one address or the name does not resolve."""
+    scheme, _, rest = target.partition(":")
+    if scheme in ("ipv4", "ipv6"):
+        return rest.split(",")
+    name = target.removeprefix("dns:///")
+    host, _, port = name.rpartition(":")
+    if not host or not port.isdigit() or host.startswith("["):
+        return [target]
+    loop = asyncio.get_running_loop()
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            infos = await loop.getaddrinfo(host, int(port), family=family, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        ips = sorted({str(info[4][0]) for info in infos})
+        if len(ips) > 1:
+            return [f"{ip}:{port}" if family == socket.AF_INET else f"[{ip}]:{port}" for ip in ips]
+        if ips:
+            break
+    return [target]
+
+
+def _replica_tls(target: str, tls: TlsConfig | None) -> TlsConfig | None:
+    """Dialling a replica by its IP still verifies the certificate against the name the target gave."""
+    if tls is None or not tls.enabled or tls.server_name or target.startswith(("ipv4:", "ipv6:")):
+        return tls
+    return replace(tls, server_name=target.removeprefix("dns:///").rpartition(":")[0])
+
+
+async def _replicas(kind: str, target: str, timeout_s: float, tls: TlsConfig | None) -> list[dict[str, Any]]:
+    """The status of each replica of ``kind`` behind ``target`` (empty when there is one)."""
+    addresses = await replica_addresses(target)
+    if len(addresses) < 2:
+        return []
+    each = _replica_tls(target, tls)
+    return list(await asyncio.gather(*(_service_status(kind, a, timeout_s, each) for a in addresses)))
 
 
 async def _identify(address: str, timeout_s: float, tls: TlsConfig | None) -> tuple[str, dict[str, Any]]:
@@ -143,6 +188,9 @@ async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None 
     kinds = list(CLIENTS)
     statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s, tls) for k in kinds))
     out: dict[str, Any] = {"services": dict(zip(kinds, statuses, strict=True))}
+    replicas = {k: await _replicas(k, getattr(cfg, k).server.target, timeout_s, tls) for k in REPLICATED}
+    if any(replicas.values()):
+        out["replicas"] = {k: v for k, v in replicas.items() if v}
     if cfg.redis.effective_url():
         out["queue"] = await _queue(cfg, target.run_dir)
     if target.run_dir is not None:
@@ -161,33 +209,38 @@ def _rollout_turns(s: dict[str, Any]) -> str:
     )
 
 
+DETAIL: dict[str, Any] = {
+    "inference": lambda s: (
+        f"serves v{s.get('weight_version')}  {s.get('sequences_running', 0)} sequences "
+        f"running, {s.get('requests_queued', 0)} queued"
+    ),
+    "reward": lambda s: f"{s.get('requests_served', s.get('scored', ''))} scored",
+    "rollout": lambda s: (
+        f"{s.get('groups_produced')} groups produced, {s.get('groups_running')} running"
+        f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}" + _rollout_turns(s)
+    ),
+    "trainer": lambda s: (
+        f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
+        "episodes trained, "
+        + ", ".join(f"{s.get(o.episodes, 0)} {o.words}" for o in (*books.DROPS, books.INVALID))
+        + f"{', FINISHED' if s.get('finished') else ''}"
+    ),
+}
+
+
+def _service_line(label: str, kind: str, st: dict[str, Any]) -> str:
+    if "error" in st:
+        return f"{label:<10} {st['address']:<22} DOWN  {st['error']}"
+    state_name = str(st.get("component", {}).get("state", "")).removeprefix("SERVING_STATE_")
+    return f"{label:<10} {st['address']:<22} {state_name:<8} {DETAIL.get(kind, lambda s: '')(st)}"
+
+
 def render(state: dict[str, Any]) -> str:
     lines = []
     versions = []
     for kind, st in state["services"].items():
-        if "error" in st:
-            lines.append(f"{kind:<10} {st['address']:<22} DOWN  {st['error']}")
-            continue
-        comp = st.get("component", {})
-        detail = {
-            "inference": lambda s: (
-                f"serves v{s.get('weight_version')}  {s.get('sequences_running', 0)} sequences "
-                f"running, {s.get('requests_queued', 0)} queued"
-            ),
-            "reward": lambda s: f"{s.get('requests_served', s.get('scored', ''))} scored",
-            "rollout": lambda s: (
-                f"{s.get('groups_produced')} groups produced, {s.get('groups_running')} running"
-                f"{', PAUSED' if s.get('paused') else ''}; sees trainer v{s.get('trainer_version')}" + _rollout_turns(s)
-            ),
-            "trainer": lambda s: (
-                f"step {s.get('step')}  v{s.get('weight_version')}  {s.get('episodes_trained')} "
-                "episodes trained, "
-                + ", ".join(f"{s.get(o.episodes, 0)} {o.words}" for o in (*books.DROPS, books.INVALID))
-                + f"{', FINISHED' if s.get('finished') else ''}"
-            ),
-        }.get(kind, lambda s: "")(st)
-        state_name = str(comp.get("state", "")).removeprefix("SERVING_STATE_")
-        lines.append(f"{kind:<10} {st['address']:<22} {state_name:<8} {detail}")
+        lines.append(_service_line(kind, kind, st))
+        lines.extend(_service_line("  replica", kind, r) for r in state.get("replicas", {}).get(kind, []))
         if "weight_version" in st:
             versions.append(int(st["weight_version"]))
     if len(set(versions)) > 1:
@@ -225,3 +278,9 @@ def render(state: dict[str, Any]) -> str:
         if training.get("time_shares"):
             lines.append(f"           {format_time_shares(training['time_shares'])}")
     return "\n".join(lines)
+
+
+def exit_code(state: dict[str, Any]) -> int:
+    """`relayrl status`'s exit status: 1 when a service, or one replica of one, did not answer."""
+    replicas = [r for rs in state.get("replicas", {}).values() for r in rs]
+    return 1 if any("error" in s for s in [*state["services"].values(), *replicas]) else 0

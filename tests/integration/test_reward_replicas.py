@@ -18,6 +18,7 @@ import pytest
 from relayrl.client import RewardClient
 from relayrl.common.grpc_utils import check_health
 from relayrl.config import dump_run_config, load_run_config
+from relayrl.status import Target, collect, exit_code, render
 from tests.conftest import REPO, RedisServer, free_port
 from tests.integration.helpers import reward_server
 from tests.integration.stack import run_stack, stack_config
@@ -94,3 +95,30 @@ async def test_a_reward_replica_killed_mid_run_leaves_the_rotation_and_the_other
     _books_add_up(out, steps * 2)
     assert [r["step"] for r in out["rows"]] == list(range(1, steps + 1))
     assert survivor.scored > scored_before_kill[0]  # scoring went on on the other replica
+
+
+async def test_status_shows_each_reward_replica_behind_the_target_and_the_one_that_is_down(
+    redis_server: RedisServer,
+) -> None:
+    async with contextlib.AsyncExitStack() as first, contextlib.AsyncExitStack() as second:
+        a, _ = await first.enter_async_context(reward_server(REWARD))
+        b, _ = await second.enter_async_context(reward_server(REWARD))
+        cfg = load_run_config(None, [f"reward.server.address=ipv4:{a},{b}", f"redis.url={redis_server.url}"])
+        up = await collect(Target(cfg, None, None), timeout_s=3)
+        await second.aclose()  # replica b stops
+        down = await collect(Target(cfg, None, None), timeout_s=3)
+
+    assert [r["address"] for r in up["replicas"]["reward"]] == [a, b]
+    assert all(r["component"]["state"] == "SERVING_STATE_SERVING" for r in up["replicas"]["reward"])
+    replica_lines = [line.split() for line in render(up).splitlines() if line.startswith("  replica")]
+    assert [(words[1], words[2]) for words in replica_lines] == [(a, "SERVING"), (b, "SERVING")]
+    first_replica, second_replica = down["replicas"]["reward"]
+    assert "error" not in first_replica and second_replica["error"].startswith("UNAVAILABLE")
+    assert "error" not in down["services"]["reward"]  # the balanced client still reaches the other
+    assert [line.split()[1:3] for line in render(down).splitlines() if line.startswith("  replica")] == [
+        [a, "SERVING"],
+        [b, "DOWN"],
+    ]
+    # the exit status counts a replica that is down (the other services are not running in this test)
+    reward_only = [{"services": {"reward": st["services"]["reward"]}, "replicas": st["replicas"]} for st in (up, down)]
+    assert [exit_code(st) for st in reward_only] == [0, 1]

@@ -20,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from relayrl.status import collect, render, resolve
+    from relayrl.status import collect, exit_code, render, resolve
 
     state = asyncio.run(collect(resolve(args.target), args.timeout, tls(args)))
     print(json.dumps(state, indent=1) if args.json else render(state))
-    return 1 if any("error" in s for s in state["services"].values()) else 0
+    return exit_code(state)
