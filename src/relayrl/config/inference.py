@@ -61,6 +61,23 @@ class VllmConfig:
 
 
 @dataclass
+class ReplicaEndpoint:
+    """Where one inference replica is reached: its gRPC server (Generate, GetStatus) and its weights server
+    (UpdateWeights, the trainer's)."""
+
+    address: str = field(metadata={"help": "host:port of the replica's gRPC server (its server section)."})
+    weights_address: str = field(
+        metadata={"help": "host:port of the replica's weights server (its weights_server section)."}
+    )
+
+    def validate(self) -> None:
+        for name in ("address", "weights_address"):
+            value = getattr(self, name)
+            if not value or value.rpartition(":")[0] == "" or not value.rpartition(":")[2].isdigit():
+                raise ConfigError(name, value, "must be host:port")
+
+
+@dataclass
 class InferenceConfig:
     engine: EngineKind = field(default=EngineKind.NATIVE, metadata={"help": "Generation engine."})
     kv_on_update: KvOnUpdate = field(
@@ -209,7 +226,35 @@ class InferenceConfig:
         },
     )
 
+    replicas: int = field(
+        default=1,
+        metadata={
+            "help": "Inference processes `relayrl run` starts, each on ports of its own; it lists them in endpoints. "
+            "Other deployments list their replicas in endpoints.",
+            "ge": 1,
+            "le": 64,
+        },
+    )
+    endpoints: list[ReplicaEndpoint] = field(
+        default_factory=list,
+        metadata={
+            "help": "The inference replicas of the run. Rollout sends each request to the one with the least work in "
+            "flight (a replica that fails leaves routing, and its requests are generated again on another); the "
+            "trainer publishes every weight version to each and verifies each. Empty: the one replica at "
+            "server and weights_server."
+        },
+    )
+
+    def replica_endpoints(self) -> list[ReplicaEndpoint]:
+        """The run's inference replicas: ``endpoints``, else the one that ``server`` and ``weights_server`` name."""
+        return list(self.endpoints) or [ReplicaEndpoint(self.server.target, self.weights_server.target)]
+
     def validate(self) -> None:
+        addresses = [e.address for e in self.endpoints]
+        if len(set(addresses)) != len(addresses):
+            raise ConfigError("endpoints", addresses, "each replica's address must be listed once")
+        if self.endpoints and self.replicas not in (1, len(self.endpoints)):
+            raise ConfigError("replicas", self.replicas, f"must be 1 or the number of endpoints ({len(addresses)})")
         ws, main = self.weights_server, self.server
         if ws.port != 0 and ws.port == main.port and ws.host == main.host:
             raise ConfigError(

@@ -12,6 +12,7 @@ from pathlib import Path
 from relayrl.common.threads import automatic_cpus, automatic_division
 from relayrl.config import RunConfig
 from relayrl.config.endpoints import HttpConfig, ServerConfig
+from relayrl.config.inference import InferenceConfig, ReplicaEndpoint
 from relayrl.config.model_fit import fit_to_model
 from relayrl.config.publication import PublicationConfig, WeightTransport
 from relayrl.config.typed import ConfigError
@@ -64,6 +65,24 @@ def with_thread_budget(cfg: RunConfig, cores: Sequence[int]) -> RunConfig:
     return replace(cfg, **sections)
 
 
+def local_replicas(ic: InferenceConfig, ports: Sequence[int]) -> InferenceConfig:
+    """With ``replicas`` > 1, the endpoints of the local replicas: the first at ``server`` and ``weights_server``
+    (filled in later), the others on loopback at ``ports`` (gRPC and weights server, in pairs)."""
+    if ic.replicas == 1:
+        return ic
+    pairs = [(ports[i], ports[i + 1]) for i in range(0, len(ports), 2)]
+    return replace(ic, endpoints=[ReplicaEndpoint(f"127.0.0.1:{g}", f"127.0.0.1:{w}") for g, w in pairs])
+
+
+def with_first_replica(ic: InferenceConfig) -> InferenceConfig:
+    """The first local replica (``server`` and ``weights_server``) at the head of ``endpoints``, once its ports are
+    known; nothing to do for one replica."""
+    if ic.replicas == 1:
+        return ic
+    first = ReplicaEndpoint(ic.server.target, ic.weights_server.target)
+    return replace(ic, endpoints=[first, *ic.endpoints])
+
+
 def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
     """``cfg`` checked (model, dataset, TLS files) and resolved for the local stack writing to ``out_dir``: fitted
     to the model, thread counts divided, every server on loopback and a free port of its own."""
@@ -73,7 +92,15 @@ def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
         raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
     cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
     cfg = with_thread_budget(cfg, sorted(os.sched_getaffinity(0)))
-    p = iter(free_ports(9))  # distinct: one per server of the stack
+    if cfg.inference.endpoints:
+        raise ConfigError(
+            "inference.endpoints",
+            [e.address for e in cfg.inference.endpoints],
+            "relayrl run starts its own inference replicas: set inference.replicas instead",
+        )
+    extra = 2 * (cfg.inference.replicas - 1)  # the other replicas' gRPC and weights servers
+    p = iter(free_ports(9 + extra))  # distinct: one per server of the stack
+    cfg = replace(cfg, inference=local_replicas(cfg.inference, [next(p) for _ in range(extra)]))
     return replace(
         cfg,
         output_dir=out_dir,
@@ -85,11 +112,13 @@ def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
             server=local(cfg.rollout.server, next(p)),
             http=local_http(cfg.rollout.http, next(p)),
         ),
-        inference=replace(
-            cfg.inference,
-            server=local(cfg.inference.server, next(p)),
-            http=local_http(cfg.inference.http, next(p)),
-            weights_server=local(cfg.inference.weights_server, next(p)),
+        inference=with_first_replica(
+            replace(
+                cfg.inference,
+                server=local(cfg.inference.server, next(p)),
+                http=local_http(cfg.inference.http, next(p)),
+                weights_server=local(cfg.inference.weights_server, next(p)),
+            )
         ),
         reward=replace(cfg.reward, server=local(cfg.reward.server, next(p)), http=local_http(cfg.reward.http, next(p))),
         trainer=replace(

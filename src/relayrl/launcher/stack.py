@@ -32,7 +32,7 @@ from relayrl.config.files import write_private
 from relayrl.launcher.local_config import SERVICE_ORDER, local_run_config
 from relayrl.launcher.stopping import SERVICE_STOP_S, STOP_STAGES, stop_deadline
 from relayrl.launcher.summary import write_summary
-from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server
+from relayrl.local_redis import REDIS_PASSWORD_FILE, RedisProcess, find_redis_server, free_ports
 from relayrl.run_report import progress_line
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,23 @@ class Launcher:
         self.cfg = local_run_config(cfg, self.out)
 
     def _target(self, name: str) -> str:
-        return str(getattr(self.cfg, name).server.target)
+        """The gRPC target of child ``name`` (``inference-2``: the second inference replica's)."""
+        service, _, replica = name.partition("-")
+        if replica:
+            return self.cfg.inference.replica_endpoints()[int(replica) - 1].address
+        return str(getattr(self.cfg, service).server.target)
+
+    def _children_of(self, service: str) -> list[tuple[str, list[str]]]:
+        """The children that run ``service``: (name, extra arguments). Inference replicas after the first run the
+        same config on their own ports (``--set``: ports only, never a secret)."""
+        if service != "inference" or self.cfg.inference.replicas == 1:
+            return [(service, [])]
+        out: list[tuple[str, list[str]]] = [("inference", [])]
+        for i, endpoint in enumerate(self.cfg.inference.replica_endpoints()[1:], start=2):
+            grpc_port, weights_port = (e.rpartition(":")[2] for e in (endpoint.address, endpoint.weights_address))
+            sets = {"server.port": grpc_port, "weights_server.port": weights_port, "http.port": str(free_ports(1)[0])}
+            out.append((f"inference-{i}", [a for k, v in sets.items() for a in ("--set", f"inference.{k}={v}")]))
+        return out
 
     def _credentials(self) -> dict[str, str]:
         """The run's credentials, given to the services through their environment (never a command line or a
@@ -101,12 +117,13 @@ class Launcher:
         pin_cpus(self.cfg.rollout.threads.cpus, "rollout.threads.cpus", self.redis.proc.pid)  # beside its writer
         self.cfg = replace(self.cfg, redis=replace(self.cfg.redis, url=self.redis.url))
 
-    def _start_child(self, name: str, config_path: Path) -> None:
+    def _start_child(self, name: str, config_path: Path, extra: Sequence[str] = ()) -> None:
+        service = name.partition("-")[0]
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
         # only the credentials this service holds (relayrl.common.credentials.HELD); the caller's others removed
         env = {
             **service_environment(
-                name,
+                service,
                 os.environ,
                 self.credentials,
                 self.cfg.control,
@@ -114,9 +131,9 @@ class Launcher:
                 in_run_eval=self.cfg.trainer.eval.every_steps > 0,
             ),
             "PYTHONUNBUFFERED": "1",
-            **thread_env(getattr(self.cfg, name).threads.intra_op),
+            **thread_env(getattr(self.cfg, service).threads.intra_op),
         }
-        command = [sys.executable, "-m", "relayrl.cli", "serve", name, str(config_path)]
+        command = [sys.executable, "-m", "relayrl.cli", "serve", service, str(config_path), *extra]
         world = self.cfg.trainer.distributed.world_size
         if name == "trainer" and world > 1:
             # torchrun SIGKILLs its ranks 30 s after SIGTERM by default: give them the longest graceful stop allowed
@@ -198,8 +215,9 @@ class Launcher:
             dump_run_config(self.cfg, config_path)
             self.credentials = self._credentials()
             self._say(f"relayrl: run folder {self.out}")
-            for name in SERVICE_ORDER:
-                self._start_child(name, config_path)
+            for service in SERVICE_ORDER:
+                for name, extra in self._children_of(service):
+                    self._start_child(name, config_path, extra)
             code = self._wait_healthy()
             if code is None:
                 code = self._monitor()
@@ -217,7 +235,7 @@ class Launcher:
                 restore_signals(handlers)
 
     def _wait_healthy(self) -> int | None:
-        pending = list(SERVICE_ORDER)
+        pending = list(self.children)
         deadline = time.monotonic() + self.startup_timeout_s
         while pending:
             dead = self._dead_child()
@@ -229,7 +247,7 @@ class Launcher:
             pending = [n for n in pending if not check_health(self._target(n), 1.0, tls=self.cfg.tls)]
             if pending:
                 time.sleep(0.2)
-        self._say("relayrl: all services healthy (" + ", ".join(f"{n}={self._target(n)}" for n in SERVICE_ORDER) + ")")
+        self._say("relayrl: all services healthy (" + ", ".join(f"{n}={self._target(n)}" for n in self.children) + ")")
         return None
 
     def _monitor(self) -> int:
@@ -279,7 +297,7 @@ class Launcher:
 
     def _stop(self, names: Sequence[str], deadline_s: float) -> None:
         """SIGTERM to each of ``names`` still running, then wait up to ``deadline_s`` for all; SIGKILL the rest."""
-        children = [self.children[n] for n in names if n in self.children]
+        children = [c for c in self.children.values() if c.name.partition("-")[0] in names]  # replicas too
         for child in children:
             if child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
