@@ -23,6 +23,7 @@ from typing import Any
 
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.client.evaluation import EvalSettings, RowPlayer, evaluate, pass_at_k
+from relayrl.client.inference_pool import Inference, connect_inference
 from relayrl.common.dataset import Prompt, load_jsonl
 from relayrl.common.episodes import end_name, reward_failed
 from relayrl.config import RunConfig
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 async def _workflow_row(
-    cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient, reward: RewardClient
+    cfg: RunConfig, s: EvalSettings, row: Prompt, inference: Inference, reward: RewardClient
 ) -> dict[str, Any]:
     """A row of a multi-turn run: whole episodes of the configured workflow (greedy, then sampled), scored as in
     training, with their turns, tool calls and how they ended."""
@@ -168,7 +169,7 @@ def run_eval(
 
     async def against(inference_target: str, reward_target: str) -> dict[str, Any]:
         async with (
-            InferenceClient(inference_target, tls=cfg.tls) as inf,
+            connect_inference(inference_target.split(","), cfg.tls) as inf,  # a replica, or several: a pool
             RewardClient(reward_target, token=cfg.control.effective_code_token(), tls=cfg.tls) as rew,
         ):
             return await evaluate(cfg, s, rows, inf, rew, player(cfg))

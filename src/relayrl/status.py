@@ -26,7 +26,8 @@ from relayrl.config import RunConfig, load_run_config
 from relayrl.config.tls import TlsConfig
 from relayrl.local_redis import REDIS_PASSWORD_FILE
 
-# services whose client spreads its calls over every address of the target (each replica is shown)
+# services whose client spreads its calls over every address of the target (each replica is shown); inference's
+# replicas are the config's inference.endpoints
 REPLICATED = ("reward",)
 
 CLIENTS: dict[str, type[ServiceClient]] = {
@@ -189,6 +190,11 @@ async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None 
     statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s, tls) for k in kinds))
     out: dict[str, Any] = {"services": dict(zip(kinds, statuses, strict=True))}
     replicas = {k: await _replicas(k, getattr(cfg, k).server.target, timeout_s, tls) for k in REPLICATED}
+    endpoints = [e.address for e in cfg.inference.endpoints]
+    if len(endpoints) > 1:
+        replicas["inference"] = list(
+            await asyncio.gather(*(_service_status("inference", a, timeout_s, tls) for a in endpoints))
+        )
     if any(replicas.values()):
         out["replicas"] = {k: v for k, v in replicas.items() if v}
     if cfg.redis.effective_url():

@@ -7,12 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from relayrl.client.inference_pool import replica_counts
 from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
+from relayrl.config.inference import ReplicaEndpoint
 from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.producer import RolloutProducer
 from relayrl.trainer.runtime import Trainer
@@ -43,6 +47,14 @@ def stack_config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides:
     )
 
 
+def _with_replicas(cfg: RunConfig, replicas: list[tuple[str, Any]]) -> RunConfig:
+    """``cfg`` with the inference servers ``replicas`` (target, service) as inference.endpoints, when several."""
+    if len(replicas) == 1:
+        return cfg
+    endpoints = [ReplicaEndpoint(target, service.weights_target) for target, service in replicas]
+    return replace(cfg, inference=replace(cfg.inference, endpoints=endpoints))
+
+
 async def run_stack(
     cfg: RunConfig,
     model_dir: Path,
@@ -50,14 +62,19 @@ async def run_stack(
     inject: list[dict[bytes, bytes]] | None = None,
     timeout_s: float = 120,
     reward_target: str = "",
+    inference_replicas: int = 1,
+    during: Callable[[list[Any]], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
     XADDed to the stream before anything else (not produced by rollout); ``reward_target``: the reward replicas the
-    run uses (the test's own), else one in this process."""
+    run uses (the test's own), else one in this process; ``inference_replicas``: inference servers, listed in
+    inference.endpoints when more than one; ``during``: run beside the run with the inference services."""
     async with contextlib.AsyncExitStack() as stack:
-        inf_target, inf = await stack.enter_async_context(inference_server(model_dir))
+        replicas = [await stack.enter_async_context(inference_server(model_dir)) for _ in range(inference_replicas)]
+        (inf_target, inf), services = replicas[0], [service for _, service in replicas]
         rew_target = reward_target or (await stack.enter_async_context(reward_server(reward_function)))[0]
-        trainer = Trainer(with_services(cfg, inf_target, inf.weights_target, rew_target))
+        cfg = _with_replicas(with_services(cfg, inf_target, inf.weights_target, rew_target), replicas)
+        trainer = Trainer(cfg)
         handle, _ = create_trainer_server(trainer)
         await handle.start()
         stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
@@ -65,13 +82,17 @@ async def run_stack(
             await stream.client.xadd(cfg.redis.stream, fields)  # type: ignore[arg-type]
         stop = asyncio.Event()
         try:
-            async with RolloutClients.connect(inf_target, rew_target, f"127.0.0.1:{handle.port}") as clients:
+            addresses = [e.address for e in cfg.inference.replica_endpoints()]
+            async with RolloutClients.connect(addresses, rew_target, f"127.0.0.1:{handle.port}") as clients:
                 producer = RolloutProducer(
                     cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
                 )
                 rollout = asyncio.create_task(producer.run(stop))
+                beside = asyncio.create_task(during(services)) if during is not None else None
                 try:
                     await asyncio.wait_for(trainer.train(), timeout=timeout_s)
+                    if beside is not None:
+                        await beside
                 except BaseException:
                     stop.set()
                     await asyncio.wait_for(rollout, timeout=30)
@@ -105,6 +126,9 @@ async def run_stack(
         "episodes_reward_errors": producer.episodes_reward_errors,
         "length": info.length,
         "inference_version": inf.engine.version,
+        "inference_versions": [service.engine.version for service in services],
+        "inference_services": services,
+        "replica_counts": replica_counts(producer.clients.inference),
         "rows": [r for r in rows if r.get("phase") != "sft"],
         "sft_rows": [r for r in rows if r.get("phase") == "sft"],
     }

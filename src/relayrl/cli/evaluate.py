@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--inference",
         default="",
-        metavar="HOST:PORT",
-        help="use this running inference service (with --reward) instead of serving --model",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="use this running inference service (with --reward) instead of serving --model; several replicas, "
+        "comma-separated, share the work",
     )
     p.add_argument("--reward", default="", metavar="HOST:PORT", help="the running reward service to use")
     add_overrides(p)

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relayrl.client.inference import InferenceClient
+from relayrl.client.inference_pool import Inference
 from relayrl.client.reward import RewardClient
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of, score_ok
@@ -68,7 +68,7 @@ async def _score(reward: RewardClient, row: Prompt, texts: list[str], timeout_s:
 
 
 async def _row(
-    cfg: RunConfig, s: EvalSettings, row: Prompt, inference: InferenceClient, reward: RewardClient
+    cfg: RunConfig, s: EvalSettings, row: Prompt, inference: Inference, reward: RewardClient
 ) -> dict[str, Any]:
     rc = cfg.rollout
     prompt: Any = row.chat() or row.prompt
@@ -110,7 +110,7 @@ async def _row(
 
 
 # One row's outcome: (run config, settings, row, inference, reward) -> the row's dict (see _row)
-RowPlayer = Callable[[RunConfig, EvalSettings, Prompt, InferenceClient, RewardClient], Awaitable[dict[str, Any]]]
+RowPlayer = Callable[[RunConfig, EvalSettings, Prompt, Inference, RewardClient], Awaitable[dict[str, Any]]]
 
 
 def multi_turn_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -132,7 +132,7 @@ async def evaluate(
     cfg: RunConfig,
     s: EvalSettings,
     rows: list[Prompt],
-    inference: InferenceClient,
+    inference: Inference,
     reward: RewardClient,
     play: RowPlayer | None = None,
 ) -> dict[str, Any]:

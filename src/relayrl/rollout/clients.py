@@ -4,11 +4,13 @@ policies."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
 from relayrl.client import NO_RETRY, InferenceClient, RetryPolicy, RewardClient, TrainerClient
+from relayrl.client.inference_pool import InferencePool, connect_inference
 from relayrl.config.tls import TlsConfig
 
 # Generate(Batch) and ScoreBatch are safe to repeat (relayrl.client says why): a restarting server is retried briefly
@@ -25,29 +27,29 @@ TRAINER_STATUS_TIMEOUT_S = 5.0
 class RolloutClients:
     """The services rollout calls, each through its typed client with rollout's retry policies."""
 
-    inference: InferenceClient
+    inference: InferenceClient | InferencePool
     reward: RewardClient
     trainer: TrainerClient
 
     @classmethod
     def connect(
         cls,
-        inference: str,
+        inference: str | Sequence[str],
         reward: str,
         trainer: str,
         tls: TlsConfig | None = None,
         code_token: str = "",
         trainer_token: str = "",
     ) -> RolloutClients:
-        """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on; ``code_token``:
+        """Clients of the services at these gRPC targets (host:port), over TLS when ``tls`` is on; ``inference``: one
+        target, or the replicas' (relayrl.client.inference_pool spreads generation over them); ``code_token``:
         what reward's RunCode and, for a reward that runs code, its Score/ScoreBatch need (control.code_token_env),
         sent on reward calls only; ``trainer_token`` (the control token), sent on every trainer call so that its
         status calls count in the trainer's budget of calls with a credential (callers without one cannot starve
         rollout's admission)."""
+        replicas = [inference] if isinstance(inference, str) else list(inference)
         return cls(
-            InferenceClient(
-                inference, policies={"Generate": GENERATE_POLICY, "GenerateBatch": GENERATE_POLICY}, tls=tls
-            ),
+            connect_inference(replicas, tls, {"Generate": GENERATE_POLICY, "GenerateBatch": GENERATE_POLICY}),
             RewardClient(
                 reward, token=code_token, policies={"ScoreBatch": SCORE_POLICY, "RunCode": RUN_CODE_POLICY}, tls=tls
             ),

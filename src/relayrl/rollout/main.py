@@ -32,7 +32,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     stop = stop_on_signals(stop)
     stream = EpisodeStream.from_config(cfg.redis)
     async with RolloutClients.connect(
-        cfg.inference.server.target,
+        [e.address for e in cfg.inference.replica_endpoints()],
         cfg.reward.server.target,
         cfg.trainer.server.target,
         cfg.tls,

@@ -61,6 +61,16 @@ class _StatusCollector(Collector):
         for end, n in sorted(s.episode_ends.items()):
             ends.add_metric([end], n)
         yield ends
+        yield CounterMetricFamily(
+            "relayrl_rollout_generations_regenerated",
+            "Generation calls made again on another inference replica after one failed them.",
+            value=s.generations_regenerated,
+        )
+        yield GaugeMetricFamily(
+            "relayrl_rollout_inference_replicas_routable",
+            "Inference replicas rollout routes generation to now.",
+            value=s.inference_replicas_routable,
+        )
         yield GaugeMetricFamily(
             "relayrl_rollout_trainer_weight_version",
             "Trainer weight version the admission control last saw.",

@@ -19,9 +19,11 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from relayrl.client.inference_pool import InferencePool
 from relayrl.common.books import groups_left
 from relayrl.common.dataset import Prompt, PromptCursor
 from relayrl.common.episodes import reward_failed
@@ -68,11 +70,13 @@ class RolloutProducer:
         # rollout.generate_batch_max; relayrl.rollout.joining)
         self.reward = JoinedScorer(clients.reward, joined) if joined > 0 else clients.reward
         # (at most generate_batch_samples samples a GenerateBatch: inference.max_samples_per_request)
-        self.inference = (
-            JoinedInference(clients.inference, cfg.generate_batch_max, generate_batch_samples)
-            if cfg.generate_batch_max > 0
-            else clients.inference
-        )
+        self.inference: Any = clients.inference
+        if cfg.generate_batch_max > 0:
+            joined_calls = lambda c: JoinedInference(c, cfg.generate_batch_max, generate_batch_samples)  # noqa: E731
+            if isinstance(clients.inference, InferencePool):  # each replica joins its own calls
+                clients.inference.join_calls(joined_calls)
+            else:
+                self.inference = joined_calls(clients.inference)
         self.redis_retry_s = redis_retry_s
         self.stream = stream
         self.cursor = cursor
@@ -138,6 +142,8 @@ class RolloutProducer:
         self.trainer_view = TrainerView()  # admit nothing until the trainer answers again
 
     def _see_trainer(self, st: trainer_pb2.TrainerStatus) -> None:
+        if isinstance(self.clients.inference, InferencePool):  # replicas that missed a push take no request
+            self.clients.inference.set_behind(st.inference_replicas_behind)
         self.trainer_view = TrainerView(
             step=st.step,
             weight_version=st.weight_version,
@@ -349,8 +355,11 @@ class RolloutProducer:
         """ScoreBatch and GenerateBatch calls made for the workflows, and the workflows' calls they carried."""
         out: dict[str, int] = {}
         for name, client in (("score", self.reward), ("generate", self.inference)):
-            if isinstance(client, JoinedScorer | JoinedInference):
-                out[f"{name}_calls"], out[f"{name}_calls_joined"] = client.joiner.calls, client.joiner.callers
+            callers = [r.caller for r in client.replicas] if isinstance(client, InferencePool) else [client]
+            joiners = [c.joiner for c in callers if isinstance(c, JoinedScorer | JoinedInference)]
+            if joiners:
+                out[f"{name}_calls"] = sum(j.calls for j in joiners)
+                out[f"{name}_calls_joined"] = sum(j.callers for j in joiners)
         return out
 
     async def make_group(self, prompt: Prompt) -> list[episode_pb2.Episode]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 from fastapi import FastAPI
 
+from relayrl.client.inference_pool import replica_counts
 from relayrl.common.control import redacted_yaml, require_token
 from relayrl.common.control_api import control_app
 from relayrl.common.grpc_admission import method_path
@@ -44,6 +45,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             tool_calls=p.turns.tool_calls,
             tool_errors=p.turns.tool_errors,
             episode_ends=dict(p.turns.ends),
+            **replica_counts(p.clients.inference),
         )
 
     async def pause(self, reason: str = "") -> rollout_pb2.RolloutStatus:

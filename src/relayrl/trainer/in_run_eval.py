@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from relayrl.client import InferenceClient, RewardClient
+from relayrl.client import RewardClient
 from relayrl.client.evaluation import EvalSettings, evaluate
+from relayrl.client.inference_pool import connect_inference
 from relayrl.common.dataset import Prompt, load_jsonl
 from relayrl.common.metrics_row import EvalRow
 from relayrl.config import RunConfig
@@ -107,7 +108,7 @@ class InRunEval:
     async def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
         async with (
-            InferenceClient(cfg.inference.server.target, tls=cfg.tls) as inference,
+            connect_inference([e.address for e in cfg.inference.replica_endpoints()], cfg.tls) as inference,
             RewardClient(
                 cfg.reward.server.target,
                 token=cfg.control.effective_code_token(),  # a code reward's

@@ -46,7 +46,7 @@ class VersionPublication:
         versions: VersionSource,
         lineage: VersionLineage,
         coll: Collectives,
-        inference_target: str,
+        inference_target: str | list[str],
         retry_s: float,
         resumed_version: int = 0,
         tls: TlsConfig | None = None,
@@ -62,7 +62,8 @@ class VersionPublication:
         self.lineage_db = lineage
         self.coll = coll
         self.is_main = coll.rank == 0
-        self.inference_target = inference_target
+        # the inference replicas' gRPC targets (their served versions)
+        self.inference_targets = [inference_target] if isinstance(inference_target, str) else list(inference_target)
         self.tls = tls
         self.retry_s = retry_s
         self.resumed_version = resumed_version  # version of the restored weights, when resuming
@@ -151,12 +152,13 @@ class VersionPublication:
         self.publishing = False
         await self.publisher.close()
 
-    async def allocate_and_push(self, policy_step: int, floor: int) -> int:
-        """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push.
-        Serialised: a step's publication and a watchdog re-push never interleave."""
+    async def allocate_and_push(self, policy_step: int, floor: int, only: list[str] | None = None) -> int:
+        """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push (to the
+        replicas ``only``, by their weights targets: the watchdog's catch-up). Serialised: a step's publication and
+        a watchdog re-push never interleave."""
         async with self._push_lock:
             params, version, snapshot_s = await self._snapshot_and_allocate(policy_step, floor)
-            return await self._push_verified(params, version, policy_step, snapshot_s)
+            return await self._push_verified(params, version, policy_step, snapshot_s, only)
 
     async def _start_push(self, policy_step: int, floor: int) -> int:
         """Rank 0: snapshot and version now; the push in a task that holds the push lock until it is done."""
@@ -183,10 +185,12 @@ class VersionPublication:
         snapshot_s, self._gather_s = time.perf_counter() - t0 + self._gather_s, 0.0  # a re-push gathers nothing
         return params, await self._allocate(policy_step, floor), snapshot_s
 
-    async def _push_verified(self, params: Weights, version: int, policy_step: int, snapshot_s: float) -> int:
+    async def _push_verified(
+        self, params: Weights, version: int, policy_step: int, snapshot_s: float, only: list[str] | None = None
+    ) -> int:
         for _ in range(VERIFY_ATTEMPTS):
             with log_context(weight_version=version):
-                result = await self.publisher.push(params, version)
+                result = await self.publisher.push(params, version, only)
             if result.verified:
                 break
             # inference serves this version but its answer (probe, served check) was lost: the same weights as a
@@ -275,9 +279,38 @@ class VersionPublication:
         )
 
     async def served_version(self, wait_s: float = 0.0) -> int:
-        """The version inference serves now (a floor for the first allocation after a restart); see
-        :func:`served_version`."""
-        return await served_version(self.inference_target, self.tls, wait_s)
+        """The newest version any inference replica serves now (a floor for the first allocation after a restart:
+        versions are never reused); see :func:`served_version`. RuntimeError when no replica answers."""
+        return max(await self._served_versions(wait_s))
+
+    def replicas_behind(self) -> list[str]:
+        """The gRPC addresses of the replicas whose last push failed (rollout routes nothing to them)."""
+        behind = self.publisher.behind
+        return [a for a, w in zip(self.inference_targets, self.publisher.targets, strict=True) if w in behind]
+
+    async def lagging_replicas(self) -> list[str]:
+        """The weights targets of the replicas that answer and need the current weights: they serve an older
+        version (restarted, joined late) or their last push failed. Empty while no version is published."""
+        asked = await self._ask_each(0.0)
+        return [
+            w
+            for w, v in zip(self.publisher.targets, asked, strict=True)
+            if isinstance(v, int) and (v < self.weight_version or w in self.publisher.behind)
+        ]
+
+    async def _served_versions(self, wait_s: float) -> list[int]:
+        asked = await self._ask_each(wait_s)
+        versions = [v for v in asked if isinstance(v, int)]
+        if not versions:
+            raise next(e for e in asked if isinstance(e, BaseException))
+        return versions
+
+    async def _ask_each(self, wait_s: float) -> list[int | BaseException]:
+        return list(
+            await asyncio.gather(
+                *(served_version(t, self.tls, wait_s) for t in self.inference_targets), return_exceptions=True
+            )
+        )
 
 
 async def served_version(target: str, tls: TlsConfig | None, wait_s: float = 0.0) -> int:
@@ -308,26 +341,25 @@ async def watch_inference(
     finished: Callable[[], bool],
     interval_s: float = 2.0,
 ) -> None:
-    """Rank 0: if inference serves an older version than the trainer's (it restarted from disk), push the current
-    weights again under a fresh version of the same policy step, so it never serves old weights for long.
+    """Rank 0: if an inference replica serves an older version than the trainer's (it restarted from disk, joined
+    late, or missed a push), push the current weights again under a fresh version of the same policy step, so it
+    never serves old weights for long.
     Rank-local (no collective): other ranks measure staleness through the lineage, where the re-pushed version
     and the current one are the same step."""
     while True:
         await asyncio.sleep(interval_s)
         if publication.weight_version == 0 or publication.publishing:
             continue
-        try:
-            served = await publication.served_version()
-        except RuntimeError:
-            continue
-        if served >= publication.weight_version or finished():
+        lagging = await publication.lagging_replicas()
+        if not lagging or finished():
             continue
         log.warning(
-            "inference serves version %d, older than %d: pushing the current weights again",
-            served,
+            "inference %s serves a version older than %d or missed a push: pushing the current weights again",
+            ", ".join(lagging),
             publication.weight_version,
         )
         try:
-            await publication.allocate_and_push(current_step(), publication.weight_version)
+            only = lagging if len(lagging) < len(publication.inference_targets) else None
+            await publication.allocate_and_push(current_step(), publication.weight_version, only)
         except RuntimeError as exc:  # inference went away again: try at the next tick
             log.warning("re-push failed: %s", exc)

@@ -159,7 +159,7 @@ class Trainer:
             VersionSource(self.stream.client, self.stream.keys),
             VersionLineage(self.stream.client, self.stream.keys),
             self.coll,
-            cfg.inference.server.target,
+            [e.address for e in cfg.inference.replica_endpoints()],
             cfg.redis.retry_s,
             resumed_version,
             cfg.tls,
@@ -246,7 +246,7 @@ class Trainer:
         return WeightPublisher(
             self.model,
             self.device,
-            cfg.inference.weights_server.target,
+            [e.weights_address for e in cfg.inference.replica_endpoints()],
             make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir),
             pc.push_timeout_s,
             probe,
@@ -302,6 +302,7 @@ class Trainer:
             publishing=self.publication.publishing,
             checkpoint_pending=self.checkpoints.requested,
             last_checkpoint_step=self.checkpoints.last_step,
+            inference_replicas_behind=self.publication.replicas_behind(),
         )
 
     async def close(self) -> None:

@@ -48,6 +48,11 @@ from relayrl.trainer.weight_files import MappedWeights, StreamedWriter
 
 log = logging.getLogger(__name__)
 
+# once one replica answered a push, the others get max(LAGGARD_MIN_S, LAGGARD_FACTOR x its time) more, then count as
+# behind (a dead replica never holds publication up for longer)
+LAGGARD_MIN_S = 5.0
+LAGGARD_FACTOR = 3.0
+
 
 @dataclass(frozen=True)
 class PublishTimings:
@@ -102,7 +107,7 @@ class WeightPublisher:
         self,
         model: Any,
         device: torch.device,
-        target: str,
+        target: str | Sequence[str],
         transport: Transport,
         timeout_s: float,
         probe: list[list[int]],
@@ -117,7 +122,7 @@ class WeightPublisher:
         # rank 0 streams the full tensors into a file, scoring the probe with ``plain_model`` (an unsharded copy of
         # the architecture whose own parameters are never used) on the file's tensors
         self.sharded = plain_model is not None or is_sharded(model)
-        self._client: InferenceClient | None = None  # the pushes' channel, opened by the first
+        self._clients: dict[str, InferenceClient] = {}  # the pushes' channel to each replica, opened by the first
         self.plain_model = plain_model
         # the last gather's file: what the publication and any re-push of it (a watchdog's) send, until the next
         self._gathered: MappedWeights | None = None
@@ -126,7 +131,10 @@ class WeightPublisher:
         self.tls = tls  # the run's tls section: the channel to inference is TLS when it is on
         self.token = token  # the weights token: inference accepts updates only with it
         self.device = device
-        self.target = target
+        # the inference replicas: each gets every version (prepared once), and each answer is checked
+        self.targets = [target] if isinstance(target, str) else list(target)
+        self.failed_pushes: dict[str, int] = dict.fromkeys(self.targets, 0)  # per replica: pushes that failed
+        self.behind: set[str] = set()  # replicas whose last push failed: skipped until the watchdog catches them up
         self.transport = transport
         self.timeout_s = timeout_s
         self.probe = probe
@@ -213,56 +221,111 @@ class WeightPublisher:
             finally:
                 self.model.train(was_training)
 
-    async def push(self, params: Weights, version: int) -> PushResult:
-        """Send ``params`` as ``version``; verify the served weights by the engine's served-weights check and, when
-        due, the probe. Raises RuntimeError when the push fails, WeightVerificationError when inference serves
-        something else; an unverified result when the push landed but its answer was lost (or neither check
-        covered it). The trainer's probe is scored while the update travels."""
+    async def push(self, params: Weights, version: int, only: Sequence[str] | None = None) -> PushResult:
+        """Send ``params`` as ``version`` to the replicas (``only`` these; else every one not ``behind``, or all when
+        every one is); verify what each serves by the engine's served-weights check and, when due, the probe.
+        Raises WeightVerificationError when a replica serves something else, and RuntimeError when the push failed
+        on every replica. A replica whose push failed, or that had not answered ``LAGGARD_MIN_S`` (at least three
+        times the first answer's time) after another answered, is ``behind`` (logged and counted): publications
+        skip it and the watchdog pushes to it alone once it answers again. An unverified result when a push landed
+        but its answer was lost (or neither check covered it). The trainer's probe is scored once, while the update
+        travels."""
         t0 = time.perf_counter()
+        targets = list(only) if only else [t for t in self.targets if t not in self.behind] or list(self.targets)
         probe = self.probe if self.probe_due() else []
         messages = await asyncio.to_thread(self.transport.prepare, params, version, probe)
         t_prepared = time.perf_counter()
         expected_task = asyncio.create_task(asyncio.to_thread(self.expected_probe, params)) if probe else None
         try:
-            resp = await self._send(messages, version)
+            sent = await self._fan_out(targets, messages, version)
         finally:
             t_answered = time.perf_counter()
             expected = await expected_task if expected_task is not None else None
-        if resp is None:
-            log.warning("weight version %d landed but its answer was lost", version)
-            return PushResult(version, 0, t_answered - t0, None)
-        self.answered += 1
-        served = check_served(resp, messages[-1].manifest.sha256, version)
+        answers = self._answers(targets, sent, version)
+        checks = [self._check(resp, messages[-1].manifest.sha256, version, expected) for resp in answers]
+        served = all(c[0] for c in checks) and None not in answers
         self.engine_confirms = served
-        diff = (
-            None
-            if expected is None
-            else compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
-        )
-        if diff is None and not served:
-            log.warning("weight version %d landed unverified: no probe and no served-weights check", version)
-            return PushResult(version, int(resp.bytes_received), time.perf_counter() - t0, None)
+        diffs = [c[1] for c in checks]
+        diff = None if None in diffs or not diffs else max(d for d in diffs if d is not None)
+        if None in answers or (diff is None and not served):
+            log.warning("weight version %d landed unverified on a replica (answer lost, or nothing checked)", version)
+            return PushResult(version, _bytes(answers), t_answered - t0, None)
         t_compared = time.perf_counter()
         await asyncio.to_thread(self.transport.after_success, version)
         total = time.perf_counter() - t0
-        inference_s = resp.assemble_s + resp.swap_s + resp.probe_s
+        inference_s = max(r.assemble_s + r.swap_s + r.probe_s for r in answers if r is not None)
+        slowest = max((r for r in answers if r is not None), key=lambda r: r.assemble_s + r.swap_s + r.probe_s)
         timings = PublishTimings(  # the phases add up to total_s (the trainer's probe overlaps the transfer)
             serialise_s=(t_prepared - t0) + (total - (t_compared - t0)),
             transfer_s=max(t_answered - t_prepared - inference_s, 0.0),
-            swap_s=resp.assemble_s + resp.swap_s,
-            probe_s=resp.probe_s + (t_compared - t_answered),
+            swap_s=slowest.assemble_s + slowest.swap_s,
+            probe_s=slowest.probe_s + (t_compared - t_answered),
             total_s=total,
-            bytes=int(resp.bytes_received),
+            bytes=_bytes(answers),
         )
-        return PushResult(version, int(resp.bytes_received), total, diff, timings, served)
+        return PushResult(version, _bytes(answers), total, diff, timings, served)
 
-    async def _send(self, messages: Sequence[Any], version: int) -> Any:
-        if self._client is None:  # one channel for every push (it reconnects by itself after a restart)
-            self._client = InferenceClient(
-                self.target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token, tls=self.tls
+    async def _fan_out(self, targets: Sequence[str], messages: Sequence[Any], version: int) -> list[Any]:
+        """Each target's answer, or its error (a RuntimeError for a replica that failed or lagged)."""
+        tasks = [asyncio.create_task(self._send(t, messages, version)) for t in targets]
+        try:
+            started, pending = time.monotonic(), set(tasks)
+            while pending and not any(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if pending:  # one replica answered: the others get a bounded while more
+                grace = max(LAGGARD_MIN_S, LAGGARD_FACTOR * (time.monotonic() - started))
+                _, pending = await asyncio.wait(pending, timeout=grace)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return [
+            RuntimeError(f"weight push of version {version}: no answer in time while other replicas answered")
+            if t.cancelled()
+            else (t.exception() or t.result())
+            for t in tasks
+        ]
+
+    def _answers(self, targets: Sequence[str], sent: list[Any], version: int) -> list[Any]:
+        """The answers of the replicas the push reached (None: landed, answer lost); RuntimeError when it reached
+        none. A replica whose push failed is logged, counted and ``behind``; one that answered is not."""
+        answers: list[Any] = []
+        errors: list[BaseException] = []
+        for target, outcome in zip(targets, sent, strict=True):
+            if isinstance(outcome, RuntimeError):
+                self.failed_pushes[target] += 1
+                self.behind.add(target)
+                errors.append(outcome)
+                if len(self.targets) > 1:
+                    log.warning("weight version %d did not reach replica %s: %s", version, target, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                self.behind.discard(target)
+                answers.append(outcome)
+        if not answers:
+            raise errors[0]
+        if any(a is not None for a in answers):
+            self.answered += 1
+        return answers
+
+    def _check(self, resp: Any, sha256: str, version: int, expected: torch.Tensor | None) -> tuple[bool, float | None]:
+        """One replica's answer: (its engine confirmed the served weights, the probe's max difference or None)."""
+        if resp is None:
+            return False, None
+        served = check_served(resp, sha256, version)
+        if expected is None:
+            return served, None
+        return served, compare_probe(expected, resp.probe_logprobs, self.dtype, version, self.probe_tolerance)
+
+    async def _send(self, target: str, messages: Sequence[Any], version: int) -> Any:
+        client = self._clients.get(target)
+        if client is None:  # one channel per replica for every push (it reconnects by itself after a restart)
+            client = self._clients[target] = InferenceClient(
+                target, timeout_s=10.0, retries=4, backoff_s=0.5, token=self.token, tls=self.tls
             )
         try:
-            return await self._client.update_weights(messages, version, self.timeout_s, on_retry=self._count_retry)
+            return await client.update_weights(messages, version, self.timeout_s, on_retry=self._count_retry)
         except grpc.aio.AioRpcError as exc:
             raise RuntimeError(f"weight push of version {version} failed: {exc.code().name}: {exc.details()}") from exc
 
@@ -270,10 +333,13 @@ class WeightPublisher:
         self.push_retries += 1
 
     async def close(self) -> None:
-        """Close the push channel (the trainer is closing); a later push opens a new one."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        """Close the push channels (the trainer is closing); a later push opens new ones."""
+        clients, self._clients = self._clients, {}
+        await asyncio.gather(*(c.close() for c in clients.values()))
+
+
+def _bytes(answers: Sequence[Any]) -> int:
+    return max((int(r.bytes_received) for r in answers if r is not None), default=0)
 
 
 def check_served(resp: Any, sent_sha256: str, version: int) -> bool:

@@ -13,7 +13,7 @@ class GetRolloutStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version", "paused", "redis_oom_retries", "append_blocked", "episode_turns", "tool_calls", "tool_errors", "episode_ends")
+    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version", "paused", "redis_oom_retries", "append_blocked", "episode_turns", "tool_calls", "tool_errors", "episode_ends", "generations_regenerated", "inference_replicas_routable", "inference_replicas")
     class EpisodeEndsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,9 @@ class RolloutStatus(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_ENDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_REGENERATED_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_REPLICAS_ROUTABLE_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     groups_produced: int
     episodes_produced: int
@@ -51,7 +54,10 @@ class RolloutStatus(_message.Message):
     tool_calls: int
     tool_errors: int
     episode_ends: _containers.ScalarMap[str, int]
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ..., paused: _Optional[bool] = ..., redis_oom_retries: _Optional[int] = ..., append_blocked: _Optional[bool] = ..., episode_turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., episode_ends: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    generations_regenerated: int
+    inference_replicas_routable: int
+    inference_replicas: int
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ..., paused: _Optional[bool] = ..., redis_oom_retries: _Optional[int] = ..., append_blocked: _Optional[bool] = ..., episode_turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., episode_ends: _Optional[_Mapping[str, int]] = ..., generations_regenerated: _Optional[int] = ..., inference_replicas_routable: _Optional[int] = ..., inference_replicas: _Optional[int] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ("reason",)

@@ -1,0 +1,279 @@
+"""A pool of inference replicas behind the calls rollout's workflows make (``generate``, ``send_generate``,
+``generate_batch``, ``generate_stream``, ``status``): :class:`InferencePool`.
+
+- **Routing.** Each call goes to the routable replica with the least work in flight (samples requested), so a slow
+  replica, which holds its work longer, gets less.
+- **Failover.** A replica that fails a call with UNAVAILABLE (connection refused, gone) or DEADLINE_EXCEEDED leaves
+  routing at once; the call is generated again on another replica and counted (``regenerated``). Nothing of the
+  failed attempt is used: its answer never arrived. Each answer's tokens carry the versions of the replica that
+  made them.
+- **Readmission.** A background check asks every replica out of routing for its status: it comes back when it
+  answers SERVING with a weight version no older than the oldest a routable replica serves (a restarted replica
+  gets the current weights from the trainer's watchdog first).
+
+With no routable replica, a call waits for one to come back, up to its own deadline, then fails UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self, TypeVar
+
+import grpc
+
+from relayrl.client.base import NO_RETRY, RetryPolicy
+from relayrl.client.inference import InferenceClient
+from relayrl.common.pb import inference_pb2
+from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.config.tls import TlsConfig
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+__all__ = [
+    "FAILOVER_CODES",
+    "Inference",
+    "InferencePool",
+    "PoolUnavailable",
+    "Replica",
+    "connect_inference",
+    "replica_counts",
+]
+
+# a replica that answers these is gone or stuck: out of routing, the call generated again elsewhere
+FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+CHECK_TIMEOUT_S = 2.0
+
+
+class PoolUnavailable(grpc.aio.AioRpcError):
+    """No replica could take the call within its deadline (UNAVAILABLE, as one unreachable server would be)."""
+
+    def __init__(self, details: str) -> None:
+        empty = grpc.aio.Metadata()
+        super().__init__(grpc.StatusCode.UNAVAILABLE, empty, empty, details)
+
+
+@dataclass
+class Replica:
+    """One inference replica: its client and what the pool knows of it."""
+
+    address: str
+    client: InferenceClient
+    caller: Any = None  # what generation calls go through: the client, or a wrapper of it (join_calls)
+    in_flight: int = 0  # samples requested by calls in flight
+    routable: bool = True  # False once it failed a call, until the readmission check
+    behind: bool = False  # the trainer says its last weight push failed (TrainerStatus.inference_replicas_behind)
+    version: int = 0  # weight version it last reported serving
+    answered: int = 0  # calls it answered
+    failed: int = 0  # calls it failed (UNAVAILABLE, deadline): each took it out of routing
+
+
+@dataclass
+class InferencePool:
+    """Rollout's inference, spread over ``addresses`` (the module docstring says how). Calls to one replica are not
+    retried on it (``policies`` apply to status calls only): another replica takes them at once."""
+
+    addresses: Sequence[str]
+    tls: TlsConfig | None = None
+    check_every_s: float = 1.0
+    policies: Mapping[str, RetryPolicy] = field(default_factory=dict)
+    regenerated: int = 0  # calls generated again on another replica after one failed them
+    replicas: list[Replica] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.addresses:
+            raise ValueError("an inference pool needs at least one replica")
+        policies = {"Generate": NO_RETRY, "GenerateBatch": NO_RETRY, **self.policies}
+        self.replicas = [Replica(a, InferenceClient(a, policies=policies, tls=self.tls)) for a in self.addresses]
+        for replica in self.replicas:
+            replica.caller = replica.client
+        self._changed = asyncio.Event()  # a replica came back (readmitted, or no longer behind)
+        self._checker: asyncio.Task[None] | None = None
+
+    def join_calls(self, wrap: Callable[[InferenceClient], Any]) -> None:
+        """Send each replica's generation calls through ``wrap(client)`` (rollout's joiner: concurrent groups' calls
+        to one replica joined into one GenerateBatch, each replica with its own joined call on the wire)."""
+        for replica in self.replicas:
+            replica.caller = wrap(replica.client)
+
+    # --- the calls the workflows make -----------------------------------------------------------------------------
+    async def status(self) -> inference_pb2.InferenceStatus:
+        """The status of the least loaded routable replica."""
+        return await self._route(lambda caller: caller.status(), 0, 10.0)
+
+    async def generate(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> inference_pb2.GenerateResponse:
+        """As InferenceClient.generate, on the least loaded replica (through its joiner when calls are joined)."""
+        return await self._route(
+            lambda caller: caller.generate(prompt, sampling, timeout_s, request_id, suffix_text),
+            max(int(sampling.n), 1),
+            timeout_s,
+        )
+
+    async def send_generate(
+        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateResponse:
+        return await self._route(lambda caller: caller.send_generate(request, timeout_s), _samples(request), timeout_s)
+
+    async def generate_batch(
+        self, requests: Sequence[inference_pb2.GenerateRequest], timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateBatchResponse:
+        work = sum(_samples(r) for r in requests)
+        return await self._route(lambda caller: caller.generate_batch(requests, timeout_s), work, timeout_s)
+
+    def generate_stream(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> Any:
+        """A stream on the least loaded routable replica (a stream may have sent tokens: never failed over)."""
+        replica = self._pick(set()) or self.replicas[0]
+        return replica.client.generate_stream(prompt, sampling, timeout_s, request_id, suffix_text)
+
+    # --- routing --------------------------------------------------------------------------------------------------
+    def _pick(self, tried: set[str]) -> Replica | None:
+        """The least loaded routable replica not ``tried``, not behind on weights (unless every one is)."""
+        candidates = [r for r in self.replicas if r.routable and r.address not in tried]
+        current = [r for r in candidates if not r.behind] or candidates
+        return min(current, key=lambda r: r.in_flight, default=None)
+
+    def set_behind(self, addresses: Sequence[str]) -> None:
+        """The replicas the trainer says missed their last weight push (the others are current again)."""
+        behind = set(addresses)
+        for replica in self.replicas:
+            if replica.behind and replica.address not in behind:
+                self._changed.set()
+            replica.behind = replica.address in behind
+
+    async def _route(self, call: Callable[[Any], Awaitable[R]], work: int, timeout_s: float) -> R:
+        self._ensure_checker()
+        deadline = time.monotonic() + timeout_s
+        tried: set[str] = set()
+        while True:
+            replica = self._pick(tried) or await self._wait_for_replica(deadline)
+            replica.in_flight += work
+            try:
+                answer = await call(replica.caller)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in FAILOVER_CODES:
+                    raise
+                self._evict(replica, exc)
+                tried.add(replica.address)
+                self.regenerated += 1
+                continue
+            finally:
+                replica.in_flight -= work
+            replica.answered += 1
+            return answer
+
+    async def _wait_for_replica(self, deadline: float) -> Replica:
+        """A routable replica (the first to come back), waiting up to ``deadline``; PoolUnavailable after it."""
+        while (replica := self._pick(set())) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PoolUnavailable(f"no inference replica is routable ({', '.join(self.addresses)})")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=left)
+        return replica
+
+    def _evict(self, replica: Replica, exc: grpc.aio.AioRpcError) -> None:
+        replica.failed += 1
+        if replica.routable:
+            replica.routable = False
+            log.warning(
+                "inference replica %s out of routing (%s); its call is generated again on another",
+                replica.address,
+                exc.code().name,
+            )
+
+    # --- readmission ----------------------------------------------------------------------------------------------
+    def _ensure_checker(self) -> None:
+        """Start the readmission check with the first call (the pool is built outside any event loop)."""
+        if self._checker is None:
+            self._checker = asyncio.create_task(self._check_forever())
+
+    async def _check_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_every_s)
+            await self.check()
+
+    async def check(self) -> None:
+        """Ask every replica for its status: versions of the routable ones, readmission of the others."""
+        answers = await asyncio.gather(*(self._ask(r) for r in self.replicas))
+        floor = min((v for r, v in zip(self.replicas, answers, strict=True) if r.routable and v is not None), default=0)
+        readmitted = False
+        for replica, version in zip(self.replicas, answers, strict=True):
+            if version is None or replica.routable:
+                continue
+            if version >= floor:
+                replica.routable = readmitted = True
+                log.info("inference replica %s back in routing (serves version %d)", replica.address, version)
+        if readmitted:
+            self._changed.set()
+
+    async def _ask(self, replica: Replica) -> int | None:
+        """The version ``replica`` serves, or None when it is not SERVING (or does not answer)."""
+        try:
+            status = await asyncio.wait_for(replica.client.status(), CHECK_TIMEOUT_S)
+        except (grpc.aio.AioRpcError, TimeoutError):
+            return None
+        if status.component.state != ServingState.SERVING_STATE_SERVING:
+            return None
+        replica.version = int(status.weight_version)
+        return replica.version
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            await asyncio.gather(self._checker, return_exceptions=True)
+        await asyncio.gather(*(r.client.close() for r in self.replicas))
+
+
+def _samples(request: inference_pb2.GenerateRequest) -> int:
+    return max(int(request.sampling.n), 1)
+
+
+Inference = InferenceClient | InferencePool  # what generates: one replica's client, or a pool of several
+
+
+def connect_inference(
+    addresses: Sequence[str], tls: TlsConfig | None = None, policies: Mapping[str, RetryPolicy] | None = None
+) -> Inference:
+    """The client of the inference replicas at ``addresses``: a plain client of the one, or a pool of several
+    (``policies`` apply to the one client's calls; a pool fails over instead of retrying a replica)."""
+    if len(addresses) == 1:
+        return InferenceClient(addresses[0], policies=policies, tls=tls)
+    return InferencePool(addresses, tls)
+
+
+def replica_counts(inference: Inference) -> dict[str, int]:
+    """Calls generated again elsewhere, replicas routed to now, and replicas (one client: 0, 1, 1)."""
+    if not isinstance(inference, InferencePool):
+        return {"generations_regenerated": 0, "inference_replicas_routable": 1, "inference_replicas": 1}
+    return {
+        "generations_regenerated": inference.regenerated,
+        "inference_replicas_routable": sum(r.routable and not r.behind for r in inference.replicas),
+        "inference_replicas": len(inference.replicas),
+    }

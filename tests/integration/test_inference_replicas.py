@@ -1,0 +1,118 @@
+"""Several inference replicas behind one rollout (inference.endpoints): generation spread over them by least work
+in flight, every weight version pushed to each and verified, a replica that fails taken out of routing with its
+calls generated again elsewhere (counted), and the run's books adding up throughout."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from relayrl.client import InferenceClient
+from relayrl.client.inference_pool import InferencePool
+from relayrl.common.pb import inference_pb2
+from relayrl.common.pb.common_pb2 import ServingState
+from tests.conftest import RedisServer
+from tests.integration.helpers import inference_server
+from tests.integration.stack import run_stack, stack_config
+
+pytestmark = pytest.mark.integration
+
+
+def _books_add_up(out: dict[str, Any], groups: int) -> None:
+    assert out["trained"] == groups
+    assert out["produced"] == out["trained"] + out["dropped"] + out["invalid"] + out["pending"]
+    assert out["dropped_reward_error"] == out["episodes_reward_errors"] == out["invalid"] == 0
+
+
+async def test_three_replicas_share_generation_and_each_serves_every_verified_version(
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    steps = 6
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, f"trainer.total_steps={steps}")
+
+    out = await run_stack(cfg, tiny_model_dir, inference_replicas=3)
+
+    _books_add_up(out, steps * 2)
+    served = [service.requests_served for service in out["inference_services"]]
+    assert all(n > 0 for n in served), served  # least work in flight: every replica took requests
+    # the last publication reached each replica and was verified there: they all serve the trainer's last version
+    assert (
+        len(set(out["inference_versions"])) == 1 and out["inference_versions"][0] == out["rows"][-1]["weight_version"]
+    )
+    assert out["replica_counts"] == {
+        "generations_regenerated": 0,
+        "inference_replicas_routable": 3,
+        "inference_replicas": 3,
+    }
+    assert all(r["staleness_max"] <= cfg.rollout.max_staleness for r in out["rows"])
+
+
+async def test_a_replica_that_dies_with_requests_in_flight_leaves_routing_and_they_are_generated_again(
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    steps = 8
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, f"trainer.total_steps={steps}")
+    killed_at: list[int] = []
+
+    async def kill_the_last_with_work_in_flight(services: list[Any]) -> None:
+        doomed, stuck = services[-1], asyncio.Event()
+
+        async def never_answers(*_: object) -> None:  # its generation calls stay in flight
+            stuck.set()
+            await asyncio.Event().wait()
+
+        doomed.result = never_answers
+        await stuck.wait()
+        killed_at.append(doomed.engine.version)
+        for handle in doomed.grpc_handles:  # as a kill: every call on it fails UNAVAILABLE
+            await handle.stop(0)
+
+    out = await run_stack(cfg, tiny_model_dir, inference_replicas=3, during=kill_the_last_with_work_in_flight)
+
+    assert killed_at  # the replica died during the run
+    _books_add_up(out, steps * 2)
+    counts = out["replica_counts"]
+    # its calls in flight were generated again on the others; it stays out of routing (nothing brings it back)
+    assert counts["generations_regenerated"] >= 1 and counts["inference_replicas_routable"] == 2
+    # the survivors got every version after the death; the dead one kept the one it had
+    survivors = out["inference_versions"][:2]
+    assert survivors == [out["rows"][-1]["weight_version"]] * 2 and out["inference_versions"][2] < survivors[0]
+
+
+@pytest.mark.parametrize("failing", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+async def test_the_pool_fails_over_on_unavailable_and_deadline_and_readmits_a_replica_serving_the_floor(
+    tiny_model_dir: Path, failing: grpc.StatusCode
+) -> None:
+    async with inference_server(tiny_model_dir) as (a, sa), inference_server(tiny_model_dir) as (b, sb):
+        for service in (sa, sb):  # as relayrl.inference.main marks it once the engine is loaded
+            service.header.state = ServingState.SERVING_STATE_SERVING
+        pool = InferencePool([a, b], check_every_s=3600)  # the test runs each check itself
+        try:
+            sampling = inference_pb2.SamplingParams(n=2, max_new_tokens=2, temperature=1.0)
+            calls: list[str] = []
+
+            async def fail_once(client: InferenceClient) -> Any:
+                calls.append(client.target)
+                if len(calls) == 1:
+                    raise grpc.aio.AioRpcError(failing, grpc.aio.Metadata(), grpc.aio.Metadata(), "injected")
+                return await client.generate("1+1=", sampling, 30.0)
+
+            answer = await pool._route(fail_once, 2, 30.0)
+            assert len(answer.samples) == 2 and len(calls) == 2 and calls[0] != calls[1]
+            assert pool.regenerated == 1 and sum(not r.routable for r in pool.replicas) == 1
+            # the failed replica still serves (the failure was injected): the check brings it back, but only while
+            # it serves a version no older than the routable replica's
+            out = next(r for r in pool.replicas if not r.routable)
+            back = next(s for t, s in ((a, sa), (b, sb)) if t == out.address)
+            back.header.state = ServingState.SERVING_STATE_STARTING
+            await pool.check()
+            assert not out.routable  # not SERVING: stays out
+            back.header.state = ServingState.SERVING_STATE_SERVING
+            await pool.check()
+            assert all(r.routable for r in pool.replicas)
+        finally:
+            await pool.close()
