@@ -26,9 +26,9 @@ from relayrl.config import RunConfig, load_run_config
 from relayrl.config.tls import TlsConfig
 from relayrl.local_redis import REDIS_PASSWORD_FILE
 
-# services whose client spreads its calls over every address of the target (each replica is shown); inference's
-# replicas are the config's inference.endpoints
-REPLICATED = ("reward",)
+# services that run as several replicas (each is shown): inference's are inference.endpoints, reward's every address
+# its target resolves to (its client balances over them)
+REPLICATED = ("inference", "reward")
 
 CLIENTS: dict[str, type[ServiceClient]] = {
     "inference": InferenceClient,
@@ -94,13 +94,16 @@ def _replica_tls(target: str, tls: TlsConfig | None) -> TlsConfig | None:
     return replace(tls, server_name=target.removeprefix("dns:///").rpartition(":")[0])
 
 
-async def _replicas(kind: str, target: str, timeout_s: float, tls: TlsConfig | None) -> list[dict[str, Any]]:
-    """The status of each replica of ``kind`` behind ``target`` (empty when there is one)."""
-    addresses = await replica_addresses(target)
+async def _replicas(cfg: RunConfig, kind: str, timeout_s: float, tls: TlsConfig | None) -> list[dict[str, Any]]:
+    """The status of each replica of ``kind`` (empty when there is one)."""
+    if kind == "inference":
+        addresses = [e.address for e in cfg.inference.replica_endpoints()]
+    else:
+        target = getattr(cfg, kind).server.target
+        addresses, tls = await replica_addresses(target), _replica_tls(target, tls)
     if len(addresses) < 2:
         return []
-    each = _replica_tls(target, tls)
-    return list(await asyncio.gather(*(_service_status(kind, a, timeout_s, each) for a in addresses)))
+    return list(await asyncio.gather(*(_service_status(kind, a, timeout_s, tls) for a in addresses)))
 
 
 async def _identify(address: str, timeout_s: float, tls: TlsConfig | None) -> tuple[str, dict[str, Any]]:
@@ -189,12 +192,7 @@ async def collect(target: Target, timeout_s: float = 3.0, tls: TlsConfig | None 
     kinds = list(CLIENTS)
     statuses = await asyncio.gather(*(_service_status(k, getattr(cfg, k).server.target, timeout_s, tls) for k in kinds))
     out: dict[str, Any] = {"services": dict(zip(kinds, statuses, strict=True))}
-    replicas = {k: await _replicas(k, getattr(cfg, k).server.target, timeout_s, tls) for k in REPLICATED}
-    endpoints = [e.address for e in cfg.inference.endpoints]
-    if len(endpoints) > 1:
-        replicas["inference"] = list(
-            await asyncio.gather(*(_service_status("inference", a, timeout_s, tls) for a in endpoints))
-        )
+    replicas = {k: await _replicas(cfg, k, timeout_s, tls) for k in REPLICATED}
     if any(replicas.values()):
         out["replicas"] = {k: v for k, v in replicas.items() if v}
     if cfg.redis.effective_url():

@@ -27,7 +27,7 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from relayrl.client.base import NO_RETRY, RetryPolicy
-from relayrl.client.inference import InferenceClient
+from relayrl.client.inference import InferenceClient, generate_request
 from relayrl.common.pb import inference_pb2
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.config.tls import TlsConfig
@@ -69,27 +69,23 @@ class Replica:
     in_flight: int = 0  # samples requested by calls in flight
     routable: bool = True  # False once it failed a call, until the readmission check
     behind: bool = False  # the trainer says its last weight push failed (TrainerStatus.inference_replicas_behind)
-    version: int = 0  # weight version it last reported serving
-    answered: int = 0  # calls it answered
-    failed: int = 0  # calls it failed (UNAVAILABLE, deadline): each took it out of routing
 
 
 @dataclass
 class InferencePool:
-    """Rollout's inference, spread over ``addresses`` (the module docstring says how). Calls to one replica are not
-    retried on it (``policies`` apply to status calls only): another replica takes them at once."""
+    """Rollout's inference, spread over ``addresses`` (the module docstring says how). A generation call is not
+    retried on its replica: another replica takes it at once."""
 
     addresses: Sequence[str]
     tls: TlsConfig | None = None
     check_every_s: float = 1.0
-    policies: Mapping[str, RetryPolicy] = field(default_factory=dict)
     regenerated: int = 0  # calls generated again on another replica after one failed them
     replicas: list[Replica] = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.addresses:
             raise ValueError("an inference pool needs at least one replica")
-        policies = {"Generate": NO_RETRY, "GenerateBatch": NO_RETRY, **self.policies}
+        policies = {"Generate": NO_RETRY, "GenerateBatch": NO_RETRY}
         self.replicas = [Replica(a, InferenceClient(a, policies=policies, tls=self.tls)) for a in self.addresses]
         for replica in self.replicas:
             replica.caller = replica.client
@@ -115,16 +111,13 @@ class InferencePool:
         request_id: str = "",
         suffix_text: str = "",
     ) -> inference_pb2.GenerateResponse:
-        """As InferenceClient.generate, on the least loaded replica (through its joiner when calls are joined)."""
-        return await self._route(
-            lambda caller: caller.generate(prompt, sampling, timeout_s, request_id, suffix_text),
-            max(int(sampling.n), 1),
-            timeout_s,
-        )
+        """As InferenceClient.generate, on the least loaded replica."""
+        return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
 
     async def send_generate(
         self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
     ) -> inference_pb2.GenerateResponse:
+        """One request on the least loaded replica (through its joiner when calls are joined)."""
         return await self._route(lambda caller: caller.send_generate(request, timeout_s), _samples(request), timeout_s)
 
     async def generate_batch(
@@ -178,7 +171,6 @@ class InferencePool:
                 continue
             finally:
                 replica.in_flight -= work
-            replica.answered += 1
             return answer
 
     async def _wait_for_replica(self, deadline: float) -> Replica:
@@ -193,7 +185,6 @@ class InferencePool:
         return replica
 
     def _evict(self, replica: Replica, exc: grpc.aio.AioRpcError) -> None:
-        replica.failed += 1
         if replica.routable:
             replica.routable = False
             log.warning(
@@ -235,8 +226,7 @@ class InferencePool:
             return None
         if status.component.state != ServingState.SERVING_STATE_SERVING:
             return None
-        replica.version = int(status.weight_version)
-        return replica.version
+        return int(status.weight_version)
 
     async def __aenter__(self) -> Self:
         return self

@@ -66,21 +66,13 @@ def with_thread_budget(cfg: RunConfig, cores: Sequence[int]) -> RunConfig:
 
 
 def local_replicas(ic: InferenceConfig, ports: Sequence[int]) -> InferenceConfig:
-    """With ``replicas`` > 1, the endpoints of the local replicas: the first at ``server`` and ``weights_server``
-    (filled in later), the others on loopback at ``ports`` (gRPC and weights server, in pairs)."""
-    if ic.replicas == 1:
-        return ic
-    pairs = [(ports[i], ports[i + 1]) for i in range(0, len(ports), 2)]
-    return replace(ic, endpoints=[ReplicaEndpoint(f"127.0.0.1:{g}", f"127.0.0.1:{w}") for g, w in pairs])
-
-
-def with_first_replica(ic: InferenceConfig) -> InferenceConfig:
-    """The first local replica (``server`` and ``weights_server``) at the head of ``endpoints``, once its ports are
-    known; nothing to do for one replica."""
+    """With ``replicas`` > 1, ``endpoints`` lists the local replicas: the first at ``server`` and ``weights_server``,
+    the others on loopback at ``ports`` (their gRPC and weights servers, in pairs)."""
     if ic.replicas == 1:
         return ic
     first = ReplicaEndpoint(ic.server.target, ic.weights_server.target)
-    return replace(ic, endpoints=[first, *ic.endpoints])
+    others = [ReplicaEndpoint(f"127.0.0.1:{ports[i]}", f"127.0.0.1:{ports[i + 1]}") for i in range(0, len(ports), 2)]
+    return replace(ic, endpoints=[first, *others])
 
 
 def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
@@ -100,7 +92,6 @@ def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
         )
     extra = 2 * (cfg.inference.replicas - 1)  # the other replicas' gRPC and weights servers
     p = iter(free_ports(9 + extra))  # distinct: one per server of the stack
-    cfg = replace(cfg, inference=local_replicas(cfg.inference, [next(p) for _ in range(extra)]))
     return replace(
         cfg,
         output_dir=out_dir,
@@ -112,13 +103,14 @@ def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
             server=local(cfg.rollout.server, next(p)),
             http=local_http(cfg.rollout.http, next(p)),
         ),
-        inference=with_first_replica(
+        inference=local_replicas(
             replace(
                 cfg.inference,
                 server=local(cfg.inference.server, next(p)),
                 http=local_http(cfg.inference.http, next(p)),
                 weights_server=local(cfg.inference.weights_server, next(p)),
-            )
+            ),
+            [next(p) for _ in range(extra)],
         ),
         reward=replace(cfg.reward, server=local(cfg.reward.server, next(p)), http=local_http(cfg.reward.http, next(p))),
         trainer=replace(

@@ -187,7 +187,13 @@ class JoinedInference:
         suffix_text: str = "",
     ) -> inference_pb2.GenerateResponse:
         """As InferenceClient.generate, in one call with whatever else is waiting."""
-        return await self.joiner.call(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
+        return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
+
+    async def send_generate(
+        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateResponse:
+        """As InferenceClient.send_generate, in one call with whatever else is waiting."""
+        return await self.joiner.call(request, timeout_s)
 
     async def _send(
         self, requests: list[inference_pb2.GenerateRequest], timeout_s: float

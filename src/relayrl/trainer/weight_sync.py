@@ -243,27 +243,27 @@ class WeightPublisher:
             expected = await expected_task if expected_task is not None else None
         answers = self._answers(targets, sent, version)
         checks = [self._check(resp, messages[-1].manifest.sha256, version, expected) for resp in answers]
-        served = all(c[0] for c in checks) and None not in answers
+        served = all(confirmed for confirmed, _ in checks)  # (False for an answer that was lost)
         self.engine_confirms = served
-        diffs = [c[1] for c in checks]
-        diff = None if None in diffs or not diffs else max(d for d in diffs if d is not None)
+        diffs = [d for _, d in checks]
+        diff = None if None in diffs else max(d for d in diffs if d is not None)
+        sent_bytes = max((int(r.bytes_received) for r in answers if r is not None), default=0)
         if None in answers or (diff is None and not served):
             log.warning("weight version %d landed unverified on a replica (answer lost, or nothing checked)", version)
-            return PushResult(version, _bytes(answers), t_answered - t0, None)
+            return PushResult(version, sent_bytes, t_answered - t0, None)
         t_compared = time.perf_counter()
         await asyncio.to_thread(self.transport.after_success, version)
         total = time.perf_counter() - t0
-        inference_s = max(r.assemble_s + r.swap_s + r.probe_s for r in answers if r is not None)
-        slowest = max((r for r in answers if r is not None), key=lambda r: r.assemble_s + r.swap_s + r.probe_s)
+        slowest = max(answers, key=lambda r: r.assemble_s + r.swap_s + r.probe_s)  # the phases of the last to swap
         timings = PublishTimings(  # the phases add up to total_s (the trainer's probe overlaps the transfer)
             serialise_s=(t_prepared - t0) + (total - (t_compared - t0)),
-            transfer_s=max(t_answered - t_prepared - inference_s, 0.0),
+            transfer_s=max(t_answered - t_prepared - (slowest.assemble_s + slowest.swap_s + slowest.probe_s), 0.0),
             swap_s=slowest.assemble_s + slowest.swap_s,
             probe_s=slowest.probe_s + (t_compared - t_answered),
             total_s=total,
-            bytes=_bytes(answers),
+            bytes=sent_bytes,
         )
-        return PushResult(version, _bytes(answers), total, diff, timings, served)
+        return PushResult(version, sent_bytes, total, diff, timings, served)
 
     async def _fan_out(self, targets: Sequence[str], messages: Sequence[Any], version: int) -> list[Any]:
         """Each target's answer, or its error (a RuntimeError for a replica that failed or lagged)."""
@@ -336,10 +336,6 @@ class WeightPublisher:
         """Close the push channels (the trainer is closing); a later push opens new ones."""
         clients, self._clients = self._clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()))
-
-
-def _bytes(answers: Sequence[Any]) -> int:
-    return max((int(r.bytes_received) for r in answers if r is not None), default=0)
 
 
 def check_served(resp: Any, sent_sha256: str, version: int) -> bool:
