@@ -60,7 +60,7 @@ def _start(launcher: Launcher, name: str, delay_s: float, peer: str) -> Child:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, name, str(delay_s), peer, str(folder)], stdout=log, stderr=subprocess.STDOUT
     )
-    child = launcher.children[name] = Child(name, proc, log)
+    child = launcher.children[name] = Child(name, proc, log, folder / "config.yaml")
     while not (folder / f"{name}.ready").exists():  # its SIGTERM handler is installed
         assert proc.poll() is None
     return child

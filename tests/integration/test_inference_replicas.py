@@ -5,6 +5,7 @@ calls generated again elsewhere (counted), and the run's books adding up through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,34 @@ async def test_the_pool_fails_over_on_unavailable_and_deadline_and_readmits_a_re
             assert all(r.routable for r in pool.replicas)
         finally:
             await pool.close()
+
+
+async def test_the_check_takes_out_a_routable_replica_that_restarted_or_is_gone_and_waits_for_the_floor(
+    tiny_model_dir: Path,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        a, sa = await stack.enter_async_context(inference_server(tiny_model_dir))
+        b_server = inference_server(tiny_model_dir)
+        b, sb = await b_server.__aenter__()
+        for service in (sa, sb):  # as relayrl.inference.main marks it once the engine is loaded
+            service.header.state = ServingState.SERVING_STATE_SERVING
+        pool = await stack.enter_async_context(InferencePool([a, b], check_every_s=3600))  # checks run by the test
+        try:
+            await pool.check()
+            ra, rb = pool.replicas
+            assert ra.routable and rb.routable and ra.version == rb.version == 0
+            # both served version 3; a still does, b serves 0 now: it restarted with its start-up weights
+            sa.engine._version = ra.version = rb.version = 3  # type: ignore[attr-defined]
+            await pool.check()
+            assert ra.routable and not rb.routable
+            await pool.check()
+            assert not rb.routable  # older than the oldest routable replica's version: stays out
+            sb.engine._version = 3  # type: ignore[attr-defined]  # the trainer's watchdog caught it up
+            await pool.check()
+            assert rb.routable
+        finally:
+            await b_server.__aexit__(None, None, None)
+        # b is gone (its server stopped): the check takes it out before any call waits on it
+        await pool.check()
+        assert ra.routable and not rb.routable
+        assert pool._pick(set()) is ra

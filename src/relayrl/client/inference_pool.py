@@ -7,9 +7,13 @@
   routing at once; the call is generated again on another replica and counted (``regenerated``). Nothing of the
   failed attempt is used: its answer never arrived. Each answer's tokens carry the versions of the replica that
   made them.
-- **Readmission.** A background check asks every replica out of routing for its status: it comes back when it
-  answers SERVING with a weight version no older than the oldest a routable replica serves (a restarted replica
-  gets the current weights from the trainer's watchdog first).
+- **Health.** A background check asks every replica for its status each ``check_every_s``. A routable replica
+  that cannot be reached (UNAVAILABLE), or that serves an older version than it did before (it restarted: versions
+  never go back), leaves routing too, so no call waits on a dead replica and a restarted one never generates with
+  its start-up weights.
+- **Readmission.** A replica out of routing comes back when it answers SERVING with a weight version no older than
+  the oldest a routable replica serves (a restarted replica gets the current weights from the trainer's watchdog
+  first).
 
 With no routable replica, a call waits for one to come back, up to its own deadline, then fails UNAVAILABLE.
 """
@@ -49,6 +53,7 @@ __all__ = [
 # a replica that answers these is gone or stuck: out of routing, the call generated again elsewhere
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 CHECK_TIMEOUT_S = 2.0
+_GONE = -1  # the check's answer for a replica that cannot be reached (versions start at 0)
 
 
 class PoolUnavailable(grpc.aio.AioRpcError):
@@ -69,6 +74,7 @@ class Replica:
     in_flight: int = 0  # samples requested by calls in flight
     routable: bool = True  # False once it failed a call, until the readmission check
     behind: bool = False  # the trainer says its last weight push failed (TrainerStatus.inference_replicas_behind)
+    version: int = -1  # the weight version it served at the last check (-1: not asked yet)
 
 
 @dataclass
@@ -85,7 +91,7 @@ class InferencePool:
     def __post_init__(self) -> None:
         if not self.addresses:
             raise ValueError("an inference pool needs at least one replica")
-        policies = {"Generate": NO_RETRY, "GenerateBatch": NO_RETRY}
+        policies = {"Generate": NO_RETRY, "GenerateBatch": NO_RETRY, "GetStatus": NO_RETRY}  # the check asks again
         self.replicas = [Replica(a, InferenceClient(a, policies=policies, tls=self.tls)) for a in self.addresses]
         for replica in self.replicas:
             replica.caller = replica.client
@@ -165,7 +171,7 @@ class InferencePool:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in FAILOVER_CODES:
                     raise
-                self._evict(replica, exc)
+                self._evict(replica, exc.code().name)
                 tried.add(replica.address)
                 self.regenerated += 1
                 continue
@@ -184,14 +190,10 @@ class InferencePool:
                 await asyncio.wait_for(self._changed.wait(), timeout=left)
         return replica
 
-    def _evict(self, replica: Replica, exc: grpc.aio.AioRpcError) -> None:
+    def _evict(self, replica: Replica, why: str) -> None:
         if replica.routable:
             replica.routable = False
-            log.warning(
-                "inference replica %s out of routing (%s); its call is generated again on another",
-                replica.address,
-                exc.code().name,
-            )
+            log.warning("inference replica %s out of routing (%s); its calls go to the others", replica.address, why)
 
     # --- readmission ----------------------------------------------------------------------------------------------
     def _ensure_checker(self) -> None:
@@ -205,24 +207,33 @@ class InferencePool:
             await self.check()
 
     async def check(self) -> None:
-        """Ask every replica for its status: versions of the routable ones, readmission of the others."""
+        """Ask every replica for its status: routable ones that are gone or restarted leave routing, the others
+        come back when they serve a version no older than the oldest a routable replica serves."""
         answers = await asyncio.gather(*(self._ask(r) for r in self.replicas))
-        floor = min((v for r, v in zip(self.replicas, answers, strict=True) if r.routable and v is not None), default=0)
-        readmitted = False
         for replica, version in zip(self.replicas, answers, strict=True):
-            if version is None or replica.routable:
-                continue
-            if version >= floor:
+            if version == _GONE:
+                self._evict(replica, "unreachable")
+            elif version is not None and version < replica.version:
+                self._evict(replica, f"serves version {version} after {replica.version}: restarted")
+        served = [(r, v) for r, v in zip(self.replicas, answers, strict=True) if isinstance(v, int) and v >= 0]
+        floor = min((v for r, v in served if r.routable), default=0)
+        readmitted = False
+        for replica, version in served:
+            replica.version = version
+            if not replica.routable and version >= floor:
                 replica.routable = readmitted = True
                 log.info("inference replica %s back in routing (serves version %d)", replica.address, version)
         if readmitted:
             self._changed.set()
 
     async def _ask(self, replica: Replica) -> int | None:
-        """The version ``replica`` serves, or None when it is not SERVING (or does not answer)."""
+        """The version ``replica`` serves; None when it is not SERVING or does not answer in time, _GONE when it
+        cannot be reached."""
         try:
             status = await asyncio.wait_for(replica.client.status(), CHECK_TIMEOUT_S)
-        except (grpc.aio.AioRpcError, TimeoutError):
+        except grpc.aio.AioRpcError as exc:
+            return _GONE if exc.code() == grpc.StatusCode.UNAVAILABLE else None
+        except TimeoutError:
             return None
         if status.component.state != ServingState.SERVING_STATE_SERVING:
             return None

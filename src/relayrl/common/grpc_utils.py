@@ -32,6 +32,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # a server that restarted (an inference or reward replica) is dialled again within 5 s, not gRPC's 120 s
+    ("grpc.max_reconnect_backoff_ms", 5000),
 ]
 
 

@@ -235,6 +235,16 @@ class InferenceConfig:
             "le": 64,
         },
     )
+    replica_restarts: int = field(
+        default=3,
+        metadata={
+            "help": "How many times `relayrl run` restarts an inference replica that died, when replicas > 1 (the "
+            "others serve meanwhile; the trainer sends the restarted one the current weights before rollout routes "
+            "to it). One more death ends the run. 0: a replica that dies ends the run.",
+            "ge": 0,
+            "le": 100,
+        },
+    )
     endpoints: list[ReplicaEndpoint] = field(
         default_factory=list,
         metadata={

@@ -46,6 +46,9 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_file: IO[bytes]
+    config_path: Path
+    extra: tuple[str, ...] = ()  # arguments after the config (an inference replica's ports)
+    restarts: int = 0  # times the launcher started it again after it died
 
 
 class Launcher:
@@ -154,7 +157,7 @@ class Launcher:
             start_new_session=True,
             preexec_fn=die_with_parent(),
         )
-        self.children[name] = Child(name, proc, log_file)
+        self.children[name] = Child(name, proc, log_file, config_path, tuple(extra))
 
     def _dead_child(self) -> Child | None:
         for child in self.children.values():
@@ -162,6 +165,22 @@ class Launcher:
             if code is not None and not (child.name == "trainer" and code == 0):
                 return child
         return None
+
+    def _restart(self, child: Child) -> bool:
+        """Start ``child`` again if it is an inference replica among several with restarts left (the others serve
+        meanwhile; the trainer's watchdog sends it the current weights and rollout routes to it once it serves
+        them). False: its death ends the run."""
+        ic = self.cfg.inference
+        if child.name.partition("-")[0] != "inference" or ic.replicas == 1 or child.restarts >= ic.replica_restarts:
+            return False
+        child.log_file.close()
+        self._say(
+            f"relayrl: {child.name} died with exit code {child.proc.returncode}; starting it again "
+            f"(restart {child.restarts + 1} of inference.replica_restarts={ic.replica_restarts})"
+        )
+        self._start_child(child.name, child.config_path, child.extra)
+        self.children[child.name].restarts = child.restarts + 1
+        return True
 
     def _say(self, text: str) -> None:
         print(text, file=self.progress, flush=True)
@@ -256,7 +275,7 @@ class Launcher:
         while True:
             offset = self._show_progress(offset, total)
             dead = self._dead_child()
-            if dead is not None:
+            if dead is not None and not self._restart(dead):
                 return self._fail(dead)
             trainer = self.children["trainer"].proc
             if trainer.poll() == 0:
@@ -282,9 +301,10 @@ class Launcher:
         return offset
 
     def _summary(self) -> None:
-        """After the services stopped: the accounting identity (relayrl.run_report.run_summary), written to
-        summary.json and printed."""
-        write_summary(self.cfg, self.out, self.redis_password, self._say)
+        """After the services stopped: the accounting identity (relayrl.run_report.run_summary) and the children
+        started again, written to summary.json and printed."""
+        restarts = {c.name: c.restarts for c in self.children.values() if c.restarts}
+        write_summary(self.cfg, self.out, self.redis_password, self._say, restarts)
 
     def _trainer_stop_deadline(self) -> float:
         """The trainer's stop deadline (:func:`stop_deadline` of the run's metrics), said in the log."""

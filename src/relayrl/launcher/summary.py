@@ -17,9 +17,11 @@ from relayrl.run_report import entries_added, run_summary
 log = logging.getLogger(__name__)
 
 
-def write_summary(cfg: RunConfig, out: Path, redis_password: str, say: Callable[[str], None]) -> None:
-    """After the services stopped: the accounting identity (relayrl.run_report.run_summary), written to
-    summary.json and printed."""
+def write_summary(
+    cfg: RunConfig, out: Path, redis_password: str, say: Callable[[str], None], restarts: dict[str, int]
+) -> None:
+    """After the services stopped: the accounting identity (relayrl.run_report.run_summary) and the children
+    started again after they died (``restarts``: inference replicas), written to summary.json and printed."""
     import redis
 
     keys = RedisKeys.from_config(cfg.redis)
@@ -54,7 +56,7 @@ def write_summary(cfg: RunConfig, out: Path, redis_password: str, say: Callable[
         (len(invalid), sum(invalid)),
         added - appended,
     )
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.json").write_text(json.dumps({**summary, "restarts": restarts}, indent=1) + "\n")
     after = summary["groups_after_checkpoint"]
     say(
         f"relayrl: {format_books(summary)}"
@@ -64,5 +66,7 @@ def write_summary(cfg: RunConfig, out: Path, redis_password: str, say: Callable[
             else ""
         )
     )
+    if restarts:
+        say("relayrl: restarted " + ", ".join(f"{name} {n}x" for name, n in sorted(restarts.items())))
     if summary["trainer_time"]:
         say(f"relayrl: {format_time_shares(summary['trainer_time'])}")
