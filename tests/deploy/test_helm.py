@@ -167,6 +167,8 @@ def test_redis_url_points_at_the_redis_service(tmp_path: Path) -> None:
         ({"output_dir": "/elsewhere"}, "config.output_dir is set by the chart"),
         ({"inference": {"weights_server": {"port": 9000}}}, "config.inference.weights_server.port is set by the chart"),
         ({"trainer": {"groups_per_step": 6}}, "must be divisible by the trainer's world size"),
+        ({"inference": {"replicas": 2}}, "config.inference.replicas is set by the chart"),
+        ({"inference": {"endpoints": []}}, "config.inference.endpoints is set by the chart"),
     ],
 )
 def test_render_refuses_config_keys_the_chart_owns(config: dict[str, Any], message: str) -> None:
@@ -185,7 +187,7 @@ def test_config_checksum_is_stable_and_changes_with_the_run_config() -> None:
     assert set(first) == {
         f"{kind}/rl-relayrl-{svc}"
         for svc, kind in (
-            ("inference", "Deployment"),
+            ("inference", "StatefulSet"),
             ("reward", "Deployment"),
             ("rollout", "Deployment"),
             ("trainer", "StatefulSet"),

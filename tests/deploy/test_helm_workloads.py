@@ -332,3 +332,42 @@ def test_code_token_of_an_existing_secret_is_optional_but_the_generated_secret_a
         # a Secret made for an older chart lacks code-token: the pods still start, and RunCode stays refused
         assert code_token_ref({"credentials": {"existingSecret": "my-tokens"}}, svc)["optional"] is True
         assert "optional" not in code_token_ref({}, svc)  # the chart's own Secret: a missing key fails loudly
+
+
+# -- inference replicas --------------------------------------------------------------------------------------------
+
+
+def test_inference_replicas_are_statefulset_pods_listed_by_stable_name_as_the_runs_endpoints(tmp_path: Path) -> None:
+    """inference.replicas=3: three pods with stable names behind a headless Service that resolves them while not
+    ready (the trainer must reach a restarted replica to catch it up); the run config lists each pod's gRPC and
+    weights address; the weights port admits trainer pods on every replica; a PDB keeps two serving in a drain."""
+    docs = render({"inference": {"replicas": 3}})
+    sts = workload(docs, "inference")
+    assert sts["kind"] == "StatefulSet" and sts["spec"]["replicas"] == 3
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    headless = service(docs, sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert selects(headless["spec"]["selector"], labels)
+    values = _chart().values["inference"]
+    assert {p["port"] for p in headless["spec"]["ports"]} == {values["port"], values["weightsPort"]}
+
+    cfg = load_config(docs, tmp_path)
+    pods = [f"rl-relayrl-inference-{i}.{headless['metadata']['name']}" for i in range(3)]
+    assert [(e.address, e.weights_address) for e in cfg.inference.replica_endpoints()] == [
+        (f"{pod}:{values['port']}", f"{pod}:{values['weightsPort']}") for pod in pods
+    ]
+    (policy,) = [d for d in objects(docs, "NetworkPolicy") if d["metadata"]["name"].endswith("-inference")]
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], labels)
+    assert reaching(policy, values["weightsPort"]) == {"trainer"}
+    (pdb,) = [d for d in objects(docs, "PodDisruptionBudget") if component(d) == "inference"]
+    assert pdb["spec"]["maxUnavailable"] == 1 and selects(pdb["spec"]["selector"]["matchLabels"], labels)
+
+
+def test_one_inference_replica_keeps_the_service_address_and_has_no_disruption_budget(tmp_path: Path) -> None:
+    docs = render({})
+    assert workload(docs, "inference")["spec"]["replicas"] == 1
+    cfg = load_config(docs, tmp_path)
+    assert cfg.inference.endpoints == [] and cfg.inference.server.target.startswith("rl-relayrl-inference:")
+    assert not [d for d in objects(docs, "PodDisruptionBudget") if component(d) == "inference"]
+    assert "at '/inference/replicas': maximum: got 65, want 64" in render_error({"inference": {"replicas": 65}})

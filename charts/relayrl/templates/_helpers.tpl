@@ -141,6 +141,11 @@ message instead of pods crash-looping on a config error.
 {{- if has (int .Values.inference.weightsPort) (list (int .Values.inference.port) (int .Values.inference.httpPort)) }}
 {{- fail "inference.weightsPort must differ from inference.port and inference.httpPort (the NetworkPolicy admits only the trainer on it)" }}
 {{- end }}
+{{- range $key := list "replicas" "endpoints" }}
+{{- if hasKey (default dict $cfg.inference) $key }}
+{{- fail (printf "config.inference.%s is set by the chart (inference.replicas, and each replica's pod name); remove it" $key) }}
+{{- end }}
+{{- end }}
 {{- $wsrv := dig "inference" "weights_server" dict $cfg }}
 {{- range $key := list "host" "port" "address" }}
 {{- if hasKey $wsrv $key }}
@@ -190,6 +195,17 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- $_ := set $wsrv "port" (int $.Values.inference.weightsPort) }}
 {{- $_ := set $wsrv "address" (printf "%s:%d" (include "relayrl.componentName" (list $ "inference")) (int $.Values.inference.weightsPort)) }}
 {{- $_ := set $section "weights_server" $wsrv }}
+{{- $replicas := int $.Values.inference.replicas }}
+{{- if gt $replicas 1 }}
+{{- /* each replica by its StatefulSet pod's stable name (inference.yaml's headless Service) */}}
+{{- $name := include "relayrl.componentName" (list $ "inference") }}
+{{- $endpoints := list }}
+{{- range $i := until $replicas }}
+{{- $host := printf "%s-%d.%s-pods" $name $i $name }}
+{{- $endpoints = append $endpoints (dict "address" (printf "%s:%d" $host (int $.Values.inference.port)) "weights_address" (printf "%s:%d" $host (int $.Values.inference.weightsPort))) }}
+{{- end }}
+{{- $_ := set $section "endpoints" $endpoints }}
+{{- end }}
 {{- end }}
 {{- $_ := set $cfg $svc $section }}
 {{- end }}
