@@ -348,10 +348,12 @@ async def watch_inference(
     and the current one are the same step."""
     while True:
         await asyncio.sleep(interval_s)
-        if publication.weight_version == 0 or publication.publishing:
+        version = publication.weight_version
+        if version == 0 or publication.publishing:
             continue
         lagging = await publication.lagging_replicas()
-        if not lagging or finished():
+        # a publication that began while the replicas were asked makes them look behind: it reaches them itself
+        if not lagging or finished() or publication.publishing or publication.weight_version != version:
             continue
         log.warning(
             "inference %s serves a version older than %d or missed a push: pushing the current weights again",
