@@ -18,7 +18,7 @@ from relayrl.common.probe import WeightVerificationError
 from relayrl.common.weights import TensorSpec, manifest, write_shared
 from relayrl.config.model import ModelConfig
 from relayrl.config.publication import PublicationConfig, WeightTransport
-from relayrl.trainer.transports import make_transport
+from relayrl.trainer.transports import collective_host, make_transport
 from relayrl.trainer.weight_files import FileUpdateMessages, StreamedWriter
 from relayrl.trainer.weight_sync import WeightPublisher
 from tests.conftest import WEIGHTS_TOKEN
@@ -35,7 +35,7 @@ def _publisher(model_dir: Path, target: str, transport: WeightTransport, weights
         model,
         torch.device("cpu"),
         target,
-        make_transport(transport, 16384, weights_dir),
+        make_transport(transport, 16384, weights_dir, collective_host(PublicationConfig(transport=transport))),
         timeout_s=30,
         probe=probe,
         probe_tolerance=None,

@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from relayrl.config.typed import ConfigError
+
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024  # bytes per weight-update chunk: well under gRPC's default 4 MiB message limit
+
+
+class CollectiveBackend(StrEnum):
+    GLOO = "gloo"  # CPU tensors
+    NCCL = "nccl"  # CUDA tensors
 
 
 class WeightTransport(StrEnum):
@@ -15,6 +22,9 @@ class WeightTransport(StrEnum):
     GRPC_STREAM = "grpc_stream"
     SHARED_PATH = "shared_path"
     SHARED_MEMORY = "shared_memory"  # same host: a file in the weights directory, page cache, only the manifest on gRPC
+    COLLECTIVE = (
+        "collective"  # torch.distributed broadcast to every replica at once (relayrl.common.collective_weights)
+    )
     AUTO = "auto"  # shared_memory under `relayrl run` (one host, one output folder), else grpc_stream
 
 
@@ -26,9 +36,31 @@ class PublicationConfig:
             "help": "How weights reach inference: grpc_stream (chunks on the UpdateWeights stream), shared_path "
             "(a safetensors file under <output_dir>/weights that inference reads; needs a shared "
             "filesystem), shared_memory (same host: a file in that folder written once without fsync, removed "
-            "once served; only the manifest on gRPC) or auto (shared_memory under `relayrl run`, where every "
+            "once served; only the manifest on gRPC), collective (a torch.distributed broadcast to every replica "
+            "at once: see collective_address) or auto (shared_memory under `relayrl run`, where every "
             "service runs on one host with one output folder; grpc_stream for services started on their "
             "own)."
+        },
+    )
+    collective_address: str = field(
+        default="127.0.0.1:0",
+        metadata={
+            "help": "transport collective: host:port of the trainer's TCPStore, where each update's group meets. "
+            "The trainer listens on the port (0: a free one) and each replica dials the host, so it must be "
+            "the trainer pod's name on a cluster (the default serves one host).",
+        },
+    )
+    collective_backend: CollectiveBackend = field(
+        default=CollectiveBackend.GLOO,
+        metadata={"help": "transport collective: gloo (CPU tensors) or nccl (CUDA tensors on both ends)."},
+    )
+    collective_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "transport collective: how long the trainer waits for the replicas of an update to join (a "
+            "replica not ready by then misses this update and is behind), and each step of the broadcast may "
+            "take.",
+            "gt": 0,
         },
     )
     chunk_bytes: int = field(
@@ -99,3 +131,8 @@ class PublicationConfig:
             "ge": 0,
         },
     )
+
+    def validate(self) -> None:
+        host, _, port = self.collective_address.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError("collective_address", self.collective_address, "must be host:port (port 0: a free one)")

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import grpc
 from torch import Tensor
 
+from relayrl.common.collective_weights import receive_update
 from relayrl.common.control import require_token
 from relayrl.common.grpc_admission import ADMITTED, method_path
 from relayrl.common.grpc_utils import ServerHandle, create_server
@@ -219,8 +220,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             raise WeightUpdateError("the stream ended without a manifest")
         if manifest.version <= engine.version:  # early; checked again under the update lock
             raise StaleVersionError(f"version {manifest.version} is not newer than the served version {engine.version}")
-        if manifest.path and assembler.bytes_received:
-            raise WeightUpdateError("an update is either streamed in chunks or read from a shared path, not both")
+        if sum(map(bool, (manifest.path, assembler.bytes_received, manifest.HasField("collective")))) > 1:
+            raise WeightUpdateError(
+                "an update is streamed in chunks, read from a shared path or broadcast: one of them"
+            )
         try:
             check_probe(
                 [list(p.ids) for p in manifest.probe],
@@ -240,6 +243,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             if service.weights_dir is None:
                 raise WeightUpdateError("this server accepts no shared-path updates (no weights directory)")
             tensors, nbytes = read_shared(manifest, service.weights_dir, service.engine.specs), manifest.total_bytes
+        elif manifest.HasField("collective"):
+            tensors = receive_update(manifest, service.engine.specs)
+            nbytes = manifest.total_bytes
         else:
             tensors, nbytes = assembler.finish(manifest), assembler.bytes_received
         check_finite(tensors)

@@ -46,7 +46,7 @@ from relayrl.trainer.publication import VersionPublication, watch_inference
 from relayrl.trainer.reference import Reference
 from relayrl.trainer.teacher import Teacher
 from relayrl.trainer.tracking import Tracker, open_tracker
-from relayrl.trainer.transports import make_transport
+from relayrl.trainer.transports import collective_host, make_transport
 from relayrl.trainer.versions import VersionLineage, VersionSource
 from relayrl.trainer.weight_sync import WeightPublisher
 
@@ -247,7 +247,7 @@ class Trainer:
             self.model,
             self.device,
             [e.weights_address for e in cfg.inference.replica_endpoints()],
-            make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir),
+            make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir, collective_host(pc), self.device),
             pc.push_timeout_s,
             probe,
             pc.probe_tolerance or None,

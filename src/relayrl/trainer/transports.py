@@ -15,6 +15,13 @@ tensor at a time, hashed in the same pass by the transport's :attr:`Transport.ch
 ``shared_memory``, SHA-256 for the others). ``shared_memory`` and ``shared_path`` then give that file its versioned
 name (a hard link: no second write); ``grpc_stream`` reads its chunks from it as they are sent.
 
+- ``collective``: only the manifest travels on each replica's UpdateWeights call, with the join of a
+  ``torch.distributed`` group formed for this update (relayrl.common.collective_weights); the tensors go to every
+  replica at once by broadcast, one at a time, in name order.
+
+A transport hands the publisher a :class:`Delivery` per push: the messages each replica's call carries, and what
+runs beside the calls (the broadcast; nothing for the others).
+
 The config enum (:class:`relayrl.config.publication.WeightTransport`) names the choice; :func:`make_transport` picks
 the implementation once, from :data:`TRANSPORTS`.
 """
@@ -29,17 +36,41 @@ from typing import Protocol, TypeAlias
 
 import torch
 
+from relayrl.common.collective_weights import CollectiveHost, CollectiveSession, layout_digest
 from relayrl.common.pb.inference_pb2 import (
     CHECKSUM_ALGORITHM_SHA256,
     CHECKSUM_ALGORITHM_XXH3_128,
     WeightUpdateMessage,
 )
-from relayrl.common.weights import iter_update_messages, manifest, write_shared
-from relayrl.config.publication import WeightTransport
+from relayrl.common.weights import dtype_name, iter_update_messages, manifest, write_shared
+from relayrl.config.publication import PublicationConfig, WeightTransport
 from relayrl.trainer.weight_files import FileUpdateMessages, MappedWeights, write_mapped
 
 # a snapshot in memory, or the file a sharded gather wrote
 Weights: TypeAlias = Mapping[str, torch.Tensor] | MappedWeights
+
+
+class Delivery(Protocol):
+    """One push to ``n`` replicas: replica ``i``'s messages, and the work beside the calls."""
+
+    def messages(self, i: int) -> Sequence[WeightUpdateMessage]: ...
+
+    def run(self, failed: Callable[[int], bool]) -> int:
+        """Blocking, beside the calls (``failed(i)``: replica ``i``'s call ended in an error): bytes sent."""
+        ...
+
+
+@dataclass(frozen=True)
+class PointToPoint:
+    """Every replica's call carries the same messages; nothing runs beside."""
+
+    all_messages: Sequence[WeightUpdateMessage]
+
+    def messages(self, i: int) -> Sequence[WeightUpdateMessage]:
+        return self.all_messages
+
+    def run(self, failed: Callable[[int], bool]) -> int:
+        return 0
 
 
 class Transport(Protocol):
@@ -56,15 +87,31 @@ class Transport(Protocol):
         """A fresh file name under the weights directory for a sharded gather to write into."""
         ...
 
+    def deliver(self, params: Weights, messages: Sequence[WeightUpdateMessage], n: int) -> Delivery:
+        """How the prepared ``messages`` reach ``n`` replicas."""
+        ...
+
     def after_success(self, version: int) -> None:
         """``version`` is served and verified: what older versions left behind may go."""
         ...
+
+
+# once one replica answered a push (or joined a broadcast), the others get max(LAGGARD_MIN_S, LAGGARD_FACTOR x its
+# time) more, then count as behind: a dead replica never holds a publication up for longer
+LAGGARD_MIN_S = 5.0
+LAGGARD_FACTOR = 3.0
+
+
+def laggard_grace_s(first_s: float) -> float:
+    return max(LAGGARD_MIN_S, LAGGARD_FACTOR * first_s)
 
 
 @dataclass(frozen=True)
 class TransportSettings:
     chunk_bytes: int
     weights_dir: Path
+    collective: CollectiveHost | None = None  # the collective transport's store (trainer.publication.collective_*)
+    device: torch.device | None = None  # where the collective transport's broadcast buffers live (None: the CPU)
 
 
 class Spool:
@@ -108,6 +155,9 @@ class GrpcStreamTransport:
             raise RuntimeError("a sharded publication over grpc_stream needs a weights directory to spool into")
         return self.spool.path()
 
+    def deliver(self, params: Weights, messages: Sequence[WeightUpdateMessage], n: int) -> Delivery:
+        return PointToPoint(messages)
+
     def after_success(self, version: int) -> None:
         pass  # nothing stays behind
 
@@ -132,6 +182,9 @@ class SharedPathTransport:
 
     def spool_path(self) -> Path:
         return self.spool.path()
+
+    def deliver(self, params: Weights, messages: Sequence[WeightUpdateMessage], n: int) -> Delivery:
+        return PointToPoint(messages)
 
     def after_success(self, version: int) -> None:
         files = sorted(self.weights_dir.glob("v" + "[0-9]" * 9 + ".safetensors"))
@@ -178,10 +231,61 @@ class SharedMemoryTransport:
     def spool_path(self) -> Path:
         return self.spool.path()
 
+    def deliver(self, params: Weights, messages: Sequence[WeightUpdateMessage], n: int) -> Delivery:
+        return PointToPoint(messages)
+
     def after_success(self, version: int) -> None:
         for old in self.weights_dir.glob(self.PATTERN):
             if old.name <= self.path(version).name:  # zero-padded versions: names sort like versions
                 old.unlink(missing_ok=True)
+
+
+class CollectiveTransport:
+    """The manifest (checksum over the snapshot, as every transport's) on each replica's call, with its join of the
+    update's group; the tensors by broadcast from this process (relayrl.common.collective_weights)."""
+
+    checksum_algorithm = CHECKSUM_ALGORITHM_SHA256  # the bytes may cross a network
+
+    def __init__(self, host: CollectiveHost, device: torch.device, weights_dir: Path | None = None) -> None:
+        self.host, self.device = host, device
+        self.spool = Spool(weights_dir) if weights_dir is not None else None
+
+    def prepare(self, params: Weights, version: int, probe: Sequence[Sequence[int]]) -> list[WeightUpdateMessage]:
+        if isinstance(params, MappedWeights):
+            _check_algorithm(params, self.checksum_algorithm)
+            return [WeightUpdateMessage(manifest=params.manifest(version, probe))]
+        return [WeightUpdateMessage(manifest=manifest(params, version, probe))]
+
+    def spool_path(self) -> Path:
+        if self.spool is None:
+            raise RuntimeError("a sharded publication needs a weights directory to spool into")
+        return self.spool.path()
+
+    def deliver(self, params: Weights, messages: Sequence[WeightUpdateMessage], n: int) -> Delivery:
+        return Broadcast(self.host.session(n, self.device), params, messages[-1])
+
+    def after_success(self, version: int) -> None:
+        pass  # nothing stays behind
+
+
+class Broadcast:
+    """One collective push: replica ``i`` is rank ``i + 1``; :meth:`run` gathers the members and broadcasts."""
+
+    def __init__(self, session: CollectiveSession, params: Weights, message: WeightUpdateMessage) -> None:
+        self.session, self.params, self.message = session, params, message
+        tensors = params.tensors() if isinstance(params, MappedWeights) else params
+        self.tensors = tensors
+        self.layout = layout_digest((n, dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items())
+
+    def messages(self, i: int) -> Sequence[WeightUpdateMessage]:
+        m = WeightUpdateMessage()
+        m.CopyFrom(self.message)
+        m.manifest.collective.CopyFrom(self.session.join(i + 1, self.layout))
+        return [m]
+
+    def run(self, failed: Callable[[int], bool]) -> int:
+        self.session.gather_members(lambda rank: failed(rank - 1), laggard_grace_s)
+        return self.session.broadcast(self.tensors)
 
 
 def _check_algorithm(params: MappedWeights, algorithm: int) -> None:
@@ -196,7 +300,22 @@ TRANSPORTS: dict[WeightTransport, Callable[[TransportSettings], Transport]] = {
     WeightTransport.GRPC_STREAM: lambda s: GrpcStreamTransport(s.chunk_bytes, s.weights_dir),
     WeightTransport.SHARED_PATH: lambda s: SharedPathTransport(s.weights_dir),
     WeightTransport.SHARED_MEMORY: lambda s: SharedMemoryTransport(s.weights_dir),
+    WeightTransport.COLLECTIVE: lambda s: CollectiveTransport(_host(s), s.device or torch.device("cpu"), s.weights_dir),
 }
+
+
+def _host(settings: TransportSettings) -> CollectiveHost:
+    if settings.collective is None:
+        raise ValueError("the collective transport needs its store's address (trainer.publication.collective_address)")
+    return settings.collective
+
+
+def collective_host(pc: PublicationConfig) -> CollectiveHost | None:
+    """The collective transport's store, as trainer.publication sets it (None for the other transports)."""
+    if pc.transport is not WeightTransport.COLLECTIVE:
+        return None
+    host, _, port = pc.collective_address.rpartition(":")
+    return CollectiveHost(host, int(port), pc.collective_backend.value, pc.collective_timeout_s)
 
 
 def resolve_transport(kind: WeightTransport) -> WeightTransport:
@@ -206,5 +325,11 @@ def resolve_transport(kind: WeightTransport) -> WeightTransport:
     return WeightTransport.GRPC_STREAM if kind is WeightTransport.AUTO else kind
 
 
-def make_transport(kind: WeightTransport, chunk_bytes: int, weights_dir: Path) -> Transport:
-    return TRANSPORTS[resolve_transport(kind)](TransportSettings(chunk_bytes, weights_dir))
+def make_transport(
+    kind: WeightTransport,
+    chunk_bytes: int,
+    weights_dir: Path,
+    collective: CollectiveHost | None = None,
+    device: torch.device | None = None,
+) -> Transport:
+    return TRANSPORTS[resolve_transport(kind)](TransportSettings(chunk_bytes, weights_dir, collective, device))

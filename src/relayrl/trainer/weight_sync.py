@@ -43,15 +43,10 @@ from relayrl.common.tensor_views import packed_copy
 from relayrl.common.weights import TensorSpec
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.parallel_dims import is_sharded
-from relayrl.trainer.transports import Transport, Weights
+from relayrl.trainer.transports import Delivery, Transport, Weights, laggard_grace_s
 from relayrl.trainer.weight_files import MappedWeights, StreamedWriter
 
 log = logging.getLogger(__name__)
-
-# once one replica answered a push, the others get max(LAGGARD_MIN_S, LAGGARD_FACTOR x its time) more, then count as
-# behind (a dead replica never holds publication up for longer)
-LAGGARD_MIN_S = 5.0
-LAGGARD_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -236,8 +231,9 @@ class WeightPublisher:
         messages = await asyncio.to_thread(self.transport.prepare, params, version, probe)
         t_prepared = time.perf_counter()
         expected_task = asyncio.create_task(asyncio.to_thread(self.expected_probe, params)) if probe else None
+        delivery = self.transport.deliver(params, messages, len(targets))
         try:
-            sent = await self._fan_out(targets, messages, version)
+            sent = await self._fan_out(targets, delivery, version)
         finally:
             t_answered = time.perf_counter()
             expected = await expected_task if expected_task is not None else None
@@ -265,20 +261,31 @@ class WeightPublisher:
         )
         return PushResult(version, sent_bytes, total, diff, timings, served)
 
-    async def _fan_out(self, targets: Sequence[str], messages: Sequence[Any], version: int) -> list[Any]:
-        """Each target's answer, or its error (a RuntimeError for a replica that failed or lagged)."""
-        tasks = [asyncio.create_task(self._send(t, messages, version)) for t in targets]
+    async def _fan_out(self, targets: Sequence[str], delivery: Delivery, version: int) -> list[Any]:
+        """Each target's answer, or its error (a RuntimeError for a replica that failed or lagged). The delivery's
+        own work (a broadcast) runs beside the calls; when it fails, so does every call that waited for it."""
+        tasks = [asyncio.create_task(self._send(t, delivery.messages(i), version)) for i, t in enumerate(targets)]
+
+        def failed(i: int) -> bool:
+            return tasks[i].done() and (tasks[i].cancelled() or tasks[i].exception() is not None)
+
+        beside = asyncio.create_task(asyncio.to_thread(delivery.run, failed))
         try:
             started, pending = time.monotonic(), set(tasks)
             while pending and not any(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             if pending:  # one replica answered: the others get a bounded while more
-                grace = max(LAGGARD_MIN_S, LAGGARD_FACTOR * (time.monotonic() - started))
+                grace = laggard_grace_s(time.monotonic() - started)
                 _, pending = await asyncio.wait(pending, timeout=grace)
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # a broadcast ends with its members' calls: done, failed, or at its group's timeout
+            if (error := (await asyncio.gather(beside, return_exceptions=True))[0]) is not None and not isinstance(
+                error, int
+            ):
+                log.warning("weight version %d: the delivery beside the calls failed: %s", version, error)
         return [
             RuntimeError(f"weight push of version {version}: no answer in time while other replicas answered")
             if t.cancelled()

@@ -147,7 +147,7 @@ class TensorChunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "num_tensors", "total_bytes", "sha256", "path", "probe", "checksum_algorithm")
+    __slots__ = ("version", "num_tensors", "total_bytes", "sha256", "path", "probe", "checksum_algorithm", "collective")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class WeightManifest(_message.Message):
     PATH_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
     version: int
     num_tensors: int
     total_bytes: int
@@ -162,7 +163,26 @@ class WeightManifest(_message.Message):
     path: str
     probe: _containers.RepeatedCompositeFieldContainer[TokenIds]
     checksum_algorithm: ChecksumAlgorithm
-    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., path: _Optional[str] = ..., probe: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ...) -> None: ...
+    collective: CollectiveJoin
+    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., path: _Optional[str] = ..., probe: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., collective: _Optional[_Union[CollectiveJoin, _Mapping]] = ...) -> None: ...
+
+class CollectiveJoin(_message.Message):
+    __slots__ = ("store_address", "group", "rank", "invited", "backend", "timeout_s", "layout")
+    STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    INVITED_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    store_address: str
+    group: str
+    rank: int
+    invited: int
+    backend: str
+    timeout_s: float
+    layout: str
+    def __init__(self, store_address: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ..., invited: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ..., layout: _Optional[str] = ...) -> None: ...
 
 class WeightUpdateMessage(_message.Message):
     __slots__ = ("chunk", "manifest")
