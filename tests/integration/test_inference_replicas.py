@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from relayrl.client import InferenceClient
-from relayrl.client.inference_pool import InferencePool
+from relayrl.client.inference_pool import InferencePool, pinned
 from relayrl.common.pb import inference_pb2
 from relayrl.common.pb.common_pb2 import ServingState
 from tests.conftest import RedisServer
@@ -148,3 +148,31 @@ async def test_the_check_takes_out_a_routable_replica_that_restarted_or_is_gone_
         await pool.check()
         assert ra.routable and not rb.routable
         assert pool._pick(set()) is ra
+
+
+async def test_a_pinned_session_stays_on_its_replica_while_it_serves_then_moves_once_and_stays(
+    tiny_model_dir: Path,
+) -> None:
+    async with inference_server(tiny_model_dir) as (a, sa), inference_server(tiny_model_dir) as (b, sb):
+        for service in (sa, sb):
+            service.header.state = ServingState.SERVING_STATE_SERVING
+        async with InferencePool([a, b], check_every_s=3600) as pool:
+            sampling = inference_pb2.SamplingParams(n=1, max_new_tokens=2, temperature=1.0)
+            session = pinned(pool)
+            await session.generate("1+1=", sampling, 30.0)
+            mine = session.pin.replica
+            assert mine is not None
+            mine.in_flight += 100  # least work in flight alone would now send every call to the other replica
+            for _ in range(3):
+                await session.generate("1+1=", sampling, 30.0)
+            served = {a: sa.requests_served, b: sb.requests_served}
+            assert served[mine.address] == 4 and sum(served.values()) == 4
+            assert pool.sessions_moved == 0
+            pool._evict(mine, "test")  # its replica leaves routing: the session moves, once, and stays
+            for _ in range(2):
+                await session.generate("1+1=", sampling, 30.0)
+            mine.routable = True
+            mine.in_flight -= 100
+            await session.generate("1+1=", sampling, 30.0)
+            assert session.pin.replica is not mine and pool.sessions_moved == 1
+            assert {a: sa.requests_served, b: sb.requests_served}[session.pin.replica.address] == 3

@@ -7,6 +7,9 @@
   routing at once; the call is generated again on another replica and counted (``regenerated``). Nothing of the
   failed attempt is used: its answer never arrived. Each answer's tokens carry the versions of the replica that
   made them.
+- **Sessions.** :func:`pinned` gives a multi-turn episode or an agent session its own view of the pool: every call
+  goes to the replica of its first call, which holds the conversation's prefix in its cache, while that replica is
+  routable and not behind; then to another, which it keeps (``sessions_moved``).
 - **Health.** A background check asks every replica for its status each ``check_every_s``. A routable replica
   that cannot be reached (UNAVAILABLE), or that serves an older version than it did before (it restarted: versions
   never go back), leaves routing too, so no call waits on a dead replica and a restarted one never generates with
@@ -47,6 +50,7 @@ __all__ = [
     "PoolUnavailable",
     "Replica",
     "connect_inference",
+    "pinned",
     "replica_counts",
 ]
 
@@ -86,6 +90,7 @@ class InferencePool:
     tls: TlsConfig | None = None
     check_every_s: float = 1.0
     regenerated: int = 0  # calls generated again on another replica after one failed them
+    sessions_moved: int = 0  # pinned sessions that continued on another replica (theirs left routing)
     replicas: list[Replica] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -121,10 +126,12 @@ class InferencePool:
         return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
 
     async def send_generate(
-        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
+        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0, pin: Pin | None = None
     ) -> inference_pb2.GenerateResponse:
-        """One request on the least loaded replica (through its joiner when calls are joined)."""
-        return await self._route(lambda caller: caller.send_generate(request, timeout_s), _samples(request), timeout_s)
+        """One request on the least loaded replica, or ``pin``'s (through its joiner when calls are joined)."""
+        return await self._route(
+            lambda caller: caller.send_generate(request, timeout_s), _samples(request), timeout_s, pin
+        )
 
     async def generate_batch(
         self, requests: Sequence[inference_pb2.GenerateRequest], timeout_s: float = 120.0
@@ -141,12 +148,18 @@ class InferencePool:
         suffix_text: str = "",
     ) -> Any:
         """A stream on the least loaded routable replica (a stream may have sent tokens: never failed over)."""
-        replica = self._pick(set()) or self.replicas[0]
-        return replica.client.generate_stream(prompt, sampling, timeout_s, request_id, suffix_text)
+        return self.stream_on(self._pick(set()), prompt, sampling, timeout_s, request_id, suffix_text)
+
+    def stream_on(self, replica: Replica | None, *args: Any) -> Any:
+        return (replica or self.replicas[0]).client.generate_stream(*args)
 
     # --- routing --------------------------------------------------------------------------------------------------
-    def _pick(self, tried: set[str]) -> Replica | None:
-        """The least loaded routable replica not ``tried``, not behind on weights (unless every one is)."""
+    def _pick(self, tried: set[str], pin: Pin | None = None) -> Replica | None:
+        """``pin``'s replica while it is routable and current; else the least loaded routable replica not ``tried``,
+        not behind on weights (unless every one is)."""
+        mine = pin.replica if pin is not None else None
+        if mine is not None and mine.routable and not mine.behind and mine.address not in tried:
+            return mine
         candidates = [r for r in self.replicas if r.routable and r.address not in tried]
         current = [r for r in candidates if not r.behind] or candidates
         return min(current, key=lambda r: r.in_flight, default=None)
@@ -159,12 +172,14 @@ class InferencePool:
                 self._changed.set()
             replica.behind = replica.address in behind
 
-    async def _route(self, call: Callable[[Any], Awaitable[R]], work: int, timeout_s: float) -> R:
+    async def _route(
+        self, call: Callable[[Any], Awaitable[R]], work: int, timeout_s: float, pin: Pin | None = None
+    ) -> R:
         self._ensure_checker()
         deadline = time.monotonic() + timeout_s
         tried: set[str] = set()
         while True:
-            replica = self._pick(tried) or await self._wait_for_replica(deadline)
+            replica = self._pick(tried, pin) or await self._wait_for_replica(deadline)
             replica.in_flight += work
             try:
                 answer = await call(replica.caller)
@@ -177,6 +192,9 @@ class InferencePool:
                 continue
             finally:
                 replica.in_flight -= work
+            if pin is not None:
+                self.sessions_moved += pin.replica not in (None, replica)
+                pin.replica = replica
             return answer
 
     async def _wait_for_replica(self, deadline: float) -> Replica:
@@ -250,6 +268,52 @@ class InferencePool:
             self._checker.cancel()
             await asyncio.gather(self._checker, return_exceptions=True)
         await asyncio.gather(*(r.client.close() for r in self.replicas))
+
+
+@dataclass
+class Pin:
+    """The replica a session's calls go to (None until its first call is answered)."""
+
+    replica: Replica | None = None
+
+
+class PinnedInference:
+    """A multi-turn episode's or agent session's view of a pool (the calls a workflow makes): each call on the
+    session's replica while it is routable and current, failing over like any call."""
+
+    def __init__(self, pool: InferencePool) -> None:
+        self.pool, self.pin = pool, Pin()
+
+    async def status(self) -> inference_pb2.InferenceStatus:
+        return await self.pool.status()
+
+    async def generate(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        sampling: inference_pb2.SamplingParams,
+        timeout_s: float = 120.0,
+        request_id: str = "",
+        suffix_text: str = "",
+    ) -> inference_pb2.GenerateResponse:
+        request = generate_request(prompt, sampling, request_id, suffix_text)
+        return await self.pool.send_generate(request, timeout_s, self.pin)
+
+    async def send_generate(
+        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateResponse:
+        return await self.pool.send_generate(request, timeout_s, self.pin)
+
+    def generate_stream(self, *args: Any) -> Any:
+        """A stream on the session's replica (or the least loaded, which becomes the session's)."""
+        replica = self.pool._pick(set(), self.pin)
+        if replica is not None:
+            self.pin.replica = replica
+        return self.pool.stream_on(replica, *args)
+
+
+def pinned(inference: Any) -> Any:
+    """``inference`` for one session: a :class:`PinnedInference` of a pool; anything else as it is (one replica)."""
+    return PinnedInference(inference) if isinstance(inference, InferencePool) else inference
 
 
 def _samples(request: inference_pb2.GenerateRequest) -> int:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relayrl.client.inference_pool import pinned
 from relayrl.common.dataset import Prompt
 from relayrl.common.episodes import reward_of
 from relayrl.common.pb import episode_pb2, reward_pb2
@@ -123,7 +124,7 @@ class AgentWorkflow:
 
     async def _session(self, row: Prompt, ctx: WorkflowContext) -> Outcome:
         session = Session(self.limits, self.cfg.session_timeout_s)
-        sid, url = self.proxy.open(session, ctx.inference, ctx.group_id)
+        sid, url = self.proxy.open(session, pinned(ctx.inference), ctx.group_id)  # one replica while it serves
         self.sessions_run += 1
         out = Outcome(session)
         try:

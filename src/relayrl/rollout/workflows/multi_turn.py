@@ -17,7 +17,9 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
+from relayrl.client.inference_pool import pinned
 from relayrl.common.dataset import Prompt
 from relayrl.common.pb import episode_pb2, inference_pb2, reward_pb2
 from relayrl.rollout.workflows.api import Environment, EnvironmentFactory, GroupFailed, StepResult, WorkflowContext
@@ -91,7 +93,9 @@ class MultiTurnWorkflow:
         return out
 
     async def run_episode(self, env: Environment, row: Prompt, ctx: WorkflowContext, index: int) -> Trajectory:
-        """Play one episode to its end; ``env`` is closed whatever happens."""
+        """Play one episode to its end; ``env`` is closed whatever happens. Its turns stay on one inference replica
+        (the one that holds its prefix) while that replica serves."""
+        ctx = replace(ctx, inference=pinned(ctx.inference))
         traj = Trajectory()
         try:
             try:
