@@ -232,6 +232,22 @@ DETAIL: dict[str, Any] = {
 }
 
 
+def _replica_notes(state: dict[str, Any], address: str) -> str:
+    """What rollout and the trainer say of the inference replica at ``address``: routed or not, its load as
+    rollout's pool sees it, and its failed weight pushes."""
+    services = state["services"]
+    seen = {r.get("address"): r for r in services.get("rollout", {}).get("inference_replica_states", [])}
+    notes = []
+    if address in seen:
+        r = seen[address]
+        routed = r.get("routable", False) and not r.get("behind", False)
+        notes.append(f"{'routed' if routed else 'NOT ROUTED'}, {r.get('samples_in_flight', 0)} samples in flight")
+    failures = int(services.get("trainer", {}).get("weight_push_failures", {}).get(address, 0))
+    if failures:
+        notes.append(f"{failures} weight pushes failed")
+    return f"  ({'; '.join(notes)})" if notes else ""
+
+
 def _service_line(label: str, kind: str, st: dict[str, Any]) -> str:
     if "error" in st:
         return f"{label:<10} {st['address']:<22} DOWN  {st['error']}"
@@ -244,7 +260,10 @@ def render(state: dict[str, Any]) -> str:
     versions = []
     for kind, st in state["services"].items():
         lines.append(_service_line(kind, kind, st))
-        lines.extend(_service_line("  replica", kind, r) for r in state.get("replicas", {}).get(kind, []))
+        lines.extend(
+            _service_line("  replica", kind, r) + (_replica_notes(state, r["address"]) if kind == "inference" else "")
+            for r in state.get("replicas", {}).get(kind, [])
+        )
         if "weight_version" in st:
             versions.append(int(st["weight_version"]))
     if len(set(versions)) > 1:

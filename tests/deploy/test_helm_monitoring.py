@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from relayrl.common.pb.rollout_pb2 import RolloutStatus
+from relayrl.common.pb.rollout_pb2 import InferenceReplica, RolloutStatus
 from relayrl.common.retry import OomBackpressure
 from relayrl.inference.engine import EngineStats
 from relayrl.inference.metrics import InferenceMetrics
@@ -110,7 +110,11 @@ def _exported_series() -> set[str]:
     progress = TrainerProgress(last_reward_mean=0.5, queue_depth=(1, 2), staleness_counts={0: 3})
     push = SimpleNamespace(probe_max_diff=0.0, seconds=1.0, bytes_sent=10, version=1)
     publication = SimpleNamespace(
-        weight_version=1, last_push=push, last_probe=push, publisher=SimpleNamespace(push_retries=0)
+        weight_version=1,
+        last_push=push,
+        last_probe=push,
+        publisher=SimpleNamespace(push_retries=0),
+        push_failures=lambda: {"10.0.0.1:50051": 0},
     )
     trainer = SimpleNamespace(
         progress=progress,
@@ -123,7 +127,7 @@ def _exported_series() -> set[str]:
         trainer_metrics(trainer),  # type: ignore[arg-type]
         InferenceMetrics(lambda: EngineStats(0, 0, 0, 0), lambda: 1).registry,
         RewardMetrics(pool).registry,  # type: ignore[arg-type]
-        rollout_metrics(lambda: RolloutStatus()),
+        rollout_metrics(lambda: RolloutStatus(inference_replica_states=[InferenceReplica(address="10.0.0.1:50051")])),
     ]
     return {s.name for r in registries for m in r.collect() for s in m.samples}
 

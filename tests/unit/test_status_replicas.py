@@ -32,3 +32,31 @@ async def test_a_name_that_resolves_to_several_pods_is_one_replica_each(monkeypa
         "10.1.0.7:50052",
         "10.1.0.9:50052",
     ]
+
+
+def test_each_inference_replica_line_says_whether_rollout_routes_to_it_and_its_failed_pushes() -> None:
+    from relayrl.common.pb import rollout_pb2, trainer_pb2
+    from relayrl.common.service import as_dict
+    from relayrl.status import render
+
+    rollout = rollout_pb2.RolloutStatus(
+        inference_replica_states=[
+            rollout_pb2.InferenceReplica(address="10.0.0.1:50051", routable=True, samples_in_flight=8),
+            rollout_pb2.InferenceReplica(address="10.0.0.2:50051", routable=True, behind=True, weight_version=3),
+        ]
+    )
+    trainer = trainer_pb2.TrainerStatus(weight_push_failures={"10.0.0.2:50051": 2, "10.0.0.1:50051": 0})
+    replica = {"component": {"state": "SERVING_STATE_SERVING"}, "weight_version": 4}
+    state = {
+        "services": {
+            "inference": {"address": "10.0.0.1:50051", **replica},
+            "rollout": {"address": "r:1", **as_dict(rollout)},
+            "trainer": {"address": "t:1", **as_dict(trainer)},
+        },
+        "replicas": {"inference": [{"address": a, **replica} for a in ("10.0.0.1:50051", "10.0.0.2:50051")]},
+    }
+    assert as_dict(trainer)["weight_push_failures"] == {"10.0.0.2:50051": 2, "10.0.0.1:50051": 0}  # numbers
+
+    lines = [line for line in render(state).splitlines() if line.startswith("  replica")]
+    assert lines[0].endswith("(routed, 8 samples in flight)")
+    assert lines[1].endswith("(NOT ROUTED, 0 samples in flight; 2 weight pushes failed)")

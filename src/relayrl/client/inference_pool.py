@@ -35,7 +35,7 @@ import grpc
 
 from relayrl.client.base import NO_RETRY, RetryPolicy
 from relayrl.client.inference import InferenceClient, generate_request
-from relayrl.common.pb import inference_pb2
+from relayrl.common.pb import inference_pb2, rollout_pb2
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.config.tls import TlsConfig
 
@@ -333,12 +333,23 @@ def connect_inference(
     return InferencePool(addresses, tls)
 
 
-def replica_counts(inference: Inference) -> dict[str, int]:
-    """Calls generated again elsewhere, replicas routed to now, and replicas (one client: 0, 1, 1)."""
+def replica_counts(inference: Inference) -> dict[str, Any]:
+    """RolloutStatus's replica fields: calls generated again elsewhere, replicas routed to now, replicas, and each
+    replica's state (one client: 0, 1, 1, none)."""
     if not isinstance(inference, InferencePool):
         return {"generations_regenerated": 0, "inference_replicas_routable": 1, "inference_replicas": 1}
     return {
         "generations_regenerated": inference.regenerated,
         "inference_replicas_routable": sum(r.routable and not r.behind for r in inference.replicas),
         "inference_replicas": len(inference.replicas),
+        "inference_replica_states": [
+            rollout_pb2.InferenceReplica(
+                address=r.address,
+                routable=r.routable,
+                behind=r.behind,
+                samples_in_flight=max(r.in_flight, 0),
+                weight_version=r.version,
+            )
+            for r in inference.replicas
+        ],
     }

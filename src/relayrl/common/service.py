@@ -56,7 +56,10 @@ def _numbers(desc: Any, data: dict[str, Any]) -> dict[str, Any]:
             continue
         value = data[f.name]
         repeated = isinstance(value, list)
-        if f.message_type is not None and not f.message_type.GetOptions().map_entry:
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            if f.message_type.fields_by_name["value"].type in _INT64:  # map<string, uint64> and the like
+                data[f.name] = {k: int(v) for k, v in value.items()}
+        elif f.message_type is not None:
             items = value if repeated else [value]
             for item in items:
                 _numbers(f.message_type, item)

@@ -71,11 +71,37 @@ class _StatusCollector(Collector):
             "Inference replicas rollout routes generation to now.",
             value=s.inference_replicas_routable,
         )
+        yield from _replica_series(s)
         yield GaugeMetricFamily(
             "relayrl_rollout_trainer_weight_version",
             "Trainer weight version the admission control last saw.",
             value=s.trainer_version,
         )
+
+
+def _replica_series(s: RolloutStatus) -> Iterator[Metric]:
+    """One series per inference replica (label ``replica``: its address), with several replicas."""
+    routable = GaugeMetricFamily(
+        "relayrl_rollout_inference_replica_routable",
+        "1 while rollout routes generation to this inference replica (it answers, serves a current version and its "
+        "last weight push did not fail).",
+        labels=["replica"],
+    )
+    in_flight = GaugeMetricFamily(
+        "relayrl_rollout_inference_replica_samples_in_flight",
+        "Samples of rollout's calls in flight on this inference replica (its load as routing sees it).",
+        labels=["replica"],
+    )
+    version = GaugeMetricFamily(
+        "relayrl_rollout_inference_replica_weight_version",
+        "Weight version this inference replica served at rollout's last check (-1: not asked yet).",
+        labels=["replica"],
+    )
+    for r in s.inference_replica_states:
+        routable.add_metric([r.address], float(r.routable and not r.behind))
+        in_flight.add_metric([r.address], r.samples_in_flight)
+        version.add_metric([r.address], r.weight_version)
+    yield from (routable, in_flight, version)
 
 
 def rollout_metrics(status: Callable[[], RolloutStatus]) -> CollectorRegistry:

@@ -95,6 +95,14 @@ class _TrainerCollector(Collector):
             "refused one as busy (RESOURCE_EXHAUSTED) or could not be reached.",
             value=publication.publisher.push_retries,
         )
+        failures = CounterMetricFamily(
+            "relayrl_trainer_weight_push_failures",
+            "Weight pushes to this inference replica that failed or did not answer in time (it was behind after each).",
+            labels=["replica"],
+        )
+        for address, n in publication.push_failures().items():
+            failures.add_metric([address], n)
+        yield failures
         push = publication.last_push
         if push is not None:  # every publication that landed was verified (probe or served-weights check)
             yield GaugeMetricFamily(

@@ -288,6 +288,11 @@ class VersionPublication:
         behind = self.publisher.behind
         return [a for a, w in zip(self.inference_targets, self.publisher.targets, strict=True) if w in behind]
 
+    def push_failures(self) -> dict[str, int]:
+        """Weight pushes that failed or lagged, per replica by its gRPC address (TrainerStatus.weight_push_failures)."""
+        failed = self.publisher.failed_pushes
+        return {a: failed.get(w, 0) for a, w in zip(self.inference_targets, self.publisher.targets, strict=True)}
+
     async def lagging_replicas(self) -> list[str]:
         """The weights targets of the replicas that answer and need the current weights: they serve an older
         version (restarted, joined late) or their last push failed. Empty while no version is published."""

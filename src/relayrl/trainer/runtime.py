@@ -303,6 +303,7 @@ class Trainer:
             checkpoint_pending=self.checkpoints.requested,
             last_checkpoint_step=self.checkpoints.last_step,
             inference_replicas_behind=self.publication.replicas_behind(),
+            weight_push_failures=self.publication.push_failures(),
         )
 
     async def close(self) -> None:

@@ -15,7 +15,11 @@ from relayrl.trainer.weight_sync import PushResult
 
 def _scrape(last_push: PushResult | None, last_probe: PushResult | None) -> dict[str, float]:
     publication = SimpleNamespace(
-        weight_version=7, last_push=last_push, last_probe=last_probe, publisher=SimpleNamespace(push_retries=2)
+        weight_version=7,
+        last_push=last_push,
+        last_probe=last_probe,
+        publisher=SimpleNamespace(push_retries=2),
+        push_failures=lambda: {"10.0.0.1:50051": 0, "10.0.0.2:50051": 3},
     )
     trainer: Any = SimpleNamespace(
         progress=TrainerProgress(step=3),
@@ -24,7 +28,7 @@ def _scrape(last_push: PushResult | None, last_probe: PushResult | None) -> dict
         redis_backpressure=OomBackpressure("t"),
     )
     text = generate_latest(trainer_metrics(trainer)).decode()
-    samples = (line.split(" ") for line in text.splitlines() if line and not line.startswith("#"))
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     return {name: float(value) for name, value in samples}
 
 
@@ -47,3 +51,4 @@ def test_no_publication_yet_exports_no_publication_gauges() -> None:
     assert series["relayrl_trainer_step"] == 3
     assert series["relayrl_trainer_redis_oom_retries_total"] == 0 and series["relayrl_trainer_redis_full"] == 0
     assert series["relayrl_trainer_weight_push_retries_total"] == 2
+    assert series['relayrl_trainer_weight_push_failures_total{replica="10.0.0.2:50051"}'] == 3

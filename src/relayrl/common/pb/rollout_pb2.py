@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/rollout.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\x19\n\x17GetRolloutStatusRequest\"\xc4\x04\n\rRolloutStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x17\n\x0fgroups_produced\x18\x02 \x01(\x04\x12\x19\n\x11\x65pisodes_produced\x18\x03 \x01(\x04\x12\x16\n\x0egroups_running\x18\x04 \x01(\r\x12\x15\n\rgroups_failed\x18\x05 \x01(\x04\x12\x15\n\rdataset_epoch\x18\x06 \x01(\x04\x12\x15\n\rdataset_index\x18\x07 \x01(\x04\x12\x17\n\x0ftrainer_version\x18\x08 \x01(\x03\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x19\n\x11redis_oom_retries\x18\n \x01(\x04\x12\x16\n\x0e\x61ppend_blocked\x18\x0b \x01(\x08\x12\x15\n\repisode_turns\x18\x0c \x01(\x04\x12\x12\n\ntool_calls\x18\r \x01(\x04\x12\x13\n\x0btool_errors\x18\x0e \x01(\x04\x12@\n\x0c\x65pisode_ends\x18\x0f \x03(\x0b\x32*.relayrl.v1.RolloutStatus.EpisodeEndsEntry\x12\x1f\n\x17generations_regenerated\x18\x10 \x01(\x04\x12#\n\x1binference_replicas_routable\x18\x11 \x01(\r\x12\x1a\n\x12inference_replicas\x18\x12 \x01(\r\x1a\x32\n\x10\x45pisodeEndsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x1e\n\x0cPauseRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rResumeRequest2\xa1\x02\n\x0eRolloutService\x12K\n\tGetStatus\x12#.relayrl.v1.GetRolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatus\x12<\n\x05Pause\x12\x18.relayrl.v1.PauseRequest\x1a\x19.relayrl.v1.RolloutStatus\x12>\n\x06Resume\x12\x19.relayrl.v1.ResumeRequest\x1a\x19.relayrl.v1.RolloutStatus\x12\x44\n\tGetConfig\x12\x1c.relayrl.v1.GetConfigRequest\x1a\x19.relayrl.v1.RunConfigTextb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/rollout.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\x19\n\x17GetRolloutStatusRequest\"\x84\x05\n\rRolloutStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x17\n\x0fgroups_produced\x18\x02 \x01(\x04\x12\x19\n\x11\x65pisodes_produced\x18\x03 \x01(\x04\x12\x16\n\x0egroups_running\x18\x04 \x01(\r\x12\x15\n\rgroups_failed\x18\x05 \x01(\x04\x12\x15\n\rdataset_epoch\x18\x06 \x01(\x04\x12\x15\n\rdataset_index\x18\x07 \x01(\x04\x12\x17\n\x0ftrainer_version\x18\x08 \x01(\x03\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x19\n\x11redis_oom_retries\x18\n \x01(\x04\x12\x16\n\x0e\x61ppend_blocked\x18\x0b \x01(\x08\x12\x15\n\repisode_turns\x18\x0c \x01(\x04\x12\x12\n\ntool_calls\x18\r \x01(\x04\x12\x13\n\x0btool_errors\x18\x0e \x01(\x04\x12@\n\x0c\x65pisode_ends\x18\x0f \x03(\x0b\x32*.relayrl.v1.RolloutStatus.EpisodeEndsEntry\x12\x1f\n\x17generations_regenerated\x18\x10 \x01(\x04\x12#\n\x1binference_replicas_routable\x18\x11 \x01(\r\x12\x1a\n\x12inference_replicas\x18\x12 \x01(\r\x12>\n\x18inference_replica_states\x18\x13 \x03(\x0b\x32\x1c.relayrl.v1.InferenceReplica\x1a\x32\n\x10\x45pisodeEndsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"x\n\x10InferenceReplica\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x10\n\x08routable\x18\x02 \x01(\x08\x12\x0e\n\x06\x62\x65hind\x18\x03 \x01(\x08\x12\x19\n\x11samples_in_flight\x18\x04 \x01(\r\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\"\x1e\n\x0cPauseRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rResumeRequest2\xa1\x02\n\x0eRolloutService\x12K\n\tGetStatus\x12#.relayrl.v1.GetRolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatus\x12<\n\x05Pause\x12\x18.relayrl.v1.PauseRequest\x1a\x19.relayrl.v1.RolloutStatus\x12>\n\x06Resume\x12\x19.relayrl.v1.ResumeRequest\x1a\x19.relayrl.v1.RolloutStatus\x12\x44\n\tGetConfig\x12\x1c.relayrl.v1.GetConfigRequest\x1a\x19.relayrl.v1.RunConfigTextb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,13 +38,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETROLLOUTSTATUSREQUEST']._serialized_start=65
   _globals['_GETROLLOUTSTATUSREQUEST']._serialized_end=90
   _globals['_ROLLOUTSTATUS']._serialized_start=93
-  _globals['_ROLLOUTSTATUS']._serialized_end=673
-  _globals['_ROLLOUTSTATUS_EPISODEENDSENTRY']._serialized_start=623
-  _globals['_ROLLOUTSTATUS_EPISODEENDSENTRY']._serialized_end=673
-  _globals['_PAUSEREQUEST']._serialized_start=675
-  _globals['_PAUSEREQUEST']._serialized_end=705
-  _globals['_RESUMEREQUEST']._serialized_start=707
-  _globals['_RESUMEREQUEST']._serialized_end=722
-  _globals['_ROLLOUTSERVICE']._serialized_start=725
-  _globals['_ROLLOUTSERVICE']._serialized_end=1014
+  _globals['_ROLLOUTSTATUS']._serialized_end=737
+  _globals['_ROLLOUTSTATUS_EPISODEENDSENTRY']._serialized_start=687
+  _globals['_ROLLOUTSTATUS_EPISODEENDSENTRY']._serialized_end=737
+  _globals['_INFERENCEREPLICA']._serialized_start=739
+  _globals['_INFERENCEREPLICA']._serialized_end=859
+  _globals['_PAUSEREQUEST']._serialized_start=861
+  _globals['_PAUSEREQUEST']._serialized_end=891
+  _globals['_RESUMEREQUEST']._serialized_start=893
+  _globals['_RESUMEREQUEST']._serialized_end=908
+  _globals['_ROLLOUTSERVICE']._serialized_start=911
+  _globals['_ROLLOUTSERVICE']._serialized_end=1200
 # @@protoc_insertion_point(module_scope)

@@ -3,7 +3,7 @@ from relayrl.common.pb import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -13,7 +13,7 @@ class GetRolloutStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version", "paused", "redis_oom_retries", "append_blocked", "episode_turns", "tool_calls", "tool_errors", "episode_ends", "generations_regenerated", "inference_replicas_routable", "inference_replicas")
+    __slots__ = ("component", "groups_produced", "episodes_produced", "groups_running", "groups_failed", "dataset_epoch", "dataset_index", "trainer_version", "paused", "redis_oom_retries", "append_blocked", "episode_turns", "tool_calls", "tool_errors", "episode_ends", "generations_regenerated", "inference_replicas_routable", "inference_replicas", "inference_replica_states")
     class EpisodeEndsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class RolloutStatus(_message.Message):
     GENERATIONS_REGENERATED_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_REPLICAS_ROUTABLE_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_REPLICA_STATES_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     groups_produced: int
     episodes_produced: int
@@ -57,7 +58,22 @@ class RolloutStatus(_message.Message):
     generations_regenerated: int
     inference_replicas_routable: int
     inference_replicas: int
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ..., paused: _Optional[bool] = ..., redis_oom_retries: _Optional[int] = ..., append_blocked: _Optional[bool] = ..., episode_turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., episode_ends: _Optional[_Mapping[str, int]] = ..., generations_regenerated: _Optional[int] = ..., inference_replicas_routable: _Optional[int] = ..., inference_replicas: _Optional[int] = ...) -> None: ...
+    inference_replica_states: _containers.RepeatedCompositeFieldContainer[InferenceReplica]
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., groups_produced: _Optional[int] = ..., episodes_produced: _Optional[int] = ..., groups_running: _Optional[int] = ..., groups_failed: _Optional[int] = ..., dataset_epoch: _Optional[int] = ..., dataset_index: _Optional[int] = ..., trainer_version: _Optional[int] = ..., paused: _Optional[bool] = ..., redis_oom_retries: _Optional[int] = ..., append_blocked: _Optional[bool] = ..., episode_turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., episode_ends: _Optional[_Mapping[str, int]] = ..., generations_regenerated: _Optional[int] = ..., inference_replicas_routable: _Optional[int] = ..., inference_replicas: _Optional[int] = ..., inference_replica_states: _Optional[_Iterable[_Union[InferenceReplica, _Mapping]]] = ...) -> None: ...
+
+class InferenceReplica(_message.Message):
+    __slots__ = ("address", "routable", "behind", "samples_in_flight", "weight_version")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROUTABLE_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    routable: bool
+    behind: bool
+    samples_in_flight: int
+    weight_version: int
+    def __init__(self, address: _Optional[str] = ..., routable: _Optional[bool] = ..., behind: _Optional[bool] = ..., samples_in_flight: _Optional[int] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ("reason",)

@@ -26,23 +26,27 @@ _sym_db = _symbol_database.Default()
 from relayrl.common.pb import common_pb2 as relayrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/trainer.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\x19\n\x17GetTrainerStatusRequest\"\x1b\n\x19WatchTrainerStatusRequest\"\xbf\x04\n\rTrainerStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x18\n\x10\x65pisodes_trained\x18\x04 \x01(\x04\x12\x1e\n\x16\x65pisodes_dropped_stale\x18\x05 \x01(\x04\x12\x17\n\x0fgroups_per_step\x18\x06 \x01(\r\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12\x12\n\npublishing\x18\x08 \x01(\x08\x12\x1c\n\x14groups_dropped_stale\x18\t \x01(\x04\x12#\n\x1bgroups_dropped_reward_error\x18\n \x01(\x04\x12%\n\x1d\x65pisodes_dropped_reward_error\x18\x0b \x01(\x04\x12\x1a\n\x12\x63heckpoint_pending\x18\x0c \x01(\x08\x12\x1c\n\x14last_checkpoint_step\x18\r \x01(\x04\x12\x16\n\x0egroups_invalid\x18\x0e \x01(\x04\x12\x18\n\x10\x65pisodes_invalid\x18\x0f \x01(\x04\x12%\n\x1dgroups_dropped_zero_advantage\x18\x10 \x01(\x04\x12\'\n\x1f\x65pisodes_dropped_zero_advantage\x18\x11 \x01(\x04\x12\x16\n\x0egroups_trained\x18\x12 \x01(\x04\x12!\n\x19inference_replicas_behind\x18\x13 \x03(\t\"#\n\x11\x43heckpointRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"%\n\x0f\x43heckpointReply\x12\x12\n\nafter_step\x18\x01 \x01(\x04\x32\xc7\x02\n\x0eTrainerService\x12K\n\tGetStatus\x12#.relayrl.v1.GetTrainerStatusRequest\x1a\x19.relayrl.v1.TrainerStatus\x12Q\n\x0bWatchStatus\x12%.relayrl.v1.WatchTrainerStatusRequest\x1a\x19.relayrl.v1.TrainerStatus0\x01\x12O\n\x11RequestCheckpoint\x12\x1d.relayrl.v1.CheckpointRequest\x1a\x1b.relayrl.v1.CheckpointReply\x12\x44\n\tGetConfig\x12\x1c.relayrl.v1.GetConfigRequest\x1a\x19.relayrl.v1.RunConfigTextb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18relayrl/v1/trainer.proto\x12\nrelayrl.v1\x1a\x17relayrl/v1/common.proto\"\x19\n\x17GetTrainerStatusRequest\"\x1b\n\x19WatchTrainerStatusRequest\"\xcb\x05\n\rTrainerStatus\x12.\n\tcomponent\x18\x01 \x01(\x0b\x32\x1b.relayrl.v1.ComponentStatus\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x18\n\x10\x65pisodes_trained\x18\x04 \x01(\x04\x12\x1e\n\x16\x65pisodes_dropped_stale\x18\x05 \x01(\x04\x12\x17\n\x0fgroups_per_step\x18\x06 \x01(\r\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12\x12\n\npublishing\x18\x08 \x01(\x08\x12\x1c\n\x14groups_dropped_stale\x18\t \x01(\x04\x12#\n\x1bgroups_dropped_reward_error\x18\n \x01(\x04\x12%\n\x1d\x65pisodes_dropped_reward_error\x18\x0b \x01(\x04\x12\x1a\n\x12\x63heckpoint_pending\x18\x0c \x01(\x08\x12\x1c\n\x14last_checkpoint_step\x18\r \x01(\x04\x12\x16\n\x0egroups_invalid\x18\x0e \x01(\x04\x12\x18\n\x10\x65pisodes_invalid\x18\x0f \x01(\x04\x12%\n\x1dgroups_dropped_zero_advantage\x18\x10 \x01(\x04\x12\'\n\x1f\x65pisodes_dropped_zero_advantage\x18\x11 \x01(\x04\x12\x16\n\x0egroups_trained\x18\x12 \x01(\x04\x12!\n\x19inference_replicas_behind\x18\x13 \x03(\t\x12O\n\x14weight_push_failures\x18\x14 \x03(\x0b\x32\x31.relayrl.v1.TrainerStatus.WeightPushFailuresEntry\x1a\x39\n\x17WeightPushFailuresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"#\n\x11\x43heckpointRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"%\n\x0f\x43heckpointReply\x12\x12\n\nafter_step\x18\x01 \x01(\x04\x32\xc7\x02\n\x0eTrainerService\x12K\n\tGetStatus\x12#.relayrl.v1.GetTrainerStatusRequest\x1a\x19.relayrl.v1.TrainerStatus\x12Q\n\x0bWatchStatus\x12%.relayrl.v1.WatchTrainerStatusRequest\x1a\x19.relayrl.v1.TrainerStatus0\x01\x12O\n\x11RequestCheckpoint\x12\x1d.relayrl.v1.CheckpointRequest\x1a\x1b.relayrl.v1.CheckpointReply\x12\x44\n\tGetConfig\x12\x1c.relayrl.v1.GetConfigRequest\x1a\x19.relayrl.v1.RunConfigTextb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_TRAINERSTATUS_WEIGHTPUSHFAILURESENTRY']._loaded_options = None
+  _globals['_TRAINERSTATUS_WEIGHTPUSHFAILURESENTRY']._serialized_options = b'8\001'
   _globals['_GETTRAINERSTATUSREQUEST']._serialized_start=65
   _globals['_GETTRAINERSTATUSREQUEST']._serialized_end=90
   _globals['_WATCHTRAINERSTATUSREQUEST']._serialized_start=92
   _globals['_WATCHTRAINERSTATUSREQUEST']._serialized_end=119
   _globals['_TRAINERSTATUS']._serialized_start=122
-  _globals['_TRAINERSTATUS']._serialized_end=697
-  _globals['_CHECKPOINTREQUEST']._serialized_start=699
-  _globals['_CHECKPOINTREQUEST']._serialized_end=734
-  _globals['_CHECKPOINTREPLY']._serialized_start=736
-  _globals['_CHECKPOINTREPLY']._serialized_end=773
-  _globals['_TRAINERSERVICE']._serialized_start=776
-  _globals['_TRAINERSERVICE']._serialized_end=1103
+  _globals['_TRAINERSTATUS']._serialized_end=837
+  _globals['_TRAINERSTATUS_WEIGHTPUSHFAILURESENTRY']._serialized_start=780
+  _globals['_TRAINERSTATUS_WEIGHTPUSHFAILURESENTRY']._serialized_end=837
+  _globals['_CHECKPOINTREQUEST']._serialized_start=839
+  _globals['_CHECKPOINTREQUEST']._serialized_end=874
+  _globals['_CHECKPOINTREPLY']._serialized_start=876
+  _globals['_CHECKPOINTREPLY']._serialized_end=913
+  _globals['_TRAINERSERVICE']._serialized_start=916
+  _globals['_TRAINERSERVICE']._serialized_end=1243
 # @@protoc_insertion_point(module_scope)

@@ -17,7 +17,14 @@ class WatchTrainerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error", "checkpoint_pending", "last_checkpoint_step", "groups_invalid", "episodes_invalid", "groups_dropped_zero_advantage", "episodes_dropped_zero_advantage", "groups_trained", "inference_replicas_behind")
+    __slots__ = ("component", "step", "weight_version", "episodes_trained", "episodes_dropped_stale", "groups_per_step", "finished", "publishing", "groups_dropped_stale", "groups_dropped_reward_error", "episodes_dropped_reward_error", "checkpoint_pending", "last_checkpoint_step", "groups_invalid", "episodes_invalid", "groups_dropped_zero_advantage", "episodes_dropped_zero_advantage", "groups_trained", "inference_replicas_behind", "weight_push_failures")
+    class WeightPushFailuresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     COMPONENT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +44,7 @@ class TrainerStatus(_message.Message):
     EPISODES_DROPPED_ZERO_ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_TRAINED_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_REPLICAS_BEHIND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_PUSH_FAILURES_FIELD_NUMBER: _ClassVar[int]
     component: _common_pb2.ComponentStatus
     step: int
     weight_version: int
@@ -56,7 +64,8 @@ class TrainerStatus(_message.Message):
     episodes_dropped_zero_advantage: int
     groups_trained: int
     inference_replicas_behind: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., groups_dropped_reward_error: _Optional[int] = ..., episodes_dropped_reward_error: _Optional[int] = ..., checkpoint_pending: _Optional[bool] = ..., last_checkpoint_step: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., episodes_invalid: _Optional[int] = ..., groups_dropped_zero_advantage: _Optional[int] = ..., episodes_dropped_zero_advantage: _Optional[int] = ..., groups_trained: _Optional[int] = ..., inference_replicas_behind: _Optional[_Iterable[str]] = ...) -> None: ...
+    weight_push_failures: _containers.ScalarMap[str, int]
+    def __init__(self, component: _Optional[_Union[_common_pb2.ComponentStatus, _Mapping]] = ..., step: _Optional[int] = ..., weight_version: _Optional[int] = ..., episodes_trained: _Optional[int] = ..., episodes_dropped_stale: _Optional[int] = ..., groups_per_step: _Optional[int] = ..., finished: _Optional[bool] = ..., publishing: _Optional[bool] = ..., groups_dropped_stale: _Optional[int] = ..., groups_dropped_reward_error: _Optional[int] = ..., episodes_dropped_reward_error: _Optional[int] = ..., checkpoint_pending: _Optional[bool] = ..., last_checkpoint_step: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., episodes_invalid: _Optional[int] = ..., groups_dropped_zero_advantage: _Optional[int] = ..., episodes_dropped_zero_advantage: _Optional[int] = ..., groups_trained: _Optional[int] = ..., inference_replicas_behind: _Optional[_Iterable[str]] = ..., weight_push_failures: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("reason",)
