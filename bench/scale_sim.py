@@ -15,9 +15,9 @@ for real; ``rollout.max_staleness`` is set high enough (``--max-staleness``) tha
 consumer keeps up, and rollout's own wait counters (rollout_state.json: ``wait_ms_window``, ``wait_ms_concurrency``)
 are printed to show it. ``rollout.max_concurrent_groups`` is ``--groups-per-replica`` x N, enough to fill every
 replica's batch; ``rollout.generate_batch_max`` is ``--generate-batch-max`` (default 64, rollout's own; 0: one
-Generate per group). With joining, rollout keeps one GenerateBatch on the wire per replica (relayrl.rollout.joining),
-so a replica starts the next batch only when the longest sample of the previous one ends: by this model its rate is
-below the engine's (10.7 against 26.7 episodes/s at the defaults, 2-core machine).
+Generate per group) and ``rollout.generate_calls_in_flight`` is ``--generate-calls-in-flight`` (default 1,
+rollout's own): the joined calls on the wire per replica. Each caller gets its answer as soon as its samples end
+(GenerateBatchStream, which the simulated replicas serve), but a group admitted meanwhile waits for a call to end.
 
 Default latency parameters: ``--tokens-per-s 2791``, the native engine's measured throughput on this 2-core machine
 (docs/benchmarks.md, bench/inference.py, run 1), at ``--max-batch 64`` (step 22.9 ms); ``--max-new-tokens 128`` with
@@ -128,6 +128,7 @@ def rollout_config(args: argparse.Namespace, work: Path, n: int, ports: list[int
             "max_staleness": args.max_staleness,
             "max_concurrent_groups": args.groups_per_replica * n,
             "generate_batch_max": args.generate_batch_max,
+            "generate_calls_in_flight": args.generate_calls_in_flight,
             "server": {"port": 0},
             "http": {"enabled": False},
             "drain_timeout_s": 0,  # stop at once after the window
@@ -303,6 +304,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "group_size": args.group_size,
         "generate_batch_max": args.generate_batch_max,
+        "generate_calls_in_flight": args.generate_calls_in_flight,
         "seconds": args.seconds,
         "cpus": os.cpu_count(),
         "points": [asdict(p) for p in points],
@@ -315,7 +317,10 @@ def report(result: dict[str, Any]) -> str:
     points = [Point(**p) for p in result["points"]]
     sat = result["saturation_n"]
     lines = [f"latency model: {json.dumps(result['latency_model'])}"]
-    lines.append(f"rollout.generate_batch_max: {result['generate_batch_max']}, group_size: {result['group_size']}")
+    lines.append(
+        f"rollout.generate_batch_max: {result['generate_batch_max']}, generate_calls_in_flight: "
+        f"{result.get('generate_calls_in_flight', 1)}, group_size: {result['group_size']}"
+    )
     lines.append(table(points))
     lines.append(
         f"saturation: ratio below {TARGET} first at N = {sat}"
@@ -344,6 +349,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--groups-per-step", type=int, default=16, help="the simulated trainer's groups_per_step")
     ap.add_argument("--max-staleness", type=int, default=1000)
     ap.add_argument("--generate-batch-max", type=int, default=64, help="rollout.generate_batch_max (0: no joining)")
+    ap.add_argument(
+        "--generate-calls-in-flight",
+        type=int,
+        default=2,
+        help="rollout.generate_calls_in_flight (joined calls per replica)",
+    )
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--json", type=Path, default=None)

@@ -164,6 +164,15 @@ class SimInference(pb_grpc.InferenceServiceServicer):
         responses = await asyncio.gather(*(self._one(r) for r in request.requests))
         return pb.GenerateBatchResponse(responses=responses)
 
+    async def GenerateBatchStream(
+        self, request: pb.GenerateBatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateBatchItem]:
+        async def one(i: int) -> pb.GenerateBatchItem:
+            return pb.GenerateBatchItem(index=i, response=await self._one(request.requests[i]))
+
+        for next_done in asyncio.as_completed([one(i) for i in range(len(request.requests))]):
+            yield await next_done
+
     async def GetStatus(
         self, request: pb.GetInferenceStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.InferenceStatus:

@@ -71,3 +71,36 @@ async def test_one_refused_request_refuses_the_whole_batch_and_leaves_nothing_ru
     assert idle and served == 1  # the first request was cancelled, never answered; the later one was
     assert steps < 100  # its 200 tokens were never sampled: the engine ran only the later request's few steps
     assert len(after.samples) == 2
+
+
+async def test_a_streamed_batch_answers_each_request_as_its_samples_end_short_ones_first(tiny_model_dir: Path) -> None:
+    """GenerateBatchStream: the same answers as GenerateBatch, each sent once its own samples ended, so a request
+    of 2 tokens arrives before one of 60 that the engine runs beside it."""
+    lengths = [60, 2, 30]
+    requests = [
+        generate_request("1+2=", pb.SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=n, ignore_eos=True))
+        for n in lengths
+    ]
+    async with inference_server(tiny_model_dir) as (target, _), InferenceClient(target) as client:
+        items = [item async for item in client.generate_batch_stream(requests, timeout_s=60)]
+        batch = await client.generate_batch(requests, timeout_s=60)
+
+    assert [item.index for item in items] == [1, 2, 0]  # in the order they ended: the shortest first
+    for item in items:
+        want = batch.responses[item.index]  # greedy: the same tokens as the unstreamed batch
+        assert [list(s.token_ids) for s in item.response.samples] == [list(s.token_ids) for s in want.samples]
+        assert all(len(s.token_ids) == lengths[item.index] for s in item.response.samples)
+
+
+async def test_a_streamed_batch_with_a_refused_request_is_refused_before_any_answer(tiny_model_dir: Path) -> None:
+    requests = [
+        generate_request("1+2=", GREEDY),
+        generate_request("3+4=", pb.SamplingParams(n=1, max_new_tokens=4, temperature=-1.0)),
+    ]
+    async with inference_server(tiny_model_dir) as (target, service), InferenceClient(target) as client:
+        answers = []
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for item in client.generate_batch_stream(requests, timeout_s=60):
+                answers.append(item)
+
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and answers == [] and service.requests_served == 0

@@ -44,11 +44,13 @@ async def test_three_replicas_share_generation_and_each_serves_every_verified_ve
     assert (
         len(set(out["inference_versions"])) == 1 and out["inference_versions"][0] == out["rows"][-1]["weight_version"]
     )
+    states = out["replica_counts"].pop("inference_replica_states")
     assert out["replica_counts"] == {
         "generations_regenerated": 0,
         "inference_replicas_routable": 3,
         "inference_replicas": 3,
     }
+    assert len(states) == 3 and all(s.routable and not s.behind and s.samples_in_flight == 0 for s in states)
     assert all(r["staleness_max"] <= cfg.rollout.max_staleness for r in out["rows"])
 
 

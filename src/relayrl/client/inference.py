@@ -81,6 +81,14 @@ class InferenceClient(ServiceClient):
             policy=self.policy_for("GenerateBatch"),
         )
 
+    def generate_batch_stream(self, requests: Sequence[inference_pb2.GenerateRequest], timeout_s: float = 120.0) -> Any:
+        """GenerateBatchStream: the call, an async iterator of GenerateBatchItem, each request's response as soon as
+        its samples end. Not retried (answers may have arrived); its deadline bounds the whole call."""
+        metadata = self._auth() if self.authenticate_all else None
+        return self.stub.GenerateBatchStream(
+            inference_pb2.GenerateBatchRequest(requests=requests), timeout=timeout_s, metadata=metadata
+        )
+
     def generate_stream(
         self,
         prompt: str | list[int] | list[dict[str, str]],

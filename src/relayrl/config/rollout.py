@@ -82,6 +82,18 @@ class RolloutConfig:
             "ge": 0,
         },
     )
+    generate_calls_in_flight: int = field(
+        default=1,
+        metadata={
+            "help": "Joined generation calls on the wire at once, per inference replica. Each caller gets its answer "
+            "as soon as its samples end (GenerateBatchStream), but a group admitted meanwhile waits for a call "
+            "to end before its own goes out: more calls in flight keep a continuously batching engine fuller "
+            "when sample lengths vary widely (bench/scale_sim.py), at the price of more calls, and of the "
+            "trainer seeing the groups that finish first first.",
+            "ge": 1,
+            "le": 8,
+        },
+    )
     workflow: str = field(
         default="single_turn",
         metadata={

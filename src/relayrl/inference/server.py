@@ -27,7 +27,7 @@ from relayrl.common.weights import StaleVersionError, WeightAssembler, WeightUpd
 from relayrl.config.tls import TlsConfig
 from relayrl.inference.engine import GenerationInput
 from relayrl.inference.sampling_limits import check_samples
-from relayrl.inference.server_convert import generation_input, sample_message, score_inputs
+from relayrl.inference.server_convert import generate_response, generation_input, sample_message, score_inputs
 from relayrl.inference.serving import InferenceService, LimitExceeded, WeightSwapError
 from relayrl.inference.token_stream import Event, Submitted, events, feed
 
@@ -102,10 +102,44 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GenerateBatch(
         self, request: pb.GenerateBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.GenerateBatchResponse:
-        """Generate for each request: the call's samples (the requests' n summed) within max_samples_per_request
-        (else RESOURCE_EXHAUSTED before anything is tokenised), every request checked, then all submitted before
-        any is awaited (the engine admits them together). A refused request refuses the call; nothing of a
-        refused call stays queued."""
+        """Generate for each request (see :meth:`_submit_batch`), answered once all are done."""
+        inputs, submitted = await self._submit_batch(request, context)
+        outputs = await asyncio.gather(*(self.service.result(sub, "grpc_batch") for sub in submitted))
+        return pb.GenerateBatchResponse(
+            responses=[
+                generate_response(r, inp, samples)
+                for r, inp, samples in zip(request.requests, inputs, outputs, strict=True)
+            ]
+        )
+
+    async def GenerateBatchStream(
+        self, request: pb.GenerateBatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateBatchItem]:
+        """Generate for each request (see :meth:`_submit_batch`), each answered as soon as its samples end; the
+        requests still running when the call ends (cancelled, deadline) are cancelled in the engine."""
+        inputs, submitted = await self._submit_batch(request, context)
+
+        async def one(i: int) -> tuple[int, list[Any]]:
+            return i, await self.service.result(submitted[i], "grpc_batch")
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(submitted))]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                i, samples = await next_done
+                yield pb.GenerateBatchItem(index=i, response=generate_response(request.requests[i], inputs[i], samples))
+        finally:
+            for task in tasks:
+                task.cancel()
+            for future, _t0 in submitted:
+                future.cancel()
+
+    async def _submit_batch(
+        self, request: pb.GenerateBatchRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[list[Any], list[Submitted]]:
+        """Check and submit every request of a batch: the call's samples (the requests' n summed) within
+        max_samples_per_request (else RESOURCE_EXHAUSTED before anything is tokenised), every request checked, then
+        all submitted before any is awaited (the engine admits them together). A refused request refuses the call;
+        nothing of a refused call stays queued."""
         await self._generation_port(context)
         submitted: list[Submitted] = []
         try:
@@ -125,17 +159,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             for future, _t0 in submitted:
                 future.cancel()
             raise
-        outputs = await asyncio.gather(*(self.service.result(sub, "grpc_batch") for sub in submitted))
-        return pb.GenerateBatchResponse(
-            responses=[
-                pb.GenerateResponse(
-                    request_id=r.request_id,
-                    prompt_token_ids=inp.prompt_ids,
-                    samples=[sample_message(s) for s in samples],
-                )
-                for r, inp, samples in zip(request.requests, inputs, outputs, strict=True)
-            ]
-        )
+        return inputs, submitted
 
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext

@@ -76,3 +76,12 @@ def sample_message(s: SampleOutput) -> pb.Sample:
         finish_reason=s.finish_reason,
         text=s.text,
     )
+
+
+def generate_response(
+    request: pb.GenerateRequest, inp: GenerationInput, samples: list[SampleOutput]
+) -> pb.GenerateResponse:
+    """The answer to ``request`` (checked as ``inp``) once its ``samples`` ended."""
+    return pb.GenerateResponse(
+        request_id=request.request_id, prompt_token_ids=inp.prompt_ids, samples=[sample_message(s) for s in samples]
+    )

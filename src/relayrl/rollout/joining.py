@@ -3,9 +3,13 @@
 Groups run concurrently, and each makes one Generate and one ScoreBatch call (relayrl.rollout.workflows). Each call
 costs a gRPC round trip, a handler and (for ScoreBatch) a hand-off to reward's verifier workers whatever its size,
 and on a small model that per-call cost is most of the work. :class:`CallJoiner` joins calls of one kind: a call made
-while another is on the wire waits for it, then goes out with every other call that arrived meanwhile, as one
-request (at most ``max_items`` items). The first call of a quiet moment goes out at once, after the other groups
-woken in the same event-loop turn have joined it, so joining adds no latency when there is nothing to join.
+while ``max_in_flight`` others are on the wire waits for one of them, then goes out with every other call that
+arrived meanwhile, as one request (at most ``max_items`` items). The first call of a quiet moment goes out at once,
+after the other groups woken in the same event-loop turn have joined it, so joining adds no latency when there is
+nothing to join. Joined generation goes out as GenerateBatchStream, which answers each caller as soon as its own
+samples end (an inference without it: GenerateBatch, answered when its longest sample ends), so the groups of short
+answers are scored and appended while the engine finishes the rest; ``rollout.generate_calls_in_flight`` sets how
+many joined calls each replica may have on the wire.
 
 Each caller gets exactly its own result. A joined call that fails fails every caller in it, as each would have
 failed alone (both RPCs are idempotent and retried by the client's policy); its deadline is the shortest of its
@@ -41,6 +45,9 @@ R = TypeVar("R")
 _SEND_ALONE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED)
 
 
+Deliver = Callable[[int, R], None]  # hands item i's result to its caller before the call's end (a streamed answer)
+
+
 @dataclass
 class _Caller(Generic[T, R]):
     item: T
@@ -50,29 +57,34 @@ class _Caller(Generic[T, R]):
 
 class CallJoiner(Generic[T, R]):
     """Joins concurrent ``call(item)`` into ``send(items, timeout_s)``, which returns one result (or exception) per
-    item, in order. ``size`` weighs an item against ``max_items`` (1 each by default); ``max_callers``, when set,
-    also bounds the items of one call."""
+    item, in order, with at most ``max_in_flight`` sends at once. ``size`` weighs an item against ``max_items`` (1
+    each by default); ``max_callers``, when set, also bounds the items of one call."""
 
     def __init__(
         self,
-        send: Callable[[list[T], float], Awaitable[list[R | BaseException]]],
+        send: Callable[[list[T], float, Deliver[R]], Awaitable[list[R | BaseException]]],
         max_items: int,
         size: Callable[[T], int] = lambda _: 1,
         max_callers: int | None = None,
+        max_in_flight: int = 1,
     ) -> None:
-        if max_items < 1:
-            raise ValueError(f"max_items {max_items} must be >= 1")
+        for name, value in (("max_items", max_items), ("max_in_flight", max_in_flight)):
+            if value < 1:
+                raise ValueError(f"{name} {value} must be >= 1")
         self.send, self.max_items, self.size, self.max_callers = send, max_items, size, max_callers
+        self.max_in_flight = max_in_flight
         self._waiting: list[_Caller[T, R]] = []
-        self._sender: asyncio.Task[None] | None = None
+        self._senders: set[asyncio.Task[None]] = set()  # each sends until nothing waits
         self.calls = 0  # calls sent
         self.callers = 0  # calls they carried
 
     async def call(self, item: T, timeout_s: float) -> R:
         caller: _Caller[T, R] = _Caller(item, timeout_s, asyncio.get_running_loop().create_future())
         self._waiting.append(caller)
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send_all(), name="joined-call")
+        if len(self._senders) < self.max_in_flight:
+            sender = asyncio.create_task(self._send_all(), name="joined-call")
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
         return await caller.future
 
     def _take(self) -> list[_Caller[T, R]]:
@@ -100,8 +112,12 @@ class CallJoiner(Generic[T, R]):
             await self._send(taken)
 
     async def _send(self, taken: list[_Caller[T, R]]) -> None:
+        def deliver(i: int, result: R) -> None:  # an answer that arrived before the call's others
+            if not taken[i].future.done():
+                taken[i].future.set_result(result)
+
         try:
-            results = await self.send([c.item for c in taken], min(c.timeout_s for c in taken))
+            results = await self.send([c.item for c in taken], min(c.timeout_s for c in taken), deliver)
         except asyncio.CancelledError:  # rollout is stopping: nobody waits for the rest
             for c in [*taken, *self._waiting]:
                 c.future.cancel()
@@ -144,7 +160,7 @@ class JoinedScorer:
         return await self.joiner.call(list(requests), timeout_s)
 
     async def _send(
-        self, items: list[list[reward_pb2.ScoreRequest]], timeout_s: float
+        self, items: list[list[reward_pb2.ScoreRequest]], timeout_s: float, deliver: Deliver[Any]
     ) -> list[reward_pb2.ScoreBatchResponse | BaseException]:
         requests = [r for item in items for r in item]
         got = list((await self.client.score_batch(requests, timeout_s=timeout_s)).responses)
@@ -164,15 +180,19 @@ class JoinedScorer:
 class JoinedInference:
     """``generate`` of ``client`` (a relayrl.client.InferenceClient), joined into one GenerateBatch of at most
     ``max_requests`` requests across concurrent callers and, when ``max_samples`` is given, at most that many samples
-    (their n summed: inference refuses a GenerateBatch over its inference.max_samples_per_request)."""
+    (their n summed: inference refuses a GenerateBatch over its inference.max_samples_per_request), with at most
+    ``max_in_flight`` GenerateBatch calls on the wire."""
 
-    def __init__(self, client: Any, max_requests: int, max_samples: int | None = None) -> None:
+    def __init__(self, client: Any, max_requests: int, max_samples: int | None = None, max_in_flight: int = 1) -> None:
         self.client = client
         self.batching = True  # False once inference answered UNIMPLEMENTED (a version without GenerateBatch)
+        self.streaming = True  # False once inference answered UNIMPLEMENTED to GenerateBatchStream
         self.joiner: CallJoiner[inference_pb2.GenerateRequest, inference_pb2.GenerateResponse] = (
-            CallJoiner(self._send, max_requests)
+            CallJoiner(self._send, max_requests, max_in_flight=max_in_flight)
             if max_samples is None
-            else CallJoiner(self._send, max_samples, lambda r: max(1, r.sampling.n), max_callers=max_requests)
+            else CallJoiner(
+                self._send, max_samples, lambda r: max(1, r.sampling.n), max_requests, max_in_flight=max_in_flight
+            )
         )
 
     def __getattr__(self, name: str) -> Any:  # generate_stream, score, status, close, ...: the wrapped client's
@@ -196,16 +216,45 @@ class JoinedInference:
         return await self.joiner.call(request, timeout_s)
 
     async def _send(
-        self, requests: list[inference_pb2.GenerateRequest], timeout_s: float
+        self,
+        requests: list[inference_pb2.GenerateRequest],
+        timeout_s: float,
+        deliver: Deliver[inference_pb2.GenerateResponse],
     ) -> list[inference_pb2.GenerateResponse | BaseException]:
         if len(requests) > 1 and self.batching:
             try:
+                if self.streaming:
+                    return await self._stream(requests, timeout_s, deliver)
                 resp = await self.client.generate_batch(requests, timeout_s=timeout_s)
                 return list(resp.responses)
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED and self.streaming:
+                    self.streaming = False  # an inference without GenerateBatchStream: its GenerateBatch
+                    return await self._send(requests, timeout_s, deliver)
                 if exc.code() not in _SEND_ALONE:
                     raise
                 self.batching = exc.code() != grpc.StatusCode.UNIMPLEMENTED
         return list(
             await asyncio.gather(*(self.client.send_generate(r, timeout_s) for r in requests), return_exceptions=True)
         )
+
+    async def _stream(
+        self,
+        requests: list[inference_pb2.GenerateRequest],
+        timeout_s: float,
+        deliver: Deliver[inference_pb2.GenerateResponse],
+    ) -> list[inference_pb2.GenerateResponse | BaseException]:
+        """GenerateBatchStream: each caller gets its response as soon as it arrives. A call that fails fails the
+        callers not answered yet with its error, as a failed GenerateBatch fails all (UNAVAILABLE: a pool generates
+        theirs again on another replica); those answered keep their answers."""
+        out: list[inference_pb2.GenerateResponse | BaseException] = [
+            RuntimeError("GenerateBatchStream ended without this request's answer")
+        ] * len(requests)
+        call = self.client.generate_batch_stream(requests, timeout_s)
+        try:
+            async for item in call:
+                out[item.index] = item.response
+                deliver(item.index, item.response)
+        finally:
+            call.cancel()
+        return out

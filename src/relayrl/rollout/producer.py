@@ -72,7 +72,9 @@ class RolloutProducer:
         # (at most generate_batch_samples samples a GenerateBatch: inference.max_samples_per_request)
         self.inference: Any = clients.inference
         if cfg.generate_batch_max > 0:
-            joined_calls = lambda c: JoinedInference(c, cfg.generate_batch_max, generate_batch_samples)  # noqa: E731
+            joined_calls = lambda c: JoinedInference(  # noqa: E731
+                c, cfg.generate_batch_max, generate_batch_samples, cfg.generate_calls_in_flight
+            )
             if isinstance(clients.inference, InferencePool):  # each replica joins its own calls
                 clients.inference.join_calls(joined_calls)
             else:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 import pytest
@@ -162,14 +163,43 @@ async def test_other_client_calls_and_empty_batches_pass_through() -> None:
         JoinedScorer(reward, max_items=0)
 
 
+class FakeCall:
+    """A server-streaming call: ``items`` as they are given, or ``error`` raised when read."""
+
+    def __init__(self, items: AsyncIterator[Any], error: grpc.StatusCode | None = None) -> None:
+        self.items, self.error, self.cancelled = items, error, False
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._read()
+
+    async def _read(self) -> AsyncIterator[Any]:
+        if self.error is not None:
+            raise grpc.aio.AioRpcError(self.error, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream refused")
+        async for item in self.items:
+            yield item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def _none() -> AsyncIterator[Any]:
+    return
+    yield
+
+
 class FakeInference:
     """An inference client: GenerateBatch answers each request with its prompt reversed (or fails with ``code``);
-    Generate alone refuses the prompt "bad"."""
+    Generate alone refuses the prompt "bad"; GenerateBatchStream is UNIMPLEMENTED (an inference before it)."""
 
     def __init__(self, code: grpc.StatusCode | None = None) -> None:
         self.code = code
         self.batches: list[list[str]] = []
         self.alone: list[str] = []
+        self.streams = 0
+
+    def generate_batch_stream(self, requests: list[inference_pb2.GenerateRequest], timeout_s: float = 120.0) -> Any:
+        self.streams += 1
+        return FakeCall(_none(), grpc.StatusCode.UNIMPLEMENTED)
 
     async def generate_batch(
         self, requests: list[inference_pb2.GenerateRequest], timeout_s: float = 120.0
@@ -210,6 +240,7 @@ async def test_concurrent_generates_go_out_as_one_batch_and_each_caller_gets_its
     got = await generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd", "ef"])
 
     assert got == ["ba", "dc", "fe"] and fake.batches == [["ab", "cd", "ef"]] and fake.alone == []
+    assert fake.streams == 1  # asked for the streamed batch once (UNIMPLEMENTED), then GenerateBatch
 
 
 async def test_a_batch_refused_for_one_request_is_sent_request_by_request_so_only_that_caller_fails() -> None:
@@ -270,3 +301,76 @@ async def test_a_batch_refused_as_too_large_is_sent_request_by_request() -> None
     got = await generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd"])
 
     assert got == ["ba", "dc"] and fake.alone == ["ab", "cd"]
+
+
+class StreamingInference(FakeInference):
+    """GenerateBatchStream answers each request as its gate opens (``gates[prompt]``; ungated ones at once), then
+    fails with ``fail_after`` if set."""
+
+    def __init__(self, gates: dict[str, asyncio.Event], fail_after: grpc.StatusCode | None = None) -> None:
+        super().__init__()
+        self.gates, self.fail_after = gates, fail_after
+        self.calls: list[FakeCall] = []
+
+    def generate_batch_stream(self, requests: list[inference_pb2.GenerateRequest], timeout_s: float = 120.0) -> Any:
+        self.batches.append([r.prompt_text for r in requests])
+
+        async def items() -> AsyncIterator[inference_pb2.GenerateBatchItem]:
+            for i, r in sorted(enumerate(requests), key=lambda ir: ir[1].prompt_text in self.gates):
+                if r.prompt_text in self.gates:
+                    await self.gates[r.prompt_text].wait()
+                    if self.fail_after is not None:
+                        raise grpc.aio.AioRpcError(self.fail_after, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone")
+                yield inference_pb2.GenerateBatchItem(index=i, response=self.answer(r))
+
+        call = FakeCall(items())
+        self.calls.append(call)
+        return call
+
+
+async def test_a_streamed_batch_hands_each_caller_its_answer_as_it_arrives_without_waiting_for_the_rest() -> None:
+    slow = asyncio.Event()
+    fake = StreamingInference({"cd": slow})
+    joined = JoinedInference(fake, max_requests=64)
+    tasks = [asyncio.create_task(joined.generate(p, SAMPLING, request_id=p)) for p in ("ab", "cd", "ef")]
+
+    done, pending = await asyncio.wait(tasks, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+    while len(done) < 2 and pending:  # "ab" and "ef" answer while "cd" is held
+        more, pending = await asyncio.wait(pending, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+        done |= more
+    assert {t.result().samples[0].text for t in done} == {"ba", "fe"} and pending == {tasks[1]}
+    slow.set()
+    assert (await tasks[1]).samples[0].text == "dc"
+    assert fake.batches == [["ab", "cd", "ef"]] and fake.alone == [] and fake.calls[0].cancelled
+
+
+async def test_a_streamed_batch_that_fails_after_some_answers_fails_only_the_callers_not_answered_yet() -> None:
+    gone = asyncio.Event()
+    gone.set()
+    fake = StreamingInference({"cd": gone}, fail_after=grpc.StatusCode.UNAVAILABLE)
+
+    got = await generate_all(JoinedInference(fake, max_requests=64), ["ab", "cd", "ef"])
+
+    assert got[0] == "ba" and got[2] == "fe"  # answered before the call failed: theirs stand
+    assert (
+        isinstance(got[1], grpc.aio.AioRpcError) and got[1].code() == grpc.StatusCode.UNAVAILABLE
+    )  # a pool fails over
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+async def test_a_call_made_while_a_batch_is_on_the_wire_goes_at_once_only_while_calls_in_flight_allow(
+    in_flight: int,
+) -> None:
+    held = asyncio.Event()
+    fake = StreamingInference({"ab": held, "cd": held})
+    joined = JoinedInference(fake, max_requests=64, max_in_flight=in_flight)
+    first = [asyncio.create_task(joined.generate(p, SAMPLING, request_id=p)) for p in ("ab", "cd")]
+    while not fake.batches:  # the first batch is on the wire, held
+        await asyncio.sleep(0)
+    late = asyncio.create_task(joined.generate("ef", SAMPLING, request_id="ef"))
+    for _ in range(10):  # let every task run that can
+        await asyncio.sleep(0)
+
+    assert late.done() == (in_flight == 2)  # a second call of its own, or waiting for the first to end
+    held.set()
+    assert [t.samples[0].text for t in await asyncio.gather(*first, late)] == ["ba", "dc", "fe"]

@@ -112,6 +112,14 @@ class GenerateBatchResponse(_message.Message):
     responses: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
     def __init__(self, responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ...) -> None: ...
 
+class GenerateBatchItem(_message.Message):
+    __slots__ = ("index", "response")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    response: GenerateResponse
+    def __init__(self, index: _Optional[int] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ...) -> None: ...
+
 class GenerateChunk(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "index", "token_ids", "logprobs", "weight_versions", "sample")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

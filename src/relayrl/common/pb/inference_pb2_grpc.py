@@ -50,6 +50,11 @@ class InferenceServiceStub:
                 request_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.SerializeToString,
                 response_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchResponse.FromString,
                 _registered_method=True)
+        self.GenerateBatchStream = channel.unary_stream(
+                '/relayrl.v1.InferenceService/GenerateBatchStream',
+                request_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.SerializeToString,
+                response_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchItem.FromString,
+                _registered_method=True)
         self.UpdateWeights = channel.stream_unary(
                 '/relayrl.v1.InferenceService/UpdateWeights',
                 request_serializer=relayrl_dot_v1_dot_inference__pb2.WeightUpdateMessage.SerializeToString,
@@ -94,6 +99,16 @@ class InferenceServiceServicer:
         is waited for; a request Generate would refuse refuses the whole call with Generate's code (INVALID_ARGUMENT,
         or RESOURCE_EXHAUSTED over a limit, max_queued_requests counting every request of the batch), and nothing of
         the call keeps running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateBatchStream(self, request, context):
+        """GenerateBatch with each request's response sent as soon as its own samples end, in the order they end (each
+        names its request): a caller whose samples are short gets them without waiting for the call's longest, so a
+        continuously batching engine gets new work while it finishes the rest. Same checks, limits and refusals as
+        GenerateBatch, all before the first answer; a cancelled call cancels its requests still running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,6 +161,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.GenerateBatch,
                     request_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.FromString,
                     response_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchResponse.SerializeToString,
+            ),
+            'GenerateBatchStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateBatchStream,
+                    request_deserializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.FromString,
+                    response_serializer=relayrl_dot_v1_dot_inference__pb2.GenerateBatchItem.SerializeToString,
             ),
             'UpdateWeights': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateWeights,
@@ -244,6 +264,33 @@ class InferenceService:
             '/relayrl.v1.InferenceService/GenerateBatch',
             relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.SerializeToString,
             relayrl_dot_v1_dot_inference__pb2.GenerateBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatchStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/relayrl.v1.InferenceService/GenerateBatchStream',
+            relayrl_dot_v1_dot_inference__pb2.GenerateBatchRequest.SerializeToString,
+            relayrl_dot_v1_dot_inference__pb2.GenerateBatchItem.FromString,
             options,
             channel_credentials,
             insecure,
