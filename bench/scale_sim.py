@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--generate-calls-in-flight",
         type=int,
-        default=2,
+        default=1,
         help="rollout.generate_calls_in_flight (joined calls per replica)",
     )
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
