@@ -326,3 +326,35 @@ def test_sandbox_override_loosens_only_the_reward_container() -> None:
         }
     }
     assert "security_opt" not in yaml.safe_load(COMPOSE_FILE.read_text())["services"]["reward"]
+
+
+def test_replicas_override_adds_a_second_inference_that_rollout_and_the_trainer_both_list() -> None:
+    """docker-compose.replicas.yml: inference-2 runs as inference does (image, config, volumes, credential,
+    healthcheck) but publishes no host port; rollout and the trainer get both replicas in inference.endpoints, each by
+    its service name and the config's ports, and wait for both to be healthy."""
+    override = REPO / "docker-compose.replicas.yml"
+    result = subprocess.run(
+        [_docker_compose(), "-f", str(COMPOSE_FILE), "-f", str(override), "config"],
+        cwd=REPO,
+        env=_with_credentials(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)["services"]
+    first, second = merged["inference"], merged["inference-2"]
+    for key in ("image", "command", "volumes", "environment", "healthcheck", "depends_on"):
+        assert second[key] == first[key], key
+    assert "ports" not in second and first["ports"]
+
+    cfg = load_run_config(RUN_CONFIG)
+    for name in ("rollout", "trainer"):
+        command = merged[name]["command"]
+        assert command[:3] == ["serve", name, CONFIG_IN_CONTAINER] and command[3] == "--set"
+        endpoints = load_run_config(RUN_CONFIG, [command[4]]).inference.replica_endpoints()
+        assert [(e.address, e.weights_address) for e in endpoints] == [
+            (f"{svc}:{cfg.inference.server.port}", f"{svc}:{cfg.inference.weights_server.port}")
+            for svc in ("inference", "inference-2")
+        ]
+        assert merged[name]["depends_on"]["inference-2"] == {"condition": "service_healthy"}
