@@ -1,10 +1,11 @@
 """End to end: `relayrl run --set inference.replicas=3`, the quickstart with three local inference processes on
-ports of their own: it learns as with one, a replica killed mid-run is started again, caught up and routed to
-again, each replica serves the last verified version, no token trains beyond the staleness bound, and the books
-add up."""
+ports of their own: it learns as with one while each replica in turn is killed with SIGKILL, started again, caught
+up and routed to again; each replica serves the last verified version, no token trains beyond the staleness bound,
+and the books add up."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -34,14 +35,20 @@ def _rl_steps(out: Path) -> int:
     return sum(json.loads(line).get("phase", "rl") == "rl" for line in lines)
 
 
-def _replica_pid(out: Path, port: str) -> int:
-    """The pid of the inference replica `relayrl run` started for ``out`` on gRPC port ``port``."""
+def _replica_pid(out: Path, name: str) -> int:
+    """The pid of the inference replica ``name`` (``inference``, ``inference-2``, ...) `relayrl run` started for
+    ``out``: the first has the config's ports, the others theirs by ``--set``."""
     config = str(out / "config.yaml")
+    endpoints = yaml.safe_load((out / "config.yaml").read_text())["inference"]["endpoints"]
+    index = int(name.partition("-")[2] or 1) - 1
+    port = endpoints[index]["address"].rpartition(":")[2]
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if config in cmdline and f"inference.server.port={port}" in cmdline:
+        if config not in cmdline or cmdline[cmdline.index(config) - 1] != "inference":
+            continue
+        if f"inference.server.port={port}" in cmdline or (index == 0 and "--set" not in cmdline):
             return int(proc.pid)
-    raise AssertionError(f"no inference replica on port {port}")
+    raise AssertionError(f"no inference replica {name}")
 
 
 def _status(address: str) -> inference_pb2.InferenceStatus | None:
@@ -54,7 +61,16 @@ def _status(address: str) -> inference_pb2.InferenceStatus | None:
             return None
 
 
-def test_quickstart_with_three_inference_replicas_learns_and_a_killed_replica_restarts_catches_up_and_serves(
+def _serving_again(address: str) -> bool:
+    """The replica at ``address`` serves trained weights (version > 0) and has generated since it started."""
+    status = _status(address)
+    return status is not None and status.weight_version > 0 and status.requests_served > 0
+
+
+KILLS = ((40, "inference-2"), (110, "inference-3"), (170, "inference"))  # (after step, replica): each in turn
+
+
+def test_quickstart_with_three_inference_replicas_learns_while_each_is_killed_in_turn_restarted_and_caught_up(
     tmp_path: Path, demo_model: Path
 ) -> None:
     out = tmp_path / "run"
@@ -70,19 +86,14 @@ def test_quickstart_with_three_inference_replicas_learns_and_a_killed_replica_re
             text=True,
         )
     try:
-        wait_for(lambda: _rl_steps(out) >= 40, "40 steps trained", alive=proc)
-        second = yaml.safe_load((out / "config.yaml").read_text())["inference"]["endpoints"][1]["address"]
-        os.kill(_replica_pid(out, second.rpartition(":")[2]), signal.SIGKILL)
-        killed_at = _rl_steps(out)
-        wait_for(lambda: "inference-2 died" in stdout.read_text(), "the launcher restarts inference-2", alive=proc)
-
-        # started again, it gets the current weights from the trainer, then rollout routes to it again
-        def serving_again() -> bool:
-            status = _status(second)
-            return status is not None and status.weight_version > 0 and status.requests_served > 0
-
-        wait_for(serving_again, "the restarted inference-2 caught up and generating", alive=proc)
-        assert _rl_steps(out) < STEPS, "the run ended before the restarted replica served: kill earlier"
+        for step, name in KILLS:
+            wait_for(lambda step=step: _rl_steps(out) >= step, f"{step} steps trained", alive=proc)
+            os.kill(_replica_pid(out, name), signal.SIGKILL)
+            wait_for(lambda name=name: f"{name} died" in stdout.read_text(), f"{name} restarted", alive=proc)
+            if name == "inference-2":  # started again, the trainer catches it up, then rollout routes to it again
+                second = yaml.safe_load((out / "config.yaml").read_text())["inference"]["endpoints"][1]["address"]
+                wait_for(functools.partial(_serving_again, second), "inference-2 caught up, generating", alive=proc)
+        assert _rl_steps(out) < STEPS, "the run ended before the last kill took effect: kill earlier"
         assert proc.wait(timeout=900) == 0, stdout.read_text()[-3000:]
     finally:
         if proc.poll() is None:
@@ -92,22 +103,21 @@ def test_quickstart_with_three_inference_replicas_learns_and_a_killed_replica_re
     text = stdout.read_text()
     healthy = next(line for line in text.splitlines() if "all services healthy" in line)
     assert "inference-2=127.0.0.1:" in healthy and "inference-3=127.0.0.1:" in healthy
-    assert "restarted inference-2 1x" in text
+    assert "restarted inference 1x, inference-2 1x, inference-3 1x" in text
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r.get("phase", "rl") == "rl"]
     assert [r["step"] for r in rl] == list(range(1, STEPS + 1))
     last = statistics.mean(r["reward_mean"] for r in rl[-10:])
     assert last >= 0.8, f"final reward {last:.3f}"
-    # the quickstart's max_staleness, over the whole pool, before and after the kill
-    assert max(r["staleness_max"] for r in rl) <= 1, killed_at
+    assert max(r["staleness_max"] for r in rl) <= 1  # the quickstart's max_staleness, over the pool, kills included
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["restarts"] == {"inference-2": 1}
+    assert summary["restarts"] == {"inference": 1, "inference-2": 1, "inference-3": 1}
     drops = sum(v for k, v in summary.items() if k.startswith("groups_dropped_"))
     assert summary["groups_produced"] == (
         summary["groups_trained"] + drops + summary["groups_invalid"] + summary["groups_pending"]
     )
     assert summary["groups_trained"] == STEPS * 8
-    # every replica swapped to the last version the trainer published (inference-2 after its restart too)
+    # every replica swapped to the last version the trainer published, after its restart
     final = rl[-1]["weight_version"]
     for name in ("inference", "inference-2", "inference-3"):
         log = (out / "logs" / f"{name}.log").read_text()

@@ -16,9 +16,11 @@ from relayrl.client import InferenceClient
 from relayrl.client.inference_pool import InferencePool, pinned
 from relayrl.common.pb import inference_pb2
 from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.inference.serving import WeightSwapError
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server
 from tests.integration.stack import run_stack, stack_config
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -178,3 +180,36 @@ async def test_a_pinned_session_stays_on_its_replica_while_it_serves_then_moves_
             await session.generate("1+1=", sampling, 30.0)
             assert session.pin.replica is not mine and pool.sessions_moved == 1
             assert {a: sa.requests_served, b: sb.requests_served}[session.pin.replica.address] == 3
+
+
+async def test_a_replica_that_refuses_a_push_is_behind_and_rollout_routes_nothing_more_to_it(
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    steps = 10
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, f"trainer.total_steps={steps}")
+    seen: dict[str, int] = {}
+
+    async def refuse_from_the_third_version(services: list[Any]) -> None:
+        refuser, other = services[-1], services[0]
+        apply = refuser.apply_update
+
+        async def refusing(tensors: Any, version: int, probe: Any) -> list[float]:
+            if version >= 3:  # as an engine whose swap failed: the old weights serve on
+                seen.setdefault("refused_at", version)
+                raise WeightSwapError(f"injected: version {version} refused")
+            return await apply(tensors, version, probe)
+
+        refuser.apply_update = refusing
+        # two publications after the first refusal, rollout has long seen the trainer call it behind
+        assert await until(lambda: "refused_at" in seen and other.engine.version >= seen["refused_at"] + 2, 120.0)
+        seen["served_then"] = refuser.requests_served
+
+    out = await run_stack(cfg, tiny_model_dir, inference_replicas=2, during=refuse_from_the_third_version)
+
+    _books_add_up(out, steps * 2)
+    refuser_version = out["inference_versions"][1]
+    assert refuser_version < seen["refused_at"] and out["inference_versions"][0] == out["rows"][-1]["weight_version"]
+    states = out["replica_counts"]["inference_replica_states"]
+    assert states[1].behind and not states[0].behind
+    assert out["inference_services"][1].requests_served == seen["served_then"]  # nothing routed to it since
+    assert all(r["staleness_max"] <= cfg.rollout.max_staleness for r in out["rows"])  # its old tokens: none trained
