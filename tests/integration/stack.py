@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from relayrl.common.dataset import PromptCursor, load_jsonl
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
 from relayrl.config.inference import ReplicaEndpoint
+from relayrl.config.publication import WeightTransport
 from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.producer import RolloutProducer
 from relayrl.trainer.runtime import Trainer
@@ -47,12 +48,25 @@ def stack_config(tmp: Path, model: Path, data: Path, redis_url: str, *overrides:
     )
 
 
-def _with_replicas(cfg: RunConfig, replicas: list[tuple[str, Any]]) -> RunConfig:
-    """``cfg`` with the inference servers ``replicas`` (target, service) as inference.endpoints, when several."""
+def _with_replicas(
+    cfg: RunConfig, replicas: list[tuple[str, Any]], transports: Sequence[WeightTransport | None] = ()
+) -> RunConfig:
+    """``cfg`` with the inference servers ``replicas`` (target, service) as inference.endpoints, when several, each
+    with its own weight transport from ``transports`` (unset: the publication's)."""
     if len(replicas) == 1:
         return cfg
-    endpoints = [ReplicaEndpoint(target, service.weights_target) for target, service in replicas]
+    kinds = [*transports, *[None] * (len(replicas) - len(transports))]
+    endpoints = [ReplicaEndpoint(t, s.weights_target, kind) for (t, s), kind in zip(replicas, kinds, strict=True)]
     return replace(cfg, inference=replace(cfg.inference, endpoints=endpoints))
+
+
+def _tensorboard(cfg: RunConfig) -> dict[str, list[tuple[int, float]]]:
+    """The run's TensorBoard scalars: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 async def run_stack(
@@ -64,16 +78,23 @@ async def run_stack(
     reward_target: str = "",
     inference_replicas: int = 1,
     during: Callable[[list[Any]], Awaitable[None]] | None = None,
+    replica_transports: Sequence[WeightTransport | None] = (),
 ) -> dict[str, Any]:
     """Inference, reward, trainer and rollout in this process until the trainer finishes; ``inject``: entries
     XADDed to the stream before anything else (not produced by rollout); ``reward_target``: the reward replicas the
     run uses (the test's own), else one in this process; ``inference_replicas``: inference servers, listed in
-    inference.endpoints when more than one; ``during``: run beside the run with the inference services."""
+    inference.endpoints when more than one, each on its transport of ``replica_transports`` (they read shared files
+    from the run's weights directory); ``during``: run beside the run with the inference services."""
     async with contextlib.AsyncExitStack() as stack:
-        replicas = [await stack.enter_async_context(inference_server(model_dir)) for _ in range(inference_replicas)]
+        replicas = [
+            await stack.enter_async_context(inference_server(model_dir, weights_dir=cfg.weights_dir))
+            for _ in range(inference_replicas)
+        ]
         (inf_target, inf), services = replicas[0], [service for _, service in replicas]
         rew_target = reward_target or (await stack.enter_async_context(reward_server(reward_function)))[0]
-        cfg = _with_replicas(with_services(cfg, inf_target, inf.weights_target, rew_target), replicas)
+        cfg = _with_replicas(
+            with_services(cfg, inf_target, inf.weights_target, rew_target), replicas, replica_transports
+        )
         trainer = Trainer(cfg)
         handle, _ = create_trainer_server(trainer)
         await handle.start()
@@ -105,15 +126,10 @@ async def run_stack(
             await trainer.close()
             await stream.close()
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(cfg.output_dir / "tensorboard"))
-    events.Reload()
-    tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     return {
         "produced": producer.groups_produced,
         "trained": trainer.progress.groups_trained,
-        "tensorboard": tensorboard,
+        "tensorboard": _tensorboard(cfg),
         "dropped": trainer.progress.groups_dropped_stale,
         "pending": info.pending + info.lag,
         "dropped_reward_error": trainer.progress.groups_dropped_reward_error,

@@ -16,6 +16,7 @@ from relayrl.client import InferenceClient
 from relayrl.client.inference_pool import InferencePool, pinned
 from relayrl.common.pb import inference_pb2
 from relayrl.common.pb.common_pb2 import ServingState
+from relayrl.config.publication import WeightTransport
 from relayrl.inference.serving import WeightSwapError
 from tests.conftest import RedisServer
 from tests.integration.helpers import inference_server
@@ -213,3 +214,20 @@ async def test_a_replica_that_refuses_a_push_is_behind_and_rollout_routes_nothin
     assert states[1].behind and not states[0].behind
     assert out["inference_services"][1].requests_served == seen["served_then"]  # nothing routed to it since
     assert all(r["staleness_max"] <= cfg.rollout.max_staleness for r in out["rows"])  # its old tokens: none trained
+
+
+async def test_replicas_on_different_weight_transports_each_get_every_version_prepared_once_per_transport(
+    tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
+) -> None:
+    """One replica reads each version from the trainer's host (shared_memory), two receive it by one broadcast
+    (collective): every replica serves the last version, verified, and no shared file stays behind."""
+    steps = 5
+    cfg = stack_config(tmp_path / "run", tiny_model_dir, dataset_path, redis_server.url, f"trainer.total_steps={steps}")
+    kinds = [WeightTransport.SHARED_MEMORY, WeightTransport.COLLECTIVE, WeightTransport.COLLECTIVE]
+
+    out = await run_stack(cfg, tiny_model_dir, inference_replicas=3, replica_transports=kinds)
+
+    _books_add_up(out, steps * 2)
+    assert out["inference_versions"] == [out["rows"][-1]["weight_version"]] * 3
+    assert all(service.weight_updates >= steps for service in out["inference_services"])
+    assert not list(cfg.weights_dir.glob("*.shm.safetensors"))  # each served version's file went

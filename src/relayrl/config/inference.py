@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
+from relayrl.config.publication import WeightTransport
 from relayrl.config.threads import ThreadsConfig
 from relayrl.config.typed import ConfigError
 
@@ -69,12 +70,22 @@ class ReplicaEndpoint:
     weights_address: str = field(
         metadata={"help": "host:port of the replica's weights server (its weights_server section)."}
     )
+    transport: WeightTransport | None = field(
+        default=None,
+        metadata={
+            "help": "How weights reach this replica when it differs from the others' (trainer.publication.transport "
+            "when unset): e.g. shared_memory for a replica on the trainer's host beside collective or "
+            "grpc_stream ones elsewhere. Each transport prepares a version once for its replicas."
+        },
+    )
 
     def validate(self) -> None:
         for name in ("address", "weights_address"):
             value = getattr(self, name)
             if not value or value.rpartition(":")[0] == "" or not value.rpartition(":")[2].isdigit():
                 raise ConfigError(name, value, "must be host:port")
+        if self.transport is WeightTransport.AUTO:
+            raise ConfigError("transport", self.transport.value, "must name a transport (auto is for the publication)")
 
 
 @dataclass

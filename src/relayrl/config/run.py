@@ -21,6 +21,7 @@ from relayrl.config.inference import (
     InferenceConfig,
 )
 from relayrl.config.model import ModelConfig
+from relayrl.config.publication import WeightTransport
 from relayrl.config.redis import RedisConfig
 from relayrl.config.reward import RewardConfig
 from relayrl.config.rollout import RolloutConfig
@@ -103,6 +104,18 @@ class RunConfig:
                 "trainer.distributed.dp_shard",
                 self.trainer.distributed.dp_shard,
                 "must be 1 with model.lora.enabled (the adapter is small: replicate it)",
+            )
+        own = [e.transport for e in self.inference.endpoints if e.transport is not None]
+        shm = WeightTransport.SHARED_MEMORY
+        if (
+            self.trainer.distributed.dp_shard > 1
+            and len({t is shm for t in [*own, self.trainer.publication.transport]}) > 1
+        ):
+            raise ConfigError(
+                "inference.endpoints.transport",
+                [t.value for t in own],
+                "must not mix shared_memory with other transports when trainer.distributed.dp_shard > 1 (a sharded "
+                "publication writes one file, hashed as its transport checks it)",
             )
         if self.trainer.eval.every_steps > 0 and self.rollout.multi_turn:
             raise ConfigError(

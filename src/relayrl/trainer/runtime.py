@@ -27,6 +27,7 @@ from relayrl.common.retry import OomBackpressure
 from relayrl.common.service import StatusHeader
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig
+from relayrl.config.publication import WeightTransport
 from relayrl.config.trainer import MicroBatchLayout
 from relayrl.config.typed import ConfigError
 from relayrl.trainer.batching import packing_error
@@ -46,7 +47,7 @@ from relayrl.trainer.publication import VersionPublication, watch_inference
 from relayrl.trainer.reference import Reference
 from relayrl.trainer.teacher import Teacher
 from relayrl.trainer.tracking import Tracker, open_tracker
-from relayrl.trainer.transports import collective_host, make_transport
+from relayrl.trainer.transports import collective_host, make_transport, resolve_transport
 from relayrl.trainer.versions import VersionLineage, VersionSource
 from relayrl.trainer.weight_sync import WeightPublisher
 
@@ -243,11 +244,19 @@ class Trainer:
     def _publisher(self) -> WeightPublisher:
         pc, cfg = self.cfg.trainer.publication, self.cfg
         probe = WeightPublisher.default_probe(self.model, self.tokenizer, pc.probe_sequences, pc.probe_tokens, cfg.seed)
-        return WeightPublisher(
+        endpoints = cfg.inference.replica_endpoints()
+        # each replica's transport (its own, else the publication's), one instance per kind for all its replicas
+        kinds = {e.weights_address: resolve_transport(e.transport or pc.transport) for e in endpoints}
+        own = resolve_transport(pc.transport)
+        host = collective_host(pc, WeightTransport.COLLECTIVE in kinds.values())
+        made = {
+            k: make_transport(k, pc.chunk_bytes, cfg.weights_dir, host, self.device) for k in {own, *kinds.values()}
+        }
+        publisher = WeightPublisher(
             self.model,
             self.device,
-            [e.weights_address for e in cfg.inference.replica_endpoints()],
-            make_transport(pc.transport, pc.chunk_bytes, cfg.weights_dir, collective_host(pc), self.device),
+            list(kinds),
+            made[own],
             pc.push_timeout_s,
             probe,
             pc.probe_tolerance or None,
@@ -256,6 +265,8 @@ class Trainer:
             plain_model=self.plain_model,
             probe_every=pc.probe_every,
         )
+        publisher.transports = {target: made[kind] for target, kind in kinds.items()}  # each replica by its own
+        return publisher
 
     async def train(self) -> None:
         await self.loop.train()

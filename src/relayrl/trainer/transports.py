@@ -310,9 +310,10 @@ def _host(settings: TransportSettings) -> CollectiveHost:
     return settings.collective
 
 
-def collective_host(pc: PublicationConfig) -> CollectiveHost | None:
-    """The collective transport's store, as trainer.publication sets it (None for the other transports)."""
-    if pc.transport is not WeightTransport.COLLECTIVE:
+def collective_host(pc: PublicationConfig, needed: bool = False) -> CollectiveHost | None:
+    """The collective transport's store, as trainer.publication sets it, when the publication's transport is
+    collective or some replica's is (``needed``); else None."""
+    if pc.transport is not WeightTransport.COLLECTIVE and not needed:
         return None
     host, _, port = pc.collective_address.rpartition(":")
     return CollectiveHost(host, int(port), pc.collective_backend.value, pc.collective_timeout_s)

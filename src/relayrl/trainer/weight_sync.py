@@ -42,8 +42,9 @@ from relayrl.common.probe import WeightVerificationError, compare_probe, probe_l
 from relayrl.common.tensor_views import packed_copy
 from relayrl.common.weights import TensorSpec
 from relayrl.config.tls import TlsConfig
+from relayrl.trainer.fanout import fan_out, prepare_legs
 from relayrl.trainer.parallel_dims import is_sharded
-from relayrl.trainer.transports import Delivery, Transport, Weights, laggard_grace_s
+from relayrl.trainer.transports import Transport, Weights
 from relayrl.trainer.weight_files import MappedWeights, StreamedWriter
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ class WeightPublisher:
         self.targets = [target] if isinstance(target, str) else list(target)
         self.failed_pushes: dict[str, int] = dict.fromkeys(self.targets, 0)  # per replica: pushes that failed
         self.behind: set[str] = set()  # replicas whose last push failed: skipped until the watchdog catches them up
-        self.transport = transport
+        self.transport = transport  # the publication's (a sharded gather spools and hashes by it)
+        self.transports: dict[str, Transport] = dict.fromkeys(self.targets, transport)  # replica -> its transport
         self.timeout_s = timeout_s
         self.probe = probe
         self.probe_tolerance = probe_tolerance
@@ -218,39 +220,41 @@ class WeightPublisher:
 
     async def push(self, params: Weights, version: int, only: Sequence[str] | None = None) -> PushResult:
         """Send ``params`` as ``version`` to the replicas (``only`` these; else every one not ``behind``, or all when
-        every one is); verify what each serves by the engine's served-weights check and, when due, the probe.
-        Raises WeightVerificationError when a replica serves something else, and RuntimeError when the push failed
-        on every replica. A replica whose push failed, or that had not answered ``LAGGARD_MIN_S`` (at least three
-        times the first answer's time) after another answered, is ``behind`` (logged and counted): publications
-        skip it and the watchdog pushes to it alone once it answers again. An unverified result when a push landed
-        but its answer was lost (or neither check covered it). The trainer's probe is scored once, while the update
-        travels."""
+        every one is), prepared once per transport in use (relayrl.trainer.fanout); verify what each serves by the
+        engine's served-weights check and, when due, the probe. Raises WeightVerificationError when a replica serves
+        something else, and RuntimeError when the push failed on every replica. A replica whose push failed, or
+        that had not answered 5 s (at least three times the first answer's time) after another answered, is
+        ``behind`` (logged and counted): publications skip it and the watchdog pushes to it alone once it answers
+        again. An unverified result when a push landed but its answer was lost (or neither check covered it). The
+        trainer's probe is scored once, while the update travels."""
         t0 = time.perf_counter()
         targets = list(only) if only else [t for t in self.targets if t not in self.behind] or list(self.targets)
         probe = self.probe if self.probe_due() else []
-        messages = await asyncio.to_thread(self.transport.prepare, params, version, probe)
+        legs = await asyncio.to_thread(prepare_legs, params, version, probe, self._by_transport(targets))
         t_prepared = time.perf_counter()
         expected_task = asyncio.create_task(asyncio.to_thread(self.expected_probe, params)) if probe else None
-        delivery = self.transport.deliver(params, messages, len(targets))
         try:
-            sent = await self._fan_out(targets, delivery, version)
+            sent = await fan_out(legs, self._send, version)
         finally:
             t_answered = time.perf_counter()
             expected = await expected_task if expected_task is not None else None
-        answers = self._answers(targets, sent, version)
-        checks = [self._check(resp, messages[-1].manifest.sha256, version, expected) for resp in answers]
+        answers = self._answers(targets, [sent[t] for t in targets], version)
+        sha = {t: leg.sha256 for leg in legs for t in leg.targets}
+        checks = [self._check(resp, sha[t], version, expected) for t, resp in answers]
         served = all(confirmed for confirmed, _ in checks)  # (False for an answer that was lost)
         self.engine_confirms = served
         diffs = [d for _, d in checks]
         diff = None if None in diffs else max(d for d in diffs if d is not None)
-        sent_bytes = max((int(r.bytes_received) for r in answers if r is not None), default=0)
-        if None in answers or (diff is None and not served):
+        replies = [r for _, r in answers]
+        sent_bytes = max((int(r.bytes_received) for r in replies if r is not None), default=0)
+        if None in replies or (diff is None and not served):
             log.warning("weight version %d landed unverified on a replica (answer lost, or nothing checked)", version)
             return PushResult(version, sent_bytes, t_answered - t0, None)
         t_compared = time.perf_counter()
-        await asyncio.to_thread(self.transport.after_success, version)
+        for leg in legs:
+            await asyncio.to_thread(leg.transport.after_success, version)
         total = time.perf_counter() - t0
-        slowest = max(answers, key=lambda r: r.assemble_s + r.swap_s + r.probe_s)  # the phases of the last to swap
+        slowest = max(replies, key=lambda r: r.assemble_s + r.swap_s + r.probe_s)  # the phases of the last to swap
         timings = PublishTimings(  # the phases add up to total_s (the trainer's probe overlaps the transfer)
             serialise_s=(t_prepared - t0) + (total - (t_compared - t0)),
             transfer_s=max(t_answered - t_prepared - (slowest.assemble_s + slowest.swap_s + slowest.probe_s), 0.0),
@@ -261,42 +265,17 @@ class WeightPublisher:
         )
         return PushResult(version, sent_bytes, total, diff, timings, served)
 
-    async def _fan_out(self, targets: Sequence[str], delivery: Delivery, version: int) -> list[Any]:
-        """Each target's answer, or its error (a RuntimeError for a replica that failed or lagged). The delivery's
-        own work (a broadcast) runs beside the calls; when it fails, so does every call that waited for it."""
-        tasks = [asyncio.create_task(self._send(t, delivery.messages(i), version)) for i, t in enumerate(targets)]
+    def _by_transport(self, targets: Sequence[str]) -> list[tuple[Transport, list[str]]]:
+        """``targets`` grouped by their transport, in the order each transport first appears."""
+        groups: dict[int, tuple[Transport, list[str]]] = {}
+        for t in targets:
+            groups.setdefault(id(self.transports[t]), (self.transports[t], []))[1].append(t)
+        return list(groups.values())
 
-        def failed(i: int) -> bool:
-            return tasks[i].done() and (tasks[i].cancelled() or tasks[i].exception() is not None)
-
-        beside = asyncio.create_task(asyncio.to_thread(delivery.run, failed))
-        try:
-            started, pending = time.monotonic(), set(tasks)
-            while pending and not any(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
-                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if pending:  # one replica answered: the others get a bounded while more
-                grace = laggard_grace_s(time.monotonic() - started)
-                _, pending = await asyncio.wait(pending, timeout=grace)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            # a broadcast ends with its members' calls: done, failed, or at its group's timeout
-            if (error := (await asyncio.gather(beside, return_exceptions=True))[0]) is not None and not isinstance(
-                error, int
-            ):
-                log.warning("weight version %d: the delivery beside the calls failed: %s", version, error)
-        return [
-            RuntimeError(f"weight push of version {version}: no answer in time while other replicas answered")
-            if t.cancelled()
-            else (t.exception() or t.result())
-            for t in tasks
-        ]
-
-    def _answers(self, targets: Sequence[str], sent: list[Any], version: int) -> list[Any]:
+    def _answers(self, targets: Sequence[str], sent: list[Any], version: int) -> list[tuple[str, Any]]:
         """The answers of the replicas the push reached (None: landed, answer lost); RuntimeError when it reached
         none. A replica whose push failed is logged, counted and ``behind``; one that answered is not."""
-        answers: list[Any] = []
+        answers: list[tuple[str, Any]] = []
         errors: list[BaseException] = []
         for target, outcome in zip(targets, sent, strict=True):
             if isinstance(outcome, RuntimeError):
@@ -309,10 +288,10 @@ class WeightPublisher:
                 raise outcome
             else:
                 self.behind.discard(target)
-                answers.append(outcome)
+                answers.append((target, outcome))
         if not answers:
             raise errors[0]
-        if any(a is not None for a in answers):
+        if any(a is not None for _, a in answers):
             self.answered += 1
         return answers
 

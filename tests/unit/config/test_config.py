@@ -169,3 +169,16 @@ def test_per_peer_stream_cap_above_the_global_one_is_a_config_error(tmp_path: Pa
         load_run_config(path)
 
     assert info.value.field == "trainer.server.max_streams_per_peer"
+
+
+def test_a_replica_may_name_its_own_weight_transport_but_not_auto_nor_shared_memory_among_others_sharded() -> None:
+    two = "inference.endpoints=[{address: 'a:1', weights_address: 'a:2', transport: shared_memory}, {address: 'b:1', weights_address: 'b:2'}]"  # noqa: E501
+    cfg = load_run_config(None, [two, "trainer.publication.transport=collective"])
+    assert [e.transport for e in cfg.inference.endpoints] == ["shared_memory", None]
+
+    with pytest.raises(ConfigError) as auto:
+        load_run_config(None, [two.replace("shared_memory", "auto")])
+    assert "auto is for the publication" in str(auto.value)
+    with pytest.raises(ConfigError) as sharded:
+        load_run_config(None, [two, "trainer.distributed.dp_shard=2", "trainer.distributed.world_size=2"])
+    assert "inference.endpoints.transport" in str(sharded.value) and "dp_shard" in str(sharded.value)
