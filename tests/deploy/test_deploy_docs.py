@@ -72,6 +72,8 @@ def test_the_cleanup_selects_every_claim_the_chart_keeps() -> None:
     selector = dict(kv.split("=") for kv in re.search(r"delete pvc -l (\S+)", HELM).group(1).split(","))  # type: ignore[union-attr]
     docs = render({"run": {"id": "docs-run"}, "trainer": {"nodes": 2}})
     claims = [c["metadata"]["labels"] for c in objects(docs, "PersistentVolumeClaim")]
-    claims += [t["metadata"]["labels"] for d in objects(docs, "StatefulSet") for t in d["spec"]["volumeClaimTemplates"]]
+    claims += [
+        t["metadata"]["labels"] for d in objects(docs, "StatefulSet") for t in d["spec"].get("volumeClaimTemplates", [])
+    ]
     assert len(claims) == 3  # rollout's claim, the trainer's and Redis's claim templates
     assert all(labels[k] == v for labels in claims for k, v in selector.items())

@@ -50,7 +50,11 @@ def test_every_python_name_imports_and_every_file_exists() -> None:
     for name in (c for c in CODE if c.startswith("relayrl.")):
         module, _, attr = name.rpartition(".")
         assert hasattr(importlib.import_module(module), attr), name
-    for path in (c for c in CODE if c.endswith((".py", ".md")) and "/" in c):
+    # a file named alone, or the script of a documented `python SCRIPT ...` command
+    paths = [c for c in CODE if c.endswith((".py", ".md")) and "/" in c and " " not in c]
+    paths += [c.split()[1] for c in CODE if c.startswith("python ")]
+    assert "bench/scale_sim.py" in paths
+    for path in paths:
         assert (REPO / path).is_file(), path
 
 
