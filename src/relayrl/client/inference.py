@@ -17,7 +17,7 @@ from relayrl.common.pb import inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-__all__ = ["InferenceClient", "generate_request"]
+__all__ = ["Generates", "InferenceClient", "generate_request"]
 
 
 def generate_request(
@@ -42,13 +42,14 @@ def generate_request(
     return request
 
 
-class InferenceClient(ServiceClient):
-    stub_class = inference_pb2_grpc.InferenceServiceStub
+class Generates:
+    """``generate`` for whatever sends GenerateRequests (``send_generate``): one client, a pool of replicas, a
+    session pinned to one, rollout's joiner."""
 
-    async def status(self) -> inference_pb2.InferenceStatus:
-        return await self.call(
-            self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(), policy=self.policy_for("GetStatus")
-        )
+    async def send_generate(
+        self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0
+    ) -> inference_pb2.GenerateResponse:
+        raise NotImplementedError
 
     async def generate(
         self,
@@ -62,6 +63,15 @@ class InferenceClient(ServiceClient):
         renders with the model's chat template. ``suffix_text``: text the server tokenizes and appends to the
         prompt (multi-turn: the new observation after the exact ids of the earlier turns)."""
         return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
+
+
+class InferenceClient(Generates, ServiceClient):
+    stub_class = inference_pb2_grpc.InferenceServiceStub
+
+    async def status(self) -> inference_pb2.InferenceStatus:
+        return await self.call(
+            self.stub.GetStatus, inference_pb2.GetInferenceStatusRequest(), policy=self.policy_for("GetStatus")
+        )
 
     async def send_generate(
         self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0

@@ -34,7 +34,7 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from relayrl.client.base import NO_RETRY, RetryPolicy
-from relayrl.client.inference import InferenceClient, generate_request
+from relayrl.client.inference import Generates, InferenceClient
 from relayrl.common.pb import inference_pb2, rollout_pb2
 from relayrl.common.pb.common_pb2 import ServingState
 from relayrl.config.tls import TlsConfig
@@ -82,7 +82,7 @@ class Replica:
 
 
 @dataclass
-class InferencePool:
+class InferencePool(Generates):
     """Rollout's inference, spread over ``addresses`` (the module docstring says how). A generation call is not
     retried on its replica: another replica takes it at once."""
 
@@ -113,17 +113,6 @@ class InferencePool:
     async def status(self) -> inference_pb2.InferenceStatus:
         """The status of the least loaded routable replica."""
         return await self._route(lambda caller: caller.status(), 0, 10.0)
-
-    async def generate(
-        self,
-        prompt: str | list[int] | list[dict[str, str]],
-        sampling: inference_pb2.SamplingParams,
-        timeout_s: float = 120.0,
-        request_id: str = "",
-        suffix_text: str = "",
-    ) -> inference_pb2.GenerateResponse:
-        """As InferenceClient.generate, on the least loaded replica."""
-        return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
 
     async def send_generate(
         self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0, pin: Pin | None = None
@@ -277,7 +266,7 @@ class Pin:
     replica: Replica | None = None
 
 
-class PinnedInference:
+class PinnedInference(Generates):
     """A multi-turn episode's or agent session's view of a pool (the calls a workflow makes): each call on the
     session's replica while it is routable and current, failing over like any call."""
 
@@ -286,17 +275,6 @@ class PinnedInference:
 
     async def status(self) -> inference_pb2.InferenceStatus:
         return await self.pool.status()
-
-    async def generate(
-        self,
-        prompt: str | list[int] | list[dict[str, str]],
-        sampling: inference_pb2.SamplingParams,
-        timeout_s: float = 120.0,
-        request_id: str = "",
-        suffix_text: str = "",
-    ) -> inference_pb2.GenerateResponse:
-        request = generate_request(prompt, sampling, request_id, suffix_text)
-        return await self.pool.send_generate(request, timeout_s, self.pin)
 
     async def send_generate(
         self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from relayrl.common.pb.inference_pb2 import CollectiveJoin, WeightManifest
-from relayrl.common.weights import TensorSpec, WeightUpdateError, checksum, dtype_name
+from relayrl.common.weights import TensorSpec, WeightUpdateError, check_checksum, dtype_name
 
 __all__ = [
     "BACKENDS",
@@ -218,7 +218,5 @@ def receive_update(m: WeightManifest, specs: Mapping[str, TensorSpec]) -> dict[s
         )
     device = torch.device("cuda" if m.collective.backend == "nccl" else "cpu")
     tensors = {name: t.cpu() for name, t in receive(m.collective, specs, device).items()}
-    digest = checksum(tensors, m.checksum_algorithm)
-    if digest != m.sha256:
-        raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {m.sha256}")
+    check_checksum(tensors, m)
     return tensors

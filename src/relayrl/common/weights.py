@@ -100,6 +100,13 @@ def checksum(tensors: Mapping[str, torch.Tensor], algorithm: int = CHECKSUM_ALGO
     return h.hexdigest()
 
 
+def check_checksum(tensors: Mapping[str, torch.Tensor], m: WeightManifest) -> None:
+    """What arrived hashes, by the manifest's algorithm, to the manifest's checksum (every transport's last check)."""
+    digest = checksum(tensors, m.checksum_algorithm)
+    if digest != m.sha256:
+        raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {m.sha256}")
+
+
 def manifest(
     tensors: Mapping[str, torch.Tensor], version: int, probe: Sequence[Sequence[int]] = (), path: str = ""
 ) -> WeightManifest:
@@ -198,9 +205,7 @@ def read_shared(m: WeightManifest, root: Path, expected: Mapping[str, TensorSpec
     check_tensors(tensors, expected)
     if m.num_tensors != len(tensors):
         raise WeightUpdateError(f"manifest says {m.num_tensors} tensors, the file holds {len(tensors)}")
-    digest = checksum(tensors, m.checksum_algorithm)
-    if digest != m.sha256:
-        raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {m.sha256}")
+    check_checksum(tensors, m)
     return tensors
 
 
@@ -311,9 +316,7 @@ class WeightAssembler:
         if manifest.num_tensors != len(self._buffers):
             raise WeightUpdateError(f"manifest says {manifest.num_tensors} tensors, got {len(self._buffers)}")
         tensors = {name: _from_bytes(buf, self._expected[name]) for name, buf in self._buffers.items()}
-        digest = checksum(tensors, manifest.checksum_algorithm)
-        if digest != manifest.sha256:
-            raise WeightUpdateError(f"checksum mismatch: got {digest}, manifest says {manifest.sha256}")
+        check_checksum(tensors, manifest)
         return tensors
 
 

@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from relayrl.client import generate_request
+from relayrl.client.inference import Generates
 from relayrl.common.pb import inference_pb2, reward_pb2
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ class JoinedScorer:
         return out
 
 
-class JoinedInference:
+class JoinedInference(Generates):
     """``generate`` of ``client`` (a relayrl.client.InferenceClient), joined into one GenerateBatch of at most
     ``max_requests`` requests across concurrent callers and, when ``max_samples`` is given, at most that many samples
     (their n summed: inference refuses a GenerateBatch over its inference.max_samples_per_request), with at most
@@ -197,17 +197,6 @@ class JoinedInference:
 
     def __getattr__(self, name: str) -> Any:  # generate_stream, score, status, close, ...: the wrapped client's
         return getattr(self.client, name)
-
-    async def generate(
-        self,
-        prompt: str | list[int] | list[dict[str, str]],
-        sampling: inference_pb2.SamplingParams,
-        timeout_s: float = 120.0,
-        request_id: str = "",
-        suffix_text: str = "",
-    ) -> inference_pb2.GenerateResponse:
-        """As InferenceClient.generate, in one call with whatever else is waiting."""
-        return await self.send_generate(generate_request(prompt, sampling, request_id, suffix_text), timeout_s)
 
     async def send_generate(
         self, request: inference_pb2.GenerateRequest, timeout_s: float = 120.0

@@ -272,10 +272,9 @@ class Broadcast:
     """One collective push: replica ``i`` is rank ``i + 1``; :meth:`run` gathers the members and broadcasts."""
 
     def __init__(self, session: CollectiveSession, params: Weights, message: WeightUpdateMessage) -> None:
-        self.session, self.params, self.message = session, params, message
-        tensors = params.tensors() if isinstance(params, MappedWeights) else params
-        self.tensors = tensors
-        self.layout = layout_digest((n, dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items())
+        self.session, self.message = session, message
+        self.tensors = params.tensors() if isinstance(params, MappedWeights) else params
+        self.layout = layout_digest((n, dtype_name(t.dtype), tuple(t.shape)) for n, t in self.tensors.items())
 
     def messages(self, i: int) -> Sequence[WeightUpdateMessage]:
         m = WeightUpdateMessage()
