@@ -114,7 +114,7 @@ async def _identify(address: str, timeout_s: float, tls: TlsConfig | None) -> tu
     return "unknown", {"address": address, "error": "no relayrl service answers there"}
 
 
-def _run_redis_password(cfg: RunConfig, run_dir: Path | None) -> dict[str, str]:
+def redis_password(cfg: RunConfig, run_dir: Path | None) -> dict[str, str]:
     """The embedded Redis's password from the run folder (``redis_password``, 0600) when the environment has none."""
     if run_dir is None or cfg.redis.effective_password():
         return {}
@@ -124,8 +124,8 @@ def _run_redis_password(cfg: RunConfig, run_dir: Path | None) -> dict[str, str]:
 
 async def _queue(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any]:
     stream = EpisodeStream(
-        async_client(cfg.redis, decode_responses=False, **_run_redis_password(cfg, run_dir)),
-        RedisKeys.from_config(cfg.redis),
+        async_client(cfg.redis, decode_responses=False, **redis_password(cfg, run_dir)),
+        RedisKeys.from_config(cfg.redis, cfg.name),
     )
     try:
         info = await asyncio.wait_for(stream.info(), timeout=5)

@@ -271,7 +271,7 @@ def check_progress(out: Path, kill_steps: list[int], durable_step: int, failures
 
 def _versions(stack: ChaosStack) -> dict[int, tuple[int, int]]:
     assert stack.launcher is not None
-    keys = RedisKeys.from_config(stack.launcher.cfg.redis)
+    keys = RedisKeys.from_config(stack.launcher.cfg.redis, stack.launcher.cfg.name)
     client = stack.redis()
     raw = client.hgetall(keys.versions)
     client.close()

@@ -98,9 +98,9 @@ async def run_stack(
         trainer = Trainer(cfg)
         handle, _ = create_trainer_server(trainer)
         await handle.start()
-        stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+        stream = EpisodeStream.from_config(cfg.redis, cfg.name)
         for fields in inject or []:
-            await stream.client.xadd(cfg.redis.stream, fields)  # type: ignore[arg-type]
+            await stream.client.xadd(stream.keys.stream, fields)  # type: ignore[arg-type]
         stop = asyncio.Event()
         try:
             addresses = [e.address for e in cfg.inference.replica_endpoints()]

@@ -124,7 +124,7 @@ async def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token
             t_http = HttpServer(t_servicer.http_app(), http, "trainer")
             await t_handle.start()
             await t_http.start()
-            stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+            stream = EpisodeStream.from_config(cfg.redis, cfg.name)
             trainer_target = f"127.0.0.1:{t_handle.port}"
             async with RolloutClients.connect(inf_target, rew_target, trainer_target) as clients:
                 worker = RolloutProducer(

@@ -73,7 +73,7 @@ async def _serve_until_stopped(cfg: RunConfig, model_dir: Path) -> None:
     """serve() the trainer with real inference, reward and rollout until the SIGTERM of the hook ends it."""
     async with inference_server(model_dir) as (inf_target, inf), reward_server("arithmetic") as (rew_target, _):
         cfg = with_services(cfg, inf_target, inf.weights_target, rew_target)
-        stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+        stream = EpisodeStream.from_config(cfg.redis, cfg.name)
         stop = asyncio.Event()
         trainer = asyncio.create_task(serve(cfg))
         try:
@@ -97,7 +97,7 @@ def _trained(cfg: RunConfig) -> list[dict[str, Any]]:
 
 async def _stream_state(cfg: RunConfig) -> dict[str, Any]:
     """Group ids pending in the stream (delivered, not acknowledged), dropped, and the rollout's appended count."""
-    stream = EpisodeStream.from_url(cfg.redis.url, cfg.redis.stream, cfg.redis.group)
+    stream = EpisodeStream.from_config(cfg.redis, cfg.name)
     try:
         client, keys = stream.client, stream.keys
         pending = await client.xpending_range(keys.stream, keys.group, "-", "+", 10_000)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 async def _latest_version(cfg: RunConfig) -> int:
-    stream = EpisodeStream.from_config(cfg.redis)
+    stream = EpisodeStream.from_config(cfg.redis, cfg.name)
     try:
         return await VersionSource(stream.client, stream.keys).latest()
     finally:

@@ -76,7 +76,7 @@ def test_server_that_demands_client_certificates_admits_only_a_client_with_one(c
 
 async def test_the_services_stream_round_trips_a_group_over_tls(certs: Certificates) -> None:
     async def go(port: int) -> list[str]:
-        stream = EpisodeStream.from_config(_tls(port, certs, client=True))
+        stream = EpisodeStream.from_config(_tls(port, certs, client=True), "tls")
         try:
             await stream.ensure_group()
             await stream.append(EpisodeGroup(group_id="g-tls"))
@@ -92,7 +92,7 @@ async def test_the_services_stream_round_trips_a_group_over_tls(certs: Certifica
 
 async def test_the_services_stream_presents_the_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     async def go(port: int) -> int:
-        stream = EpisodeStream.from_config(RedisConfig(url=f"redis://127.0.0.1:{port}/0"))
+        stream = EpisodeStream.from_config(RedisConfig(url=f"redis://127.0.0.1:{port}/0"), "tls")
         try:
             await stream.append(EpisodeGroup(group_id="g-auth"))
             return (await stream.info()).length

@@ -37,7 +37,7 @@ def _groups(*names: str, version: int) -> list[bytes]:
 async def _fill_mid_run(cfg: RunConfig, model_dir: Path, admin: redis.Redis) -> dict[str, Any]:
     """Train step 1, fill Redis with step 2's entries in one script, record what holds while writes are refused,
     free the memory and let the run finish: what was seen during and after."""
-    keys = RedisKeys.from_config(cfg.redis)
+    keys = RedisKeys.from_config(cfg.redis, cfg.name)
     stream_key = keys.stream
     async with inference_server(model_dir) as (target, inf):
         trainer = Trainer(with_services(cfg, target, inf.weights_target))
@@ -56,7 +56,7 @@ async def _fill_mid_run(cfg: RunConfig, model_dir: Path, admin: redis.Redis) -> 
             during = {
                 "done": train.done(),
                 "step": trainer.progress.step,
-                "version": admin.get(cfg.redis.version_key),
+                "version": admin.get(keys.version_counter),
                 "full": metrics.get_sample_value("relayrl_trainer_redis_full"),
                 "dead": admin.xlen(keys.dead_letter),
                 "pending": admin.xpending(stream_key, cfg.redis.group)["pending"],
@@ -94,7 +94,7 @@ async def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_comp
         "trainer.checkpoint.every=0",
     )
     admin = redis.Redis(port=redis_server.port)
-    keys = RedisKeys.from_config(cfg.redis)
+    keys = RedisKeys.from_config(cfg.redis, cfg.name)
     stream_key = keys.stream
 
     seen = await _fill_mid_run(cfg, tiny_model_dir, admin)
@@ -108,7 +108,7 @@ async def test_a_trainer_whose_redis_fills_mid_run_pauses_without_dying_and_comp
     trained = [json.loads(line) for line in (cfg.output_dir / "trained" / "rank0.jsonl").read_text().splitlines()]
     assert [[g for g, _ in row["groups"]] for row in trained] == [["g0", "g1"], ["g2", "g3"]]  # each once
     rows = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines()]
-    assert [r["weight_version"] for r in rows] == [2, 3] and admin.get(cfg.redis.version_key) == b"3"
+    assert [r["weight_version"] for r in rows] == [2, 3] and admin.get(keys.version_counter) == b"3"
     assert seen["inference"] == 3  # no version reused or skipped: 1 (initial), 2, 3
     assert seen["retries"] >= 3 and seen["full"] == 0.0
     assert admin.hgetall(keys.dropped("stale")) == {b"stale": b"2"}

@@ -49,7 +49,7 @@ def test_no_redis_key_is_spelled_outside_redis_keys() -> None:
 def test_keys_derive_from_the_redis_config_section() -> None:
     cfg = load_run_config(None, ["redis.stream=exp:eps", "redis.group=g", "redis.version_key=exp:ver"])
 
-    keys = RedisKeys.from_config(cfg.redis)
+    keys = RedisKeys.from_config(cfg.redis, cfg.name)
 
     assert (keys.stream, keys.group, keys.version_counter) == ("exp:eps", "g", "exp:ver")
     assert (keys.rollout_progress, keys.rollout_done) == ("exp:eps:rollout:progress", "exp:eps:rollout:done")
@@ -58,7 +58,20 @@ def test_keys_derive_from_the_redis_config_section() -> None:
         "exp:eps:dropped_reward_error",
     )
     assert (keys.versions, keys.lineages) == ("exp:ver:versions", "exp:ver:lineages")
-    assert RedisKeys() == RedisKeys.from_config(load_run_config(None, []).redis)  # the defaults agree
+    default = load_run_config(None, [])
+    assert RedisKeys() == RedisKeys.from_config(default.redis, default.name)  # the defaults agree
+
+
+def test_every_key_of_a_run_carries_its_name_and_deleting_it_keeps_the_version_counter() -> None:
+    cfg = load_run_config(None, ["name=exp-2"])
+
+    keys = RedisKeys.from_config(cfg.redis, cfg.name)
+
+    assert (keys.stream, keys.version_counter) == ("relayrl:exp-2:episodes", "relayrl:exp-2:weight_version")
+    assert all(":exp-2:" in key for key in keys.state()) and keys.version_counter not in keys.state()
+    assert {keys.dead_letter, keys.invalid, keys.rollout_progress, keys.versions} <= set(keys.state())
+    other = RedisKeys.from_config(cfg.redis, "exp-3")
+    assert not set(keys.state()) & set(other.state())
     assert trainer_consumer("trainer", 3) == "trainer-rank3"
 
 

@@ -22,6 +22,7 @@ from relayrl.cli import (
     merge_lora,
     plot,
     run,
+    runs,
     serve,
     status,
 )
@@ -42,6 +43,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     health,
     status,
     control,
+    runs,
     plot,
     dashboard,
 )

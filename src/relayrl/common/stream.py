@@ -109,13 +109,14 @@ class EpisodeStream:
         self.group = keys.group
 
     @classmethod
-    def from_config(cls, cfg: RedisConfig) -> EpisodeStream:
-        """The run's stream (``redis.url``, its keys named by the ``redis`` section)."""
-        return cls(async_client(cfg, decode_responses=False), RedisKeys.from_config(cfg))
+    def from_config(cls, cfg: RedisConfig, run: str) -> EpisodeStream:
+        """Run ``run``'s stream (``redis.url``, its keys named by the ``redis`` section and the run's name)."""
+        return cls(async_client(cfg, decode_responses=False), RedisKeys.from_config(cfg, run))
 
     @classmethod
     def from_url(cls, url: str, stream: str, group: str) -> EpisodeStream:
-        return cls.from_config(RedisConfig(url=url, stream=stream, group=group))
+        """The stream named ``stream`` (a key, no placeholder) at ``url``."""
+        return cls.from_config(RedisConfig(url=url, stream=stream, group=group), "")
 
     @property
     def client(self) -> aioredis.Redis:

@@ -49,6 +49,16 @@ class VllmConfig:
         default=2, metadata={"help": "KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB).", "ge": 1}
     )
     enforce_eager: bool = field(default=True, metadata={"help": "Disable CUDA graphs / compilation."})
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "GPUs one replica spreads its model over (vLLM tensor parallelism; model.device cuda). Each "
+            "weight update reaches every GPU of the replica; the Helm chart requests this many GPUs per "
+            "inference pod.",
+            "ge": 1,
+            "le": 64,
+        },
+    )
     max_loras: int = field(
         default=2,
         metadata={

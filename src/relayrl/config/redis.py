@@ -15,6 +15,7 @@ from pathlib import Path
 from relayrl.config.typed import ConfigError
 
 SCHEMES = ("redis://", "rediss://", "unix://")
+RUN_FIELD = "{run}"  # stands for the run's name in stream and version_key
 
 
 @dataclass
@@ -27,7 +28,14 @@ class RedisConfig:
             "secret": "password",
         },
     )
-    stream: str = field(default="relayrl:episodes", metadata={"help": "Stream key that carries episodes."})
+    stream: str = field(
+        default="relayrl:{run}:episodes",
+        metadata={
+            "help": "Stream key that carries episodes; {run} stands for the run's name, so runs sharing a Redis keep "
+            "their streams, books, dataset cursors, versions and dead letters apart (every key of a run derives from "
+            "this one and version_key). A name without {run} is shared by every run that uses it."
+        },
+    )
     group: str = field(default="trainer", metadata={"help": "Consumer group of the trainer."})
     retry_s: float = field(
         default=60.0,
@@ -38,8 +46,11 @@ class RedisConfig:
         },
     )
     version_key: str = field(
-        default="relayrl:weight_version",
-        metadata={"help": "Key of the durable counter that allocates weight versions (INCR; never reused)."},
+        default="relayrl:{run}:weight_version",
+        metadata={
+            "help": "Key of the durable counter that allocates weight versions (INCR; never reused by the run that "
+            "owns it); {run} as in stream."
+        },
     )
     server_binary: str = field(
         default="",
@@ -86,8 +97,11 @@ class RedisConfig:
     def validate(self) -> None:
         if self.url and not self.url.startswith(SCHEMES):
             raise ConfigError("url", self.url, "must start with redis://, rediss:// or unix://")
-        if not self.stream:
-            raise ConfigError("stream", self.stream, "must not be empty")
+        for name in ("stream", "version_key"):
+            value = getattr(self, name)
+            rest = value.replace(RUN_FIELD, "", 1)
+            if not value or "{" in rest or "}" in rest:
+                raise ConfigError(name, value, "must be a non-empty key whose one placeholder, if any, is {run}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             missing = "tls_key_file" if self.tls_cert_file else "tls_cert_file"
             raise ConfigError(missing, "", "a client certificate needs both tls_cert_file and tls_key_file")

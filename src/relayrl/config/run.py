@@ -18,6 +18,7 @@ from relayrl.config.inference import (
     MAX_STOP_STRINGS,
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
+    EngineKind,
     InferenceConfig,
 )
 from relayrl.config.model import ModelConfig
@@ -34,6 +35,7 @@ from relayrl.config.typed import ConfigError, from_dict, to_dict
 log = logging.getLogger(__name__)
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # part of the run's Redis keys
 SCHEMA_VERSION = 1  # bump when a change needs a migration of existing configs (then add it to MIGRATIONS)
 
 # schema version N -> function turning an N config (plain data) into an N+1 config
@@ -50,7 +52,14 @@ class RunConfig:
             "ge": 1,
         },
     )
-    name: str = field(default="run", metadata={"help": "Run name (used for the default output folder)."})
+    name: str = field(
+        default="run",
+        metadata={
+            "help": "The run's name: its Redis keys carry it (redis.stream, redis.version_key), so a new name on a "
+            "shared Redis starts a new run from a clean state and the same name continues the run. Letters, digits, "
+            "'.', '_' and '-' (at most 64).",
+        },
+    )
     output_dir: Path = field(
         default=Path("runs/latest"), metadata={"help": "Output root: metrics.jsonl, config.yaml, logs/, checkpoints/."}
     )
@@ -99,24 +108,11 @@ class RunConfig:
 
     def validate(self) -> None:
         self.folder_mode()
-        if self.model.lora.enabled and self.trainer.distributed.dp_shard > 1:
+        if not RUN_NAME.fullmatch(self.name):
             raise ConfigError(
-                "trainer.distributed.dp_shard",
-                self.trainer.distributed.dp_shard,
-                "must be 1 with model.lora.enabled (the adapter is small: replicate it)",
+                "name", self.name, "must be 1-64 letters, digits, '.', '_' or '-', the first a letter or digit"
             )
-        own = [e.transport for e in self.inference.endpoints if e.transport is not None]
-        shm = WeightTransport.SHARED_MEMORY
-        if (
-            self.trainer.distributed.dp_shard > 1
-            and len({t is shm for t in [*own, self.trainer.publication.transport]}) > 1
-        ):
-            raise ConfigError(
-                "inference.endpoints.transport",
-                [t.value for t in own],
-                "must not mix shared_memory with other transports when trainer.distributed.dp_shard > 1 (a sharded "
-                "publication writes one file, hashed as its transport checks it)",
-            )
+        self._check_placement()
         if self.trainer.eval.every_steps > 0 and self.rollout.multi_turn:
             raise ConfigError(
                 "trainer.eval.every_steps",
@@ -166,6 +162,35 @@ class RunConfig:
                 "rollout.group_size",
                 self.rollout.group_size,
                 f"must be <= inference.max_samples_per_request ({self.inference.max_samples_per_request})",
+            )
+
+    def _check_placement(self) -> None:
+        """Where things run: the trainer's sharding, each replica's weight transport, a replica's GPUs."""
+        if self.model.lora.enabled and self.trainer.distributed.dp_shard > 1:
+            raise ConfigError(
+                "trainer.distributed.dp_shard",
+                self.trainer.distributed.dp_shard,
+                "must be 1 with model.lora.enabled (the adapter is small: replicate it)",
+            )
+        own = [e.transport for e in self.inference.endpoints if e.transport is not None]
+        shm = WeightTransport.SHARED_MEMORY
+        if (
+            self.trainer.distributed.dp_shard > 1
+            and len({t is shm for t in [*own, self.trainer.publication.transport]}) > 1
+        ):
+            raise ConfigError(
+                "inference.endpoints.transport",
+                [t.value for t in own],
+                "must not mix shared_memory with other transports when trainer.distributed.dp_shard > 1 (a sharded "
+                "publication writes one file, hashed as its transport checks it)",
+            )
+        tp = self.inference.vllm.tensor_parallel_size
+        if tp > 1 and (self.inference.engine is not EngineKind.VLLM or not self.model.device.startswith("cuda")):
+            raise ConfigError(
+                "inference.vllm.tensor_parallel_size",
+                tp,
+                "must be 1 unless inference.engine is vllm and model.device is cuda (tensor parallelism spreads a "
+                "replica over GPUs)",
             )
 
     def folder_mode(self) -> int:

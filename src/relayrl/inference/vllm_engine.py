@@ -89,6 +89,7 @@ class VllmEngine:
             kwargs["max_model_len"] = cfg.vllm.max_model_len
         if model_cfg.device.startswith("cuda"):
             kwargs["gpu_memory_utilization"] = cfg.vllm.gpu_memory_utilization
+            kwargs["tensor_parallel_size"] = cfg.vllm.tensor_parallel_size  # validated: >1 only with vllm on cuda
         lora = model_cfg.lora
         if lora.enabled:  # updates carry the adapter only, served as vLLM LoRA adapters (relayrl.inference.vllm_lora)
             self._specs, targets = adapter_specs(path, torch_dtype(model_cfg), lora)

@@ -24,7 +24,7 @@ def write_summary(
     started again after they died (``restarts``: inference replicas), written to summary.json and printed."""
     import redis
 
-    keys = RedisKeys.from_config(cfg.redis)
+    keys = RedisKeys.from_config(cfg.redis, cfg.name)
     try:
         client = sync_client(cfg.redis, socket_timeout=5.0, **({"password": redis_password} if redis_password else {}))
         length = int(client.xlen(keys.stream))

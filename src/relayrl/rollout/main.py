@@ -30,7 +30,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     require_credential(cfg.control.effective_token(), hosts, "a control token (control.token_env)")
     rows = load_jsonl(rc.dataset)
     stop = stop_on_signals(stop)
-    stream = EpisodeStream.from_config(cfg.redis)
+    stream = EpisodeStream.from_config(cfg.redis, cfg.name)
     async with RolloutClients.connect(
         [e.address for e in cfg.inference.replica_endpoints()],
         cfg.reward.server.target,

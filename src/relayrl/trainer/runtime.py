@@ -107,7 +107,7 @@ class Trainer:
         self.header = StatusHeader("trainer")
         self.progress = TrainerProgress()
         already_done, resumed_version = self._restore()
-        self.stream = EpisodeStream.from_config(cfg.redis)
+        self.stream = EpisodeStream.from_config(cfg.redis, cfg.name)
         # every write of this rank to a full Redis waits and retries (up to redis.retry_s), counted here
         self.redis_backpressure = OomBackpressure("trainer")
         self.collector = self._collector(already_done)

@@ -25,7 +25,7 @@ def test_every_counter_is_a_field_of_the_status_the_progress_and_the_metrics_row
 
 
 def test_every_drop_reason_names_its_own_record_in_redis() -> None:
-    keys = RedisKeys.from_config(RedisConfig())
+    keys = RedisKeys.from_config(RedisConfig(), "run")
     records = [keys.dropped(reason) for reason in books.DROP_REASONS]
 
     assert books.DROP_REASONS == ("stale", "reward_error", "zero_advantage")

@@ -182,3 +182,29 @@ def test_a_replica_may_name_its_own_weight_transport_but_not_auto_nor_shared_mem
     with pytest.raises(ConfigError) as sharded:
         load_run_config(None, [two, "trainer.distributed.dp_shard=2", "trainer.distributed.world_size=2"])
     assert "inference.endpoints.transport" in str(sharded.value) and "dp_shard" in str(sharded.value)
+
+
+def test_tensor_parallel_replicas_need_vllm_on_cuda() -> None:
+    tp = "inference.vllm.tensor_parallel_size=2"
+    cfg = load_run_config(None, [tp, "inference.engine=vllm", "model.device=cuda"])
+    assert cfg.inference.vllm.tensor_parallel_size == 2
+    for other in (["inference.engine=vllm"], ["model.device=cuda"]):
+        with pytest.raises(ConfigError) as info:
+            load_run_config(None, [tp, *other])
+        assert info.value.field == "inference.vllm.tensor_parallel_size" and "vllm" in info.value.rule
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("name=a:b", "name"),
+        ("name=", "name"),
+        ("name=" + "x" * 65, "name"),
+        ("redis.stream=relayrl:{run}:{other}", "redis.stream"),
+        ("redis.version_key=v:{run}:{run}", "redis.version_key"),
+    ],
+)
+def test_a_run_name_or_key_template_that_cannot_name_redis_keys_is_refused(override: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, [override])
+    assert info.value.field == field
