@@ -34,14 +34,16 @@ WORKLOADS = ("Deployment", "StatefulSet", "Job")
 CRD_KINDS = ("ServiceMonitor", "PodMonitor")
 
 Manifest = dict[str, Any]
+OFFLINE = {"credentials": {"generateOffline": True}}  # these renders see no cluster (helm_python renders offline)
 
 
 def value_set(name: str) -> dict[str, Any]:
+    """The values of set ``name`` as these offline renders and lints use them (OFFLINE)."""
     if name == "default":
-        return {"run": {"id": RUN_ID}}  # the chart's defaults and the one value it requires
+        return merged(OFFLINE, {"run": {"id": RUN_ID}})  # the chart's defaults and the one value it requires
     data = yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text())
     assert isinstance(data, dict)
-    return data
+    return merged(OFFLINE, data)
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +60,7 @@ def _chart() -> helm.Chart:
 
 def render(values: dict[str, Any]) -> list[Manifest]:
     values = values if "run" in values else {**values, "run": {"id": RUN_ID}}
+    values = merged(OFFLINE, values)
     files = _chart().render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     docs: list[Manifest] = []
     for path, text in sorted(files.items()):

@@ -43,6 +43,7 @@ def values(redis_url: str, model: Path, runs: Path, steps: int, **trainer: Any) 
     """Two trainer pods of one rank each, every port free on this machine, the run config small."""
     return {
         "run": {"id": RUN_ID},
+        "credentials": {"generateOffline": True},  # rendered without a cluster
         "redis": {"external": {"url": redis_url}},
         **{svc: {"port": free_port(), "httpPort": free_port()} for svc in ("reward", "rollout")},
         "inference": {"port": free_port(), "weightsPort": free_port(), "httpPort": free_port()},

@@ -24,6 +24,7 @@ from tests.deploy.chart import (
     CHART,
     CRD_KINDS,
     KUBE_VERSIONS,
+    OFFLINE,
     VALUE_SETS,
     _chart,
     checksums,
@@ -98,6 +99,7 @@ def test_configmap_config_loads_with_service_addresses_and_chart_owned_keys(name
         container = main_container(docs, svc)
         assert server.port in [p["containerPort"] for p in container["ports"]], svc
     assert cfg.output_dir == Path(values["trainer"]["persistence"]["mountPath"]) / values["run"]["id"]
+    assert cfg.name == values["run"]["id"]  # every Redis key of the run carries it: a new id starts clean
     assert cfg.trainer.distributed.world_size == values["trainer"]["nodes"] * values["trainer"]["nprocPerNode"]
 
 
@@ -176,6 +178,16 @@ def test_render_refuses_config_keys_the_chart_owns(config: dict[str, Any], messa
         {"config": config, "trainer": {"nprocPerNode": 4}} if "groups_per_step" in str(config) else {"config": config}
     )
     assert message in render_error(values)
+
+
+def test_the_run_is_named_after_run_id_and_an_older_values_files_config_name_is_replaced_with_a_notice(
+    tmp_path: Path,
+) -> None:
+    values = {"run": {"id": "exp-7"}, "config": {"name": "old"}, **OFFLINE}
+    files = _chart().render(values, name="rl", namespace="ns")
+    assert "DEPRECATED: config.name (old) is ignored" in files["relayrl/templates/NOTES.txt"]
+    docs = render({"run": {"id": "exp-7"}, "config": {"name": "old"}})
+    assert load_config(docs, tmp_path).name == "exp-7"
 
 
 # -- rolling on config changes -------------------------------------------------------------------------------------

@@ -91,6 +91,37 @@ def test_service_and_pod_monitors_scrape_every_component_when_enabled() -> None:
         assert "http" in [p["name"] for p in services[f"rl-relayrl-{svc}"]["spec"]["ports"]], svc
 
 
+def test_the_pod_monitor_scrapes_trainer_pod_zero_only_where_rank_zero_serves_metrics() -> None:
+    """Only trainer rank 0 (on pod 0) serves HTTP: the PodMonitor drops the trainer's other pods, which would be
+    targets that are always down, and keeps every pod of the other services."""
+    docs = render({"trainer": {"nodes": 4}, "monitoring": {"podMonitor": {"enabled": True}}})
+    (pm,) = objects(docs, "PodMonitor")
+    (http,) = [e for e in pm["spec"]["podMetricsEndpoints"] if e["port"] == "http"]
+
+    def scraped(component: str, pod: str) -> bool:  # Prometheus's relabeling: join the source labels, match fully
+        for rule in http.get("relabelings", []):
+            value = rule["separator"].join(
+                {"component": component, "pod": pod}[_label(s)] for s in rule["sourceLabels"]
+            )
+            if rule["action"] == "drop" and re.fullmatch(rule["regex"], value):
+                return False
+        return True
+
+    trainer_pods = [p["metadata"]["name"] for p in _trainer_pods(docs)]
+    assert [scraped("trainer", pod) for pod in trainer_pods] == [True, False, False, False]
+    assert all(scraped(c, f"rl-relayrl-{c}-{i}") for c in ("inference", "reward", "rollout") for i in (0, 1, 10))
+
+
+def _label(source: str) -> str:
+    return {"__meta_kubernetes_pod_label_app_kubernetes_io_component": "component"}.get(source, "pod")
+
+
+def _trainer_pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    sts = workload(docs, "trainer")
+    name = sts["metadata"]["name"]
+    return [{"metadata": {"name": f"{name}-{i}"}} for i in range(sts["spec"]["replicas"])]
+
+
 def test_the_redis_exporter_authenticates_from_the_secret_and_the_redis_image_can_be_pinned_by_digest() -> None:
     digest = "sha256:" + "1" * 64
     docs = render({"redis": {"exporter": {"enabled": True}, "image": {"digest": digest}}})

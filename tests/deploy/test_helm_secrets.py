@@ -73,6 +73,21 @@ def test_an_existing_credentials_secret_also_holds_the_redis_password() -> None:
     assert secret_env(main_container(docs, "rollout"))["RELAYRL_REDIS_PASSWORD"] == ("my-tokens", "redis-password")
 
 
+def test_a_render_without_a_cluster_fails_clearly_instead_of_making_new_credentials_unless_a_secret_is_named() -> None:
+    """helm template, Argo CD and --dry-run see no cluster: `lookup` finds nothing, so each such render would make
+    new tokens and a new Redis password. It fails naming the fix; with existingSecret (GitOps) it renders, and
+    generating anyway is an explicit choice."""
+    values = {"run": {"id": "git-1"}}
+    with pytest.raises(Exception, match=r"cannot see the cluster.*credentials.existingSecret") as info:
+        _chart().render(values, name="rl", namespace="ns", is_install=True)
+    assert "generateOffline" in str(info.value)
+
+    gitops = _chart().render({**values, "credentials": {"existingSecret": "rl-tokens"}}, name="rl", namespace="ns")
+    assert "kind: Secret\n" not in gitops.get("relayrl/templates/credentials.yaml", "")
+    generated = _chart().render({**values, "credentials": {"generateOffline": True}}, name="rl", namespace="ns")
+    assert "control-token:" in generated["relayrl/templates/credentials.yaml"]
+
+
 def test_external_redis_url_with_credentials_is_refused() -> None:
     message = render_error({"redis": {"external": {"url": "redis://:hunter2@redis.example.com:6379/0"}}})
 

@@ -371,3 +371,20 @@ def test_one_inference_replica_keeps_the_service_address_and_has_no_disruption_b
     assert cfg.inference.endpoints == [] and cfg.inference.server.target.startswith("rl-relayrl-inference:")
     assert not [d for d in objects(docs, "PodDisruptionBudget") if component(d) == "inference"]
     assert "at '/inference/replicas': maximum: got 65, want 64" in render_error({"inference": {"replicas": 65}})
+
+
+def test_tensor_parallel_replicas_each_request_that_many_gpus_and_shared_memory(tmp_path: Path) -> None:
+    """vLLM tensor parallelism spreads one replica over tensor_parallel_size GPUs: each replica's pod requests them
+    and gets a /dev/shm for NCCL between them; the run config the pods read carries the size."""
+    cuda = {"model": {"device": "cuda"}, "inference": {"engine": "vllm", "vllm": {"tensor_parallel_size": 2}}}
+    docs = render({"config": cuda, "inference": {"gpu": True, "replicas": 2}, "trainer": {"gpu": True}})
+    sts = workload(docs, "inference")
+    resources = main_container(docs, "inference")["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == 2 and resources["requests"]["nvidia.com/gpu"] == 2
+    mounts = {m["name"]: m["mountPath"] for m in main_container(docs, "inference")["volumeMounts"]}
+    (shm,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "shm"]
+    assert mounts["shm"] == "/dev/shm" and shm["emptyDir"]["medium"] == "Memory"
+    assert load_config(docs, tmp_path).inference.vllm.tensor_parallel_size == 2
+    plain = render({"config": {"model": {"device": "cuda"}}, "inference": {"gpu": True}, "trainer": {"gpu": True}})
+    assert main_container(plain, "inference")["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "shm" not in {v["name"] for v in workload(plain, "inference")["spec"]["template"]["spec"]["volumes"]}

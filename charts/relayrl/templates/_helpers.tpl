@@ -163,6 +163,9 @@ form without a decimal point ("1e-07") are rewritten as "1.0e-07", which YAML 1.
 {{- include "relayrl.validate" . }}
 {{- $cfg := deepCopy .Values.config }}
 {{- $_ := set $cfg "output_dir" (include "relayrl.outputDir" .) }}
+{{- /* the run's name keys its Redis state (relayrl:<run.id>:...): a new run.id starts clean on a shared Redis */}}
+{{- /* a config.name of older values files is replaced (deprecated: NOTES.txt says so) */}}
+{{- $_ := set $cfg "name" (toString .Values.run.id) }}
 {{- $redis := default dict $cfg.redis }}
 {{- if .Values.redis.external.url }}
 {{- $_ := set $redis "url" .Values.redis.external.url }}
