@@ -4,11 +4,25 @@ way everywhere (ports, the ``--tls-*`` flags of commands that dial a service by 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from relayrl.config.tls import TlsConfig
 
 SERVICES = ("inference", "reward", "rollout", "trainer")
 EXIT_CONFIG = 2  # a config error (named field, value and rule) was printed
+
+
+def run_target(text: str) -> Any:
+    """The run folder or run config file ``text`` names (relayrl.status.Target, with its config); None, with the
+    reason printed, when it is neither."""
+    from relayrl.status import resolve
+
+    target = resolve(text)
+    if target.cfg is None:
+        print(f"relayrl: {text} is not a run folder or config file", file=sys.stderr)
+        return None
+    return target
 
 
 def port(text: str) -> int:

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from relayrl.cli.args import EXIT_CONFIG
+from relayrl.cli.args import EXIT_CONFIG, run_target
 
 NAME = "control"
 HELP = "operate a running stack: pause/resume generation, checkpoint now"
@@ -33,13 +33,11 @@ def run(args: argparse.Namespace) -> int:
     from relayrl.client import RolloutClient, TrainerClient
     from relayrl.common.service import as_dict
     from relayrl.launcher import CONTROL_TOKEN_FILE
-    from relayrl.status import resolve
 
-    target = resolve(args.target)
-    cfg = target.cfg
-    if cfg is None:
-        print(f"relayrl: {args.target} is not a run folder or config file", file=sys.stderr)
+    target = run_target(args.target)
+    if target is None:
         return EXIT_CONFIG
+    cfg = target.cfg
     token = os.environ.get(args.token_env, "")
     token_file = target.run_dir / CONTROL_TOKEN_FILE if target.run_dir is not None else None
     if not token and token_file is not None and token_file.is_file():  # the run's own, written by `relayrl run`

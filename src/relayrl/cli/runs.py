@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from relayrl.cli.args import EXIT_CONFIG
+from relayrl.cli.args import EXIT_CONFIG, run_target
 
 NAME = "runs"
 HELP = "list the runs a Redis holds, or delete an old run's state"
@@ -26,13 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from relayrl.common.redis_conn import sync_client
     from relayrl.common.redis_keys import RedisKeys, run_names
-    from relayrl.status import redis_password, resolve
+    from relayrl.status import redis_password
 
-    target = resolve(args.target)
-    cfg = target.cfg
-    if cfg is None:
-        print(f"relayrl: {args.target} is not a run folder or config file", file=sys.stderr)
+    target = run_target(args.target)
+    if target is None:
         return EXIT_CONFIG
+    cfg = target.cfg
     client = sync_client(cfg.redis, socket_timeout=10.0, **redis_password(cfg, target.run_dir))
     if args.action == "list":
         for name in run_names(client, cfg.redis):
