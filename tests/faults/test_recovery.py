@@ -131,8 +131,10 @@ def _stream_contents(out: Path) -> tuple[list[int], int]:
 
     from relayrl.common.pb.episode_pb2 import EpisodeGroup
     from relayrl.common.redis_keys import PROGRESS_WATERMARK, STREAM_FIELD, RedisKeys
+    from relayrl.config import load_run_config
 
-    keys = RedisKeys()  # the runs here keep the default names
+    cfg = load_run_config(Path("examples/quickstart.yaml"))  # the runs here: its redis section and name
+    keys = RedisKeys.from_config(cfg.redis, cfg.name)
     server = RedisServer("redis-server", free_port(), out / "redis")
     server.start()
     try:
