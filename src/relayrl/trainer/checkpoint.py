@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from relayrl.common.checkpoints import STATE_FILE, checkpoint_name, latest_checkpoint, list_checkpoints
+from relayrl.config.typed import ConfigError
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.parallel_dims import is_sharded
 
@@ -172,6 +174,33 @@ def _write(
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("saved checkpoint %s", final)
+
+
+def check_shared_folder(root: Path, coll: Collectives, dp_shard: int) -> None:
+    """A sharded trainer's ranks write their shards into one checkpoint folder and read each other's on a resume:
+    refuse to start when a rank does not see the folder rank 0 writes (trainer pods with volumes of their own),
+    before any checkpoint is taken. Collective over ``coll``'s ranks; every rank raises the same ConfigError."""
+    token = secrets.token_hex(8) if coll.rank == 0 else None
+    if coll.rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / f".shared-{token}").write_text(str(token))
+        except OSError:
+            log.exception("checkpoint folder %s could not be written", root)
+    token, written = coll.broadcast_object((token, str(root)), 0, "checkpoint_folder_token")  # after rank 0's write
+    marker = root / f".shared-{token}"
+    seen = marker.is_file() and marker.read_text() == token
+    blind = [r for r, ok in enumerate(coll.all_gather_object(seen, "checkpoint_folder_seen")) if not ok]
+    if coll.rank == 0:
+        marker.unlink(missing_ok=True)
+    if blind:
+        raise ConfigError(
+            "trainer.distributed.dp_shard",
+            dp_shard,
+            f"needs one checkpoint folder shared by every rank, but rank(s) {', '.join(map(str, blind))} do not see "
+            f"the folder rank 0 writes ({written}): mount one folder on every trainer pod (Helm: "
+            "trainer.persistence.shared or existingClaim of a ReadWriteMany claim), or set dp_shard to 1",
+        )
 
 
 def resume_point(root: Path, coll: Collectives) -> Path | None:

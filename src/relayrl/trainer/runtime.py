@@ -31,7 +31,7 @@ from relayrl.config.publication import WeightTransport
 from relayrl.config.trainer import MicroBatchLayout
 from relayrl.config.typed import ConfigError
 from relayrl.trainer.batching import packing_error
-from relayrl.trainer.checkpoint import load_trainer_state, resume_point
+from relayrl.trainer.checkpoint import check_shared_folder, load_trainer_state, resume_point
 from relayrl.trainer.checkpoint_ack import CheckpointAck
 from relayrl.trainer.collectives import Collectives
 from relayrl.trainer.cores import CoreLoan, watch_inference_idle
@@ -82,6 +82,8 @@ class Trainer:
         self.rank = self.coll.rank
         self.device = torch.device(cfg.model.device)
         self.tokenizer = load_tokenizer(cfg.model.path)
+        if tc.distributed.dp_shard > 1 and self.coll.world_size > 1:
+            check_shared_folder(cfg.checkpoint_dir, self.coll, tc.distributed.dp_shard)
         self.resumed_from: Path | None = (
             resume_point(cfg.checkpoint_dir, self.coll) if tc.checkpoint.resume == "auto" else None
         )
