@@ -97,7 +97,9 @@ RESTART_LOOP = (
 class Release:
     """One rendered release on this machine: its config file, DNS names, credentials and the pods' processes."""
 
-    def __init__(self, tmp: Path, docs: list[dict[str, Any]]) -> None:
+    def __init__(self, tmp: Path, docs: list[dict[str, Any]], separate_volumes: bool = False) -> None:
+        """``separate_volumes``: each pod gets a folder of its own even where the chart mounts one claim on every
+        pod (a claim that is not really shared)."""
         self.tmp, self.logs = tmp, tmp / "logs"
         self.logs.mkdir(exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -126,7 +128,9 @@ class Release:
             "RELAYRL_CODE_TOKEN": tokens["code-token"],
         }
         self.runs = Path(yaml.safe_load(self.config.read_text())["output_dir"]).parent
-        self.volumes = {i: tmp / f"trainer-{i}-volume" for i in (0, 1)}  # one PVC per pod, not shared
+        # one PVC per pod (volumeClaimTemplates), or one claim every pod mounts (persistence.shared, existingClaim)
+        shared = "volumeClaimTemplates" not in self.trainer["spec"] and not separate_volumes
+        self.volumes = {i: tmp / ("trainer-shared-volume" if shared else f"trainer-{i}-volume") for i in (0, 1)}
         self.rollout_volume = tmp / "rollout-volume"
 
     def trainer_script(self) -> str:

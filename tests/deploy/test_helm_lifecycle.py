@@ -87,6 +87,19 @@ def test_a_config_change_replaces_no_trainer_pod_and_gets_a_rendezvous_of_its_ow
     assert ids[0] == _flags(render(MULTI))["rdzv-id"]  # the same config: the same group across renders
 
 
+def test_an_image_only_upgrade_gets_a_rendezvous_of_its_own_and_a_digest_pins_the_image() -> None:
+    """An upgrade that changes the image alone keeps the config: were the image not in the rendezvous id, a
+    new-image pod could join old-image pods in one torchrun group."""
+    digest = "sha256:" + "ab" * 32
+    ids = {tag: _flags(render({**MULTI, "image": {"tag": tag}}))["rdzv-id"] for tag in ("1.0", "1.1")}
+    pinned = render({**MULTI, "image": {"tag": "1.0", "digest": digest}})
+    assert ids["1.0"] != ids["1.1"] and _flags(pinned)["rdzv-id"] not in ids.values()
+    assert ids["1.0"] == _flags(render({**MULTI, "image": {"tag": "1.0"}}))["rdzv-id"]
+    for svc in ("inference", "reward", "rollout", "trainer"):
+        assert main_container(pinned, svc)["image"] == f"relayrl@{digest}", svc
+    assert "digest" in render_error({"image": {"digest": "latest"}})
+
+
 @pytest.mark.parametrize("name", ["default", "multinode-gpu"])
 def test_every_pod_knows_the_digest_of_the_config_it_was_created_for(name: str) -> None:
     docs = rendered(name)

@@ -73,9 +73,9 @@ def test_dependencies_are_installed_in_a_layer_before_the_code_is_copied() -> No
     assert re.search(r"^ARG EXTRAS=", stage, flags=re.M) and '"${EXTRAS}"' in stage
 
 
-def _requirements(extras: str) -> subprocess.CompletedProcess[str]:
+def _requirements(extras: str, variant: str = "cpu") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "image_requirements.py"), extras],
+        [sys.executable, str(REPO / "scripts" / "image_requirements.py"), extras, variant],
         input=(REPO / "pyproject.toml").read_text(),
         capture_output=True,
         text=True,
@@ -120,3 +120,20 @@ def test_compose_and_the_chart_run_the_same_relayrl_and_redis_images() -> None:
     assert _compose_image(compose["x-relayrl"]) == relayrl
     assert _compose_image(compose["services"]["redis"]) == f"{redis['repository']}:{redis['tag']}"
     assert redis["tag"] != "7.2.5-alpine"  # published CVEs (see values.yaml)
+
+
+def test_a_cuda_13_image_gets_vllms_cuda_build_pinned_to_the_projects_torch_and_never_the_cpu_build() -> None:
+    """PyPI's vllm 0.32.0 is built for CUDA 13 and requires torch==2.13.0 (the project's pin, which the cu130 wheel
+    satisfies) and transformers>=5.16.1,<5.20 (inside the project's range): the pair resolves (pip --dry-run,
+    docs/deploy.md). A CUDA 12 image gets no vLLM rather than a mismatched one."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    cuda13, cuda12 = _requirements("", "cu130"), _requirements("", "cu128")
+
+    assert cuda13.returncode == 0 and "vllm==0.32.0" in cuda13.stdout.splitlines()
+    assert "transformers>=5.16.1,<5.20" in cuda13.stdout.splitlines() and "torch==2.13.0" in project["dependencies"]
+    assert cuda12.returncode == 0 and "vllm" not in cuda12.stdout and "use TORCH_VARIANT=cu130" in cuda12.stderr
+    assert "vllm" not in _requirements("").stdout  # the CPU image: no vLLM unless asked for
+    for extras, variant, why in (("vllm", "cu130", "CPU build"), ("vllm-cuda", "cu128", "built for CUDA 13")):
+        refused = _requirements(extras, variant)
+        assert refused.returncode != 0 and why in refused.stderr
+    assert '"${EXTRAS}" "${TORCH_VARIANT}"' in _builder_stage()

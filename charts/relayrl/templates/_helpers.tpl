@@ -61,7 +61,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
 {{- define "relayrl.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* repository:tag, or repository@digest when a digest is given. Call with an image block. */}}
@@ -116,6 +120,11 @@ message instead of pods crash-looping on a config error.
 {{- $groups := int (dig "trainer" "groups_per_step" 8 $cfg) }}
 {{- if mod $groups $world }}
 {{- fail (printf "config.trainer.groups_per_step (%d) must be divisible by the trainer's world size trainer.nodes x trainer.nprocPerNode (%d)" $groups $world) }}
+{{- end }}
+{{- $shard := int (dig "trainer" "distributed" "dp_shard" 1 $cfg) }}
+{{- $p := .Values.trainer.persistence }}
+{{- if and (gt $shard 1) (gt (int .Values.trainer.nodes) 1) (not $p.existingClaim) (not (and $p.enabled $p.shared)) }}
+{{- fail (printf "config.trainer.distributed.dp_shard (%d) > 1 on trainer.nodes (%d) > 1: every rank writes its checkpoint shards into one folder and reads the others' on a resume, but each trainer pod has a volume of its own; set trainer.persistence.shared=true (one ReadWriteMany claim) or trainer.persistence.existingClaim (a claim every trainer pod can mount)" $shard (int .Values.trainer.nodes)) }}
 {{- end }}
 {{- $cuda := hasPrefix "cuda" (toString (dig "model" "device" "cpu" $cfg)) }}
 {{- range $svc := list "inference" "trainer" }}
