@@ -2,7 +2,8 @@
 # relayrl: one image for all four services (`relayrl serve {inference,reward,rollout,trainer} CONFIG`).
 #
 #   docker build -t relayrl:0.1.0 .                                   # CPU wheels (default)
-#   docker build -t relayrl:0.1.0-cu128 --build-arg TORCH_VARIANT=cu128 .
+#   docker build -t relayrl:0.1.0-cu130 --build-arg TORCH_VARIANT=cu130 .     # CUDA 13 torch and vLLM's CUDA build
+#   docker build -t relayrl:0.1.0-cu128 --build-arg TORCH_VARIANT=cu128 .     # CUDA 12.8 torch, native engine only
 #   docker build -t relayrl:0.1.0-wandb --build-arg EXTRAS=wandb .    # with optional extras (comma-separated)
 #
 # Layers, from the one that changes least: torch; relayrl's dependencies (from pyproject.toml, with EXTRAS);
@@ -33,7 +34,7 @@ WORKDIR /src
 # torch==2.13.0 is already satisfied (2.13.0+cpu matches); the rest comes from PyPI.
 COPY pyproject.toml ./
 COPY scripts/image_requirements.py /tmp/image_requirements.py
-RUN python /tmp/image_requirements.py "${EXTRAS}" < pyproject.toml > /tmp/requirements.txt \
+RUN python /tmp/image_requirements.py "${EXTRAS}" "${TORCH_VARIANT}" < pyproject.toml > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 # the code last: a change here reinstalls relayrl alone
 COPY README.md ./
