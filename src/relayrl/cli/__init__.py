@@ -24,6 +24,7 @@ from relayrl.cli import (
     run,
     runs,
     serve,
+    slurm,
     status,
 )
 from relayrl.cli.args import EXIT_CONFIG, SERVICES
@@ -33,6 +34,7 @@ __all__ = ["COMMANDS", "EXIT_CONFIG", "SERVICES", "main", "parser"]
 
 COMMANDS: tuple[ModuleType, ...] = (
     run,
+    slurm,
     serve,
     init_model,
     import_model,
