@@ -24,7 +24,7 @@ from typing import Any
 from relayrl.client import InferenceClient, RewardClient
 from relayrl.client.evaluation import EvalSettings, RowPlayer, evaluate, pass_at_k
 from relayrl.client.inference_pool import Inference, connect_inference
-from relayrl.common.dataset import Prompt, load_jsonl
+from relayrl.common.dataset import Prompt, eval_prompts
 from relayrl.common.episodes import end_name, reward_failed
 from relayrl.config import RunConfig
 from relayrl.config.typed import ConfigError
@@ -158,12 +158,18 @@ async def _serve_and_evaluate(cfg: RunConfig, s: EvalSettings, rows: list[Prompt
 
 
 def run_eval(
-    cfg: RunConfig, s: EvalSettings, dataset: Path, model: Path | None = None, inference: str = "", reward: str = ""
+    cfg: RunConfig,
+    s: EvalSettings,
+    dataset: Path | None,
+    model: Path | None = None,
+    inference: str = "",
+    reward: str = "",
 ) -> dict[str, Any]:
-    """Evaluate ``model`` (default ``model.path``) on ``dataset``, through the services at ``inference`` and
-    ``reward`` (host:port) when given, else through ones this call serves."""
-    rows = load_jsonl(dataset, "dataset")
-    rows = rows[: s.limit] if s.limit else rows
+    """Evaluate ``model`` (default ``model.path``) on ``dataset`` (default: the rows rollout.held_out_rows holds out
+    of the training dataset), through the services at ``inference`` and ``reward`` (host:port) when given, else
+    through ones this call serves."""
+    held = eval_prompts(cfg.rollout, dataset, "dataset")
+    rows = held[: s.limit] if s.limit else list(held)
     if bool(inference) != bool(reward):
         raise ConfigError("inference", inference or "''", "give both --inference and --reward, or neither")
 
@@ -178,4 +184,4 @@ def run_eval(
         result = asyncio.run(against(inference, reward))
     else:
         result = asyncio.run(_serve_and_evaluate(cfg, s, rows, (model or cfg.model.path).resolve()))
-    return {"dataset": str(dataset), **result}
+    return {"dataset": str(dataset) if dataset else f"{cfg.rollout.dataset} (held-out rows)", **result}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.client.inference_pool import replica_counts
-from relayrl.common.dataset import PromptCursor, load_jsonl
+from relayrl.common.dataset import PromptCursor, open_prompts
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig, load_run_config
 from relayrl.config.inference import ReplicaEndpoint
@@ -106,7 +106,7 @@ async def run_stack(
             addresses = [e.address for e in cfg.inference.replica_endpoints()]
             async with RolloutClients.connect(addresses, rew_target, f"127.0.0.1:{handle.port}") as clients:
                 producer = RolloutProducer(
-                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
+                    cfg.rollout, stream, PromptCursor(open_prompts(cfg.rollout.dataset_spec()).train, True, 0), clients
                 )
                 rollout = asyncio.create_task(producer.run(stop))
                 beside = asyncio.create_task(during(services)) if during is not None else None

@@ -14,7 +14,7 @@ import yaml
 
 from relayrl.client import RolloutClient, TrainerClient
 from relayrl.common.control import redacted
-from relayrl.common.dataset import PromptCursor, load_jsonl
+from relayrl.common.dataset import PromptCursor, open_prompts
 from relayrl.common.http import HttpServer
 from relayrl.common.stream import EpisodeStream
 from relayrl.config import RunConfig
@@ -128,7 +128,7 @@ async def test_operator_pauses_resumes_and_checkpoints_a_live_stack_with_a_token
             trainer_target = f"127.0.0.1:{t_handle.port}"
             async with RolloutClients.connect(inf_target, rew_target, trainer_target) as clients:
                 worker = RolloutProducer(
-                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
+                    cfg.rollout, stream, PromptCursor(open_prompts(cfg.rollout.dataset_spec()).train, True, 0), clients
                 )
                 r_handle, r_servicer = create_rollout_server(worker, cfg, replace(cfg.rollout.server, port=0))
                 r_http = HttpServer(r_servicer.http_app(), http, "rollout")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.dataset import PromptCursor, load_jsonl
+from relayrl.common.dataset import PromptCursor, open_prompts
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.redis_keys import STREAM_FIELD, RedisKeys
 from relayrl.common.stream import EpisodeStream
@@ -131,7 +131,7 @@ async def test_a_step_trains_only_informative_groups_rollout_fills_the_batch_and
     assert out["dropped_zero_advantage"] >= 1
     assert out["episodes_dropped_zero_advantage"] == 4 * out["dropped_zero_advantage"]
     assert rows[-1]["groups_dropped_zero_advantage"] == out["dropped_zero_advantage"]
-    cursor = PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0)  # rollout's order (the same seed)
+    cursor = PromptCursor(open_prompts(cfg.rollout.dataset_spec()).train, True, 0)  # rollout's order (the same seed)
     audit = [json.loads(line) for line in (tmp_path / "run" / "trained" / "rank0.jsonl").read_text().splitlines()]
     trained_prompts = [cursor.at(seq).prompt for a in audit for _gid, seq in a["groups"]]
     assert len(trained_prompts) == 4 * 2

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from relayrl.client import InferenceClient, RewardClient
-from relayrl.common.dataset import Prompt, load_jsonl
+from relayrl.common.dataset import Prompt, open_prompts
 from relayrl.common.pb import inference_pb2, reward_pb2
+from relayrl.config.dataset import DatasetSpec
 from relayrl.rollout.environments.textarena import TextArenaEnvironment
 from relayrl.rollout.workflows.api import ENVIRONMENT_ENTRY_POINT_GROUP, Environment, StepResult
 from relayrl.tasks.reasoning_gym import TaskRef, make_dataset
@@ -111,7 +112,7 @@ async def test_reasoning_gym_correct_answer_scores_one_and_a_wrong_one_less() ->
 async def test_reasoning_gym_rows_are_scored_by_the_reward_service(tmp_path: Path) -> None:
     path = tmp_path / "rg.jsonl"
     make_dataset(path, "basic_arithmetic", size=4, seed=7)
-    rows = load_jsonl(path)
+    rows = open_prompts(DatasetSpec(path)).train
 
     async def go() -> reward_pb2.ScoreBatchResponse:
         async with reward_server("reasoning_gym", workers=1) as (target, _), RewardClient(target) as client:

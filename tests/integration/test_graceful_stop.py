@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from relayrl.common.dataset import PromptCursor, load_jsonl
+from relayrl.common.dataset import PromptCursor, open_prompts
 from relayrl.common.pb.episode_pb2 import EpisodeGroup
 from relayrl.common.redis_keys import PROGRESS_APPENDED, STREAM_FIELD
 from relayrl.common.stream import EpisodeStream
@@ -79,7 +79,7 @@ async def _serve_until_stopped(cfg: RunConfig, model_dir: Path) -> None:
         try:
             async with RolloutClients.connect(inf_target, rew_target, cfg.trainer.server.target) as clients:
                 producer = RolloutProducer(
-                    cfg.rollout, stream, PromptCursor(load_jsonl(cfg.rollout.dataset), True, 0), clients
+                    cfg.rollout, stream, PromptCursor(open_prompts(cfg.rollout.dataset_spec()).train, True, 0), clients
                 )
                 rollout = asyncio.create_task(producer.run(stop))
                 try:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from relayrl.common.metrics_row import EvalRow, parse_row
@@ -22,13 +24,20 @@ pytestmark = pytest.mark.integration
 async def test_eval_every_two_steps_logs_eval_rows_and_tracker_scalars_under_eval(
     tmp_path: Path, tiny_model_dir: Path, dataset_path: Path, redis_server: RedisServer
 ) -> None:
+    # the user's own layout: a Parquet file whose fields are called question and solution; the evaluation scores
+    # the rows the loader holds out of it
+    source = [json.loads(line) for line in dataset_path.read_text().splitlines() if line.strip()]
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": r["prompt"], "solution": r["answer"]} for r in source]), data)
     cfg = stack_config(
         tmp_path / "run",
         tiny_model_dir,
-        dataset_path,
+        data,
         redis_server.url,
+        "rollout.fields.prompt=question",
+        "rollout.fields.answer=solution",
+        "rollout.held_out_rows=6",
         "trainer.eval.every_steps=2",
-        f"trainer.eval.dataset={dataset_path}",
         "trainer.eval.limit=4",
         "trainer.eval.k=2",
     )

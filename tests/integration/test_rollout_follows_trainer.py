@@ -16,9 +16,10 @@ import grpc
 import pytest
 
 from relayrl.client import InferenceClient, RewardClient, TrainerClient
-from relayrl.common.dataset import PromptCursor, load_jsonl
+from relayrl.common.dataset import PromptCursor, open_prompts
 from relayrl.common.pb import common_pb2, trainer_pb2, trainer_pb2_grpc
 from relayrl.common.stream import EpisodeStream
+from relayrl.config.dataset import DatasetSpec
 from relayrl.config.rollout import RolloutConfig
 from relayrl.rollout.clients import RolloutClients
 from relayrl.rollout.producer import BLOCKED_POLL_DIVISOR, RolloutProducer
@@ -76,7 +77,7 @@ async def _following(
     producer = RolloutProducer(
         cfg,
         EpisodeStream.from_url(redis_url, "episodes", "trainers"),
-        PromptCursor(load_jsonl(dataset), False, 0),
+        PromptCursor(open_prompts(DatasetSpec(dataset)).train, False, 0),
         clients,
     )
     producer.admission.admitted = 2

@@ -18,7 +18,12 @@ HELP = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, help="run config YAML (model, rollout sampling settings, reward verifier)")
-    p.add_argument("--dataset", type=Path, required=True, help="held-out JSONL (prompt or messages, answer)")
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        default=None,
+        help="held-out rows, read like rollout.dataset (default: the rows rollout.held_out_rows holds out of it)",
+    )
     p.add_argument(
         "--model",
         type=Path,

@@ -25,8 +25,9 @@ class InRunEvalConfig:
     dataset: Path | None = field(
         default=None,
         metadata={
-            "help": "JSONL of held-out rows (`prompt` or `messages`, `answer`), scored with the run's verifier; "
-            "required when every_steps > 0."
+            "help": "Held-out rows scored with the run's verifier, read like rollout.dataset (format, fields); "
+            "empty: the rows rollout.held_out_rows holds out of the training dataset (one of the two is required "
+            "when every_steps > 0)."
         },
     )
     limit: int = field(default=0, metadata={"help": "Evaluate the first N rows only (0: all).", "ge": 0})
@@ -45,11 +46,9 @@ class InRunEvalConfig:
     concurrency: int = field(default=4, metadata={"help": "Rows evaluated at once.", "ge": 1, "le": 256})
 
     def validate(self) -> None:
-        if self.every_steps and self.dataset is None:
-            raise ConfigError("dataset", None, "must name a JSONL file when eval.every_steps > 0")
         if self.k and self.samples and self.samples < self.k:
             raise ConfigError("samples", self.samples, f"must be >= k ({self.k})")
 
     def check_exists(self) -> None:
-        if self.every_steps and self.dataset is not None and not self.dataset.is_file():
-            raise ConfigError("trainer.eval.dataset", str(self.dataset), "must be an existing JSONL file")
+        if self.every_steps and self.dataset is not None and not self.dataset.exists():
+            raise ConfigError("trainer.eval.dataset", str(self.dataset), "must be an existing dataset file or folder")

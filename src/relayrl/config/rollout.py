@@ -7,6 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from relayrl.config.agents import AgentConfig
+from relayrl.config.dataset import BadRows, DatasetFields, DatasetFormat, DatasetSpec
 from relayrl.config.endpoints import HttpConfig, ServerConfig, http_config, server_config
 from relayrl.config.threads import ThreadsConfig
 from relayrl.config.typed import ConfigError
@@ -25,8 +26,33 @@ class RolloutConfig:
     dataset: Path = field(
         default=Path("examples/data/arithmetic.jsonl"),
         metadata={
-            "help": "JSONL prompts: one object per line with `prompt`, `answer`, optional `id`; other keys are "
-            "passed to the reward function as metadata."
+            "help": "The prompts: a JSONL, Parquet or Arrow file, a folder written by `datasets`' save_to_disk, or a "
+            "folder of such files (shards, read in name order). Each row has a prompt (or a conversation) and an "
+            "answer, under the names rollout.fields gives; its other fields reach the reward function as metadata. "
+            "Read row by row, never whole."
+        },
+    )
+    dataset_format: DatasetFormat = field(
+        default=DatasetFormat.AUTO,
+        metadata={"help": "The dataset's format; auto: by the file's suffix or the folder's contents."},
+    )
+    fields: DatasetFields = field(
+        default_factory=DatasetFields,
+        metadata={"help": "Which fields of a row hold the prompt, the conversation, the answer and the id."},
+    )
+    bad_rows: BadRows = field(
+        default=BadRows.ERROR,
+        metadata={
+            "help": "A row that cannot be read (not an object, no prompt or answer, a malformed conversation): error "
+            "stops at start-up naming the file, row and field; skip leaves it out and counts it."
+        },
+    )
+    held_out_rows: int = field(
+        default=0,
+        metadata={
+            "help": "Rows held out of training (a seeded choice, rollout.seed): the in-run evaluation scores them when "
+            "trainer.eval.dataset is not set, and `relayrl eval` when no --dataset is given.",
+            "ge": 0,
         },
     )
     group_size: int = field(
@@ -189,6 +215,18 @@ class RolloutConfig:
                 self.max_episode_tokens,
                 f"must be at least max_new_tokens ({self.max_new_tokens})",
             )
+
+    def dataset_spec(self, path: Path | None = None, field_name: str = "rollout.dataset") -> DatasetSpec:
+        """How to read ``path`` (default: the dataset) with this section's format, fields and bad-row rule."""
+        return DatasetSpec(
+            path if path is not None else self.dataset,
+            self.dataset_format,
+            self.fields,
+            self.bad_rows,
+            self.held_out_rows if path is None else 0,
+            self.seed,
+            field_name,
+        )
 
     @property
     def multi_turn(self) -> bool:

@@ -113,6 +113,12 @@ class RunConfig:
                 "name", self.name, "must be 1-64 letters, digits, '.', '_' or '-', the first a letter or digit"
             )
         self._check_placement()
+        if self.trainer.eval.every_steps > 0 and self.trainer.eval.dataset is None and not self.rollout.held_out_rows:
+            raise ConfigError(
+                "trainer.eval.dataset",
+                None,
+                "must name a dataset when trainer.eval.every_steps > 0, or rollout.held_out_rows must hold rows out",
+            )
         if self.trainer.eval.every_steps > 0 and self.rollout.multi_turn:
             raise ConfigError(
                 "trainer.eval.every_steps",

@@ -80,7 +80,7 @@ def local_run_config(cfg: RunConfig, out_dir: Path) -> RunConfig:
     to the model, thread counts divided, every server on loopback and a free port of its own."""
     cfg.model.check_exists()
     cfg = fit_to_model(cfg)  # the length limits within the model's context and vocabulary, before any service
-    if not cfg.rollout.dataset.is_file():
+    if not cfg.rollout.dataset.exists():
         raise ConfigError("rollout.dataset", str(cfg.rollout.dataset), "dataset file does not exist")
     cfg.tls.read()  # every TLS file present and PEM before any service starts (ConfigError naming the field)
     cfg = with_thread_budget(cfg, sorted(os.sched_getaffinity(0)))

@@ -7,7 +7,7 @@ import json
 import logging
 
 from relayrl.common.control import require_credential
-from relayrl.common.dataset import PromptCursor, load_jsonl
+from relayrl.common.dataset import PromptCursor, open_prompts
 from relayrl.common.grpc_utils import stop_on_signals
 from relayrl.common.http import HttpServer
 from relayrl.common.pb.common_pb2 import ServingState
@@ -28,7 +28,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event | None = None) -> None:
     cfg.redis.require_url()
     hosts = {"rollout.server.host": rc.server.host, **({"rollout.http.host": rc.http.host} if rc.http.enabled else {})}
     require_credential(cfg.control.effective_token(), hosts, "a control token (control.token_env)")
-    rows = load_jsonl(rc.dataset)
+    rows = open_prompts(rc.dataset_spec()).train
     stop = stop_on_signals(stop)
     stream = EpisodeStream.from_config(cfg.redis, cfg.name)
     async with RolloutClients.connect(

@@ -23,7 +23,7 @@ from typing import Any
 from relayrl.client import RewardClient
 from relayrl.client.evaluation import EvalSettings, evaluate
 from relayrl.client.inference_pool import connect_inference
-from relayrl.common.dataset import Prompt, load_jsonl
+from relayrl.common.dataset import Prompt, eval_prompts
 from relayrl.common.metrics_row import EvalRow
 from relayrl.config import RunConfig
 
@@ -43,9 +43,8 @@ class InRunEval:
             concurrency=ec.concurrency,
             limit=ec.limit,
         )
-        assert ec.dataset is not None  # validated: every_steps > 0 needs a dataset
-        rows = load_jsonl(ec.dataset, "trainer.eval.dataset")
-        self.rows: list[Prompt] = rows[: ec.limit] if ec.limit else rows
+        rows = eval_prompts(cfg.rollout, ec.dataset, "trainer.eval.dataset")
+        self.rows: list[Prompt] = rows[: ec.limit] if ec.limit else list(rows)
         self.t0 = time.monotonic() if t0 is None else t0
         self.task: asyncio.Task[None] | None = None
         self.last_step = -1  # the step of the last evaluation started

@@ -13,7 +13,7 @@ import time
 import torch
 
 from relayrl.common import books
-from relayrl.common.dataset import load_jsonl
+from relayrl.common.dataset import Prompt, open_prompts
 from relayrl.common.logging import log_context
 from relayrl.common.metrics_row import MetricsRow, RlRow, SftRow, row_fields
 from relayrl.common.model import chat_token_ids
@@ -264,23 +264,23 @@ class TrainingLoop:
 
     async def sft_warmup(self) -> None:
         sft = self.cfg.trainer.sft
-        rows = load_jsonl(self.cfg.rollout.dataset)
+        rows = open_prompts(self.cfg.rollout.dataset_spec()).train  # never the held-out rows
         eos = int(self.tokenizer.eos_token_id)
-        enc = [
-            (
+
+        def encode(r: Prompt) -> tuple[list[int], list[int]]:  # the rows a step draws, when it draws them
+            prompt = (
                 chat_token_ids(self.tokenizer, r.chat())
                 if r.messages  # as inference renders it
-                else self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"],
-                [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos],
+                else self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
             )
-            for r in rows
-        ]
+            return prompt, [*self.tokenizer(r.answer, add_special_tokens=False)["input_ids"], eos]
+
         gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.coll.rank)
         per_rank = max(1, sft.batch_size // self.coll.world_size)
         for i in range(1, sft.warmup_steps + 1):
-            idx = torch.randint(len(enc), (per_rank,), generator=gen).tolist()
+            enc = [encode(rows[j]) for j in torch.randint(len(rows), (per_rank,), generator=gen).tolist()]
             stats = await asyncio.to_thread(
-                self.publication.locked, self.learner.sft_step, [enc[j][0] for j in idx], [enc[j][1] for j in idx]
+                self.publication.locked, self.learner.sft_step, [e[0] for e in enc], [e[1] for e in enc]
             )
             self._write_metrics(
                 SftRow(sft_step=i, loss=stats.loss, grad_norm=stats.grad_norm, time_s=time.monotonic() - self._t0), i

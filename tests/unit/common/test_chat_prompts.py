@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.common.dataset import load_jsonl
+from relayrl.common.dataset import open_prompts
 from relayrl.common.model import chat_token_ids, end_token_ids, load_generation_config, load_tokenizer
+from relayrl.config.dataset import DatasetSpec
 from relayrl.config.typed import ConfigError
 from tests.chat_model import IM_END, IM_START
 
@@ -27,7 +28,7 @@ def test_messages_rows_load_with_the_last_user_turn_as_the_verifier_prompt(tmp_p
         [{"id": "a", "messages": CHAT, "answer": 42, "level": 2}, {"prompt": "1+1=", "answer": "2"}],
     )
 
-    chat, text = load_jsonl(path)
+    chat, text = open_prompts(DatasetSpec(path)).train
 
     assert chat.chat() == CHAT and chat.prompt == CHAT[1]["content"] and chat.answer == "42"
     assert chat.metadata == {"level": 2}
@@ -49,7 +50,7 @@ def test_malformed_messages_rows_are_config_errors_naming_the_line(tmp_path: Pat
     path = _write(tmp_path / "d.jsonl", [{"prompt": "ok", "answer": "1"}, row])
 
     with pytest.raises(ConfigError, match=r"d\.jsonl:2"):
-        load_jsonl(path)
+        open_prompts(DatasetSpec(path))
 
 
 def test_rendering_holds_one_bos_the_turn_markers_and_ends_with_the_generation_prompt(chat_model_dir: Path) -> None:
