@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from relayrl.common.pb.rollout_pb2 import InferenceReplica, RolloutStatus
-from relayrl.common.retry import OomBackpressure
-from relayrl.inference.engine import EngineStats
-from relayrl.inference.metrics import InferenceMetrics
-from relayrl.reward.server import RewardMetrics
-from relayrl.rollout.metrics import rollout_metrics
-from relayrl.trainer.metrics import trainer_metrics
-from relayrl.trainer.progress import TrainerProgress
 from tests.deploy.chart import CHART, main_container, objects, render, render_error, workload
+from tests.metrics_series import exported_series
 
 MON_NS = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
 HTTP_PORTS = {"inference": 8000, "reward": 8002, "rollout": 8003, "trainer": 8004}
@@ -136,35 +127,8 @@ def test_the_redis_exporter_authenticates_from_the_secret_and_the_redis_image_ca
 # -- the Grafana dashboard ------------------------------------------------------------------------------------------
 
 
-def _exported_series() -> set[str]:
-    """Sample names the four services' registries really expose (counters with _total, histograms' parts)."""
-    progress = TrainerProgress(last_reward_mean=0.5, queue_depth=(1, 2), staleness_counts={0: 3})
-    push = SimpleNamespace(probe_max_diff=0.0, seconds=1.0, bytes_sent=10, version=1)
-    publication = SimpleNamespace(
-        weight_version=1,
-        last_push=push,
-        last_probe=push,
-        publisher=SimpleNamespace(push_retries=0),
-        push_failures=lambda: {"10.0.0.1:50051": 0},
-    )
-    trainer = SimpleNamespace(
-        progress=progress,
-        publication=publication,
-        checkpoints=SimpleNamespace(last_step=0),
-        redis_backpressure=OomBackpressure("trainer"),
-    )
-    pool = SimpleNamespace(ready_workers=1, busy_workers=0, queued=0)
-    registries: list[CollectorRegistry] = [
-        trainer_metrics(trainer),  # type: ignore[arg-type]
-        InferenceMetrics(lambda: EngineStats(0, 0, 0, 0), lambda: 1).registry,
-        RewardMetrics(pool).registry,  # type: ignore[arg-type]
-        rollout_metrics(lambda: RolloutStatus(inference_replica_states=[InferenceReplica(address="10.0.0.1:50051")])),
-    ]
-    return {s.name for r in registries for m in r.collect() for s in m.samples}
-
-
 def test_the_dashboard_covers_the_key_metrics_with_series_the_services_export() -> None:
-    exported = _exported_series()
+    exported = exported_series()
     titles = {p["title"] for p in DASHBOARD["panels"]}
     assert {"Throughput", "Staleness", "Queue lag", "Reward", "Weight sync"} <= titles
     for panel in DASHBOARD["panels"]:
