@@ -140,6 +140,23 @@ def normalize_result(value: Any) -> RewardResult:
     return RewardResult(score=score, components=components, details=str(result.details))
 
 
+BATCHED = "relayrl_batched"  # the attribute by which a reward function declares that it scores a list at once
+
+
+def batched(fn: F) -> F:
+    """Declare that the reward function ``fn`` takes a list of inputs and returns one result per input, in order:
+    a float, a :class:`RewardResult`, or an exception (that input's ERROR result). The verifier process then
+    hands it each chunk of a batch (``reward.chunk_size`` inputs) in one call: a model scores them together."""
+    setattr(fn, BATCHED, True)
+    return fn
+
+
+def is_batched(fn: RewardFn) -> bool:
+    """Whether ``fn`` is declared with :func:`batched` (also through a ``functools.partial``)."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(target, BATCHED, False) is True
+
+
 def is_async(fn: RewardFn) -> bool:
     target = fn.func if isinstance(fn, functools.partial) else fn
     return inspect.iscoroutinefunction(target)

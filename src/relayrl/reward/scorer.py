@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from string import Template
 from typing import Any
 
 from relayrl.config.reward import CodeVerifierConfig, RewardConfig
@@ -16,6 +17,7 @@ from relayrl.reward.api import (
     RewardResult,
     bind_params,
     executes_code,
+    is_batched,
     load_reward_function,
     normalize_result,
     registered_rewards,
@@ -61,6 +63,17 @@ class ScorerSpec:
         if not self.components:
             return self.function
         return " + ".join(f"{c.weight:g}*{c.name}({c.function})" for c in self.components)
+
+
+def with_run_values(cfg: RewardConfig, values: dict[str, str]) -> RewardConfig:
+    """``cfg`` with ``${name}`` in its string params replaced by ``values[name]`` (``${inference_url}``: the run's
+    own inference's OpenAI-compatible base URL, for a judge)."""
+
+    def fill(params: dict[str, Any]) -> dict[str, Any]:
+        return {k: Template(v).safe_substitute(values) if isinstance(v, str) else v for k, v in params.items()}
+
+    parts = [replace(c, params=fill(c.params)) for c in cfg.components]
+    return replace(cfg, params=fill(cfg.params), components=parts)
 
 
 def _load(
@@ -111,6 +124,7 @@ class Scorer:
         )
         self.parts: list[tuple[str, float, RewardFn]] = [(name, weight, fn) for name, weight, (fn, _) in loaded]
         self.runs_code = any(runs for _, _, (_, runs) in loaded)  # some part runs programs: calls need the code token
+        self.batched = any(is_batched(fn) for _, _, fn in self.parts)  # some part scores a whole chunk at once
 
     def _call(self, fn: RewardFn, inp: RewardInput) -> RewardResult:
         value = fn(inp)
@@ -121,22 +135,66 @@ class Scorer:
         return normalize_result(value)
 
     def __call__(self, inp: RewardInput) -> RewardResult:
-        if not self.spec.components:
-            return self._call(self.parts[0][2], inp)
-        total = 0.0
-        components: dict[str, float] = {}
-        details: list[str] = []
-        for name, weight, fn in self.parts:
+        result = self.score_many([inp])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _part(self, fn: RewardFn, inputs: list[RewardInput]) -> list[RewardResult | BaseException]:
+        """One part's results for ``inputs``: one call of a batched function, else one call per input."""
+        if not is_batched(fn):
+            out: list[RewardResult | BaseException] = []
+            for inp in inputs:
+                try:
+                    out.append(self._call(fn, inp))
+                except Exception as exc:
+                    out.append(exc)
+            return out
+        try:
+            values = self._call_batched(fn, inputs)
+        except Exception as exc:  # the call failed: so did each of its inputs
+            return [exc] * len(inputs)
+        results: list[RewardResult | BaseException] = []
+        for value in values:
             try:
-                result = self._call(fn, inp)
-            except Exception as exc:
-                raise RewardFunctionError(f"component {name!r} failed: {type(exc).__name__}: {exc}") from exc
-            total += weight * result.score
-            components[name] = result.score
-            components.update({f"{name}.{k}": v for k, v in result.components.items()})
-            if result.details:
-                details.append(f"{name}: {result.details}")
-        return RewardResult(score=total, components=components, details="; ".join(details))
+                results.append(value if isinstance(value, BaseException) else normalize_result(value))
+            except RewardFunctionError as exc:
+                results.append(exc)
+        return results
+
+    def _call_batched(self, fn: RewardFn, inputs: list[RewardInput]) -> list[Any]:
+        values: Any = fn(inputs)  # type: ignore[arg-type]
+        if inspect.isawaitable(values):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            values = self._loop.run_until_complete(values)
+        if not isinstance(values, list) or len(values) != len(inputs):
+            got = f"{len(values)} results" if isinstance(values, list) else type(values).__name__
+            raise RewardFunctionError(f"a batched reward function returned {got} for {len(inputs)} inputs")
+        return values
+
+    def score_many(self, inputs: list[RewardInput]) -> list[RewardResult | BaseException]:
+        """The result of each input, or the exception that makes it an ERROR; a composite's total is
+        sum(weight x score), and a component that fails fails that input."""
+        if not self.spec.components:
+            return self._part(self.parts[0][2], inputs)
+        per_part = [(name, weight, self._part(fn, inputs)) for name, weight, fn in self.parts]
+        out: list[RewardResult | BaseException] = []
+        for i in range(len(inputs)):
+            total, components, details = 0.0, dict[str, float](), list[str]()
+            failed: BaseException | None = None
+            for name, weight, results in per_part:
+                result = results[i]
+                if isinstance(result, BaseException):
+                    failed = RewardFunctionError(f"component {name!r} failed: {type(result).__name__}: {result}")
+                    break
+                total += weight * result.score
+                components[name] = result.score
+                components.update({f"{name}.{k}": v for k, v in result.components.items()})
+                if result.details:
+                    details.append(f"{name}: {result.details}")
+            out.append(failed or RewardResult(score=total, components=components, details="; ".join(details)))
+        return out
 
     def close(self) -> None:
         if self._loop is not None:

@@ -10,7 +10,8 @@ memory the pool reads when a deadline passes: it knows which input overran, and 
 
 The process builds the :class:`~relayrl.reward.sandbox.Sandbox` of the configured SandboxConfig and gives it to
 the scorer, which passes it to the verifiers that take a ``sandbox`` keyword (the ``code`` verifier); a
-:class:`~relayrl.reward.protocol.CodeRun` job (RunCode) runs its program in the same sandbox.
+:class:`~relayrl.reward.protocol.CodeRun` job (RunCode) runs its program in the same sandbox. A batched reward
+(:func:`relayrl.reward.api.batched`: a judge model, a reward model) gets the whole batch in one call.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def verifier_main(
 
 
 def score_batch(conn: Connection, progress: Any, scorer: Scorer, batch: Batch) -> None:
+    if scorer.batched and not any(isinstance(inp, CodeRun) for inp in batch.inputs):
+        score_together(conn, progress, scorer, batch)
+        return
     pending: list[Scored] = []
     waiting_since = 0.0
     last = len(batch.inputs) - 1
@@ -82,6 +86,28 @@ def score_batch(conn: Connection, progress: Any, scorer: Scorer, batch: Batch) -
         if index == last or now - t0 >= FLUSH_S or now - waiting_since >= FLUSH_S:
             conn.send(Results(batch.job_id, tuple(pending)))
             pending, waiting_since = [], 0.0
+
+
+def score_together(conn: Connection, progress: Any, scorer: Scorer, batch: Batch) -> None:
+    """A batched reward (a model) scores the whole batch in one call, under one deadline: the pool's progress names
+    its first input while it runs."""
+    t0 = time.monotonic()
+    progress[START], progress[INDEX], progress[JOB] = t0, 0, batch.job_id
+    try:
+        results = scorer.score_many(list(batch.inputs))  # type: ignore[arg-type]  # no CodeRun here
+    except BaseException as exc:  # the call itself failed: every input of it is an error
+        results = [exc] * len(batch.inputs)
+    each = (time.monotonic() - t0) / max(1, len(batch.inputs))
+    outcomes = [
+        Scored(
+            i,
+            Outcome(Status.ERROR, None, f"{type(r).__name__}: {r}"[:2000], each)
+            if isinstance(r, BaseException)
+            else Outcome(Status.OK, r, "", each),
+        )
+        for i, r in enumerate(results)
+    ]
+    conn.send(Results(batch.job_id, tuple(outcomes)))
 
 
 def run_code(scorer: Scorer, job: CodeRun, t0: float) -> Outcome:
