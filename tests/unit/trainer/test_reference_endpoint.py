@@ -12,6 +12,7 @@ from relayrl.common.model import load_model
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.config.loss import KlUse, LossConfig
 from relayrl.config.model import ModelConfig
+from relayrl.config.optimizer import OptimizerName
 from relayrl.config.trainer import OptimizerConfig, TrainerConfig
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 from relayrl.trainer.ingest import StepBatch
@@ -39,9 +40,10 @@ def test_reference_logprobs_from_an_endpoint_give_the_same_step_as_the_frozen_co
     ref_dir = create_tiny_model(
         tmp_path / "ref", TinyModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, seed=5)
     )
-    cfg = TrainerConfig(
-        micro_batch_size=4, optimizer=OptimizerConfig(grad_clip=0.0), loss=LossConfig(kl_coef=0.5, kl_use=use)
-    )
+    # SGD, so that a weight's step is its gradient: AdamW's first step is about lr x sign(gradient), which turns
+    # the rounding of a gradient near 0 into a whole step of either sign (seen in CI: the q_proj weights differed)
+    optimizer = OptimizerConfig(name=OptimizerName.SGD, lr=1.0, grad_clip=0.0)
+    cfg = TrainerConfig(micro_batch_size=4, optimizer=optimizer, loss=LossConfig(kl_coef=0.5, kl_use=use))
     episodes = varied_episodes()
     local = Learner(
         load_model(ModelConfig(path=tiny_model_dir)),
@@ -61,6 +63,8 @@ def test_reference_logprobs_from_an_endpoint_give_the_same_step_as_the_frozen_co
     # float32 logprobs of the same tokens from a padded batch vs one sequence at a time: rounding only
     assert got.ref_kl == pytest.approx(want.ref_kl, rel=1e-4)
     assert got.loss == pytest.approx(want.loss, rel=1e-4, abs=1e-6)
+    before = load_model(ModelConfig(path=tiny_model_dir)).parameters()
+    assert any(not torch.equal(p, b) for p, b in zip(local.model.parameters(), before, strict=True))  # it stepped
     for (name, p), q in zip(local.model.named_parameters(), remote.model.parameters(), strict=True):
-        # one AdamW step (lr 1e-3) from the same weights, gradients equal up to that rounding
+        # one SGD step (lr 1) from the same weights: the gradients equal up to that rounding
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
