@@ -7,6 +7,7 @@ the rest compares the parsed compose file with the config loaded by the project'
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -358,3 +359,12 @@ def test_replicas_override_adds_a_second_inference_that_rollout_and_the_trainer_
             for svc in ("inference", "inference-2")
         ]
         assert merged[name]["depends_on"]["inference-2"] == {"condition": "service_healthy"}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/deploy.md"])
+def test_the_documented_compose_steps_export_every_credential_the_file_requires(page: str) -> None:
+    required = set(re.findall(r"\$\{(RELAYRL_\w+):\?", (REPO / "docker-compose.yml").read_text()))
+    text = (REPO / page).read_text()
+    end = text.index("docker compose up")
+    steps = text[max(0, end - 1500) : end]  # the lines that lead up to the first `docker compose up`
+    assert required and not {name for name in required if name not in steps}, sorted(required)
