@@ -94,11 +94,11 @@ def parse_row(obj: object, fields: DatasetFields, default_id: str) -> Prompt:
 class Prompts(Sequence[Prompt]):
     """Some rows of a dataset (a split), read when asked for."""
 
-    def __init__(self, source: RowSource, fields: DatasetFields, rows: np.ndarray | None) -> None:
-        self.source, self.fields, self.rows = source, fields, rows  # rows: the source's row numbers (None: all)
+    def __init__(self, source: RowSource, fields: DatasetFields, rows: np.ndarray) -> None:
+        self.source, self.fields, self.rows = source, fields, rows  # the source's row numbers (8 bytes a row)
 
     def __len__(self) -> int:
-        return len(self.source) if self.rows is None else len(self.rows)
+        return len(self.rows)
 
     @overload
     def __getitem__(self, i: int) -> Prompt: ...
@@ -111,7 +111,7 @@ class Prompts(Sequence[Prompt]):
             return [self[j] for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(i)
-        n = (i % len(self)) if self.rows is None else int(self.rows[i])
+        n = int(self.rows[i])
         try:
             return parse_row(self.source.row(n), self.fields, self.source.default_id(n))
         except RowError as exc:  # checked at the start: the file changed since
@@ -131,8 +131,8 @@ class PromptSet:
     reasons: list[str] = field(default_factory=list)  # the first few skipped rows: where and why
 
 
-def _check_rows(source: RowSource, spec: DatasetSpec) -> tuple[np.ndarray | None, int, list[str]]:
-    """Every row parsed once, streamed; the numbers of the good rows (None: all good)."""
+def _check_rows(source: RowSource, spec: DatasetSpec) -> tuple[np.ndarray, int, list[str]]:
+    """Every row parsed once, streamed; the numbers of the good rows."""
     bad: list[int] = []
     reasons: list[str] = []
     for n, obj in enumerate(source.scan()):
@@ -146,32 +146,24 @@ def _check_rows(source: RowSource, spec: DatasetSpec) -> tuple[np.ndarray | None
             bad.append(n)
             if len(reasons) < 5:
                 reasons.append(f"{source.where(n)}: {exc}")
-    if not bad:
-        return None, 0, reasons
-    return np.setdiff1d(np.arange(len(source), dtype=np.int64), np.asarray(bad, dtype=np.int64)), len(bad), reasons
+    good = np.setdiff1d(np.arange(len(source), dtype=np.int64), np.asarray(bad, dtype=np.int64))
+    return good, len(bad), reasons
 
 
 def open_prompts(spec: DatasetSpec) -> PromptSet:
     """The dataset of ``spec``, checked, with ``spec.held_out_rows`` rows (a seeded choice) held out."""
     source = open_source(spec.path, spec.format, spec.field_name)
     good, skipped, reasons = _check_rows(source, spec)
-    n = len(source) if good is None else len(good)
+    n = len(good)
     if n == 0:
         raise ConfigError(spec.field_name, str(spec.path), "dataset has no rows" + (" it can read" if skipped else ""))
     if skipped:
         log.warning("%s: %d bad rows skipped (rollout.bad_rows: skip), first: %s", spec.path, skipped, reasons)
-    all_rows = np.arange(n, dtype=np.int64) if good is None else good
     if spec.held_out_rows >= n:
         raise ConfigError("rollout.held_out_rows", spec.held_out_rows, f"must be less than the dataset's {n} rows")
-    if not spec.held_out_rows:
-        return PromptSet(
-            Prompts(source, spec.fields, good), Prompts(source, spec.fields, all_rows[:0]), skipped, reasons
-        )
     picked = np.sort(np.asarray(random.Random(spec.seed).sample(range(n), spec.held_out_rows), dtype=np.int64))
-    train = np.delete(all_rows, picked)
-    return PromptSet(
-        Prompts(source, spec.fields, train), Prompts(source, spec.fields, all_rows[picked]), skipped, reasons
-    )
+    train, held_out = np.delete(good, picked), good[picked]
+    return PromptSet(Prompts(source, spec.fields, train), Prompts(source, spec.fields, held_out), skipped, reasons)
 
 
 def eval_prompts(rc: RolloutConfig, dataset: Path | None, field_name: str) -> Prompts:
