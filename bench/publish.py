@@ -10,7 +10,10 @@ same building blocks timed alone. Usage:
 
     python bench/publish.py MODEL_DIR [--pushes 10] [--transports grpc_stream shared_path shared_memory]
         [--probe-sequences 4] [--probe-tokens 32] [--dtype float32|bfloat16] [--lora-rank R] [--probe-every N]
-        [--engines native vllm]
+        [--engines native vllm] [--device cpu|cuda]
+
+``--device cuda``: both sides hold the model on the GPU (the trainer snapshots it off the GPU, inference copies the
+update onto it and probes there); the building blocks are timed on the CPU only.
 
 ``--lora-rank``: both sides hold base + a LoRA adapter of that rank (model.lora defaults otherwise) and each
 publication carries the adapter only. ``--engines``: the inference engines to publish to, each in turn (vllm: in
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import secrets
 import statistics
@@ -68,7 +72,7 @@ async def _serve(model_dir: Path, weights_dir: Path, mcfg: Any, engine_kind: str
     else:
         model = load_model(mcfg)
         engine = NativeEngine(
-            with_lora(model, mcfg.lora) if mcfg.lora.enabled else model, tokenizer, torch.device("cpu")
+            with_lora(model, mcfg.lora) if mcfg.lora.enabled else model, tokenizer, torch.device(mcfg.device)
         )
     service = InferenceService(
         cfg,
@@ -108,7 +112,7 @@ async def bench_transport(
             probe = WeightPublisher.default_probe(model, load_tokenizer(model_dir), *probe_shape, seed=0)
             pub = WeightPublisher(
                 model,
-                torch.device("cpu"),
+                torch.device(mcfg.device),
                 service.weights_target,
                 make_transport(WeightTransport(transport), 2 * 1024 * 1024, weights_dir),
                 60.0,
@@ -186,22 +190,28 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--lora-rank", type=int, default=0, help="publish a LoRA adapter of this rank (0: full weights)")
     ap.add_argument("--engines", nargs="+", choices=("native", "vllm"), default=["native"])
+    ap.add_argument("--device", default="cpu", help="torch device of both sides: cpu, cuda or cuda:N")
     args = ap.parse_args()
     from relayrl.config.lora import LoraConfig
     from relayrl.config.model import ModelConfig
 
     mcfg = ModelConfig(
-        path=args.model_dir, dtype=args.dtype, lora=LoraConfig(enabled=args.lora_rank > 0, rank=max(args.lora_rank, 1))
+        path=args.model_dir,
+        dtype=args.dtype,
+        device=args.device,
+        lora=LoraConfig(enabled=args.lora_rank > 0, rank=max(args.lora_rank, 1)),
     )
     os.environ.setdefault("RELAYRL_WEIGHTS_TOKEN", secrets.token_urlsafe(32))  # both sides read it from here
     probe_shape = (args.probe_sequences, args.probe_tokens)
-    n = sum(
-        p.numel()
-        for p in __import__("safetensors.torch").torch.load_file(str(args.model_dir / "model.safetensors")).values()
-    )
+    from safetensors import safe_open
+
+    n = 0
+    for shard in sorted(args.model_dir.glob("*.safetensors")):  # one file, or the shards of a large model
+        with safe_open(str(shard), "pt") as f:
+            n += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (no __iter__)
     print(
-        f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), {args.dtype}, LoRA rank {args.lora_rank}, "
-        f"probe {probe_shape} every {args.probe_every}, load {os.getloadavg()[0]:.2f}"
+        f"model {args.model_dir} ({n / 1e6:.2f} M tensor elements), {args.dtype} on {args.device}, LoRA rank "
+        f"{args.lora_rank}, probe {probe_shape} every {args.probe_every}, load {os.getloadavg()[0]:.2f}"
     )
     for transport in args.transports:
         totals = []
@@ -216,7 +226,7 @@ def main() -> None:
                 + (f"  ({r['total'] / totals[0]:.2f}x {args.engines[0]})" if len(totals) > 1 else "")
                 + f"  load {os.getloadavg()[0]:.2f}"
             )
-    if args.no_blocks:
+    if args.no_blocks or args.device != "cpu":
         return
     for k, v in building_blocks(args.model_dir, probe_shape).items():
         print(f"  {k:26s} {v * 1000:7.1f} ms")
