@@ -76,12 +76,15 @@ protos: $(STAMP)
 check-protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py --check
 
-## The CLI and configuration reference and the config-schema snapshot, generated from the code.
+## The CLI and configuration reference and the config-schema snapshot, generated from the code; and every figure
+## the docs quote, written from docs/figures.yaml.
 reference: $(STAMP)
 	$(BIN)/python scripts/gen_reference.py
+	$(BIN)/python scripts/figures.py
 
 check-reference: $(STAMP)
 	$(BIN)/python scripts/gen_reference.py --check
+	$(BIN)/python scripts/figures.py --check
 
 ## The documentation site (mkdocs, strict: a broken link or a page missing from the nav fails).
 docs: $(STAMP)

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.integration
 
 STEPS = 6
 # > 60 s, torch's default read_timeout of the c10d store client (which, measured here, gives up after one retry,
-# 135 s after the start, when pod 0 never comes: docs/deploy.md)
+# 135 s after the start, when pod 0 never comes: docs/dev/deploy_records.md)
 POD0_DELAY_S = 90
 LOST_RUN_STEPS = 12  # checkpoints at 3, 6, 9, 12: pod 0 is lost after the first
 OTHER_SERVICES = ("inference", "reward", "rollout")

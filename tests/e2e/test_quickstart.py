@@ -31,8 +31,8 @@ def _relayrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def test_quickstart_learns_and_honours_the_metrics_contract(tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "run"
 
-    # 300 of the example's 800 steps: its 10-step mean passes 0.8 at about step 190 and 0.9 at steps 230-320
-    # (docs/benchmarks.md), so the final reward of a working stack is above the bar below, and CI saves minutes
+    # 300 of the example's 800 steps: its 10-step mean passes 0.8 at about step 170-190 and 0.9 at steps 230-320
+    # (docs/quickstart.md), so the final reward of a working stack is above the bar below, and CI saves minutes
     proc = _relayrl(
         "run",
         "examples/quickstart.yaml",
