@@ -24,9 +24,9 @@ WEIGHTS_TOKEN = "test-weights-token"
 os.environ.setdefault("RELAYRL_WEIGHTS_TOKEN", WEIGHTS_TOKEN)
 
 
-def load_bench(name: str) -> ModuleType:
-    """``bench/<name>.py`` (a script, not a package) as the module ``bench_<name>``."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+def load_bench(name: str, folder: str = "bench") -> ModuleType:
+    """``<folder>/<name>.py`` (a script, not a package: bench/ or scripts/) as the module ``<folder>_<name>``."""
+    spec = importlib.util.spec_from_file_location(f"{folder}_{name}", REPO / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module by name

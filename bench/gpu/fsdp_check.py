@@ -34,7 +34,7 @@ def _learner(model: Any, coll: Any, device: torch.device) -> Any:
     from relayrl.trainer.learner import Learner
 
     cfg = TrainerConfig(micro_batch_size=4, optimizer=OptimizerConfig(grad_clip=0.0))
-    return Learner(model, cfg, 0, device, 8, coll) if coll is not None else Learner(model, cfg, 0, device, 8)
+    return Learner(model, cfg, 0, device, 8, coll)  # coll None: one process, no collectives
 
 
 def _gradients(learner: Any, episodes: list[Any]) -> dict[str, torch.Tensor]:

@@ -10,19 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_bench
 
 USER_PAGES = sorted((REPO / "docs").glob("*.md"))
 WORD_BUDGET = 30_000
 # what an engineering record says and a user page does not: the machine's load during a measurement, issue numbers
 BOOKKEEPING = re.compile(r"load average|\bload \d|\bissue \d+|\bissues? #\d+", re.I)
-QUOTE = re.compile(r"<!-- figure: ([a-z0-9_]+) -->(.*?)<!-- /figure -->", re.S)
-
-
-def _figures() -> dict[str, dict[str, str]]:
-    return yaml.safe_load((REPO / "docs" / "figures.yaml").read_text())
+FIGURES = load_bench("figures", folder="scripts")  # the quote's syntax and the source's reader, as the script has them
+QUOTE = FIGURES.QUOTE
 
 
 def test_user_pages_hold_at_most_the_word_budget() -> None:
@@ -56,7 +52,7 @@ def test_every_quoted_figure_matches_its_source() -> None:
 
 def test_every_figure_is_quoted_and_says_how_to_reproduce_it() -> None:
     quoted = {m.group(1) for p in [REPO / "README.md", *USER_PAGES] for m in QUOTE.finditer(p.read_text())}
-    for name, entry in _figures().items():
+    for name, entry in FIGURES.figures().items():
         assert name in quoted, f"{name} is quoted on no page: remove it from docs/figures.yaml"
         command = entry["command"]
         scripts = re.findall(r"\b(bench/[\w/]+\.py)", command)
@@ -68,5 +64,5 @@ def test_every_figure_is_quoted_and_says_how_to_reproduce_it() -> None:
 def test_a_sourced_figure_is_never_restated_by_hand(page: Path) -> None:
     """A figure's value written outside its quote would not follow the source when the figure changes."""
     bare = QUOTE.sub("", page.read_text())
-    restated = [name for name, entry in _figures().items() if entry["value"] in bare]
+    restated = [name for name, entry in FIGURES.figures().items() if entry["value"] in bare]
     assert not restated, f"{page.name} states {restated} without a figure quote"

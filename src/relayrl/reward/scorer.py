@@ -126,13 +126,16 @@ class Scorer:
         self.runs_code = any(runs for _, _, (_, runs) in loaded)  # some part runs programs: calls need the code token
         self.batched = any(is_batched(fn) for _, _, fn in self.parts)  # some part scores a whole chunk at once
 
-    def _call(self, fn: RewardFn, inp: RewardInput) -> RewardResult:
-        value = fn(inp)
+    def _resolve(self, value: Any) -> Any:
+        """An async function's result, run to completion on this scorer's own loop; any other value as it is."""
         if inspect.isawaitable(value):
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
             value = self._loop.run_until_complete(value)
-        return normalize_result(value)
+        return value
+
+    def _call(self, fn: RewardFn, inp: RewardInput) -> RewardResult:
+        return normalize_result(self._resolve(fn(inp)))
 
     def __call__(self, inp: RewardInput) -> RewardResult:
         result = self.score_many([inp])[0]
@@ -163,11 +166,7 @@ class Scorer:
         return results
 
     def _call_batched(self, fn: RewardFn, inputs: list[RewardInput]) -> list[Any]:
-        values: Any = fn(inputs)  # type: ignore[arg-type]
-        if inspect.isawaitable(values):
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            values = self._loop.run_until_complete(values)
+        values = self._resolve(fn(inputs))  # type: ignore[arg-type]
         if not isinstance(values, list) or len(values) != len(inputs):
             got = f"{len(values)} results" if isinstance(values, list) else type(values).__name__
             raise RewardFunctionError(f"a batched reward function returned {got} for {len(inputs)} inputs")
