@@ -6,6 +6,7 @@ no redis-server is installed. It requires a password, given to the server as con
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -23,17 +24,44 @@ from relayrl.config.typed import ConfigError
 REDIS_PASSWORD_FILE = "redis_password"  # <run folder>/redis_password (0600): what `relayrl status RUN_DIR` uses
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 10_000  # below: well-known and registered ports other software expects to find free
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports: every socket stays bound until all are picked (closing each at once
-    lets the kernel hand the same port out again, and two services of one run would then collide)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+def _listen_range() -> range | None:
+    """The loopback ports to pick from: those below the kernel's ephemeral range (from which it hands out the local
+    ports of outgoing connections), or None where that range is unknown or leaves no room."""
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return range(LOWEST_PICKED_PORT, low) if low - LOWEST_PICKED_PORT >= 1000 else None
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports, for servers that bind them seconds later (after imports and a model load).
+
+    They are picked below the kernel's ephemeral range where it leaves room: a port from that range (what binding
+    port 0 gives) can meanwhile become the local port of any outgoing connection on the machine, and the server's
+    bind then fails (seen in CI: inference's HTTP port taken while the other services connected). Every socket
+    stays bound until all are picked (closing each at once would let a port be picked twice)."""
+    sockets: list[socket.socket] = []
+    candidates = _listen_range() or range(0)
+    tries = iter(random.SystemRandom().sample(candidates, min(len(candidates), 64 * n)))
+    try:
+        while len(sockets) < n:
+            port = next(tries, 0)  # 0: the kernel's choice, once the range is exhausted or unknown
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                s.close()
+                continue
+            sockets.append(s)
         return [int(s.getsockname()[1]) for s in sockets]
     finally:
         for s in sockets:
