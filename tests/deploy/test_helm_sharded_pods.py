@@ -18,7 +18,7 @@ from relayrl.client import RolloutClient
 from tests.conftest import RedisServer
 from tests.deploy.pods import Release, render, values
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=55), pytest.mark.distributed, pytest.mark.integration]
 
 STEPS = 6  # checkpoints at 3 and 6: pod 0 is lost after the first
 SERVICES = ("inference", "reward", "rollout")

@@ -20,7 +20,7 @@ from relayrl.client import RolloutClient
 from tests.conftest import RedisServer
 from tests.deploy.pods import Release, render, values
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=190), pytest.mark.distributed, pytest.mark.integration]
 
 STEPS = 6
 # > 60 s, torch's default read_timeout of the c10d store client (which, measured here, gives up after one retry,

@@ -23,7 +23,7 @@ from relayrl.tasks.calculator import CHARS
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 from tests.e2e.tool_episodes import check_episode, check_versions_per_step, dumped_episodes, run_example
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=30), pytest.mark.integration]
 
 CI_STEPS = 120  # about 2 minutes here
 CI_FINAL_REWARD = 0.08  # runs with this reward were at 0.12-0.13 after 120 steps

@@ -24,7 +24,7 @@ from relayrl.common.pb import inference_pb2, inference_pb2_grpc
 from tests.conftest import REPO
 from tests.polling import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=55), pytest.mark.integration]
 
 STEPS = 300  # as tests/e2e/test_quickstart.py: one replica's 10-step mean passes 0.8 at about step 190
 

@@ -21,7 +21,7 @@ from relayrl.tasks.lookup import CALL, CHARS
 from relayrl.tasks.tiny_model import TinyModelConfig, create_tiny_model
 from tests.e2e.tool_episodes import check_episode, check_versions_per_step, dumped_episodes, run_example
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=35), pytest.mark.integration]
 
 CI_STEPS = 150  # 51-109 s of pytest at a load average of 2-8 (other engineers' work)
 CI_FINAL_REWARD = 0.08  # over steps 141-150 four runs were at 0.28-0.29, one (no valid call before step 200) at 0.11

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=65), pytest.mark.integration]
 
 SERVICES = ("inference", "reward", "rollout", "trainer")
 QUICKSTART_STEPS = 300

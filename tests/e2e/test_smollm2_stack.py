@@ -14,7 +14,7 @@ import pytest
 
 from tests.smollm2_stack import check_few_step_run, run_few_steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=60), pytest.mark.integration]
 pytest.importorskip("peft")
 
 

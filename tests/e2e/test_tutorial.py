@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=45), pytest.mark.integration]
 
 PAGE = REPO / "docs" / "tutorial.md"
 GPU_SECTION = "8."

@@ -31,7 +31,7 @@ from relayrl.common.redis_keys import RedisKeys
 from relayrl.launcher import SERVICE_ORDER
 from tests.faults.chaos_stack import ChaosStack
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.security]
+pytestmark = [pytest.mark.slow(seconds=90), pytest.mark.integration, pytest.mark.security]
 
 MAX_STALENESS = 1  # examples/quickstart.yaml's rollout.max_staleness
 CHECKPOINT_EVERY = 5

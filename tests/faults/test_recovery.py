@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import REPO, RedisServer, free_port
 from tests.polling import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=155), pytest.mark.integration]
 
 BASE = ["--set", "trainer.checkpoint.every=5", "--set", "rollout.max_new_tokens=2"]
 

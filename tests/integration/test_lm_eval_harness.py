@@ -25,7 +25,7 @@ import pytest
 from tests.integration.eval_model import create_eval_model
 from tests.integration.helpers import inference_server
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=40)]
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"

@@ -19,7 +19,7 @@ from tests.conftest import REPO
 from tests.integration.slurm_cluster import slurm_cluster
 from tests.polling import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=80), pytest.mark.integration]
 
 STEPS = 300  # the quickstart's 10-step mean passes 0.8 at about step 190 (tests/e2e/test_quickstart.py)
 CANCEL_AFTER = 60  # steps: past the checkpoint at 50

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO
 from tests.polling import wait_for
 
-pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.slow(seconds=60)]
 
 
 def _start(out: Path, model: Path, *settings: str) -> subprocess.Popen[str]:
