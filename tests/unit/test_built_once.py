@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -19,6 +20,10 @@ class _Factory:
 
     def getbasetemp(self) -> Path:
         return self.base
+
+
+def _factory(base: Path) -> pytest.TempPathFactory:
+    return cast(pytest.TempPathFactory, _Factory(base))
 
 
 def test_workers_asking_at_once_build_once_and_all_get_the_result(
@@ -38,7 +43,7 @@ def test_workers_asking_at_once_build_once_and_all_get_the_result(
     def worker(n: int) -> None:
         (tmp_path / f"popen-gw{n}").mkdir()
         start.wait()
-        results.append(built_once(_Factory(tmp_path / f"popen-gw{n}"), "model", build))  # type: ignore[arg-type]
+        results.append(built_once(_factory(tmp_path / f"popen-gw{n}"), "model", build))
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
     for t in threads:
@@ -56,6 +61,6 @@ def test_a_build_that_failed_midway_is_redone_from_an_empty_folder(tmp_path: Pat
         raise RuntimeError("killed while building")
 
     with pytest.raises(RuntimeError):
-        built_once(_Factory(tmp_path), "model", failing)  # type: ignore[arg-type]
+        built_once(_factory(tmp_path), "model", failing)
 
-    assert built_once(_Factory(tmp_path), "model", lambda folder: sorted(p.name for p in folder.iterdir())) == []  # type: ignore[arg-type]
+    assert built_once(_factory(tmp_path), "model", lambda folder: sorted(p.name for p in folder.iterdir())) == []
