@@ -149,6 +149,8 @@ def test_staleness_bound_versions_and_accounting_hold_end_to_end(
         f"rollout.max_staleness={max_staleness}",
         "--set",
         "trainer.total_steps=30",
+        "--set",
+        "trainer.dump_episodes=128",  # every trained episode, with its token versions
         "--out",
         str(out),
         timeout=600,
@@ -158,6 +160,16 @@ def test_staleness_bound_versions_and_accounting_hold_end_to_end(
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 30
     assert all(r["staleness_max"] <= max_staleness for r in rows)
+    # the bound checked from the outside too, batches read while the step before computes included: each version
+    # is the policy step of the newest step whose published version is not above it (allocations only go up; a
+    # re-push shares its step's policy), and step k trains with the weights of policy step k - 1
+    published = [(r["weight_version"], r["step"]) for r in rows]
+    trained = [json.loads(line) for line in (out / "trained" / "episodes" / "rank0.jsonl").read_text().splitlines()]
+    lags = [
+        ep["step"] - 1 - max((s for v, s in published if v <= min(map(int, ep["token_weight_versions"]))), default=0)
+        for ep in trained
+    ]
+    assert len(trained) == 30 * 8 * 16 and max(lags) <= max_staleness and min(lags) >= 0
     assert all(b["weight_version"] > a["weight_version"] for a, b in itertools.pairwise(rows))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["groups_pending"] <= summary["stream_length"] < summary["groups_produced"]  # acked ones trimmed
