@@ -12,17 +12,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import pickle
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class CollectiveTimeout(RuntimeError):
@@ -84,6 +88,14 @@ class Collectives:
                 f"rank {self.rank}: collective #{self.index - 1} {op}({name}) did not complete within "
                 f"{self.timeout.total_seconds():.0f}s; another rank died, hangs or diverged ({exc})"
             ) from exc
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` (blocking: it calls collectives) from the event loop: in a worker thread when ranks
+        communicate, so that waiting for the others never blocks the loop; inline in a single process, where
+        every collective is an identity and a thread would only add its hand-offs to the step."""
+        if self.group is None:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, name: str) -> torch.Tensor:
         """In-place all-reduce; ``op`` is chosen by the caller (SUM or MAX, never implicit)."""

@@ -199,7 +199,7 @@ class TrainingLoop:
         books = asyncio.create_task(self._read_books()) if self.is_main else None
         self._prefetch = self._read_ahead(progress.step + 1)
         try:
-            stats = await asyncio.to_thread(self.publication.locked, self.learner.rl_step, batch)
+            stats, summary, summary_s = await asyncio.to_thread(self._compute, batch)
         except BaseException:
             if books is not None:
                 books.cancel()
@@ -207,6 +207,7 @@ class TrainingLoop:
         clock.add("fwd_bwd", stats.fwd_bwd_s)
         self.compute_s = stats.fwd_bwd_s  # whether borrowing generation's cores is worth it (relayrl.trainer.cores)
         clock.add("optimizer", stats.optimizer_s)
+        clock.add("metrics", summary_s)
         with clock.part("metrics"):
             for entry in batch.entries:
                 self.collector.consumed(entry)
@@ -223,7 +224,6 @@ class TrainingLoop:
             await self.publish(progress.step + 1, wait=not tc.publication.overlap)
         progress.advance()
         with clock.part("metrics"):
-            summary = await asyncio.to_thread(global_summary, self.coll, self.cfg.rollout.max_staleness, batch)
             progress.episodes_trained += summary.episodes
             progress.exclude(summary.reward_errors)
             progress.groups_trained += tc.groups_per_step
@@ -235,6 +235,15 @@ class TrainingLoop:
         await self._log_step(summary, batch, stats, step_s)
         if self.evals is not None:
             self.evals.after_step(progress.step, self.publication.weight_version, progress.step >= tc.total_steps)
+
+    def _compute(self, batch: StepBatch) -> tuple[StepStats, StepSummary, float]:
+        """In the compute thread: the step (never beside a snapshot for publication), then its statistics over
+        every rank (the same collectives in the same order on every rank, right after the step's); the seconds
+        the statistics took."""
+        stats = self.publication.locked(self.learner.rl_step, batch)
+        t0 = time.perf_counter()
+        summary = global_summary(self.coll, self.cfg.rollout.max_staleness, batch)
+        return stats, summary, time.perf_counter() - t0
 
     def _read_ahead(self, step: int) -> asyncio.Task[StepBatch] | None:
         """The read of step ``step + 1``'s batch, started as step ``step`` begins to compute: its groups are read,

@@ -127,7 +127,7 @@ class VersionPublication:
             finally:
                 self.publishing = self._pending is not None
             message[1] = int(flag)
-        await asyncio.to_thread(self.coll.broadcast, message, 0, "published_version")
+        await self.coll.off_loop(self.coll.broadcast, message, 0, "published_version")
         self.weight_version, self.policy_step = int(message[0]), policy_step
         self.on_change()
         return self.weight_version, bool(message[1])

@@ -7,6 +7,7 @@ data. Collectives that must move data between ranks are tested over real gloo ra
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -261,3 +262,19 @@ async def test_only_rank_0_publishes_the_others_learn_the_version_by_one_broadca
     assert (version, flag) == (0, False)
     [call] = load_records(tmp_path)[1]
     assert (call.op, call.name, call.src, call.shapes) == ("broadcast", "published_version", 0, ((2,),))
+
+
+async def test_collectives_leave_the_event_loop_only_when_ranks_communicate() -> None:
+    """Ranks that communicate wait for each other in a worker thread (the event loop stays free); a single process,
+    whose collectives are identities, runs them inline: no thread hand-offs on a step's path."""
+
+    def where(coll: Collectives) -> str:
+        coll.broadcast(torch.zeros(2, dtype=torch.int64), 0, "published_version")
+        return threading.current_thread().name
+
+    main = threading.current_thread().name
+    alone = await Collectives(None, timeout_s=10).off_loop(where, Collectives(None, timeout_s=10))
+    with fake_rank(0) as coll:
+        together = await coll.off_loop(where, coll)
+
+    assert alone == main and together != main
