@@ -110,6 +110,79 @@ class PackedBatch:
 PerToken = Sequence[Sequence[float]]  # one list per sequence, one value per completion token
 
 
+@dataclass
+class PositionLists:
+    """Training positions as host lists (:class:`Positions` before its tensors): built for each group as it
+    arrives, joined for a step's batch (:meth:`join`), which then makes each column a tensor once (:meth:`tensors`).
+    """
+
+    ids: list[int]
+    targets: list[int]
+    mask: list[float]
+    behaviour: list[float]
+    completion_at: list[int]
+    lengths: list[int]
+    temperature: list[float]
+
+    @classmethod
+    def of(
+        cls,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        behaviour: PerToken | None,
+        loss_masks: Sequence[Sequence[int]] | None,
+        temperatures: Sequence[float],
+    ) -> PositionLists:
+        """One pass over the sequences (behaviour logprobs 0 and every completion token in the loss where not
+        given)."""
+        out = cls([], [], [], [], [], [], list(temperatures))
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            if (
+                not p
+                or (loss_masks is not None and len(loss_masks[i]) != len(c))
+                or (behaviour is not None and len(behaviour[i]) != len(c))
+            ):
+                raise ValueError(
+                    f"sequence {i}: an empty prompt, or a loss mask or behaviour logprobs whose length "
+                    f"is not the completion's ({len(c)})"
+                )
+            full = [*p, *c]
+            out.ids += full[:-1]
+            out.targets += full[1:]
+            lead = len(p) - 1
+            out.lengths.append(lead + len(c))
+            out.mask += [0.0] * lead
+            out.mask += map(float, loss_masks[i]) if loss_masks is not None else [1.0] * len(c)
+            out.behaviour += [0.0] * lead
+            out.behaviour += behaviour[i] if behaviour is not None else [0.0] * len(c)
+            out.completion_at += [-1] * lead
+            out.completion_at += range(len(c))
+        return out
+
+    @classmethod
+    def join(cls, parts: Sequence[PositionLists]) -> PositionLists:
+        """These sequences one after the other."""
+        out = cls([], [], [], [], [], [], [])
+        for part in parts:
+            for name in ("ids", "targets", "mask", "behaviour", "completion_at", "lengths", "temperature"):
+                getattr(out, name).extend(getattr(part, name))
+        return out
+
+    def tensors(self) -> Positions:
+        n = torch.tensor(self.lengths, dtype=torch.long)
+        return Positions(
+            input_ids=torch.tensor(self.ids, dtype=torch.long),
+            targets=torch.tensor(self.targets, dtype=torch.long),
+            mask=torch.tensor(self.mask, dtype=torch.float32),
+            behaviour=torch.tensor(self.behaviour, dtype=torch.float32),
+            temperature=torch.tensor(self.temperature, dtype=torch.float32),
+            lengths=n,
+            sizes=tuple(self.lengths),
+            starts=torch.cumsum(n, 0) - n,
+            completion_at=torch.tensor(self.completion_at, dtype=torch.long),
+        )
+
+
 @dataclass(frozen=True)
 class Positions:
     """Sequences as training positions, flat and on the host, built once per batch: sequence i holds positions
@@ -142,45 +215,7 @@ class Positions:
     ) -> Positions:
         """One pass over the sequences, one tensor per column (behaviour logprobs 0 and every completion token in
         the loss where not given)."""
-        ids: list[int] = []
-        targets: list[int] = []
-        mask: list[float] = []
-        old: list[float] = []
-        at: list[int] = []
-        lengths: list[int] = []
-        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            if (
-                not p
-                or (loss_masks is not None and len(loss_masks[i]) != len(c))
-                or (behaviour is not None and len(behaviour[i]) != len(c))
-            ):
-                raise ValueError(
-                    f"sequence {i}: an empty prompt, or a loss mask or behaviour logprobs whose length "
-                    f"is not the completion's ({len(c)})"
-                )
-            full = [*p, *c]
-            ids += full[:-1]
-            targets += full[1:]
-            lead = len(p) - 1
-            lengths.append(lead + len(c))
-            mask += [0.0] * lead
-            mask += map(float, loss_masks[i]) if loss_masks is not None else [1.0] * len(c)
-            old += [0.0] * lead
-            old += behaviour[i] if behaviour is not None else [0.0] * len(c)
-            at += [-1] * lead
-            at += range(len(c))
-        n = torch.tensor(lengths, dtype=torch.long)
-        return cls(
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            targets=torch.tensor(targets, dtype=torch.long),
-            mask=torch.tensor(mask, dtype=torch.float32),
-            behaviour=torch.tensor(old, dtype=torch.float32),
-            temperature=torch.tensor(temperatures, dtype=torch.float32),
-            lengths=n,
-            sizes=tuple(lengths),
-            starts=torch.cumsum(n, 0) - n,
-            completion_at=torch.tensor(at, dtype=torch.long),
-        )
+        return PositionLists.of(prompts, completions, behaviour, loss_masks, temperatures).tensors()
 
     def completion_values(self, per_token: PerToken) -> torch.Tensor:
         """Values of each sequence's completion tokens (one list per sequence, one value per token: a teacher's or

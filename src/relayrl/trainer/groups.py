@@ -194,7 +194,7 @@ class GroupCollector:
                         await self.dead_letter(entry.entry_id, entry.fields, reason, len(entry.group.episodes))
                     else:
                         self.seen.add(gid)
-                        self._ready.append(ingested)
+                        self._ready.append(ingested.valid())  # its columns built now, while others arrive
 
     async def _invalid(self, ingested: Ingested) -> str | None:
         """Why the trainer must not train on ``ingested`` (relayrl.common.episodes), or None."""

@@ -8,9 +8,11 @@ same lists. The collector (relayrl.trainer.groups) judges a waiting group from t
 :class:`Verdict`) and acts on the verdict; only staleness is judged again while a group waits, since the trainer's
 weights move on.
 
-The groups a step takes become one :class:`StepBatch`: their valid episodes as columns (training positions with
-token ids, behaviour logprobs, loss mask, teacher and reference logprobs; per episode reward, group index,
-temperature, staleness, oldest and newest version, completion length and the summary's counts). The learner
+Each group that passes validation is laid out as it arrives (:meth:`Ingested.valid`): its valid episodes as host
+lists, one per column (:class:`Columns`), built while the collector waits for the step's other groups. The groups a
+step takes become one :class:`StepBatch`: their columns joined and made tensors once (training positions with token
+ids, behaviour logprobs, loss mask, teacher and reference logprobs; per episode reward, group index, temperature,
+staleness, oldest and newest version, completion length and the summary's counts). The learner
 slices its micro-batches from it (relayrl.trainer.batching.Positions) and the step summary sums its columns
 (relayrl.trainer.step_summary); nothing downstream walks an episode's protobuf fields again.
 """
@@ -26,7 +28,7 @@ import torch
 from relayrl.common.episodes import TokenLists, reward_failed
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.stream import StreamEntry
-from relayrl.trainer.batching import PerToken, Positions
+from relayrl.trainer.batching import PerToken, PositionLists, Positions
 
 
 class Verdict(enum.Enum):
@@ -60,6 +62,7 @@ class Ingested:
     mixed_each: tuple[bool, ...]  # per episode: its tokens come from several versions
     failed: tuple[int, ...]  # indices of the episodes whose scoring failed
     same_rewards: bool  # its valid episodes' rewards all agree (fewer than two: nothing to compare)
+    columns: Columns | None = None  # its valid episodes as columns, once the group passed validation
 
     @classmethod
     def of(cls, entry: StreamEntry) -> Ingested:
@@ -68,6 +71,27 @@ class Ingested:
         failed = tuple(i for i, ep in enumerate(episodes) if reward_failed(ep))
         rewards = {ep.reward for i, ep in enumerate(episodes) if i not in failed}
         return cls(entry, lists, *version_facts(lists), failed, len(rewards) <= 1)
+
+    def valid(self) -> Ingested:
+        """This group once it passed validation, its valid episodes laid out as columns now: built as the group
+        arrives, while the collector waits for the step's other groups, so that taking a step's batch only joins
+        them and makes each column a tensor once."""
+        return self if self.columns is not None else replace(self, columns=self.valid_columns())
+
+    def valid_columns(self) -> Columns:
+        """Its valid episodes (scoring did not fail) as columns: those laid out on arrival, or built now."""
+        if self.columns is not None:
+            return self.columns
+        keep = [i for i in range(self.size) if i not in self.failed]
+        return Columns.of(
+            [self.entry.group.episodes[i] for i in keep],
+            [self.lists[i] for i in keep],
+            (
+                [self.oldest_each[i] for i in keep],
+                [self.newest_each[i] for i in keep],
+                [self.mixed_each[i] for i in keep],
+            ),
+        )
 
     @property
     def group_id(self) -> str:
@@ -108,6 +132,68 @@ COUNTS = ("episode_end", "turns", "tool_calls", "tool_errors", "multi_version")
 
 
 @dataclass(frozen=True)
+class Columns:
+    """Valid episodes as host lists, one per column, in episode order: what a batch holds of them that does not
+    depend on the batch (its staleness and group index do). A group's are built once, as it arrives
+    (:meth:`Ingested.valid`); a step's batch joins its groups' (:meth:`join`) and makes each a tensor once
+    (:meth:`StepBatch.of_columns`)."""
+
+    episodes: list[Episode]
+    positions: PositionLists  # their tokens as training positions
+    reward: list[float]
+    completion_len: list[int]
+    oldest: list[int]
+    newest: list[int]
+    counts: list[tuple[int, ...]]  # per episode, COUNTS
+    loss_tokens: int  # completion tokens in the loss (the loss masks summed)
+
+    @classmethod
+    def of(
+        cls,
+        episodes: list[Episode],
+        lists: Sequence[TokenLists],
+        versions: tuple[Sequence[int], Sequence[int], Sequence[bool]],
+    ) -> Columns:
+        """One pass over the episodes."""
+        oldest, newest, mixed = versions
+        return cls(
+            episodes=episodes,
+            positions=PositionLists.of(
+                [t.prompt for t in lists],
+                [t.completion for t in lists],
+                [t.behaviour for t in lists],
+                [t.loss_mask for t in lists],
+                [ep.sampling_temperature or 1.0 for ep in episodes],
+            ),
+            reward=[ep.reward for ep in episodes],
+            completion_len=[len(t.completion) for t in lists],
+            oldest=list(oldest),
+            newest=list(newest),
+            counts=[
+                (ep.episode_end, max(ep.turns, 1), ep.tool_calls, ep.tool_errors, int(m))
+                for ep, m in zip(episodes, mixed, strict=True)
+            ],
+            loss_tokens=sum(sum(t.loss_mask) for t in lists),
+        )
+
+    @classmethod
+    def join(cls, parts: Sequence[Columns]) -> Columns:
+        """These columns one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            episodes=[ep for c in parts for ep in c.episodes],
+            positions=PositionLists.join([c.positions for c in parts]),
+            reward=[v for c in parts for v in c.reward],
+            completion_len=[v for c in parts for v in c.completion_len],
+            oldest=[v for c in parts for v in c.oldest],
+            newest=[v for c in parts for v in c.newest],
+            counts=[v for c in parts for v in c.counts],
+            loss_tokens=sum(c.loss_tokens for c in parts),
+        )
+
+
+@dataclass(frozen=True)
 class StepBatch:
     """This rank's share of one step: its groups, and their valid episodes as columns (errored ones never reach
     the loss; their groups train on the rest)."""
@@ -131,29 +217,16 @@ class StepBatch:
 
     @classmethod
     def take(cls, ingested: Sequence[Ingested], lags: Mapping[int, int]) -> StepBatch:
-        """The batch of groups the collector took: ``lags`` maps each episode's oldest version to its
-        staleness."""
-        episodes: list[Episode] = []
-        lists: list[TokenLists] = []
-        oldest: list[int] = []
-        newest: list[int] = []
-        mixed: list[bool] = []
-        for ing in ingested:
-            for i, ep in enumerate(ing.entry.group.episodes):
-                if i not in ing.failed:
-                    episodes.append(ep)
-                    lists.append(ing.lists[i])
-                    oldest.append(ing.oldest_each[i])
-                    newest.append(ing.newest_each[i])
-                    mixed.append(ing.mixed_each[i])
-        excluded = sum(len(ing.failed) for ing in ingested)
-        return _columns(
+        """The batch of groups the collector took (their columns joined, in order): ``lags`` maps each episode's
+        oldest version to its staleness."""
+        parts = [ing.valid_columns() for ing in ingested]
+        columns = Columns.join(parts)
+        return cls.of_columns(
             [ing.entry for ing in ingested],
-            episodes,
-            lists,
-            (oldest, newest, mixed),
-            [lags[v] for v in oldest],
-            excluded,
+            columns,
+            [g for g, c in enumerate(c for c in parts if c.episodes) for _ in c.episodes],  # groups with an episode
+            [lags[v] for v in columns.oldest],
+            sum(len(ing.failed) for ing in ingested),
         )
 
     @classmethod
@@ -168,7 +241,38 @@ class StepBatch:
         """Episodes as they are (every one trained; no stream entries): for tests, benchmarks and tools."""
         lists = [TokenLists.of(ep) for ep in episodes]
         lags = list(staleness) if staleness is not None else [0.0] * len(episodes)
-        return _columns([], list(episodes), lists, version_facts(lists), lags, excluded).scored(teacher, reference)
+        groups = {g: i for i, g in enumerate(dict.fromkeys(ep.group_id for ep in episodes))}
+        columns = Columns.of(list(episodes), lists, version_facts(lists))
+        return cls.of_columns([], columns, [groups[ep.group_id] for ep in episodes], lags, excluded).scored(
+            teacher, reference
+        )
+
+    @classmethod
+    def of_columns(
+        cls,
+        entries: list[StreamEntry],
+        columns: Columns,
+        group_index: Sequence[int],
+        lags: Sequence[float],
+        excluded: int,
+    ) -> StepBatch:
+        """The batch of these columns, each episode's group index and staleness beside them: one tensor each."""
+        n = len(columns.episodes)
+        return cls(
+            entries=entries,
+            episodes=columns.episodes,
+            positions=columns.positions.tensors(),
+            reward=torch.tensor(columns.reward, dtype=torch.float64),
+            group_index=torch.tensor(group_index, dtype=torch.long),
+            num_groups=max(group_index, default=-1) + 1,
+            completion_len=torch.tensor(columns.completion_len, dtype=torch.float64),
+            staleness=torch.tensor(list(lags), dtype=torch.float32),
+            oldest=torch.tensor(columns.oldest, dtype=torch.long),
+            newest=torch.tensor(columns.newest, dtype=torch.long),
+            counts=torch.tensor(columns.counts, dtype=torch.float64).reshape(n, len(COUNTS)),
+            loss_tokens=float(columns.loss_tokens),
+            excluded=excluded,
+        )
 
     @classmethod
     def empty(cls) -> StepBatch:
@@ -188,42 +292,3 @@ class StepBatch:
                 reference=None if reference is None else p.completion_values(reference),
             ),
         )
-
-
-def _columns(
-    entries: list[StreamEntry],
-    episodes: list[Episode],
-    lists: Sequence[TokenLists],
-    versions: tuple[Sequence[int], Sequence[int], Sequence[bool]],
-    lags: Sequence[float],
-    excluded: int,
-) -> StepBatch:
-    """One pass over the valid episodes, one tensor per column."""
-    oldest, newest, mixed = versions
-    groups = {g: i for i, g in enumerate(dict.fromkeys(ep.group_id for ep in episodes))}
-    positions = Positions.of(
-        [t.prompt for t in lists],
-        [t.completion for t in lists],
-        [t.behaviour for t in lists],
-        [t.loss_mask for t in lists],
-        [ep.sampling_temperature or 1.0 for ep in episodes],
-    )
-    counts = [
-        (ep.episode_end, max(ep.turns, 1), ep.tool_calls, ep.tool_errors, m)
-        for ep, m in zip(episodes, mixed, strict=True)
-    ]
-    return StepBatch(
-        entries=entries,
-        episodes=episodes,
-        positions=positions,
-        reward=torch.tensor([ep.reward for ep in episodes], dtype=torch.float64),
-        group_index=torch.tensor([groups[ep.group_id] for ep in episodes], dtype=torch.long),
-        num_groups=len(groups),
-        completion_len=torch.tensor([len(t.completion) for t in lists], dtype=torch.float64),
-        staleness=torch.tensor(list(lags), dtype=torch.float32),
-        oldest=torch.tensor(oldest, dtype=torch.long),
-        newest=torch.tensor(newest, dtype=torch.long),
-        counts=torch.tensor(counts, dtype=torch.float64).reshape(len(episodes), len(COUNTS)),
-        loss_tokens=float(sum(sum(t.loss_mask) for t in lists)),
-        excluded=excluded,
-    )

@@ -12,7 +12,7 @@ import torch
 from relayrl.common.pb import reward_pb2
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.stream import StreamEntry
-from relayrl.trainer.batching import Positions
+from relayrl.trainer.batching import PositionLists, Positions
 from relayrl.trainer.ingest import Ingested, StepBatch, Verdict, judge
 
 
@@ -86,6 +86,49 @@ def test_a_step_batch_leaves_failed_episodes_out_counts_them_and_keeps_each_colu
     assert batch.completion_len.tolist() == [2.0, 1.0, 3.0] and batch.loss_tokens == 6.0
     assert batch.positions.sizes == (3, 2, 4)  # prompt 2 + completion - 1 positions each
     assert [e.entry_id for e in batch.entries] == ["0-a", "0-b"]
+
+
+def test_groups_laid_out_as_they_arrive_join_into_the_batch_built_at_once() -> None:
+    """The collector builds each valid group's columns as it arrives (Ingested.valid); taking the step only joins
+    them. Compared exactly: both ways copy the same values, nothing is computed differently."""
+    a = _ingested("a", _episode("a", 0, 1.0, [2, 3]), _episode("a", 1, 0.0, [3], failed=True))
+    b = _ingested("b", _episode("b", 0, 0.5, [1]), _episode("b", 1, 0.25, [3, 3, 3]))
+    c = _ingested("c", _episode("c", 0, 0.0, [3, 3]))
+    lags = {2: 1, 1: 2, 3: 0}
+
+    at_once = StepBatch.take([a, b, c], lags)
+    joined = StepBatch.take([a.valid(), b.valid(), c.valid()], lags)
+
+    laid_out = a.valid()
+    assert a.columns is None and laid_out.columns is not None and laid_out.valid() is laid_out  # built once
+    assert (
+        [e.episode_id for e in joined.episodes]
+        == [e.episode_id for e in at_once.episodes]
+        == ["a-0", "b-0", "b-1", "c-0"]
+    )
+    assert (joined.num_groups, joined.excluded, joined.loss_tokens) == (at_once.num_groups, 1, 8.0)
+    assert joined.positions.sizes == at_once.positions.sizes == (3, 2, 4, 3)
+    for name in ("reward", "group_index", "completion_len", "staleness", "oldest", "newest", "counts"):
+        assert torch.equal(getattr(joined, name), getattr(at_once, name)), name
+    for name in ("input_ids", "targets", "mask", "behaviour", "temperature", "lengths", "starts", "completion_at"):
+        assert torch.equal(getattr(joined.positions, name), getattr(at_once.positions, name)), name
+    assert joined.group_index.tolist() == [0, 1, 1, 2] and joined.positions.starts.tolist() == [0, 3, 5, 9]
+
+
+def test_positions_built_in_parts_and_joined_are_the_positions_built_at_once() -> None:
+    prompts, completions = [[5, 6], [7], [8, 9, 10]], [[11], [12, 13], [14, 15]]
+    behaviour, masks, temps = [[-1.0], [-2.0, -3.0], [-4.0, -5.0]], [[1], [0, 1], [1, 1]], [1.0, 0.5, 1.0]
+
+    at_once = Positions.of(prompts, completions, behaviour, masks, temps)
+    parts = [
+        PositionLists.of(prompts[i:j], completions[i:j], behaviour[i:j], masks[i:j], temps[i:j])
+        for i, j in ((0, 1), (1, 3))
+    ]
+    joined = PositionLists.join(parts).tensors()
+
+    assert joined.sizes == at_once.sizes == (2, 2, 4)  # prompt + completion - 1 each
+    for name in ("input_ids", "targets", "mask", "behaviour", "temperature", "lengths", "starts", "completion_at"):
+        assert torch.equal(getattr(joined, name), getattr(at_once, name)), name  # the same values copied: exact
 
 
 def test_padded_and_packed_micro_batches_hold_the_same_positions_and_scores_land_on_the_completions() -> None:
