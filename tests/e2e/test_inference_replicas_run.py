@@ -67,6 +67,26 @@ def _serving_again(address: str) -> bool:
     return status is not None and status.weight_version > 0 and status.requests_served > 0
 
 
+def _caught_up(out: Path) -> bool:
+    """Every replica serves the weights of the last step trained so far (generation is paused: the trainer stops
+    within a few steps, and its watchdog catches each restarted replica up, under a fresh version of the same
+    weights: at least the last step's)."""
+    try:
+        latest = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["weight_version"]
+    except json.JSONDecodeError:  # the row being written: asked again
+        return False
+    endpoints = yaml.safe_load((out / "config.yaml").read_text())["inference"]["endpoints"]
+    return all((s := _status(e["address"])) is not None and s.weight_version >= latest for e in endpoints)
+
+
+def _control(out: Path, action: str) -> None:
+    """`relayrl control ACTION RUN_DIR` (the run's own control token)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "control", action, str(out)], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
 # (steps after the previous kill's recovery, replica): each in turn. Relative, so that a slow restart (a loaded
 # machine: 25 s seen in CI, 150 steps of this run) still leaves every kill inside the run.
 KILLS = ((40, "inference-2"), (10, "inference-3"), (10, "inference"))
@@ -97,6 +117,12 @@ def test_quickstart_with_three_inference_replicas_learns_while_each_is_killed_in
                 second = yaml.safe_load((out / "config.yaml").read_text())["inference"]["endpoints"][1]["address"]
                 wait_for(functools.partial(_serving_again, second), "inference-2 caught up, generating", alive=proc)
         assert _rl_steps(out) < STEPS, "the run ended before the last kill took effect: kill earlier"
+        # the run must not end before the last replicas restarted are caught up, however long their restart takes
+        # on a loaded machine: generation pauses (the trainer waits for groups) until every replica serves the last
+        # version, then goes on
+        _control(out, "pause")
+        wait_for(lambda: _caught_up(out), "every replica caught up", alive=proc)
+        _control(out, "resume")
         assert proc.wait(timeout=900) == 0, stdout.read_text()[-3000:]
     finally:
         if proc.poll() is None:
