@@ -178,6 +178,9 @@ class VersionPublication:
                 self._push_lock.release()
 
         self._pending = asyncio.create_task(push(), name=f"publish-v{version}")
+        # let it start: a task cancelled before it ever ran (abandon() right after this publication, with nothing
+        # awaited between) would never reach its finally, and the push lock would stay taken for good
+        await asyncio.sleep(0)
         return version
 
     async def _snapshot_and_allocate(self, policy_step: int, floor: int) -> tuple[Weights, int, float]:
