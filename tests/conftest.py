@@ -10,7 +10,6 @@ import importlib.util
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -62,9 +61,12 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port for a server a test starts, picked as the launcher picks its own: below the kernel's
+    ephemeral range, where no outgoing connection can take it before the server binds it (port 0 gave one from that
+    range, and an inference pod's HTTP bind failed with 'address already in use')."""
+    from relayrl.local_redis import free_port as pick
+
+    return pick()
 
 
 def wait_for_redis(proc: subprocess.Popen[bytes], client: Any) -> None:
