@@ -1,11 +1,10 @@
 """Reading this rank's groups from the stream, and dropping (and counting) those that cannot be trained.
 
 Staleness of a sample (one definition, used for filtering and metrics): the number of optimizer steps between
-the weights the trainer computes the gradient with (its latest published version; for a batch read while the step
-before it computes, the version that step will publish) and the weights that produced the sample's oldest token,
-counted along the version lineage (relayrl.trainer.versions) so that it stays right across a resume. Groups with a
-sample beyond ``rollout.max_staleness`` are dropped, recorded in Redis and counted (``groups_dropped_stale``,
-``episodes_dropped_stale``); nothing is dropped silently.
+the weights the trainer computes the gradient with (its latest published version) and the weights that
+produced the sample's oldest token, counted along the version lineage (relayrl.trainer.versions) so that it
+stays right across a resume. Groups with a sample beyond ``rollout.max_staleness`` are dropped, recorded in
+Redis and counted (``groups_dropped_stale``, ``episodes_dropped_stale``); nothing is dropped silently.
 
 Reward errors (an episode whose reward status is ERROR or TIMEOUT: its verifier failed, so its reward means
 nothing): with ``trainer.on_reward_error: drop`` such episodes are excluded from the loss and counted
@@ -84,14 +83,6 @@ class RewardErrorStop(RuntimeError):
 
 
 StalenessFn = Callable[[int], Awaitable[int]]  # token version -> optimizer steps behind the current weights
-# optimizer steps the current weights will take before the groups being read train: 0, or 1 for a batch read while
-# the step before it computes (it trains on the version that step publishes); asked at each judgement, since that
-# step may publish while the read waits
-StepsAheadFn = Callable[[], int]
-
-
-def _now() -> int:
-    return 0
 
 
 @dataclass(frozen=True)
@@ -144,16 +135,13 @@ class GroupCollector:
         # a stop request: collect raises CollectStopped between two reads (never in the middle of a drop)
         self.stop_requested: Callable[[], bool] = lambda: False
 
-    async def collect(
-        self, num_groups: int, staleness: StalenessFn, steps_ahead: StepsAheadFn = _now
-    ) -> list[Ingested]:
+    async def collect(self, num_groups: int, staleness: StalenessFn) -> list[Ingested]:
         """This rank's next ``num_groups`` groups to train, each ingested once (relayrl.trainer.ingest); the groups
-        judged otherwise meanwhile are dropped and counted, or dead-lettered. A group's staleness is counted from
-        the weights that will train it: ``steps_ahead()`` steps past the current ones."""
+        judged otherwise meanwhile are dropped and counted, or dead-lettered."""
         ratio = self.zero_advantage_drop_ratio
         self._zero_advantage_budget = int(ratio * num_groups) if ratio is not None else 0
         while True:
-            await self._judge_waiting(staleness, steps_ahead)
+            await self._judge_waiting(staleness)
             if len(self._ready) >= num_groups:
                 taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
                 return taken
@@ -232,7 +220,7 @@ class GroupCollector:
         """After a Redis outage, page through our pending entries again: acks or deliveries may be lost."""
         self._pending_after = "0"
 
-    async def _judge_waiting(self, staleness: StalenessFn, steps_ahead: StepsAheadFn) -> None:
+    async def _judge_waiting(self, staleness: StalenessFn) -> None:
         """Judge each waiting group (:func:`relayrl.trainer.ingest.judge`) and act on its verdict: keep it, drop it
         (recorded in Redis at once, so rollout's admission releases it without waiting for a step, and counted),
         or dead-letter it. With ``trainer.on_reward_error: fail`` an errored episode stops the trainer first."""
@@ -240,10 +228,7 @@ class GroupCollector:
         for ing in self._ready:
             if ing.failed and self.on_reward_error is RewardErrorPolicy.FAIL:
                 raise self._reward_error_stop(ing)
-            # the lag from the weights that will train it; ahead (a version past the current weights) as it is now.
-            # steps_ahead is read with the version staleness() measures from: nothing is awaited between them
-            at = steps_ahead()
-            lag, ahead = await staleness(ing.oldest) + at, await staleness(ing.newest)
+            lag, ahead = await staleness(ing.oldest), await staleness(ing.newest)
             verdict, why = judge(ing, lag, ahead, self.max_staleness, self._zero_advantage_budget > 0)
             entry = ing.entry
             if verdict is Verdict.OK:

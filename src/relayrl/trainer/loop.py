@@ -127,7 +127,6 @@ class TrainingLoop:
                     self._log_abandoned(stopped)
                     break
                 if self.checkpoints.due(self.progress.step, tc.total_steps):
-                    await self._finish_read_ahead()
                     t_checkpoint = time.monotonic()
                     with self.clock.part("checkpoint"):
                         await self.checkpoint_and_ack()
@@ -180,7 +179,7 @@ class TrainingLoop:
         try:
             if prefetched is None and alone and self.stop.is_set():
                 raise CollectStopped("stop requested")
-            batch = await (prefetched or self._collect(self.progress.step + 1))
+            batch = await (prefetched or self._collect())
         except CollectStopped:
             batch = StepBatch.empty()
         if alone and self.stop.is_set():
@@ -197,7 +196,6 @@ class TrainingLoop:
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
         books = asyncio.create_task(self._read_books()) if self.is_main else None
-        self._prefetch = self._read_ahead(progress.step + 1)
         try:
             stats, summary, summary_s = await asyncio.to_thread(self._compute, batch)
         except BaseException:
@@ -223,6 +221,10 @@ class TrainingLoop:
         with clock.part("publish"):
             await self.publish(progress.step + 1, wait=not tc.publication.overlap)
         progress.advance()
+        if progress.step < tc.total_steps and not self.checkpoints.due(progress.step, tc.total_steps):
+            # the next batch is read (or waited for) while this step's metrics are summed and written; never
+            # across a checkpoint, which acknowledges what was consumed before it
+            self._prefetch = asyncio.create_task(self._collect(), name=f"collect-step-{progress.step + 1}")
         with clock.part("metrics"):
             progress.episodes_trained += summary.episodes
             progress.exclude(summary.reward_errors)
@@ -245,37 +247,12 @@ class TrainingLoop:
         summary = global_summary(self.coll, self.cfg.rollout.max_staleness, batch)
         return stats, summary, time.perf_counter() - t0
 
-    def _read_ahead(self, step: int) -> asyncio.Task[StepBatch] | None:
-        """The read of step ``step + 1``'s batch, started as step ``step`` begins to compute: its groups are read,
-        judged and decoded on the event loop while the compute thread runs. Not across a checkpoint due after
-        ``step``, which acknowledges what was consumed before it (one an operator requests meanwhile first waits
-        for the read: :meth:`_finish_read_ahead`), nor past the last step."""
-        if step >= self.cfg.trainer.total_steps or self.checkpoints.due(step, self.cfg.trainer.total_steps):
-            return None
-        return asyncio.create_task(self._collect(step + 1), name=f"collect-step-{step + 1}")
-
-    async def _finish_read_ahead(self) -> None:
-        """Before a checkpoint: let a read of the next batch end (its drops are consumed before the checkpoint
-        records them; the groups it took stay for the next step, unacknowledged)."""
-        if self._prefetch is not None:
-            await asyncio.wait([self._prefetch])
-
-    async def _collect(self, step: int) -> StepBatch:
-        """This rank's share of step ``step``'s batch, its staleness counted from the weights that will train it
-        (policy step ``step - 1``: the version the step computing now will publish, for a batch read ahead). No
-        collective: it may run beside the previous step's compute and metrics."""
+    async def _collect(self) -> StepBatch:
+        """This rank's share of the next batch. No collective: it may run beside the previous step's metrics."""
         tc = self.cfg.trainer
-
-        def steps_ahead() -> int:  # the step computing now may publish while the read waits
-            return step - 1 - self.publication.policy_step
-
-        share = groups_per_rank(tc.groups_per_step, self.coll.world_size)
-        taken = await self.collector.collect(share, self.staleness, steps_ahead)
+        taken = await self.collector.collect(groups_per_rank(tc.groups_per_step, self.coll.world_size), self.staleness)
         # each episode's staleness (of its oldest token): one lineage look-up per distinct version, not per episode
-        lags: dict[int, int] = {}
-        for v in dict.fromkeys(v for ing in taken for v in ing.oldest_each):
-            at = steps_ahead()  # read with the version staleness() measures from (nothing awaited between)
-            lags[v] = await self.staleness(v) + at
+        lags = {v: await self.staleness(v) for v in dict.fromkeys(v for ing in taken for v in ing.oldest_each)}
         batch = StepBatch.take(taken, lags)  # errored episodes left out: their groups train on the valid ones
         if not batch.episodes:
             return batch

@@ -68,7 +68,6 @@ class VersionPublication:
         self.retry_s = retry_s
         self.resumed_version = resumed_version  # version of the restored weights, when resuming
         self.weight_version = 0
-        self.policy_step = 0  # optimizer steps behind the current weights (every rank, with weight_version)
         self.lineage = 0  # set at the first publication (rank 0)
         self.on_change: Callable[[], None] = lambda: None  # the status changed (a push started or ended)
         self._publishing = False
@@ -128,7 +127,7 @@ class VersionPublication:
                 self.publishing = self._pending is not None
             message[1] = int(flag)
         await self.coll.off_loop(self.coll.broadcast, message, 0, "published_version")
-        self.weight_version, self.policy_step = int(message[0]), policy_step
+        self.weight_version = int(message[0])
         self.on_change()
         return self.weight_version, bool(message[1])
 
@@ -277,10 +276,10 @@ class VersionPublication:
         await self.lineage_db.register(version, lineage, policy_step)
 
     async def staleness(self, token_version: int) -> int:
-        """Optimizer steps between the current weights and those that produced ``token_version``. The current
-        version is read at the call, before anything is awaited (a retry measures from the same version)."""
-        current = self.weight_version
-        return await redis_retry(lambda: self.lineage_db.distance(current, token_version), "staleness", self.retry_s)
+        """Optimizer steps between the current weights and those that produced ``token_version``."""
+        return await redis_retry(
+            lambda: self.lineage_db.distance(self.weight_version, token_version), "staleness", self.retry_s
+        )
 
     async def served_version(self, wait_s: float = 0.0) -> int:
         """The newest version any inference replica serves now (a floor for the first allocation after a restart:
