@@ -160,9 +160,9 @@ def test_staleness_bound_versions_and_accounting_hold_end_to_end(
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 30
     assert all(r["staleness_max"] <= max_staleness for r in rows)
-    # the bound checked from the outside too, batches read while the step before computes included: each version
-    # is the policy step of the newest step whose published version is not above it (allocations only go up; a
-    # re-push shares its step's policy), and step k trains with the weights of policy step k - 1
+    # the bound checked from the outside too, from every trained episode's token versions: each version is the
+    # policy step of the newest step whose published version is not above it (allocations only go up; a re-push
+    # shares its step's policy), and step k trains with the weights of policy step k - 1
     published = [(r["weight_version"], r["step"]) for r in rows]
     trained = [json.loads(line) for line in (out / "trained" / "episodes" / "rank0.jsonl").read_text().splitlines()]
     lags = [
