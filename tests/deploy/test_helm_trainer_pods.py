@@ -1,8 +1,10 @@
 """The chart's multi-node trainer, run for real as two simulated pods (tests/deploy/pods.py) on this machine.
 
 Each scenario ends in a clean group or a clean failure, never a hang: pod 0 (the rendezvous store's host) coming
-up 90 s after pod 1, longer than the c10d store client's default read timeout of 60 s; pod 0 lost mid-run and
-recreated; two pods created from different configs. A finished run stays up, idle, until the pods are stopped.
+up after pod 1; pod 0 lost mid-run and recreated; two pods created from different configs. A finished run stays up,
+idle, until the pods are stopped. That the chart's store read timeout (900 s) outlasts torch's default of 60 s is
+checked at render (tests/deploy/test_helm_lifecycle.py); where that default gives up was measured once
+(docs/dev/deploy_records.md): a late pod 0 here proves the group still forms, not the timeout.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from relayrl.client import RolloutClient
 from tests.conftest import RedisServer
 from tests.deploy.pods import Release, render, values
 
-pytestmark = [pytest.mark.slow(seconds=190), pytest.mark.distributed, pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=120), pytest.mark.distributed, pytest.mark.integration]
 
 STEPS = 6
-# > 60 s, torch's default read_timeout of the c10d store client (which, measured here, gives up after one retry,
-# 135 s after the start, when pod 0 never comes: docs/dev/deploy_records.md)
-POD0_DELAY_S = 90
+# pod 1's agent waits for the store pod 0 hosts (image pull, GPU node scale-up, volume attach). Until 2026-12-07
+# this was 90 s, past torch's default store read timeout, which proved nothing more: that default's one retry can
+# land after pod 0 is up (it gives up 135 s after the start when pod 0 never comes, docs/dev/deploy_records.md)
+POD0_DELAY_S = 20
 LOST_RUN_STEPS = 12  # checkpoints at 3, 6, 9, 12: pod 0 is lost after the first
 OTHER_SERVICES = ("inference", "reward", "rollout")
 
@@ -69,7 +72,7 @@ def _steps(release: Release) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_pod_zero_ninety_seconds_late_still_gets_rank_zero_and_the_finished_run_stays_up_until_stopped(
+def test_pod_zero_started_late_still_gets_rank_zero_and_the_finished_run_stays_up_until_stopped(
     release_dir: Path, redis_server: RedisServer, demo_model: Path, cleanup: list[Release]
 ) -> None:
     release = _release(release_dir, redis_server, demo_model, cleanup)
