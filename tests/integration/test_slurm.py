@@ -20,7 +20,7 @@ from tests.conftest import REPO
 from tests.integration.slurm_cluster import slurm_cluster
 from tests.polling import wait_for
 
-pytestmark = [pytest.mark.slow(seconds=80), pytest.mark.integration]
+pytestmark = [pytest.mark.slow(seconds=45), pytest.mark.integration]
 
 STEPS = 24
 CHECKPOINT_EVERY = 5
