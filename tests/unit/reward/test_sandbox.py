@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,12 +26,25 @@ def _leftover_dirs() -> set[str]:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("relayrl-sbx-")}
 
 
+@pytest.fixture
+def own_tempdir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary folder of this test's own for the sandbox's directories: another test's sandbox run on the other
+    xdist worker comes and goes in the shared /tmp meanwhile (a CI run once saw one there before and another after).
+    Open to the sandbox's unprivileged user, as /tmp is (pytest's tmp_path is not)."""
+    root = Path(tempfile.mkdtemp(prefix="relayrl-test-sandbox-"))
+    root.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_program_gets_a_scrubbed_environment_and_a_private_writable_directory(
-    backend: SandboxBackend, monkeypatch: pytest.MonkeyPatch
+    backend: SandboxBackend, monkeypatch: pytest.MonkeyPatch, own_tempdir: Path
 ) -> None:
     monkeypatch.setenv("RELAYRL_SECRET_TOKEN", "hunter2")
     before = _leftover_dirs()
+    assert before == set()
     program = (
         "import os\nopen('scratch.txt', 'w').write('x')\nprint(sorted(os.environ))\n"
         "print(os.getuid() != 0, os.path.exists('scratch.txt'))\nos.write(3, b'result')\n"
