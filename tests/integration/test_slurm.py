@@ -53,7 +53,7 @@ def _processes_of(run: Path) -> list[str]:
     return found
 
 
-def test_the_quickstart_as_a_slurm_job_learns_stops_on_scancel_and_resumes_when_submitted_again(
+def test_the_quickstart_as_a_slurm_job_trains_stops_on_scancel_and_resumes_when_submitted_again(
     tmp_path: Path, demo_model: Path, cluster: dict[str, str]
 ) -> None:
     run = tmp_path / "run"
