@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,29 +20,29 @@ def _sandbox(backend: SandboxBackend, **overrides: object) -> Sandbox:
     return Sandbox(SandboxConfig(backend=backend, **overrides))  # type: ignore[arg-type]
 
 
-def _leftover_dirs() -> set[str]:
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("relayrl-sbx-")}
-
-
 @pytest.fixture
-def own_tempdir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A temporary folder of this test's own for the sandbox's directories: another test's sandbox run on the other
-    xdist worker comes and goes in the shared /tmp meanwhile (a CI run once saw one there before and another after).
-    Open to the sandbox's unprivileged user, as /tmp is (pytest's tmp_path is not)."""
-    root = Path(tempfile.mkdtemp(prefix="relayrl-test-sandbox-"))
-    root.chmod(0o755)
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+def made_dirs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The sandbox's own run directories (``relayrl-sbx-*``), as it creates them: whether they are removed is checked
+    on these, not on the shared /tmp, where another test's sandbox run on the other xdist worker comes and goes (a CI
+    run once saw one there before and another after)."""
+    made: list[Path] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args: Any, **kwargs: Any) -> str:
+        path = real(*args, **kwargs)
+        if Path(path).name.startswith("relayrl-sbx-"):
+            made.append(Path(path))
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    return made
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_program_gets_a_scrubbed_environment_and_a_private_writable_directory(
-    backend: SandboxBackend, monkeypatch: pytest.MonkeyPatch, own_tempdir: Path
+    backend: SandboxBackend, monkeypatch: pytest.MonkeyPatch, made_dirs: list[Path]
 ) -> None:
     monkeypatch.setenv("RELAYRL_SECRET_TOKEN", "hunter2")
-    before = _leftover_dirs()
-    assert before == set()
     program = (
         "import os\nopen('scratch.txt', 'w').write('x')\nprint(sorted(os.environ))\n"
         "print(os.getuid() != 0, os.path.exists('scratch.txt'))\nos.write(3, b'result')\n"
@@ -57,7 +55,7 @@ def test_program_gets_a_scrubbed_environment_and_a_private_writable_directory(
     assert "RELAYRL_SECRET_TOKEN" not in lines[0] and "hunter2" not in run.stdout.decode()
     assert lines[1] == "True True"  # not root; its files land in its own directory
     assert run.channel == b"result"
-    assert _leftover_dirs() == before  # the run's directories are removed
+    assert made_dirs and [d for d in made_dirs if d.exists()] == []  # the run's directories are removed
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
