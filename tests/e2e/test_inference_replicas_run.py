@@ -67,6 +67,12 @@ def _serving_again(address: str) -> bool:
     return status is not None and status.weight_version > 0 and status.requests_served > 0
 
 
+def _caught_up_replica(address: str) -> bool:
+    """The replica at ``address`` answers and serves trained weights (version > 0): the trainer caught it up."""
+    status = _status(address)
+    return status is not None and status.weight_version > 0
+
+
 def _caught_up(out: Path) -> bool:
     """Every replica serves the weights of the last step trained so far (generation is paused: the trainer stops
     within a few steps, and its watchdog catches each restarted replica up, under a fresh version of the same
@@ -115,7 +121,12 @@ def test_quickstart_with_three_inference_replicas_learns_while_each_is_killed_in
             wait_for(lambda name=name: f"{name} died" in stdout.read_text(), f"{name} restarted", alive=proc)
             if name == "inference-2":  # started again, the trainer catches it up, then rollout routes to it again
                 second = yaml.safe_load((out / "config.yaml").read_text())["inference"]["endpoints"][1]["address"]
-                wait_for(functools.partial(_serving_again, second), "inference-2 caught up, generating", alive=proc)
+                # generation held while it restarts: a slow restart on a loaded machine outlasted the whole run in
+                # one CI run (the other two replicas generate on meanwhile, until the hold)
+                _control(out, "pause")
+                wait_for(functools.partial(_caught_up_replica, second), "inference-2 caught up", alive=proc)
+                _control(out, "resume")
+                wait_for(functools.partial(_serving_again, second), "inference-2 generating again", alive=proc)
         assert _rl_steps(out) < STEPS, "the run ended before the last kill took effect: kill earlier"
         # the run must not end before the last replicas restarted are caught up, however long their restart takes
         # on a loaded machine: generation pauses (the trainer waits for groups) until every replica serves the last
