@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.trainer.publication import served_version
+from relayrl.trainer.served import served_version
 from tests.conftest import free_port
 from tests.integration.helpers import inference_server
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 async def test_served_version_waits_for_an_inference_that_comes_up_later(
     tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="relayrl.trainer.publication")
+    caplog.set_level(logging.INFO, logger="relayrl.trainer.served")
     port = free_port()
 
     async def go() -> tuple[bool, int]:

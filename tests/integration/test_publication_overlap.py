@@ -180,3 +180,54 @@ async def test_the_probe_of_an_in_flight_push_never_runs_inside_an_optimizer_ste
             return overlapped
 
     assert await go() is False
+
+
+async def test_a_version_prepared_while_the_step_computes_is_the_one_its_publication_serves(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, service):
+        first, _ = await publication.publish(0)
+        allocation = publication.prepare(1)  # as the step starts computing
+        stepped, snapshot = await asyncio.to_thread(publication.step_and_snapshot, lambda: "stepped")
+        assert allocation is not None
+        prepared = await asyncio.shield(allocation)  # a step that outlasts the allocation
+
+        version, _ = await publication.publish(1, snapshot=snapshot)
+        latest = await publication.versions.latest()
+
+    assert stepped == "stepped" and snapshot is not None  # rank 0, unsharded: the copy came from the compute thread
+    assert version == prepared == latest > first  # nothing allocated at the publication itself
+    assert service.engine.version == version
+    assert await publication.staleness(first) == 1  # registered with its policy step while the step computed
+
+
+async def test_a_prepared_version_overtaken_by_a_re_push_is_skipped_and_a_newer_one_is_served(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, service):
+        first, _ = await publication.publish(0)
+        allocation = publication.prepare(1)
+        assert allocation is not None
+        skipped = await asyncio.shield(allocation)
+        # the watchdog's re-push during the step: a later version, which inference now serves
+        repushed = await publication.allocate_and_push(0, first)
+
+        version, _ = await publication.publish(1)  # the prepared version would be refused as stale
+
+    assert first < skipped < repushed < version  # never reused, never below what inference serves
+    assert service.engine.version == version
+
+
+async def test_a_dropped_preparation_skips_its_version(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, _):
+        first, _ = await publication.publish(0)
+        publication.prepare(1)
+        await asyncio.sleep(0)
+        await publication.drop_prepared()  # the step was abandoned
+        skipped = await publication.versions.latest()
+
+        version, _ = await publication.publish(1)
+
+    assert first <= skipped < version  # the allocation may or may not have happened; either way never reused

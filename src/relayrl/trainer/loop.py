@@ -27,6 +27,7 @@ from relayrl.trainer.ingest import StepBatch
 from relayrl.trainer.learner import StepAbandoned, StepStats
 from relayrl.trainer.parallel_dims import is_sharded
 from relayrl.trainer.parts import LoopParts
+from relayrl.trainer.publication import Snapshot
 from relayrl.trainer.step_summary import StepSummary, global_summary, set_times
 from relayrl.trainer.steptime import Longest, StepClock
 
@@ -86,11 +87,13 @@ class TrainingLoop:
         partial gradients are discarded and its groups stay pending (read again on resume). Thread-safe."""
         self.stop.set()
 
-    async def publish(self, policy_step: int, wait: bool = True) -> int:
-        """Publish the current weights; every rank learns the version and whether to checkpoint after this step.
-        ``wait`` false: the push runs on while the loop reads its next batch (settled before the next publication
-        and every checkpoint)."""
-        version, self.checkpoints.now = await self.publication.publish(policy_step, self.checkpoints.requested, wait)
+    async def publish(self, policy_step: int, wait: bool = True, snapshot: Snapshot | None = None) -> int:
+        """Publish the current weights (``snapshot``: as the step's compute thread copied them); every rank learns
+        the version and whether to checkpoint after this step. ``wait`` false: the push runs on while the loop
+        reads its next batch (settled before the next publication and every checkpoint)."""
+        version, self.checkpoints.now = await self.publication.publish(
+            policy_step, self.checkpoints.requested, wait, snapshot
+        )
         return version
 
     async def staleness(self, token_version: int) -> int:
@@ -133,6 +136,7 @@ class TrainingLoop:
                     self.longest.saw(checkpoint_s=time.monotonic() - t_checkpoint)
         finally:
             await self._drop_prefetch()
+            await self.publication.drop_prepared()
         if self.progress.step < tc.total_steps:  # stopped
             await self._stop_checkpoint()
             self._announce(ServingState.SERVING_STATE_STOPPED)
@@ -196,8 +200,9 @@ class TrainingLoop:
         t_step = time.monotonic()
         # rank 0 reads the run's books from Redis while the step computes (this step's drops are recorded)
         books = asyncio.create_task(self._read_books()) if self.is_main else None
+        self.publication.prepare(progress.step + 1)  # rank 0: the step's version allocated while it computes
         try:
-            stats, summary, summary_s = await asyncio.to_thread(self._compute, batch)
+            stats, snapshot, summary, summary_s = await asyncio.to_thread(self._compute, batch)
         except BaseException:
             if books is not None:
                 books.cancel()
@@ -218,8 +223,9 @@ class TrainingLoop:
                             ", ".join(ep.episode_id for ep in entry.group.episodes),
                         )
             self.audit.trained(progress.step + 1, batch.entries)
+        clock.add("publish", snapshot[1] if snapshot is not None else 0.0)  # the copy, taken in the compute thread
         with clock.part("publish"):
-            await self.publish(progress.step + 1, wait=not tc.publication.overlap)
+            await self.publish(progress.step + 1, wait=not tc.publication.overlap, snapshot=snapshot)
         progress.advance()
         if progress.step < tc.total_steps and not self.checkpoints.due(progress.step, tc.total_steps):
             # the next batch is read (or waited for) while this step's metrics are summed and written; never
@@ -238,14 +244,14 @@ class TrainingLoop:
         if self.evals is not None:
             self.evals.after_step(progress.step, self.publication.weight_version, progress.step >= tc.total_steps)
 
-    def _compute(self, batch: StepBatch) -> tuple[StepStats, StepSummary, float]:
-        """In the compute thread: the step (never beside a snapshot for publication), then its statistics over
-        every rank (the same collectives in the same order on every rank, right after the step's); the seconds
-        the statistics took."""
-        stats = self.publication.locked(self.learner.rl_step, batch)
+    def _compute(self, batch: StepBatch) -> tuple[StepStats, Snapshot | None, StepSummary, float]:
+        """In the compute thread: the step (never beside another snapshot for publication) and rank 0's copy of the
+        weights it publishes, then its statistics over every rank (the same collectives in the same order on every
+        rank, right after the step's); the seconds the statistics took."""
+        stats, snapshot = self.publication.step_and_snapshot(self.learner.rl_step, batch)
         t0 = time.perf_counter()
         summary = global_summary(self.coll, self.cfg.rollout.max_staleness, batch)
-        return stats, summary, time.perf_counter() - t0
+        return stats, snapshot, summary, time.perf_counter() - t0
 
     async def _collect(self) -> StepBatch:
         """This rank's share of the next batch. No collective: it may run beside the previous step's metrics."""

@@ -1,4 +1,4 @@
-"""Weight versions: allocation, lineage, publication to inference (rank 0), and the inference watchdog.
+"""Weight versions: allocation, lineage and publication to inference (rank 0).
 
 Rank 0 allocates each version from the durable Redis counter, records its lineage and policy step, and pushes
 the (full, replicated) weights; every rank learns the version by a broadcast from rank 0. A push whose answer
@@ -14,17 +14,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import grpc
 import torch
 
-from relayrl.client import InferenceClient
 from relayrl.common.logging import log_context
 from relayrl.common.retry import OomBackpressure, redis_retry
 from relayrl.config.tls import TlsConfig
 from relayrl.trainer.collectives import Collectives
+from relayrl.trainer.served import served_version
 from relayrl.trainer.transports import Weights
 from relayrl.trainer.versions import VersionLineage, VersionSource
 from relayrl.trainer.weight_sync import PushResult, WeightPublisher
@@ -33,8 +32,19 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # inference not (yet) up
 VERIFY_ATTEMPTS = 3  # fresh versions tried when a push landed but its answer (the probe) was lost
+
+Snapshot = tuple[Weights, float]  # weights copied for a publication, and the seconds the copy took
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """What a step's publication can have before the step ends (rank 0): the version it will take, allocated and
+    registered while the step computes (:meth:`VersionPublication.prepare`), and the copy of the weights taken in the
+    compute thread right after the optimizer step (:meth:`VersionPublication.step_and_snapshot`)."""
+
+    version: int | None = None
+    snapshot: Snapshot | None = None
 
 
 class VersionPublication:
@@ -78,6 +88,8 @@ class VersionPublication:
         self._push_lock = asyncio.Lock()  # a publication and a re-push never interleave
         self._gather_s = 0.0  # FSDP2: the last gather's seconds, counted in its push's serialise_s
         self.settle_wait_s = 0.0  # the last publish()'s wait for the previous push still in flight (overlap)
+        self._prepared: tuple[int, asyncio.Task[int]] | None = None  # (policy step, its version's allocation)
+        self._newest_allocated = 0  # the last version this publication allocated (a prepared one must still be it)
         # a snapshot for publication, or the probe of one (rank 0 only), never overlaps an optimizer step
         self._weights_lock = threading.Lock()
         if self.is_main:
@@ -98,14 +110,58 @@ class VersionPublication:
         with self._weights_lock:
             return fn(*args)
 
-    async def publish(self, policy_step: int, flag: bool = False, wait: bool = True) -> tuple[int, bool]:
+    def step_and_snapshot(self, fn: Callable[..., T], *args: Any) -> tuple[T, Snapshot | None]:
+        """In the compute thread: ``fn`` (an optimizer step), then, under the same hold of the weights lock, rank 0's
+        copy of the weights its publication pushes (unsharded; sharded, the publication gathers them on every rank):
+        the copy costs no thread hand-off of its own after the step. None where this rank takes no copy."""
+        with self._weights_lock:
+            out = fn(*args)
+            if not self.is_main or self.sharded:
+                return out, None
+            t0 = time.perf_counter()
+            return out, (self.publisher.snapshot(), time.perf_counter() - t0)
+
+    def prepare(self, policy_step: int) -> asyncio.Task[int] | None:
+        """Rank 0, as a step starts computing: allocate and register the version that the step's publication (of
+        ``policy_step``) takes, so that the publication does not wait for those Redis round trips after the step. A
+        version allocated meanwhile by anything else (the watchdog's re-push, a re-verification) is newer, and
+        inference refuses a version older than the one it serves: the prepared one is then skipped, never reused,
+        and the publication allocates another. Nothing before the first publication. Returns the allocation, which
+        :meth:`publish` awaits (None: nothing prepared)."""
+        if not self.is_main or self.weight_version == 0 or self._prepared is not None:
+            return None
+        task = asyncio.create_task(self._allocate(policy_step, self.weight_version), name=f"allocate-{policy_step}")
+        self._prepared = (policy_step, task)
+        return task
+
+    async def drop_prepared(self) -> None:
+        """Cancel a prepared allocation nobody will publish (the step was abandoned or failed): a version it
+        allocated is skipped (versions are never reused)."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            prepared[1].cancel()
+            await asyncio.gather(prepared[1], return_exceptions=True)
+
+    async def _ahead(self, policy_step: int, snapshot: Snapshot | None) -> Ahead:
+        """The prepared version of ``policy_step`` (its allocation's error raised here), and ``snapshot``."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None:
+            return Ahead(None, snapshot)
+        step, task = prepared
+        version = await task
+        return Ahead(version if step == policy_step else None, snapshot)
+
+    async def publish(
+        self, policy_step: int, flag: bool = False, wait: bool = True, snapshot: Snapshot | None = None
+    ) -> tuple[int, bool]:
         """Rank 0 publishes a fresh version of the current weights; every rank gets it, with rank 0's ``flag``
         (the operator's checkpoint request), by one broadcast. Returns (version, flag).
 
         ``wait`` false (the training loop's overlap): rank 0 takes the snapshot and allocates and registers the
         version now (so staleness, measured along the lineage from this version, is exact at once), and pushes
         in the background while training goes on; :meth:`settle` waits for that push (and raises its error). The
-        next publication settles the previous one first."""
+        next publication settles the previous one first. ``snapshot``: the weights as the step left them, copied in
+        the compute thread (:meth:`step_and_snapshot`); else copied here."""
         message = torch.zeros(2, dtype=torch.int64)  # [version, flag]
         if self.sharded:  # FSDP2: every rank takes part in gathering the full tensors, which rank 0 streams into a
             # fresh file (a push still in flight keeps reading its own)
@@ -118,11 +174,12 @@ class VersionPublication:
             self.settle_wait_s = time.perf_counter() - t_settle
             self.publishing = True
             try:
+                ahead = await self._ahead(policy_step, snapshot)
                 floor = self.weight_version or await self.served_version(self.inference_wait_s)
                 if wait:
-                    message[0] = await self.allocate_and_push(policy_step, floor)
+                    message[0] = await self.allocate_and_push(policy_step, floor, ahead=ahead)
                 else:
-                    message[0] = await self._start_push(policy_step, floor)
+                    message[0] = await self._start_push(policy_step, floor, ahead)
             finally:
                 self.publishing = self._pending is not None
             message[1] = int(flag)
@@ -150,21 +207,24 @@ class VersionPublication:
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)  # collected: no "exception never retrieved"
         self.publishing = False
+        await self.drop_prepared()
         await self.publisher.close()
 
-    async def allocate_and_push(self, policy_step: int, floor: int, only: list[str] | None = None) -> int:
-        """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step, then the push (to the
-        replicas ``only``, by their weights targets: the watchdog's catch-up). Serialised: a step's publication and
-        a watchdog re-push never interleave."""
+    async def allocate_and_push(
+        self, policy_step: int, floor: int, only: list[str] | None = None, ahead: Ahead = Ahead()
+    ) -> int:
+        """Rank 0: a fresh version above ``floor``, recorded with its lineage and policy step (or the one ``ahead``
+        prepared), then the push (to the replicas ``only``, by their weights targets: the watchdog's catch-up).
+        Serialised: a step's publication and a watchdog re-push never interleave."""
         async with self._push_lock:
-            params, version, snapshot_s = await self._snapshot_and_allocate(policy_step, floor)
+            params, version, snapshot_s = await self._snapshot_and_allocate(policy_step, floor, ahead)
             return await self._push_verified(params, version, policy_step, snapshot_s, only)
 
-    async def _start_push(self, policy_step: int, floor: int) -> int:
+    async def _start_push(self, policy_step: int, floor: int, ahead: Ahead) -> int:
         """Rank 0: snapshot and version now; the push in a task that holds the push lock until it is done."""
         await self._push_lock.acquire()
         try:
-            params, version, snapshot_s = await self._snapshot_and_allocate(policy_step, floor)
+            params, version, snapshot_s = await self._snapshot_and_allocate(policy_step, floor, ahead)
         except BaseException:
             self._push_lock.release()
             raise
@@ -182,10 +242,20 @@ class VersionPublication:
         await asyncio.sleep(0)
         return version
 
-    async def _snapshot_and_allocate(self, policy_step: int, floor: int) -> tuple[Weights, int, float]:
-        t0 = time.perf_counter()
-        params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
-        snapshot_s, self._gather_s = time.perf_counter() - t0 + self._gather_s, 0.0  # a re-push gathers nothing
+    async def _snapshot_and_allocate(self, policy_step: int, floor: int, ahead: Ahead) -> tuple[Weights, int, float]:
+        """Under the push lock: the weights (``ahead``'s copy, else one now) and their version (``ahead``'s while it
+        is still the newest this publication allocated, else a fresh one)."""
+        if ahead.snapshot is not None:
+            params, snapshot_s = ahead.snapshot
+        else:
+            t0 = time.perf_counter()
+            params = await asyncio.to_thread(self.locked, self.publisher.snapshot)  # never a half-updated model
+            snapshot_s = time.perf_counter() - t0
+        snapshot_s, self._gather_s = snapshot_s + self._gather_s, 0.0  # a re-push gathers nothing
+        if ahead.version is not None and ahead.version == self._newest_allocated:
+            return params, ahead.version, snapshot_s
+        if ahead.version is not None:
+            log.debug("prepared version %d skipped: %d was allocated since", ahead.version, self._newest_allocated)
         return params, await self._allocate(policy_step, floor), snapshot_s
 
     async def _push_verified(
@@ -253,6 +323,7 @@ class VersionPublication:
             self.retry_s,
             backpressure=self.backpressure,
         )
+        self._newest_allocated = max(self._newest_allocated, version)
         with log_context(weight_version=version):
             await redis_retry(
                 lambda: self._register(version, policy_step),
@@ -319,57 +390,3 @@ class VersionPublication:
                 *(served_version(t, self.tls, wait_s) for t in self.inference_targets), return_exceptions=True
             )
         )
-
-
-async def served_version(target: str, tls: TlsConfig | None, wait_s: float = 0.0) -> int:
-    """The version inference at ``target`` serves now. While it cannot be reached (UNAVAILABLE or no answer in
-    time: it may still be loading its model, which takes minutes for a large one or for vLLM), ask again for up to
-    ``wait_s`` seconds; then, or on any other error, RuntimeError."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        async with InferenceClient(target, timeout_s=10.0, retries=4, backoff_s=0.5, tls=tls) as inference:
-            try:
-                return int((await inference.status()).weight_version)
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                if code not in UNREACHABLE or time.monotonic() >= deadline:
-                    raise RuntimeError(f"inference status unavailable: {code.name}") from exc
-        log.info(
-            "inference at %s not reachable yet (%s): asking again, for up to %.0fs more",
-            target,
-            code.name,
-            deadline - time.monotonic(),
-        )
-        await asyncio.sleep(1.0)
-
-
-async def watch_inference(
-    publication: VersionPublication,
-    current_step: Callable[[], int],
-    finished: Callable[[], bool],
-    interval_s: float = 2.0,
-) -> None:
-    """Rank 0: if an inference replica serves an older version than the trainer's (it restarted from disk, joined
-    late, or missed a push), push the current weights again under a fresh version of the same policy step, so it
-    never serves old weights for long.
-    Rank-local (no collective): other ranks measure staleness through the lineage, where the re-pushed version
-    and the current one are the same step."""
-    while True:
-        await asyncio.sleep(interval_s)
-        version = publication.weight_version
-        if version == 0 or publication.publishing:
-            continue
-        lagging = await publication.lagging_replicas()
-        # a publication that began while the replicas were asked makes them look behind: it reaches them itself
-        if not lagging or finished() or publication.publishing or publication.weight_version != version:
-            continue
-        log.warning(
-            "inference %s serves a version older than %d or missed a push: pushing the current weights again",
-            ", ".join(lagging),
-            publication.weight_version,
-        )
-        try:
-            only = lagging if len(lagging) < len(publication.inference_targets) else None
-            await publication.allocate_and_push(current_step(), publication.weight_version, only)
-        except RuntimeError as exc:  # inference went away again: try at the next tick
-            log.warning("re-push failed: %s", exc)

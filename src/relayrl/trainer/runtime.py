@@ -3,7 +3,7 @@
 - :class:`~relayrl.trainer.groups.GroupCollector` reads this rank's groups and drops those it cannot train;
 - :class:`~relayrl.trainer.loop.TrainingLoop` steps, publishes, logs and checkpoints;
 - :class:`~relayrl.trainer.publication.VersionPublication` allocates and publishes weight versions (rank 0) and
-  :func:`~relayrl.trainer.publication.watch_inference` re-pushes them to a restarted inference;
+  :func:`~relayrl.trainer.served.watch_inference` re-pushes them to a restarted inference;
 - :class:`~relayrl.trainer.checkpoint_ack.CheckpointAck` saves checkpoints, then acknowledges their groups;
 - :class:`~relayrl.trainer.progress.TrainerProgress` holds the counters that status and metrics read.
 The gRPC and REST servicer of rank 0 is relayrl.trainer.server; relayrl.trainer.main starts it all.
@@ -43,8 +43,9 @@ from relayrl.trainer.lora import load_policy
 from relayrl.trainer.parallel_dims import ParallelDims, apply_fsdp, is_sharded
 from relayrl.trainer.parts import LoopParts
 from relayrl.trainer.progress import TrainerProgress
-from relayrl.trainer.publication import VersionPublication, watch_inference
+from relayrl.trainer.publication import VersionPublication
 from relayrl.trainer.reference import Reference
+from relayrl.trainer.served import watch_inference
 from relayrl.trainer.teacher import Teacher
 from relayrl.trainer.tracking import Tracker, open_tracker
 from relayrl.trainer.transports import collective_host, make_transport, resolve_transport

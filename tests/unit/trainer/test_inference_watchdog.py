@@ -1,4 +1,4 @@
-"""The trainer's inference watchdog (relayrl.trainer.publication.watch_inference) re-pushes the current weights to
+"""The trainer's inference watchdog (relayrl.trainer.served.watch_inference) re-pushes the current weights to
 a replica that serves an older version, but not to replicas that only look behind because a publication began
 while they were asked (that publication reaches them itself)."""
 
@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from relayrl.trainer.publication import watch_inference
+from relayrl.trainer.served import watch_inference
 
 
 @dataclass
