@@ -99,6 +99,28 @@ class JsonlTracker:
         self._file.close()
 
 
+def masked_crc32c(data: bytes) -> int:
+    """The masked CRC32C of a TFRecord (TensorBoard's event files), as tensorboard's own, computed in C."""
+    import google_crc32c
+
+    crc = int(google_crc32c.value(data))
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def use_c_crc32c() -> bool:
+    """Make TensorBoard checksum its event records with :func:`masked_crc32c`. Without TensorFlow, tensorboard
+    computes the CRC32C in a pure-Python loop: about 0.2 ms per 2 kB row, in its writer thread, holding the
+    interpreter lock that the training loop and the compute thread wait for. False (nothing changed) where
+    google-crc32c has no C build."""
+    import google_crc32c
+    from tensorboard.summary.writer import record_writer
+
+    if google_crc32c.implementation != "c":
+        return False
+    record_writer.masked_crc32c = masked_crc32c
+    return True
+
+
 class TensorBoardTracker:
     name = "tensorboard"
 
@@ -109,6 +131,7 @@ class TensorBoardTracker:
             raise ConfigError(
                 "tracking.tensorboard", True, f"needs the tensorboard package (pip install tensorboard): {exc}"
             ) from exc
+        use_c_crc32c()
         try:
             self.writer = SummaryWriter(log_dir=str(log_dir), flush_secs=flush_s)
         except OSError as exc:

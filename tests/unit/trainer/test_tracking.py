@@ -12,7 +12,7 @@ import pytest
 
 from relayrl.config.tracking import MlflowConfig, TrackingConfig, WandbConfig
 from relayrl.config.typed import ConfigError
-from relayrl.trainer.tracking import flatten_scalars, open_tracker, redacted, scalars_of
+from relayrl.trainer.tracking import flatten_scalars, masked_crc32c, open_tracker, redacted, scalars_of, use_c_crc32c
 
 # two warm-up rows, then three RL rows shaped like the trainer's (a nested histogram, a reward component)
 SFT_ROWS = [{"phase": "sft", "sft_step": i, "loss": 2.0 / i, "grad_norm": 0.5 * i, "time_s": 0.1 * i} for i in (1, 2)]
@@ -91,6 +91,38 @@ def test_metrics_jsonl_always_holds_every_row_unchanged(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == SFT_ROWS + RL_ROWS
     assert not (tmp_path / "tensorboard").exists()
+
+
+@pytest.mark.parametrize("size", [0, 1, 8, 13, 2048, 65537])
+def test_c_crc32c_equals_tensorboards_pure_python_checksum(size: int) -> None:
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    data = bytes((7 * i + size) % 256 for i in range(size))  # deterministic, every byte value
+
+    assert masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
+
+
+def test_tensorboard_event_records_written_with_the_c_checksum_verify_against_tensorboards_own(tmp_path: Path) -> None:
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+    from tensorboard.summary.writer import record_writer
+
+    _log_all(TrackingConfig(), tmp_path)
+
+    assert record_writer.masked_crc32c is masked_crc32c  # the tracker switched TensorBoard to the C checksum
+    (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    raw, records, at = events.read_bytes(), 0, 0
+    while at < len(raw):  # TFRecord: length (u64), its masked CRC (u32), the data, the data's masked CRC (u32)
+        header, (length,) = raw[at : at + 8], struct.unpack("<Q", raw[at : at + 8])
+        data = raw[at + 12 : at + 12 + length]
+        (header_crc,), (data_crc,) = (
+            struct.unpack("<I", raw[at + 8 : at + 12]),
+            struct.unpack("<I", raw[at + 12 + length : at + 16 + length]),
+        )
+        assert header_crc == pywrap_tensorflow.masked_crc32c(header)
+        assert data_crc == pywrap_tensorflow.masked_crc32c(data)
+        at, records = at + 16 + length, records + 1
+    assert records >= len(RL_ROWS) + len(SFT_ROWS)  # one event per row, plus the file version and the config text
+    assert use_c_crc32c()  # google-crc32c's C build (a manylinux wheel) is what the tests install
 
 
 def test_tensorboard_event_file_holds_each_scalar_at_its_step(tmp_path: Path) -> None:
