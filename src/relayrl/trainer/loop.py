@@ -57,6 +57,7 @@ class TrainingLoop:
         self._last_step_t = self._t0
         self._prefetch: asyncio.Task[StepBatch] | None = None
         self._generating_s: float | None = None  # of the step's data wait, the part before its batch was generated
+        self._row: asyncio.Task[None] | None = None  # rank 0: the last step's row, written beside the next data wait
         self.clock = StepClock()  # where each step's wall time goes (rank 0 reports its own; relayrl.trainer.steptime)
         self.compute_s = 0.0  # the last step's forward and backward
         self.longest = Longest()  # this rank's longest step, push and checkpoint: its graceful stop's deadline
@@ -137,6 +138,7 @@ class TrainingLoop:
         finally:
             await self._drop_prefetch()
             await self.publication.drop_prepared()
+            await self._row_written()
         if self.progress.step < tc.total_steps:  # stopped
             await self._stop_checkpoint()
             self._announce(ServingState.SERVING_STATE_STOPPED)
@@ -359,19 +361,31 @@ class TrainingLoop:
             row.time_data_generating_s = min(self._generating_s, times.parts["data"])  # the rest is transit
             row.time_data_transit_s = times.parts["data"] - row.time_data_generating_s
         self._last_step_t = now
-        with self.clock.part("metrics"):  # counted in the next row
-            for lag, count in summary.staleness_hist.items():
-                p.staleness_counts[int(lag)] = p.staleness_counts.get(int(lag), 0) + count
-            self._write_metrics(row, p.step)
-            with log_context(weight_version=self.publication.weight_version):
-                log.info(
-                    "step %d version %d reward %.3f staleness max %d loss %.4f",
-                    p.step,
-                    self.publication.weight_version,
-                    row.reward_mean,
-                    row.staleness_max,
-                    stats.loss,
-                )
+        for lag, count in summary.staleness_hist.items():
+            p.staleness_counts[int(lag)] = p.staleness_counts.get(int(lag), 0) + count
+        await self._row_written()  # rows in step order
+        self._row = asyncio.create_task(self._write_row(row, stats.loss), name=f"row-{p.step}")
+
+    async def _write_row(self, row: RlRow, loss: float) -> None:
+        """The step's row to the trackers and its log line: a task that runs while the loop waits for its next
+        batch (or beside the next step's compute, when the batch is there), off the step's critical path and
+        counted in no part of it."""
+        self._write_metrics(row, row.step)
+        with log_context(weight_version=row.weight_version):
+            log.info(
+                "step %d version %d reward %.3f staleness max %d loss %.4f",
+                row.step,
+                row.weight_version,
+                row.reward_mean,
+                row.staleness_max,
+                loss,
+            )
+
+    async def _row_written(self) -> None:
+        """Wait for the last step's row to be written (its error raised here)."""
+        task, self._row = self._row, None
+        if task is not None:
+            await task
 
     def close(self) -> None:
         if self.evals is not None:

@@ -2,8 +2,9 @@
 
 The loop wraps each stretch of work in :meth:`StepClock.part`; :meth:`StepClock.close` ends a step's cycle and
 returns :class:`StepTimes`, whose parts plus ``other`` add up to the cycle's wall time (the time since the
-previous close). A cycle runs from one metrics row to the next, so the work done after a row is built (writing
-it, a checkpoint after the step) is counted in the next row.
+previous close). A cycle runs from one metrics row to the next, so the work done after a row is built (a
+checkpoint after the step) is counted in the next row. Writing the row is a task beside the next step's wait for
+data: it is counted where it delays the step (the data part, or the compute it slows), in no part of its own.
 
 No host synchronisation is added to time anything: the clock reads the host's monotonic time around work that
 already ends in one (the learner's ``.tolist()`` of the loss statistics, ``float(grad_norm)``, the push's
