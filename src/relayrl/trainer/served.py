@@ -8,19 +8,30 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
 from relayrl.client import InferenceClient
 from relayrl.config.tls import TlsConfig
 
-if TYPE_CHECKING:
-    from relayrl.trainer.publication import VersionPublication
-
 log = logging.getLogger(__name__)
 
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # inference not (yet) up
+
+
+class Republisher(Protocol):
+    """What the watchdog uses of the publication (relayrl.trainer.publication.VersionPublication)."""
+
+    weight_version: int
+    inference_targets: list[str]
+
+    @property
+    def publishing(self) -> bool: ...
+
+    async def lagging_replicas(self) -> list[str]: ...
+
+    async def allocate_and_push(self, policy_step: int, floor: int, only: list[str] | None = None) -> int: ...
 
 
 async def served_version(target: str, tls: TlsConfig | None, wait_s: float = 0.0) -> int:
@@ -46,7 +57,7 @@ async def served_version(target: str, tls: TlsConfig | None, wait_s: float = 0.0
 
 
 async def watch_inference(
-    publication: VersionPublication,
+    publication: Republisher,
     current_step: Callable[[], int],
     finished: Callable[[], bool],
     interval_s: float = 2.0,
