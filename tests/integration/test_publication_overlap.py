@@ -231,3 +231,23 @@ async def test_a_dropped_preparation_skips_its_version(
         version, _ = await publication.publish(1)
 
     assert first <= skipped < version  # the allocation may or may not have happened; either way never reused
+
+
+async def test_no_copy_is_taken_in_the_step_while_the_previous_push_still_holds_its_own(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with _stack(tiny_model_dir, tmp_path, redis_server.url) as (publication, service):
+        await publication.publish(0)
+        opened = _gate(service)
+        await publication.publish(1, wait=False)  # in flight: its copy of the weights is alive
+
+        _, during = await asyncio.to_thread(publication.step_and_snapshot, lambda: None)
+        opened.set()
+        await publication.settle()
+        _, after = await asyncio.to_thread(publication.step_and_snapshot, lambda: None)
+        version, _ = await publication.publish(2, wait=False, snapshot=during)  # None: copied after the settle
+        await publication.settle()
+
+    assert during is None  # one copy beside the model at most, on the model's device
+    assert after is not None
+    assert service.engine.version == version

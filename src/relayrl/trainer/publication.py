@@ -113,10 +113,13 @@ class VersionPublication:
     def step_and_snapshot(self, fn: Callable[..., T], *args: Any) -> tuple[T, Snapshot | None]:
         """In the compute thread: ``fn`` (an optimizer step), then, under the same hold of the weights lock, rank 0's
         copy of the weights its publication pushes (unsharded; sharded, the publication gathers them on every rank):
-        the copy costs no thread hand-off of its own after the step. None where this rank takes no copy."""
+        the copy costs no thread hand-off of its own after the step. None where this rank takes no copy, and while the
+        previous push is still in flight (its copy is alive until it ends: the publication copies after it settled,
+        so that no more than one copy beside the model exists, on the model's device)."""
         with self._weights_lock:
             out = fn(*args)
-            if not self.is_main or self.sharded:
+            pending = self._pending  # read across threads: a push that ends just after this takes the old path
+            if not self.is_main or self.sharded or (pending is not None and not pending.done()):
                 return out, None
             t0 = time.perf_counter()
             return out, (self.publisher.snapshot(), time.perf_counter() - t0)
