@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+import google_crc32c
+
 from relayrl.common.control import redact_url_password
 from relayrl.config.tracking import MlflowConfig, TrackingConfig, WandbConfig
 from relayrl.config.typed import ConfigError
@@ -101,8 +103,6 @@ class JsonlTracker:
 
 def masked_crc32c(data: bytes) -> int:
     """The masked CRC32C of a TFRecord (TensorBoard's event files), as tensorboard's own, computed in C."""
-    import google_crc32c
-
     crc = int(google_crc32c.value(data))
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
@@ -112,7 +112,6 @@ def use_c_crc32c() -> bool:
     computes the CRC32C in a pure-Python loop: about 0.2 ms per 2 kB row, in its writer thread, holding the
     interpreter lock that the training loop and the compute thread wait for. False (nothing changed) where
     google-crc32c has no C build."""
-    import google_crc32c
     from tensorboard.summary.writer import record_writer
 
     if google_crc32c.implementation != "c":
