@@ -245,7 +245,7 @@ async def test_no_copy_is_taken_in_the_step_while_the_previous_push_still_holds_
         opened.set()
         await publication.settle()
         _, after = await asyncio.to_thread(publication.step_and_snapshot, lambda: None)
-        version, _ = await publication.publish(2, wait=False, snapshot=during)  # None: copied after the settle
+        version, _ = await publication.publish(2, wait=False, snapshot=after)
         await publication.settle()
 
     assert during is None  # one copy beside the model at most, on the model's device

@@ -101,22 +101,16 @@ class JsonlTracker:
         self._file.close()
 
 
-def masked_crc32c(data: bytes) -> int:
-    """The masked CRC32C of a TFRecord (TensorBoard's event files), as tensorboard's own, computed in C."""
-    crc = int(google_crc32c.value(data))
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def use_c_crc32c() -> bool:
-    """Make TensorBoard checksum its event records with :func:`masked_crc32c`. Without TensorFlow, tensorboard
-    computes the CRC32C in a pure-Python loop: about 0.2 ms per 2 kB row, in its writer thread, holding the
-    interpreter lock that the training loop and the compute thread wait for. False (nothing changed) where
-    google-crc32c has no C build."""
-    from tensorboard.summary.writer import record_writer
+    """Give TensorBoard a CRC32C computed in C (google-crc32c) for its event records. Without TensorFlow, tensorboard
+    computes it in a pure-Python loop: about 0.2 ms per 2 kB row, in its writer thread, holding the interpreter lock
+    that the training loop and the compute thread wait for. Only that primitive is swapped: tensorboard's masking
+    and record format stay its own. False (nothing changed) where google-crc32c has no C build."""
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
     if google_crc32c.implementation != "c":
         return False
-    record_writer.masked_crc32c = masked_crc32c
+    pywrap_tensorflow.crc32c = google_crc32c.value  # what its masked_crc32c calls for every record
     return True
 
 

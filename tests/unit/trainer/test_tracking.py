@@ -12,7 +12,7 @@ import pytest
 
 from relayrl.config.tracking import MlflowConfig, TrackingConfig, WandbConfig
 from relayrl.config.typed import ConfigError
-from relayrl.trainer.tracking import flatten_scalars, masked_crc32c, open_tracker, redacted, scalars_of, use_c_crc32c
+from relayrl.trainer.tracking import flatten_scalars, open_tracker, redacted, scalars_of, use_c_crc32c
 
 # two warm-up rows, then three RL rows shaped like the trainer's (a nested histogram, a reward component)
 SFT_ROWS = [{"phase": "sft", "sft_step": i, "loss": 2.0 / i, "grad_norm": 0.5 * i, "time_s": 0.1 * i} for i in (1, 2)]
@@ -93,22 +93,33 @@ def test_metrics_jsonl_always_holds_every_row_unchanged(tmp_path: Path) -> None:
     assert not (tmp_path / "tensorboard").exists()
 
 
+def _pure_crc32c(data: bytes) -> int:
+    """tensorboard's own CRC32C, the pure-Python loop."""
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as tf_stub
+
+    return int(tf_stub.crc_finalize(tf_stub.crc_update(tf_stub.CRC_INIT, data)))
+
+
 @pytest.mark.parametrize("size", [0, 1, 8, 13, 2048, 65537])
-def test_c_crc32c_equals_tensorboards_pure_python_checksum(size: int) -> None:
+def test_the_c_crc32c_given_to_tensorboard_equals_its_pure_python_one(size: int) -> None:
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
     data = bytes((7 * i + size) % 256 for i in range(size))  # deterministic, every byte value
 
-    assert masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
+    assert use_c_crc32c()  # google-crc32c's C build (a manylinux wheel) is what the tests install
+    assert pywrap_tensorflow.crc32c(data) == _pure_crc32c(data)
 
 
-def test_tensorboard_event_records_written_with_the_c_checksum_verify_against_tensorboards_own(tmp_path: Path) -> None:
+def test_tensorboard_event_records_written_with_the_c_checksum_verify_with_the_pure_python_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import google_crc32c
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
-    from tensorboard.summary.writer import record_writer
 
     _log_all(TrackingConfig(), tmp_path)
 
-    assert record_writer.masked_crc32c is masked_crc32c  # the tracker switched TensorBoard to the C checksum
+    assert pywrap_tensorflow.crc32c is google_crc32c.value  # the tracker gave TensorBoard the C checksum
+    monkeypatch.setattr(pywrap_tensorflow, "crc32c", _pure_crc32c)  # verify with tensorboard's own loop
     (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
     raw, records, at = events.read_bytes(), 0, 0
     while at < len(raw):  # TFRecord: length (u64), its masked CRC (u32), the data, the data's masked CRC (u32)
@@ -122,7 +133,6 @@ def test_tensorboard_event_records_written_with_the_c_checksum_verify_against_te
         assert data_crc == pywrap_tensorflow.masked_crc32c(data)
         at, records = at + 16 + length, records + 1
     assert records >= len(RL_ROWS) + len(SFT_ROWS)  # one event per row, plus the file version and the config text
-    assert use_c_crc32c()  # google-crc32c's C build (a manylinux wheel) is what the tests install
 
 
 def test_tensorboard_event_file_holds_each_scalar_at_its_step(tmp_path: Path) -> None:
