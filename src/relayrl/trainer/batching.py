@@ -18,10 +18,12 @@ counts; Learner agrees on the most any rank has (all-reduce MAX) and pads with z
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 from relayrl.trainer.logprobs import selected_logprobs
@@ -110,19 +112,22 @@ class PackedBatch:
 PerToken = Sequence[Sequence[float]]  # one list per sequence, one value per completion token
 
 
-@dataclass
-class PositionLists:
-    """Training positions as host lists (:class:`Positions` before its tensors): built for each group as it
-    arrives, joined for a step's batch (:meth:`join`), which then makes each column a tensor once (:meth:`tensors`).
-    """
+def _flat(parts: Iterable[Iterable[Any]], dtype: Any, count: int) -> np.ndarray:
+    return np.fromiter(chain.from_iterable(parts), dtype, count)
 
-    ids: list[int]
-    targets: list[int]
-    mask: list[float]
-    behaviour: list[float]
-    completion_at: list[int]
-    lengths: list[int]
-    temperature: list[float]
+
+@dataclass
+class PositionArrays:
+    """Training positions as host arrays (:class:`Positions` before its tensors): built for each group as it
+    arrives, joined for a step's batch (:meth:`join`), whose tensors then share their memory (:meth:`tensors`)."""
+
+    ids: np.ndarray  # [T] int64
+    targets: np.ndarray  # [T] int64
+    mask: np.ndarray  # [T] float32
+    behaviour: np.ndarray  # [T] float32
+    completion_at: np.ndarray  # [T] int64
+    lengths: np.ndarray  # [N] int64
+    temperature: np.ndarray  # [N] float32
 
     @classmethod
     def of(
@@ -132,54 +137,61 @@ class PositionLists:
         behaviour: PerToken | None,
         loss_masks: Sequence[Sequence[int]] | None,
         temperatures: Sequence[float],
-    ) -> PositionLists:
-        """One pass over the sequences (behaviour logprobs 0 and every completion token in the loss where not
-        given)."""
-        out = cls([], [], [], [], [], [], list(temperatures))
-        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            if (
-                not p
-                or (loss_masks is not None and len(loss_masks[i]) != len(c))
-                or (behaviour is not None and len(behaviour[i]) != len(c))
-            ):
-                raise ValueError(
-                    f"sequence {i}: an empty prompt, or a loss mask or behaviour logprobs whose length "
-                    f"is not the completion's ({len(c)})"
-                )
-            full = [*p, *c]
-            out.ids += full[:-1]
-            out.targets += full[1:]
-            lead = len(p) - 1
-            out.lengths.append(lead + len(c))
-            out.mask += [0.0] * lead
-            out.mask += map(float, loss_masks[i]) if loss_masks is not None else [1.0] * len(c)
-            out.behaviour += [0.0] * lead
-            out.behaviour += behaviour[i] if behaviour is not None else [0.0] * len(c)
-            out.completion_at += [-1] * lead
-            out.completion_at += range(len(c))
-        return out
+    ) -> PositionArrays:
+        """The sequences laid out at once, a few array operations whatever their number (behaviour logprobs 0 and
+        every completion token in the loss where not given)."""
+        n = len(prompts)
+        if len(completions) != n or len(temperatures) != n:
+            raise ValueError(f"{n} prompts, {len(completions)} completions and {len(temperatures)} temperatures")
+        plen = np.fromiter(map(len, prompts), np.int64, n)
+        clen = np.fromiter(map(len, completions), np.int64, n)
+        for name, values in (("loss mask", loss_masks), ("behaviour logprobs", behaviour)):
+            if values is not None and (len(values) != n or list(map(len, values)) != clen.tolist()):
+                raise ValueError(f"a {name} whose length is not its completion's")
+        if n and plen.min() < 1:
+            raise ValueError(f"sequence {int(np.argmin(plen))}: an empty prompt")
+        total, ncomp = int(plen.sum() + clen.sum()), int(clen.sum())
+        full = _flat(chain.from_iterable(zip(prompts, completions, strict=True)), np.int64, total)
+        ends = np.cumsum(plen + clen)
+        last, first = np.ones(total, bool), np.ones(total, bool)
+        last[ends - 1], first[ends - plen - clen] = False, False
+        lengths = plen + clen - 1
+        # position of completion token k of sequence i: its sequence's first position + its prompt's length - 1 + k
+        k = np.arange(ncomp) - np.repeat(np.cumsum(clen) - clen, clen)
+        at = np.repeat(np.cumsum(lengths) - lengths + plen - 1, clen) + k
+        positions = int(lengths.sum())
+        mask, logprobs = np.zeros(positions, np.float32), np.zeros(positions, np.float32)
+        mask[at] = 1.0 if loss_masks is None else _flat(loss_masks, np.float32, ncomp)
+        if behaviour is not None:
+            logprobs[at] = _flat(behaviour, np.float32, ncomp)
+        completion_at = np.full(positions, -1, np.int64)
+        completion_at[at] = k
+        return cls(
+            full[last], full[first], mask, logprobs, completion_at, lengths, np.asarray(temperatures, np.float32)
+        )
 
     @classmethod
-    def join(cls, parts: Sequence[PositionLists]) -> PositionLists:
+    def join(cls, parts: Sequence[PositionArrays]) -> PositionArrays:
         """These sequences one after the other."""
-        out = cls([], [], [], [], [], [], [])
-        for part in parts:
-            for name in ("ids", "targets", "mask", "behaviour", "completion_at", "lengths", "temperature"):
-                getattr(out, name).extend(getattr(part, name))
-        return out
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.of([], [], None, None, [])
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
     def tensors(self) -> Positions:
-        n = torch.tensor(self.lengths, dtype=torch.long)
+        """Tensors sharing these arrays' memory (nothing downstream writes into them)."""
+        n = torch.from_numpy(self.lengths)
         return Positions(
-            input_ids=torch.tensor(self.ids, dtype=torch.long),
-            targets=torch.tensor(self.targets, dtype=torch.long),
-            mask=torch.tensor(self.mask, dtype=torch.float32),
-            behaviour=torch.tensor(self.behaviour, dtype=torch.float32),
-            temperature=torch.tensor(self.temperature, dtype=torch.float32),
+            input_ids=torch.from_numpy(self.ids),
+            targets=torch.from_numpy(self.targets),
+            mask=torch.from_numpy(self.mask),
+            behaviour=torch.from_numpy(self.behaviour),
+            temperature=torch.from_numpy(self.temperature),
             lengths=n,
-            sizes=tuple(self.lengths),
+            sizes=tuple(self.lengths.tolist()),
             starts=torch.cumsum(n, 0) - n,
-            completion_at=torch.tensor(self.completion_at, dtype=torch.long),
+            completion_at=torch.from_numpy(self.completion_at),
         )
 
 
@@ -215,7 +227,7 @@ class Positions:
     ) -> Positions:
         """One pass over the sequences, one tensor per column (behaviour logprobs 0 and every completion token in
         the loss where not given)."""
-        return PositionLists.of(prompts, completions, behaviour, loss_masks, temperatures).tensors()
+        return PositionArrays.of(prompts, completions, behaviour, loss_masks, temperatures).tensors()
 
     def completion_values(self, per_token: PerToken) -> torch.Tensor:
         """Values of each sequence's completion tokens (one list per sequence, one value per token: a teacher's or

@@ -8,13 +8,16 @@ same lists. The collector (relayrl.trainer.groups) judges a waiting group from t
 :class:`Verdict`) and acts on the verdict; only staleness is judged again while a group waits, since the trainer's
 weights move on.
 
-Each group that passes validation is laid out as it arrives (:meth:`Ingested.valid`): its valid episodes as host
-lists, one per column (:class:`Columns`), built while the collector waits for the step's other groups. The groups a
-step takes become one :class:`StepBatch`: their columns joined and made tensors once (training positions with token
-ids, behaviour logprobs, loss mask, teacher and reference logprobs; per episode reward, group index, temperature,
-staleness, oldest and newest version, completion length and the summary's counts). The learner
-slices its micro-batches from it (relayrl.trainer.batching.Positions) and the step summary sums its columns
-(relayrl.trainer.step_summary); nothing downstream walks an episode's protobuf fields again.
+Each group that passes validation has its valid episodes' columns gathered as it arrives (:meth:`Ingested.valid`:
+token lists, temperature, reward, versions, the summary's counts; :class:`Columns`), while the collector waits for
+the step's other groups. The groups a step takes become one :class:`StepBatch`: their columns joined and laid out
+once, for all the batch's episodes together, as host arrays (training positions with token ids, behaviour
+logprobs, loss mask, teacher and reference logprobs; per episode reward, group index, temperature, staleness,
+oldest and newest version, completion length and the summary's counts) that the tensors share: a few array
+operations per batch, where building tensors from per-group Python lists cost several times more
+(``python bench/ingest.py``). The learner slices its micro-batches from it (relayrl.trainer.batching.Positions)
+and the step summary sums its columns (relayrl.trainer.step_summary); nothing downstream walks an episode's
+protobuf fields again.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
+import numpy as np
 import torch
 
 from relayrl.common.episodes import TokenLists, reward_failed
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.stream import StreamEntry
-from relayrl.trainer.batching import PerToken, PositionLists, Positions
+from relayrl.trainer.batching import PerToken, PositionArrays, Positions
 
 
 class Verdict(enum.Enum):
@@ -134,14 +139,14 @@ COUNTS = ("episode_end", "turns", "tool_calls", "tool_errors", "multi_version")
 @dataclass(frozen=True)
 class Columns:
     """Valid episodes as host lists, one per column, in episode order: what a batch holds of them that does not
-    depend on the batch (its staleness and group index do). A group's are built once, as it arrives
-    (:meth:`Ingested.valid`); a step's batch joins its groups' (:meth:`join`) and makes each a tensor once
-    (:meth:`StepBatch.of_columns`)."""
+    depend on the batch (its staleness and group index do). A group's are gathered once, as it arrives
+    (:meth:`Ingested.valid`); a step's batch joins its groups' (:meth:`join`) and lays them out as arrays once, for
+    all its episodes together (:meth:`StepBatch.of_columns`): a few array operations per batch, not per group."""
 
     episodes: list[Episode]
-    positions: PositionLists  # their tokens as training positions
+    lists: list[TokenLists]  # their token fields
+    temperature: list[float]  # as sampled (0, unset, read as 1)
     reward: list[float]
-    completion_len: list[int]
     oldest: list[int]
     newest: list[int]
     counts: list[tuple[int, ...]]  # per episode, COUNTS
@@ -158,22 +163,16 @@ class Columns:
         oldest, newest, mixed = versions
         return cls(
             episodes=episodes,
-            positions=PositionLists.of(
-                [t.prompt for t in lists],
-                [t.completion for t in lists],
-                [t.behaviour for t in lists],
-                [t.loss_mask for t in lists],
-                [ep.sampling_temperature or 1.0 for ep in episodes],
-            ),
+            lists=list(lists),
+            temperature=[ep.sampling_temperature or 1.0 for ep in episodes],
             reward=[ep.reward for ep in episodes],
-            completion_len=[len(t.completion) for t in lists],
             oldest=list(oldest),
             newest=list(newest),
             counts=[
                 (ep.episode_end, max(ep.turns, 1), ep.tool_calls, ep.tool_errors, int(m))
                 for ep, m in zip(episodes, mixed, strict=True)
             ],
-            loss_tokens=sum(sum(t.loss_mask) for t in lists),
+            loss_tokens=sum(map(sum, (t.loss_mask for t in lists))),
         )
 
     @classmethod
@@ -182,14 +181,25 @@ class Columns:
         if len(parts) == 1:
             return parts[0]
         return cls(
-            episodes=[ep for c in parts for ep in c.episodes],
-            positions=PositionLists.join([c.positions for c in parts]),
+            episodes=[v for c in parts for v in c.episodes],
+            lists=[v for c in parts for v in c.lists],
+            temperature=[v for c in parts for v in c.temperature],
             reward=[v for c in parts for v in c.reward],
-            completion_len=[v for c in parts for v in c.completion_len],
             oldest=[v for c in parts for v in c.oldest],
             newest=[v for c in parts for v in c.newest],
             counts=[v for c in parts for v in c.counts],
             loss_tokens=sum(c.loss_tokens for c in parts),
+        )
+
+    def positions(self) -> PositionArrays:
+        """Their tokens as training positions."""
+        lists = self.lists
+        return PositionArrays.of(
+            [t.prompt for t in lists],
+            [t.completion for t in lists],
+            [t.behaviour for t in lists],
+            [t.loss_mask for t in lists],
+            self.temperature,
         )
 
 
@@ -221,10 +231,11 @@ class StepBatch:
         oldest version to its staleness."""
         parts = [ing.valid_columns() for ing in ingested]
         columns = Columns.join(parts)
+        sizes = [len(c.episodes) for c in parts if c.episodes]  # groups with an episode
         return cls.of_columns(
             [ing.entry for ing in ingested],
             columns,
-            [g for g, c in enumerate(c for c in parts if c.episodes) for _ in c.episodes],  # groups with an episode
+            np.repeat(np.arange(len(sizes)), sizes),
             [lags[v] for v in columns.oldest],
             sum(len(ing.failed) for ing in ingested),
         )
@@ -252,24 +263,29 @@ class StepBatch:
         cls,
         entries: list[StreamEntry],
         columns: Columns,
-        group_index: Sequence[int],
-        lags: Sequence[float],
+        group_index: Sequence[int] | np.ndarray,
+        lags: Sequence[float] | np.ndarray,
         excluded: int,
     ) -> StepBatch:
-        """The batch of these columns, each episode's group index and staleness beside them: one tensor each."""
-        n = len(columns.episodes)
+        """The batch of these columns, each episode's group index and staleness beside them: one array each, made
+        a tensor that shares its memory."""
+        n, index = len(columns.episodes), np.asarray(group_index, np.int64)
+
+        def tensor(values: Any, dtype: Any) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(values, dtype))
+
         return cls(
             entries=entries,
             episodes=columns.episodes,
-            positions=columns.positions.tensors(),
-            reward=torch.tensor(columns.reward, dtype=torch.float64),
-            group_index=torch.tensor(group_index, dtype=torch.long),
-            num_groups=max(group_index, default=-1) + 1,
-            completion_len=torch.tensor(columns.completion_len, dtype=torch.float64),
-            staleness=torch.tensor(list(lags), dtype=torch.float32),
-            oldest=torch.tensor(columns.oldest, dtype=torch.long),
-            newest=torch.tensor(columns.newest, dtype=torch.long),
-            counts=torch.tensor(columns.counts, dtype=torch.float64).reshape(n, len(COUNTS)),
+            positions=columns.positions().tensors(),
+            reward=tensor(columns.reward, np.float64),
+            group_index=torch.from_numpy(index),
+            num_groups=int(index.max()) + 1 if n else 0,
+            completion_len=torch.from_numpy(np.fromiter((len(t.completion) for t in columns.lists), np.float64, n)),
+            staleness=tensor(lags, np.float32),
+            oldest=tensor(columns.oldest, np.int64),
+            newest=tensor(columns.newest, np.int64),
+            counts=tensor(columns.counts, np.float64).reshape(n, len(COUNTS)),
             loss_tokens=float(columns.loss_tokens),
             excluded=excluded,
         )

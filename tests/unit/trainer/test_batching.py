@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.trainer.batching import padded_tokens, plan_micro_batches
+from relayrl.trainer.batching import PositionArrays, padded_tokens, plan_micro_batches
 
 lengths_st = st.lists(st.integers(1, 64), min_size=0, max_size=80)
 
@@ -64,3 +64,57 @@ def test_by_tokens_short_sequences_share_a_micro_batch_and_a_long_one_goes_alone
 def test_a_negative_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         plan_micro_batches([1], 1, -1)
+
+
+def _reference_layout(
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    behaviour: list[list[float]] | None,
+    masks: list[list[int]] | None,
+) -> dict[str, list[float]]:
+    """The positions stated one sequence at a time: position t reads token t and predicts token t + 1; completion
+    values sit where their token is predicted, 0 (completion index -1) under the prompt."""
+    out: dict[str, list[float]] = {k: [] for k in ("ids", "targets", "mask", "behaviour", "completion_at", "lengths")}
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        full, lead = p + c, len(p) - 1
+        out["ids"] += full[:-1]
+        out["targets"] += full[1:]
+        out["lengths"].append(lead + len(c))
+        out["mask"] += [0.0] * lead + ([float(m) for m in masks[i]] if masks is not None else [1.0] * len(c))
+        out["behaviour"] += [0.0] * lead + (behaviour[i] if behaviour is not None else [0.0] * len(c))
+        out["completion_at"] += [-1] * lead + list(range(len(c)))
+    return out
+
+
+@st.composite
+def _sequences(
+    draw: st.DrawFn,
+) -> tuple[list[list[int]], list[list[int]], list[list[float]] | None, list[list[int]] | None]:
+    n = draw(st.integers(0, 6))
+    prompts = [draw(st.lists(st.integers(0, 99), min_size=1, max_size=5)) for _ in range(n)]
+    completions = [draw(st.lists(st.integers(0, 99), max_size=4)) for _ in range(n)]
+    logprob = st.floats(-20, 0, width=32)
+    behaviour = [draw(st.lists(logprob, min_size=len(c), max_size=len(c))) for c in completions]
+    masks = [draw(st.lists(st.integers(0, 1), min_size=len(c), max_size=len(c))) for c in completions]
+    return prompts, completions, draw(st.none() | st.just(behaviour)), draw(st.none() | st.just(masks))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_sequences())
+def test_positions_laid_out_as_arrays_are_the_positions_stated_one_sequence_at_a_time(
+    sequences: tuple[list[list[int]], list[list[int]], list[list[float]] | None, list[list[int]] | None],
+) -> None:
+    prompts, completions, behaviour, masks = sequences
+    laid = PositionArrays.of(prompts, completions, behaviour, masks, [1.0] * len(prompts))
+
+    expected = _reference_layout(prompts, completions, behaviour, masks)
+    # exact: the arrays hold the same values (float32 logprobs drawn as float32, masks 0/1), only laid out at once
+    for name in ("ids", "targets", "mask", "behaviour", "completion_at", "lengths"):
+        assert getattr(laid, name).tolist() == expected[name], name
+
+
+def test_an_empty_prompt_or_a_loss_mask_of_another_length_is_refused_by_the_layout() -> None:
+    with pytest.raises(ValueError, match="empty prompt"):
+        PositionArrays.of([[1], []], [[2], [3]], None, None, [1.0, 1.0])
+    with pytest.raises(ValueError, match="loss mask"):
+        PositionArrays.of([[1]], [[2, 3]], None, [[1]], [1.0])

@@ -12,7 +12,7 @@ import torch
 from relayrl.common.pb import reward_pb2
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.stream import StreamEntry
-from relayrl.trainer.batching import PositionLists, Positions
+from relayrl.trainer.batching import PositionArrays, Positions
 from relayrl.trainer.ingest import Ingested, StepBatch, Verdict, judge
 
 
@@ -121,10 +121,10 @@ def test_positions_built_in_parts_and_joined_are_the_positions_built_at_once() -
 
     at_once = Positions.of(prompts, completions, behaviour, masks, temps)
     parts = [
-        PositionLists.of(prompts[i:j], completions[i:j], behaviour[i:j], masks[i:j], temps[i:j])
+        PositionArrays.of(prompts[i:j], completions[i:j], behaviour[i:j], masks[i:j], temps[i:j])
         for i, j in ((0, 1), (1, 3))
     ]
-    joined = PositionLists.join(parts).tensors()
+    joined = PositionArrays.join(parts).tensors()
 
     assert joined.sizes == at_once.sizes == (2, 2, 4)  # prompt + completion - 1 each
     for name in ("input_ids", "targets", "mask", "behaviour", "temperature", "lengths", "starts", "completion_at"):
