@@ -19,7 +19,7 @@ counts; Learner agrees on the most any rank has (all-reduce MAX) and pads with z
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -118,8 +118,8 @@ def _flat(parts: Iterable[Iterable[Any]], dtype: Any, count: int) -> np.ndarray:
 
 @dataclass
 class PositionArrays:
-    """Training positions as host arrays (:class:`Positions` before its tensors): built for each group as it
-    arrives, joined for a step's batch (:meth:`join`), whose tensors then share their memory (:meth:`tensors`)."""
+    """Training positions as host arrays (:class:`Positions` before its tensors): a step's batch laid out at once,
+    all its sequences together, its tensors then sharing their memory (:meth:`tensors`)."""
 
     ids: np.ndarray  # [T] int64
     targets: np.ndarray  # [T] int64
@@ -169,15 +169,6 @@ class PositionArrays:
         return cls(
             full[last], full[first], mask, logprobs, completion_at, lengths, np.asarray(temperatures, np.float32)
         )
-
-    @classmethod
-    def join(cls, parts: Sequence[PositionArrays]) -> PositionArrays:
-        """These sequences one after the other."""
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return cls.of([], [], None, None, [])
-        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
     def tensors(self) -> Positions:
         """Tensors sharing these arrays' memory (nothing downstream writes into them)."""

@@ -12,7 +12,7 @@ import torch
 from relayrl.common.pb import reward_pb2
 from relayrl.common.pb.episode_pb2 import Episode, EpisodeGroup
 from relayrl.common.stream import StreamEntry
-from relayrl.trainer.batching import PositionArrays, Positions
+from relayrl.trainer.batching import Positions
 from relayrl.trainer.ingest import Ingested, StepBatch, Verdict, judge
 
 
@@ -113,22 +113,6 @@ def test_groups_laid_out_as_they_arrive_join_into_the_batch_built_at_once() -> N
     for name in ("input_ids", "targets", "mask", "behaviour", "temperature", "lengths", "starts", "completion_at"):
         assert torch.equal(getattr(joined.positions, name), getattr(at_once.positions, name)), name
     assert joined.group_index.tolist() == [0, 1, 1, 2] and joined.positions.starts.tolist() == [0, 3, 5, 9]
-
-
-def test_positions_built_in_parts_and_joined_are_the_positions_built_at_once() -> None:
-    prompts, completions = [[5, 6], [7], [8, 9, 10]], [[11], [12, 13], [14, 15]]
-    behaviour, masks, temps = [[-1.0], [-2.0, -3.0], [-4.0, -5.0]], [[1], [0, 1], [1, 1]], [1.0, 0.5, 1.0]
-
-    at_once = Positions.of(prompts, completions, behaviour, masks, temps)
-    parts = [
-        PositionArrays.of(prompts[i:j], completions[i:j], behaviour[i:j], masks[i:j], temps[i:j])
-        for i, j in ((0, 1), (1, 3))
-    ]
-    joined = PositionArrays.join(parts).tensors()
-
-    assert joined.sizes == at_once.sizes == (2, 2, 4)  # prompt + completion - 1 each
-    for name in ("input_ids", "targets", "mask", "behaviour", "temperature", "lengths", "starts", "completion_at"):
-        assert torch.equal(getattr(joined, name), getattr(at_once, name)), name  # the same values copied: exact
 
 
 def test_padded_and_packed_micro_batches_hold_the_same_positions_and_scores_land_on_the_completions() -> None:
