@@ -78,13 +78,13 @@ class Ingested:
         return cls(entry, lists, *version_facts(lists), failed, len(rewards) <= 1)
 
     def valid(self) -> Ingested:
-        """This group once it passed validation, its valid episodes laid out as columns now: built as the group
-        arrives, while the collector waits for the step's other groups, so that taking a step's batch only joins
-        them and makes each column a tensor once."""
+        """This group once it passed validation, its valid episodes' columns gathered now: as the group arrives,
+        while the collector waits for the step's other groups, so that taking a step's batch only joins them and
+        lays the whole batch out once."""
         return self if self.columns is not None else replace(self, columns=self.valid_columns())
 
     def valid_columns(self) -> Columns:
-        """Its valid episodes (scoring did not fail) as columns: those laid out on arrival, or built now."""
+        """Its valid episodes (scoring did not fail) as columns: those gathered on arrival, or gathered now."""
         if self.columns is not None:
             return self.columns
         keep = [i for i in range(self.size) if i not in self.failed]
