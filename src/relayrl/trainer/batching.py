@@ -116,76 +116,6 @@ def _flat(parts: Iterable[Iterable[Any]], dtype: Any, count: int) -> np.ndarray:
     return np.fromiter(chain.from_iterable(parts), dtype, count)
 
 
-@dataclass
-class PositionArrays:
-    """Training positions as host arrays (:class:`Positions` before its tensors): a step's batch laid out at once,
-    all its sequences together, its tensors then sharing their memory (:meth:`tensors`)."""
-
-    ids: np.ndarray  # [T] int64
-    targets: np.ndarray  # [T] int64
-    mask: np.ndarray  # [T] float32
-    behaviour: np.ndarray  # [T] float32
-    completion_at: np.ndarray  # [T] int64
-    lengths: np.ndarray  # [N] int64
-    temperature: np.ndarray  # [N] float32
-
-    @classmethod
-    def of(
-        cls,
-        prompts: Sequence[Sequence[int]],
-        completions: Sequence[Sequence[int]],
-        behaviour: PerToken | None,
-        loss_masks: Sequence[Sequence[int]] | None,
-        temperatures: Sequence[float],
-    ) -> PositionArrays:
-        """The sequences laid out at once, a few array operations whatever their number (behaviour logprobs 0 and
-        every completion token in the loss where not given)."""
-        n = len(prompts)
-        if len(completions) != n or len(temperatures) != n:
-            raise ValueError(f"{n} prompts, {len(completions)} completions and {len(temperatures)} temperatures")
-        plen = np.fromiter(map(len, prompts), np.int64, n)
-        clen = np.fromiter(map(len, completions), np.int64, n)
-        for name, values in (("loss mask", loss_masks), ("behaviour logprobs", behaviour)):
-            if values is not None and (len(values) != n or list(map(len, values)) != clen.tolist()):
-                raise ValueError(f"a {name} whose length is not its completion's")
-        if n and plen.min() < 1:
-            raise ValueError(f"sequence {int(np.argmin(plen))}: an empty prompt")
-        total, ncomp = int(plen.sum() + clen.sum()), int(clen.sum())
-        full = _flat(chain.from_iterable(zip(prompts, completions, strict=True)), np.int64, total)
-        ends = np.cumsum(plen + clen)
-        last, first = np.ones(total, bool), np.ones(total, bool)
-        last[ends - 1], first[ends - plen - clen] = False, False
-        lengths = plen + clen - 1
-        # position of completion token k of sequence i: its sequence's first position + its prompt's length - 1 + k
-        k = np.arange(ncomp) - np.repeat(np.cumsum(clen) - clen, clen)
-        at = np.repeat(np.cumsum(lengths) - lengths + plen - 1, clen) + k
-        positions = int(lengths.sum())
-        mask, logprobs = np.zeros(positions, np.float32), np.zeros(positions, np.float32)
-        mask[at] = 1.0 if loss_masks is None else _flat(loss_masks, np.float32, ncomp)
-        if behaviour is not None:
-            logprobs[at] = _flat(behaviour, np.float32, ncomp)
-        completion_at = np.full(positions, -1, np.int64)
-        completion_at[at] = k
-        return cls(
-            full[last], full[first], mask, logprobs, completion_at, lengths, np.asarray(temperatures, np.float32)
-        )
-
-    def tensors(self) -> Positions:
-        """Tensors sharing these arrays' memory (nothing downstream writes into them)."""
-        n = torch.from_numpy(self.lengths)
-        return Positions(
-            input_ids=torch.from_numpy(self.ids),
-            targets=torch.from_numpy(self.targets),
-            mask=torch.from_numpy(self.mask),
-            behaviour=torch.from_numpy(self.behaviour),
-            temperature=torch.from_numpy(self.temperature),
-            lengths=n,
-            sizes=tuple(self.lengths.tolist()),
-            starts=torch.cumsum(n, 0) - n,
-            completion_at=torch.from_numpy(self.completion_at),
-        )
-
-
 @dataclass(frozen=True)
 class Positions:
     """Sequences as training positions, flat and on the host, built once per batch: sequence i holds positions
@@ -216,9 +146,46 @@ class Positions:
         loss_masks: Sequence[Sequence[int]] | None,
         temperatures: Sequence[float],
     ) -> Positions:
-        """One pass over the sequences, one tensor per column (behaviour logprobs 0 and every completion token in
-        the loss where not given)."""
-        return PositionArrays.of(prompts, completions, behaviour, loss_masks, temperatures).tensors()
+        """The sequences laid out at once, a few array operations whatever their number, one tensor per column
+        (behaviour logprobs 0 and every completion token in the loss where not given)."""
+        n = len(prompts)
+        if len(completions) != n or len(temperatures) != n:
+            raise ValueError(f"{n} prompts, {len(completions)} completions and {len(temperatures)} temperatures")
+        plen = np.fromiter(map(len, prompts), np.int64, n)
+        clen = np.fromiter(map(len, completions), np.int64, n)
+        for name, values in (("loss mask", loss_masks), ("behaviour logprobs", behaviour)):
+            if values is not None and (len(values) != n or list(map(len, values)) != clen.tolist()):
+                raise ValueError(f"a {name} whose length is not its completion's")
+        if n and plen.min() < 1:
+            raise ValueError(f"sequence {int(np.argmin(plen))}: an empty prompt")
+        total, ncomp = int(plen.sum() + clen.sum()), int(clen.sum())
+        full = _flat(chain.from_iterable(zip(prompts, completions, strict=True)), np.int64, total)
+        ends = np.cumsum(plen + clen)
+        last, first = np.ones(total, bool), np.ones(total, bool)
+        last[ends - 1], first[ends - plen - clen] = False, False
+        lengths = plen + clen - 1
+        # position of completion token k of sequence i: its sequence's first position + its prompt's length - 1 + k
+        k = np.arange(ncomp) - np.repeat(np.cumsum(clen) - clen, clen)
+        at = np.repeat(np.cumsum(lengths) - lengths + plen - 1, clen) + k
+        positions = int(lengths.sum())
+        mask, logprobs = np.zeros(positions, np.float32), np.zeros(positions, np.float32)
+        mask[at] = 1.0 if loss_masks is None else _flat(loss_masks, np.float32, ncomp)
+        if behaviour is not None:
+            logprobs[at] = _flat(behaviour, np.float32, ncomp)
+        completion_at = np.full(positions, -1, np.int64)
+        completion_at[at] = k
+        length_t = torch.from_numpy(lengths)
+        return cls(  # tensors sharing the arrays' memory (nothing downstream writes into them)
+            input_ids=torch.from_numpy(full[last]),
+            targets=torch.from_numpy(full[first]),
+            mask=torch.from_numpy(mask),
+            behaviour=torch.from_numpy(logprobs),
+            temperature=torch.from_numpy(np.asarray(temperatures, np.float32)),
+            lengths=length_t,
+            sizes=tuple(lengths.tolist()),
+            starts=torch.cumsum(length_t, 0) - length_t,
+            completion_at=torch.from_numpy(completion_at),
+        )
 
     def completion_values(self, per_token: PerToken) -> torch.Tensor:
         """Values of each sequence's completion tokens (one list per sequence, one value per token: a teacher's or

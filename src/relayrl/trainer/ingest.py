@@ -33,7 +33,7 @@ import torch
 from relayrl.common.episodes import TokenLists, reward_failed
 from relayrl.common.pb.episode_pb2 import Episode
 from relayrl.common.stream import StreamEntry
-from relayrl.trainer.batching import PerToken, PositionArrays, Positions
+from relayrl.trainer.batching import PerToken, Positions
 
 
 class Verdict(enum.Enum):
@@ -191,10 +191,10 @@ class Columns:
             loss_tokens=sum(c.loss_tokens for c in parts),
         )
 
-    def positions(self) -> PositionArrays:
+    def positions(self) -> Positions:
         """Their tokens as training positions."""
         lists = self.lists
-        return PositionArrays.of(
+        return Positions.of(
             [t.prompt for t in lists],
             [t.completion for t in lists],
             [t.behaviour for t in lists],
@@ -277,7 +277,7 @@ class StepBatch:
         return cls(
             entries=entries,
             episodes=columns.episodes,
-            positions=columns.positions().tensors(),
+            positions=columns.positions(),
             reward=tensor(columns.reward, np.float64),
             group_index=torch.from_numpy(index),
             num_groups=int(index.max()) + 1 if n else 0,

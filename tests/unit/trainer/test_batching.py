@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.trainer.batching import PositionArrays, padded_tokens, plan_micro_batches
+from relayrl.trainer.batching import Positions, padded_tokens, plan_micro_batches
 
 lengths_st = st.lists(st.integers(1, 64), min_size=0, max_size=80)
 
@@ -105,16 +105,23 @@ def test_positions_laid_out_as_arrays_are_the_positions_stated_one_sequence_at_a
     sequences: tuple[list[list[int]], list[list[int]], list[list[float]] | None, list[list[int]] | None],
 ) -> None:
     prompts, completions, behaviour, masks = sequences
-    laid = PositionArrays.of(prompts, completions, behaviour, masks, [1.0] * len(prompts))
+    laid = Positions.of(prompts, completions, behaviour, masks, [1.0] * len(prompts))
 
     expected = _reference_layout(prompts, completions, behaviour, masks)
     # exact: the arrays hold the same values (float32 logprobs drawn as float32, masks 0/1), only laid out at once
-    for name in ("ids", "targets", "mask", "behaviour", "completion_at", "lengths"):
-        assert getattr(laid, name).tolist() == expected[name], name
+    for name, column in (
+        ("ids", "input_ids"),
+        ("targets", "targets"),
+        ("mask", "mask"),
+        ("behaviour", "behaviour"),
+        ("completion_at", "completion_at"),
+        ("lengths", "lengths"),
+    ):
+        assert getattr(laid, column).tolist() == expected[name], name
 
 
 def test_an_empty_prompt_or_a_loss_mask_of_another_length_is_refused_by_the_layout() -> None:
     with pytest.raises(ValueError, match="empty prompt"):
-        PositionArrays.of([[1], []], [[2], [3]], None, None, [1.0, 1.0])
+        Positions.of([[1], []], [[2], [3]], None, None, [1.0, 1.0])
     with pytest.raises(ValueError, match="loss mask"):
-        PositionArrays.of([[1]], [[2, 3]], None, [[1]], [1.0])
+        Positions.of([[1]], [[2, 3]], None, [[1]], [1.0])
