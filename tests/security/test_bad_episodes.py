@@ -9,6 +9,7 @@ filter with a negative staleness."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -237,3 +238,40 @@ async def test_the_collectors_ready_entries_are_only_decoded_valid_groups(redis_
     entries = await go()
 
     assert [e.group_id for e in entries] == [f"g{i}" for i in range(6)]
+
+
+async def test_a_version_the_trainer_allocated_is_accepted_without_reading_the_counter_and_a_newer_one_is_refused(
+    redis_server: RedisServer,
+) -> None:
+    """The collector learns each version the trainer publishes (GroupCollector.allocated): the step's groups of
+    that version need no read of the counter on their way to the batch; a version beyond the counter still gets
+    one and is dead-lettered."""
+
+    async def go() -> dict[str, Any]:
+        t = await _setup(redis_server.url, counter=3)
+        t.current = 3
+        for v in (2, 3):
+            await t.lineage.register(v, 1, v - 1)
+        reads: list[int] = []
+        counter = t.collector.checks.newest_version
+
+        async def counted() -> int:
+            reads.append(await counter())
+            return reads[-1]
+
+        t.collector.checks = dataclasses.replace(t.collector.checks, newest_version=counted)
+        t.collector.allocated(3)
+        await t.stream.append(_group("published", version=3))
+        out: dict[str, Any] = {"trained": await t.collect(1), "reads": list(reads)}
+        await t.stream.append(_group("future", version=4))
+        await t.stream.append(_group("ok", version=3))
+        out |= {"then": await t.collect(1), "reads_then": list(reads), "dead": await t.dead()}
+        await t.close()
+        return out
+
+    out = await go()
+
+    assert out["trained"] == ["published"] and out["reads"] == []
+    assert out["then"] == ["ok"] and out["reads_then"] == [3]  # version 4 asked the counter, which says 3
+    [dead] = out["dead"]
+    assert b"newer than the newest allocated 3" in dead[b"reason"]

@@ -118,7 +118,8 @@ class GroupCollector:
         # dynamic sampling: None leaves zero-advantage groups in; else drops per collect <= ratio x groups asked
         self.zero_advantage_drop_ratio = zero_advantage_drop_ratio
         self._zero_advantage_budget = 0
-        self._newest_version = 0  # the version counter as last read (re-read when an entry claims a newer one)
+        # the version counter as last read, or a version allocated since (re-read when an entry claims a newer one)
+        self._newest_version = 0
         self.retry_s = retry_s
         self.on_reward_error = on_reward_error
         self.seen: set[str] = set()  # group ids this incarnation took (ready, trained or dropped)
@@ -183,6 +184,12 @@ class GroupCollector:
                     else:
                         self.seen.add(gid)
                         self._ready.append(ingested.valid())  # its columns built now, while others arrive
+
+    def allocated(self, version: int) -> None:
+        """``version`` was allocated from the version counter (this rank publishes or trains it): the counter is at
+        least that, and entries whose versions are not newer need no read of it. The trainer allocates every
+        version, so one read per published version is saved on the path from a step's last group to its batch."""
+        self._newest_version = max(self._newest_version, version)
 
     async def _invalid(self, ingested: Ingested) -> str | None:
         """Why the trainer must not train on ``ingested`` (relayrl.common.episodes), or None."""

@@ -95,6 +95,7 @@ class TrainingLoop:
         version, self.checkpoints.now = await self.publication.publish(
             policy_step, self.checkpoints.requested, wait, snapshot
         )
+        self.collector.allocated(version)
         return version
 
     async def staleness(self, token_version: int) -> int:
