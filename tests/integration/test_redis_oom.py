@@ -32,11 +32,15 @@ STREAM, GROUP = "relayrl:episodes", "trainer"
 
 def fill(server: RedisServer) -> redis.Redis:
     """Fill Redis past a maxmemory set 500 kB below what it uses now (noeviction: writes are refused). The filler
-    (2 MB) is written in 100 kB commands, so no large query buffer that Redis frees later sits in the figure."""
+    (2 MB) is written in 100 kB commands, so no large query buffer that Redis frees later sits in the figure. What it
+    uses is what Redis compares with maxmemory: ``used_memory`` less ``mem_not_counted_for_evict`` (the AOF buffer,
+    which can hold the filler while a slow disk postpones the everysec write: counted, it would set the limit above
+    what Redis compares, and no write would be refused)."""
     admin = redis.Redis(port=server.port)
     for chunk in range(20):
         admin.hset("filler", mapping={f"{chunk}:{i}": b"x" * 1000 for i in range(100)})
-    admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) - 500_000)
+    memory = admin.info("memory")
+    admin.config_set("maxmemory", int(memory["used_memory"]) - int(memory["mem_not_counted_for_evict"]) - 500_000)
     return admin
 
 
