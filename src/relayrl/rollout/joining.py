@@ -107,9 +107,12 @@ class CallJoiner(Generic[T, R]):
         return taken
 
     async def _send_all(self) -> None:
-        await asyncio.sleep(0)  # the groups woken in this loop turn join the first call
-        while taken := self._take():
-            await self._send(taken)
+        try:
+            await asyncio.sleep(0)  # the groups woken in this loop turn join the first call
+            while taken := self._take():
+                await self._send(taken)
+        finally:  # at once, not by the task's done callback: a caller its last answer woke may call again before that
+            self._senders.discard(asyncio.current_task())
 
     async def _send(self, taken: list[_Caller[T, R]]) -> None:
         def deliver(i: int, result: R) -> None:  # an answer that arrived before the call's others

@@ -74,6 +74,22 @@ async def test_calls_made_while_one_is_on_the_wire_go_out_together_and_each_call
     assert (scorer.joiner.calls, scorer.joiner.callers) == (2, 3)
 
 
+async def test_a_caller_that_calls_again_as_soon_as_its_answer_wakes_it_is_sent_and_answered() -> None:
+    # the answer wakes the caller before the finished sender's task is reaped: a call made then must not wait for it
+    reward = GatedReward()
+    reward.gate.set()
+    scorer = JoinedScorer(reward, max_items=1024)
+
+    async def score_twice() -> list[reward_pb2.ScoreBatchResponse]:
+        return [await scorer.score_batch(requests(g, 2)) for g in "ab"]
+
+    first, second = await asyncio.wait_for(score_twice(), timeout=10)  # the old joiner never answered the second
+
+    assert [r.episode_id for r in first.responses] == ["a0", "a1"]
+    assert [r.episode_id for r in second.responses] == ["b0", "b1"]
+    assert reward.batches == [["a0", "a1"], ["b0", "b1"]]
+
+
 async def test_calls_of_the_same_loop_turn_join_the_first_call() -> None:
     async def go() -> GatedReward:
         reward = GatedReward()
