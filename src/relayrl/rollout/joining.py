@@ -84,7 +84,7 @@ class CallJoiner(Generic[T, R]):
         if len(self._senders) < self.max_in_flight:
             sender = asyncio.create_task(self._send_all(), name="joined-call")
             self._senders.add(sender)
-            sender.add_done_callback(self._senders.discard)
+            sender.add_done_callback(self._senders.discard)  # also a sender cancelled before it ran (no finally)
         return await caller.future
 
     def _take(self) -> list[_Caller[T, R]]:
